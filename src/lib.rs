@@ -1,0 +1,12 @@
+//! softroce: a userspace software RoCEv2 transport.
+//!
+//! This release holds the wire layer ([`wire`]): every RoCEv2 header, the opcode table, whole
+//! packets and frames, and the ICRC, plus [`capture`] for reading pcap files. See
+//! `ARCHITECTURE.md` for the layers that will stand on it.
+
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+pub mod capture;
+pub mod decode;
+pub mod wire;

@@ -1,0 +1,67 @@
+//! The Datagram Extended Transport Header (IBTA 9.3.2), 8 bytes, in every UD packet.
+//!
+//! ```text
+//!  0..4    Q_Key
+//!  4       reserved
+//!  5..8    source QP (24)
+//! ```
+
+use super::field::{set_u24, set_u32, u24_at, u32_at};
+use super::{Layer, QKey, Qpn, Result};
+
+mod field {
+    pub const QKEY: usize = 0;
+    pub const RESERVED: usize = 4;
+    pub const SRC_QP: usize = 5;
+}
+
+header_view!(
+    /// A view of a DETH.
+    Deth,
+    DethRepr,
+    Layer::Deth,
+    8
+);
+
+impl<T: AsRef<[u8]>> Deth<T> {
+    pub fn qkey(&self) -> QKey {
+        QKey(u32_at(self.bytes(), field::QKEY))
+    }
+
+    pub fn src_qp(&self) -> Qpn {
+        Qpn::new(u24_at(self.bytes(), field::SRC_QP))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
+    pub fn set_qkey(&mut self, qkey: QKey) {
+        set_u32(self.bytes_mut(), field::QKEY, qkey.0);
+    }
+
+    /// Writes the source QP, with the reserved byte before it zero.
+    pub fn set_src_qp(&mut self, qpn: Qpn) {
+        self.bytes_mut()[field::RESERVED] = 0;
+        set_u24(self.bytes_mut(), field::SRC_QP, qpn.value());
+    }
+}
+
+/// The fields of a DETH. The reserved byte is sent as zero and ignored on receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DethRepr {
+    pub qkey: QKey,
+    pub src_qp: Qpn,
+}
+
+impl DethRepr {
+    pub fn parse<T: AsRef<[u8]>>(deth: &Deth<T>) -> Result<Self> {
+        Ok(DethRepr {
+            qkey: deth.qkey(),
+            src_qp: deth.src_qp(),
+        })
+    }
+
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, deth: &mut Deth<T>) {
+        deth.set_qkey(self.qkey);
+        deth.set_src_qp(self.src_qp);
+    }
+}

@@ -1,0 +1,136 @@
+//! Errors of the wire layer.
+//!
+//! Every error names the layer (which header) and, where a value was wrong, the field and what was
+//! expected, so that a dropped packet can be explained from a counter or a log line alone.
+
+use core::fmt;
+
+use super::opcode::Transport;
+
+/// The header a wire error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layer {
+    Ethernet,
+    Vlan,
+    Ipv4,
+    Ipv6,
+    Udp,
+    Bth,
+    Reth,
+    Aeth,
+    Deth,
+    ImmDt,
+    Ieth,
+    AtomicEth,
+    AtomicAckEth,
+    Cnp,
+    Payload,
+    Icrc,
+}
+
+impl Layer {
+    /// The name the IBTA specification (or the IETF, for layers 2 to 4) gives the header.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Layer::Ethernet => "Ethernet",
+            Layer::Vlan => "802.1Q",
+            Layer::Ipv4 => "IPv4",
+            Layer::Ipv6 => "IPv6",
+            Layer::Udp => "UDP",
+            Layer::Bth => "BTH",
+            Layer::Reth => "RETH",
+            Layer::Aeth => "AETH",
+            Layer::Deth => "DETH",
+            Layer::ImmDt => "ImmDt",
+            Layer::Ieth => "IETH",
+            Layer::AtomicEth => "AtomicETH",
+            Layer::AtomicAckEth => "AtomicAckETH",
+            Layer::Cnp => "CNP",
+            Layer::Payload => "payload",
+            Layer::Icrc => "ICRC",
+        }
+    }
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why bytes are not a valid RoCEv2 packet, or why a packet cannot be emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The buffer ends before the header does.
+    Truncated {
+        layer: Layer,
+        needed: usize,
+        available: usize,
+    },
+    /// A field holds a value that is not allowed here.
+    Field {
+        layer: Layer,
+        field: &'static str,
+        found: u64,
+        expected: &'static str,
+    },
+    /// The BTH opcode is not one the IBTA defines for RC, UC, RD, UD, CNP or XRC.
+    UnknownOpcode { value: u8 },
+    /// The opcode belongs to a transport that softroce recognises but does not implement.
+    UnsupportedTransport { opcode: u8, transport: Transport },
+    /// An emitted packet lacks a header its opcode requires, or has one it forbids.
+    HeaderMismatch {
+        opcode: u8,
+        layer: Layer,
+        required: bool,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Error::Truncated {
+                layer,
+                needed,
+                available,
+            } => write!(
+                f,
+                "{layer}: truncated, expected at least {needed} bytes, found {available}"
+            ),
+            Error::Field {
+                layer,
+                field,
+                found,
+                expected,
+            } => write!(
+                f,
+                "{layer}.{field}: found {found} (0x{found:x}), expected {expected}"
+            ),
+            Error::UnknownOpcode { value } => {
+                write!(f, "BTH.opcode: unknown opcode 0x{value:02x}")
+            }
+            Error::UnsupportedTransport { opcode, transport } => write!(
+                f,
+                "BTH.opcode: 0x{opcode:02x} is a {transport} opcode, and {transport} is not supported"
+            ),
+            Error::HeaderMismatch {
+                opcode,
+                layer,
+                required,
+            } => {
+                let verb = if required {
+                    "requires"
+                } else {
+                    "does not carry"
+                };
+                write!(f, "{layer}: opcode 0x{opcode:02x} {verb} this header")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The result type of the wire layer.
+pub type Result<T> = core::result::Result<T, Error>;

@@ -1,0 +1,76 @@
+//! The RDMA Extended Transport Header (IBTA 9.3.3), 16 bytes: where an RDMA READ or WRITE goes.
+//!
+//! ```text
+//!  0..8    virtual address
+//!  8..12   R_Key
+//! 12..16   DMA length (of the whole message)
+//! ```
+
+use super::field::{set_u32, set_u64, u32_at, u64_at};
+use super::{Layer, RKey, Result};
+
+mod field {
+    pub const VA: usize = 0;
+    pub const RKEY: usize = 8;
+    pub const DMA_LEN: usize = 12;
+}
+
+header_view!(
+    /// A view of a RETH.
+    Reth,
+    RethRepr,
+    Layer::Reth,
+    16
+);
+
+impl<T: AsRef<[u8]>> Reth<T> {
+    pub fn virtual_address(&self) -> u64 {
+        u64_at(self.bytes(), field::VA)
+    }
+
+    pub fn rkey(&self) -> RKey {
+        RKey(u32_at(self.bytes(), field::RKEY))
+    }
+
+    pub fn dma_len(&self) -> u32 {
+        u32_at(self.bytes(), field::DMA_LEN)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
+    pub fn set_virtual_address(&mut self, va: u64) {
+        set_u64(self.bytes_mut(), field::VA, va);
+    }
+
+    pub fn set_rkey(&mut self, rkey: RKey) {
+        set_u32(self.bytes_mut(), field::RKEY, rkey.0);
+    }
+
+    pub fn set_dma_len(&mut self, len: u32) {
+        set_u32(self.bytes_mut(), field::DMA_LEN, len);
+    }
+}
+
+/// The fields of a RETH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RethRepr {
+    pub virtual_address: u64,
+    pub rkey: RKey,
+    pub dma_len: u32,
+}
+
+impl RethRepr {
+    pub fn parse<T: AsRef<[u8]>>(reth: &Reth<T>) -> Result<Self> {
+        Ok(RethRepr {
+            virtual_address: reth.virtual_address(),
+            rkey: reth.rkey(),
+            dma_len: reth.dma_len(),
+        })
+    }
+
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, reth: &mut Reth<T>) {
+        reth.set_virtual_address(self.virtual_address);
+        reth.set_rkey(self.rkey);
+        reth.set_dma_len(self.dma_len);
+    }
+}

@@ -1,0 +1,358 @@
+# shellcheck shell=bash
+# lib.sh: shared functions of the kernel-rxe interop lab. Sourced by run.sh, by every case in
+# cases/*.sh and by fixtures.sh. It only defines variables and functions; nothing runs on source.
+#
+# Layout of the lab (everything lives in one network namespace that has no uplink):
+#
+#   netns $LAB_NS (no default route, no link to the host's network)
+#     br0  10.99.0.1/24   <- host-side programs run here: lab_ns_exec CMD..., UDP 4791 free
+#      |-- tap0 -- vmA eth0 10.99.0.11  rxe0: GID[0] fe80::...(RoCEv2) GID[1] ::ffff:10.99.0.11
+#      |-- tap1 -- vmB eth0 10.99.0.12  rxe0: GID[0] fe80::...(RoCEv2) GID[1] ::ffff:10.99.0.12
+#      |-- tap2    spare (up, enslaved, no guest) for a later third peer
+#
+# The guests run the stock Debian 12 kernel with rdma_rxe under QEMU/TCG; each one runs a busybox
+# "nc -e sh" command server on TCP 5000 that gexec.py talks to.
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAB_REPO=$(cd "$LAB_DIR/../.." && pwd)
+LAB_NS=${SOFTROCE_LAB_NS:-softroce-lab}
+LAB_CACHE=${SOFTROCE_LAB_CACHE:-/var/cache/softroce-rxe-lab}
+# State of the running lab: qemu/tcpdump pid files, console logs, case logs, staged fixtures.
+# One fixed place (not a mktemp dir) so that a later run can find and remove a crashed run's leftovers.
+LAB_RUN=$LAB_CACHE/run
+LAB_PY=/usr/bin/python3          # Debian's python, not whatever python3 is first on $PATH
+LAB_HOST_IP=10.99.0.1
+VM_A=10.99.0.11                  # "client" guest by convention
+VM_B=10.99.0.12                  # "server" guest by convention
+LAB_GUESTS="vmA vmB"
+# Bridge and taps run jumbo frames from the start: a guest then switches between rxe active_mtu
+# 1024 (eth0 MTU 1500, the boot default) and 4096 (eth0 MTU 9000) without a reboot.
+LAB_LINK_MTU=9000
+LAB_MEM_MB=${SOFTROCE_LAB_MEM:-768}
+
+# Packages the lab needs on the host (the guest initramfs is assembled from the host's files).
+LAB_PACKAGES="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers perftest
+rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3 gzip procps util-linux coreutils"
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+log()  { printf '[lab %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die()  { printf '[lab %s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
+now()  { date +%s.%N; }
+# elapsed T0 -> seconds since T0 with one decimal
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+guest_ip() {
+  case $1 in vmA) echo "$VM_A";; vmB) echo "$VM_B";; *) die "unknown guest '$1'";; esac
+}
+
+lab_ns_exists() { ip netns list | awk '{print $1}' | grep -qxF "$LAB_NS"; }
+
+# lab_ns_exec CMD...: run a host-side command inside the lab namespace (it sees br0 and the guests).
+lab_ns_exec() { ip netns exec "$LAB_NS" "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# host dependencies
+
+lab_install_deps() {
+  local missing=() p
+  for p in $LAB_PACKAGES; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "host packages: all present, skipping apt"
+    return 0
+  fi
+  log "host packages: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null || die "apt-get update failed"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >"$LAB_CACHE/apt.log" 2>&1 \
+    || { tail -20 "$LAB_CACHE/apt.log" >&2; die "apt-get install failed (log: $LAB_CACHE/apt.log)"; }
+}
+
+# lab_kernel_version: the newest Debian kernel that has both /boot/vmlinuz-V and /lib/modules/V.
+# (The host may run a different kernel; only the installed linux-image matters.)
+lab_kernel_version() {
+  local v best=""
+  for v in $(ls /lib/modules 2>/dev/null | sort -V); do
+    [ -f "/boot/vmlinuz-$v" ] && [ -f "/lib/modules/$v/modules.dep" ] && best=$v
+  done
+  [ -n "$best" ] || die "no kernel with /boot/vmlinuz-V and /lib/modules/V (is linux-image-amd64 installed?)"
+  echo "$best"
+}
+
+# ---------------------------------------------------------------------------------------------
+# guest build (vmlinux + initramfs), cached outside the clone
+
+# lab_build_guest: sets LAB_KERNEL and LAB_INITRD. The cache key hashes the kernel version, the
+# versions of the packages whose files go into the guest, and the contents of the build script
+# and of the guest's init: change any of them and the guest is rebuilt.
+lab_build_guest() {
+  local kver key dir tmp t0 pkgver
+  kver=$(lab_kernel_version)
+  pkgver=$(dpkg-query -W -f '${Package}=${Version}\n' linux-image-"$kver" rdma-core ibverbs-utils \
+           ibverbs-providers perftest rdmacm-utils busybox-static iproute2 tcpdump 2>/dev/null || true)
+  key=$( { echo "kernel=$kver"; echo "$pkgver"; cat "$LAB_DIR/guest/build.sh" "$LAB_DIR/guest/init.sh"; } \
+         | sha256sum | cut -c1-16)
+  dir=$LAB_CACHE/guest-$key
+  LAB_KERNEL=$dir/vmlinux
+  LAB_INITRD=$dir/initramfs.cpio.gz
+  LAB_GUEST_KEY=$key
+  if [ -f "$dir/complete" ] && [ -f "$LAB_KERNEL" ] && [ -f "$LAB_INITRD" ]; then
+    log "reusing cached guest build $key ($dir)"
+    return 0
+  fi
+  t0=$(now)
+  log "building guest $key for kernel $kver into $dir"
+  tmp=$dir.tmp.$$
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  bash "$LAB_DIR/guest/build.sh" "$kver" "$tmp" >"$LAB_CACHE/build.log" 2>&1 \
+    || { tail -30 "$LAB_CACHE/build.log" >&2; rm -rf "$tmp"; die "guest build failed (log: $LAB_CACHE/build.log)"; }
+  date -u +%FT%TZ >"$tmp/complete"
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  # Keep the cache small: older guest builds are useless once a newer key has been built.
+  find "$LAB_CACHE" -maxdepth 1 -name 'guest-*' ! -name "guest-$key" -exec rm -rf {} + 2>/dev/null || true
+  log "guest build $key done in $(elapsed "$t0") s: $(du -sh "$dir" | cut -f1)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# network namespace
+
+lab_net_up() {
+  ip netns add "$LAB_NS" || die "cannot create netns $LAB_NS"
+  local X="ip netns exec $LAB_NS" t
+  $X ip link set lo up
+  $X ip link add br0 type bridge stp_state 0 forward_delay 0
+  $X ip link set br0 mtu "$LAB_LINK_MTU"
+  for t in tap0 tap1 tap2; do
+    $X ip tuntap add "$t" mode tap
+    $X ip link set "$t" mtu "$LAB_LINK_MTU"
+    $X ip link set "$t" master br0
+    $X ip link set "$t" up
+  done
+  $X ip addr add "$LAB_HOST_IP/24" dev br0
+  $X ip link set br0 up
+  # No uplink and no default route: nothing in here can reach (or be reached from) the real network.
+  if $X ip route show default | grep -q .; then die "netns $LAB_NS unexpectedly has a default route"; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# guests
+
+# lab_boot NAME TAP MAC: start one guest in the background; pid in $LAB_RUN/NAME.pid.
+lab_boot() {
+  local name=$1 tap=$2 mac=$3 ip
+  ip=$(guest_ip "$name")
+  now >"$LAB_RUN/$name.t0"
+  # TCG, not KVM: the host's /dev/kvm (a nested/PVM hypervisor) runs a stock kernel extremely
+  # slowly or not at all. The extracted ELF vmlinux boots through its PVH entry point, which
+  # skips the in-guest XZ decompression (~11 s to ready instead of ~17 s under TCG).
+  ip netns exec "$LAB_NS" qemu-system-x86_64 -name "$name" \
+    -accel tcg -cpu max -m "$LAB_MEM_MB" -smp 1 -machine q35 \
+    -nodefaults -display none -no-reboot \
+    -kernel "$LAB_KERNEL" -initrd "$LAB_INITRD" \
+    -append "console=ttyS0 quiet loglevel=4 panic=-1 rxevm.name=$name rxevm.ip=$ip/24" \
+    -chardev "socket,id=con0,path=$LAB_RUN/$name.con,server=on,wait=off,logfile=$LAB_RUN/$name.console" \
+    -serial chardev:con0 \
+    -monitor "unix:$LAB_RUN/$name.mon,server=on,wait=off" \
+    -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=n0,mac=$mac" \
+    -pidfile "$LAB_RUN/$name.pid" -daemonize \
+    || die "qemu failed to start $name"
+  log "started $name ($ip) qemu pid $(cat "$LAB_RUN/$name.pid")"
+}
+
+# lab_wait_ready NAME TIMEOUT: wait for "RXEVM READY" on the console and for the command server.
+lab_wait_ready() {
+  local name=$1 to=${2:-120} t0 pid deadline
+  t0=$(cat "$LAB_RUN/$name.t0"); pid=$(cat "$LAB_RUN/$name.pid")
+  deadline=$(( $(date +%s) + to ))
+  while ! grep -qa "RXEVM READY" "$LAB_RUN/$name.console" 2>/dev/null; do
+    if grep -qa "RXEVM FAILED" "$LAB_RUN/$name.console" 2>/dev/null; then
+      tail -40 "$LAB_RUN/$name.console" >&2; die "$name: guest init failed (see above)"
+    fi
+    kill -0 "$pid" 2>/dev/null || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: qemu died"; }
+    [ "$(date +%s)" -lt "$deadline" ] || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: not ready after ${to}s"; }
+    sleep 0.2
+  done
+  gexec "$name" 20 'echo ok' >/dev/null || die "$name: command server on TCP 5000 does not answer"
+  log "$name ready after $(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}') s"
+}
+
+# gexec GUEST TIMEOUT SCRIPT: run a shell script in a guest (vmA/vmB or an IP), print its combined
+# output, return its exit status. The guest kills the script after TIMEOUT s (exit 137) and the
+# host gives up shortly after that (exit 124), so a hung command fails instead of hanging the run.
+gexec() {
+  local g=$1 to=$2 script=$3 ip
+  case $g in vm*) ip=$(guest_ip "$g");; *) ip=$g;; esac
+  ip netns exec "$LAB_NS" "$LAB_PY" "$LAB_DIR/gexec.py" -t "$to" "$ip" "$script"
+}
+
+# guest_bg GUEST TAG TIMEOUT SCRIPT: start SCRIPT in the background in the guest (e.g. a server);
+# its output and exit status go to /tmp/bg.TAG.out in the guest. Collect with guest_wait_bg.
+guest_bg() {
+  local g=$1 tag=$2 to=$3 script=$4
+  gexec "$g" 15 "rm -f /tmp/bg.$tag.sh /tmp/bg.$tag.out
+cat >/tmp/bg.$tag.sh <<'__BG_EOF_7f3a__'
+$script
+__BG_EOF_7f3a__
+( timeout -s KILL $to sh /tmp/bg.$tag.sh; echo \"__BG_RC=\$?\" ) </dev/null >/tmp/bg.$tag.out 2>&1 &
+echo started" >/dev/null
+}
+
+# guest_wait_bg GUEST TAG TIMEOUT: wait for a guest_bg job to end, print its output, return its
+# exit status (124 if it did not end within TIMEOUT s; the job itself is killed by its own timeout).
+guest_wait_bg() {
+  local g=$1 tag=$2 to=$3 out rc
+  out=$(gexec "$g" $((to + 5)) "i=0
+while ! grep -q '^__BG_RC=' /tmp/bg.$tag.out 2>/dev/null; do
+  i=\$((i+1)); [ \$i -gt $((to * 5)) ] && { echo '__BG_RC=124'; break; }; sleep 0.2
+done
+cat /tmp/bg.$tag.out") || true
+  rc=$(printf '%s\n' "$out" | sed -n 's/^__BG_RC=\([0-9]*\)$/\1/p' | tail -1)
+  printf '%s\n' "$out" | grep -v '^__BG_RC='
+  return "${rc:-125}"
+}
+
+# guest_wait_tcp_listen GUEST PORT TIMEOUT: wait until something in the guest listens on TCP PORT
+# (IPv4 or IPv6 socket), e.g. the out-of-band exchange port of pingpong/perftest servers.
+guest_wait_tcp_listen() {
+  local g=$1 port=$2 to=$3 hex
+  hex=$(printf '%04X' "$port")
+  gexec "$g" $((to + 5)) "i=0
+until grep -qiE ':$hex [0-9A-F:]+ 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null; do
+  i=\$((i+1)); [ \$i -gt $((to * 10)) ] && { echo 'nothing listens on TCP $port'; exit 1; }; sleep 0.1
+done" >/dev/null
+}
+
+# lab_guest_reset GUEST...: kill test programs a failed case may have left and remove netem,
+# so each case starts from a clean guest.
+LAB_TEST_PROGS="ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ib_write_bw ib_read_bw
+ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat rping udaddy ucmatose tcpdump"
+lab_guest_reset() {
+  local g
+  for g in "$@"; do
+    gexec "$g" 15 "for p in $(echo $LAB_TEST_PROGS); do killall -q -KILL \$p 2>/dev/null; done
+tc qdisc del dev eth0 root 2>/dev/null; true" >/dev/null || return 1
+  done
+}
+
+# guest_active_mtu GUEST: rxe0 port 1 active_mtu (1024, 4096, ...).
+guest_active_mtu() {
+  gexec "$1" 15 "ibv_devinfo -d rxe0 -i 1" | sed -n 's/.*active_mtu:[[:space:]]*\([0-9]*\).*/\1/p'
+}
+
+# guest_set_mtu MTU(1024|4096) GUEST...: switch eth0 between 1500 and 9000 and wait until rxe
+# follows (rxe listens for NETDEV_CHANGEMTU and recomputes active_mtu; no reboot needed).
+guest_set_mtu() {
+  local want=$1 eth g i; shift
+  case $want in 1024) eth=1500;; 4096) eth=9000;; *) die "guest_set_mtu: unsupported $want";; esac
+  for g in "$@"; do
+    gexec "$g" 15 "ip link set eth0 mtu $eth" >/dev/null || return 1
+    for i in $(seq 1 20); do
+      [ "$(guest_active_mtu "$g")" = "$want" ] && continue 2
+      sleep 0.2
+    done
+    echo "$g: rxe0 active_mtu is $(guest_active_mtu "$g"), want $want after eth0 mtu $eth" >&2
+    return 1
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# capture on the bridge
+
+# lab_capture_start FILE COUNT FILTER: tcpdump on br0 inside the namespace, in the background.
+# br0 sees every frame forwarded between the taps (a bridge passes forwarded frames to taps of the
+# bridge device itself when it is promiscuous, which tcpdump makes it). -s 0: whole frames;
+# -U: write each packet at once; -Z root: Debian's tcpdump otherwise drops to user tcpdump, who
+# cannot write into the root-owned run directory. The pid goes to $LAB_RUN/tcpdump.*.pid so the
+# lab's cleanup can kill it if the case dies first.
+lab_capture_start() {
+  local file=$1 count=$2 filter=$3 i
+  rm -f "$file" "$file.log"
+  ip netns exec "$LAB_NS" tcpdump -i br0 -n -s 0 -U -Z root -c "$count" -w "$file" "$filter" \
+    >"$file.log" 2>&1 &
+  LAB_CAPTURE_PID=$!
+  echo "$LAB_CAPTURE_PID" >"$LAB_RUN/tcpdump.$LAB_CAPTURE_PID.pid"
+  for i in $(seq 1 50); do
+    grep -q "listening on" "$file.log" 2>/dev/null && return 0
+    kill -0 "$LAB_CAPTURE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$file.log" >&2; return 1
+}
+
+# lab_capture_stop: give in-flight frames a moment, stop tcpdump (SIGINT flushes the file).
+lab_capture_stop() {
+  local pid=${LAB_CAPTURE_PID:-} i
+  [ -n "$pid" ] || return 0
+  sleep 0.5
+  kill -INT "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -f "$LAB_RUN/tcpdump.$pid.pid"
+  LAB_CAPTURE_PID=
+}
+
+# pcap_count FILE: number of frames in a pcap file.
+pcap_count() { "$LAB_PY" "$LAB_DIR/verify_icrc.py" --count "$1"; }
+
+# ---------------------------------------------------------------------------------------------
+# a two-sided run: server in vmB (background), client in vmA (foreground)
+
+# run_pair TAG SERVER_CMD CLIENT_CMD [TIMEOUT] [LISTEN_PORT]: prints both outputs, returns 0 only if
+# both sides exit 0. LISTEN_PORT: TCP port to wait for before starting the client (pingpong and
+# perftest: 18515); "-" means just wait a fixed 2 s (rping: RDMA-CM listens, not TCP).
+run_pair() {
+  local tag=$1 scmd=$2 ccmd=$3 to=${4:-60} port=${5:-18515} crc=0 src=0
+  guest_bg vmB "$tag" "$to" "$scmd" || { echo "cannot start server in vmB"; return 1; }
+  if [ "$port" = "-" ]; then sleep 2
+  else guest_wait_tcp_listen vmB "$port" 15 || { echo "server did not listen on $port:"; guest_wait_bg vmB "$tag" 1; return 1; }
+  fi
+  echo "---- client (vmA $VM_A): $ccmd"
+  gexec vmA "$to" "$ccmd" || crc=$?
+  echo "---- client exit status $crc"
+  echo "---- server (vmB $VM_B): $scmd"
+  guest_wait_bg vmB "$tag" "$to" || src=$?
+  echo "---- server exit status $src"
+  [ "$crc" = 0 ] && [ "$src" = 0 ]
+}
+
+# ---------------------------------------------------------------------------------------------
+# cleanup
+
+# _recorded_pid PIDFILE COMM_PREFIX: print the pid recorded in PIDFILE if that process still is
+# what we started (its comm starts with COMM_PREFIX): never a reused pid, never anything by name.
+_recorded_pid() {
+  local pid comm
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  [ -n "$pid" ] || return 0
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+  [ -n "$comm" ] && [ "${comm#"$2"}" != "$comm" ] && echo "$pid"
+  return 0
+}
+
+# lab_down: stop our captures and guests (by recorded pid: TERM, then KILL after 5 s), delete the
+# namespace, and check that none of it is left. Returns non-zero if something survived.
+lab_down() {
+  local f pids="" pid i left=0 alive
+  for f in "$LAB_RUN"/tcpdump.*.pid; do [ -e "$f" ] && pids="$pids $(_recorded_pid "$f" tcpdump)"; done
+  for f in "$LAB_RUN"/vm*.pid; do [ -e "$f" ] && pids="$pids $(_recorded_pid "$f" qemu-system)"; done
+  for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
+  for i in $(seq 1 50); do
+    alive=""
+    for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive="$alive $pid"; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  for pid in $alive; do log "pid $pid ignored SIGTERM, sending SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; done
+  sleep 0.2
+  for pid in $pids; do
+    if kill -0 "$pid" 2>/dev/null; then log "pid $pid still alive"; left=1; else log "stopped pid $pid"; fi
+  done
+  rm -f "$LAB_RUN"/tcpdump.*.pid "$LAB_RUN"/vm*.pid
+  if lab_ns_exists; then ip netns del "$LAB_NS" || left=1; fi
+  if lab_ns_exists; then log "netns $LAB_NS still exists"; left=1; fi
+  return $left
+}

@@ -1,0 +1,165 @@
+#!/bin/bash
+# run.sh: the kernel-rxe interop lab. Boots two QEMU guests running the stock Debian kernel's
+# rdma_rxe in a private network namespace, runs the cases in cases/*.sh against them (and, with
+# --fixtures, regenerates packet-fixtures/rxe/), prints a result table and tears everything down.
+# See README.md next to this file.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lib.sh"
+
+usage() {
+  cat <<EOF
+usage: $0 [options]      (as root)
+
+  --fixtures      also regenerate packet-fixtures/rxe/*.pcap and MANIFEST.tsv
+  --only REGEX    run only the cases whose name matches REGEX (grep -E), e.g. 'gids|fixture:ud_'
+  --keep          leave the lab running afterwards (guests, namespace) for debugging;
+                  tear it down later with: $0 --down
+  --build-only    install packages and build/cache the guest, then exit (no lab)
+  --down          tear down a lab left by --keep (or by a crashed run), then exit
+  -h, --help      this text
+
+environment:
+  SOFTROCE_LAB_CACHE   cache and run-state directory (default /var/cache/softroce-rxe-lab)
+  SOFTROCE_LAB_NS      network namespace name (default softroce-lab)
+EOF
+}
+
+OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --fixtures) OPT_FIXTURES=1;;
+    --keep) OPT_KEEP=1;;
+    --only) [ $# -ge 2 ] || die "--only needs a regex"; OPT_ONLY=$2; shift;;
+    --build-only) OPT_BUILD_ONLY=1;;
+    --down) OPT_DOWN=1;;
+    -h|--help) usage; exit 0;;
+    *) usage >&2; die "unknown option '$1'";;
+  esac
+  shift
+done
+
+[ "$(id -u)" = 0 ] || die "run as root: the lab creates a network namespace, a bridge and taps"
+[ -c /dev/net/tun ] || die "/dev/net/tun is missing (needed for the guests' tap devices)"
+mkdir -p "$LAB_CACHE"
+# one lab at a time: the namespace name, addresses and run directory are fixed
+exec 9>"$LAB_CACHE/lock"
+flock -n 9 || die "another run.sh is using $LAB_CACHE (lock $LAB_CACHE/lock)"
+
+if [ "$OPT_DOWN" = 1 ]; then
+  lab_down && log "lab is down: no netns $LAB_NS, no lab qemu left" || die "teardown incomplete"
+  exit 0
+fi
+
+declare -a STAGE_NAMES=() STAGE_SECS=()
+stage_done() { STAGE_NAMES+=("$1"); STAGE_SECS+=("$(elapsed "$2")"); }
+T_START=$(now)
+
+t0=$(now); lab_install_deps; stage_done "host packages (apt)" "$t0"
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found after install"
+t0=$(now); lab_build_guest; stage_done "guest build (cache $LAB_GUEST_KEY)" "$t0"
+if [ "$OPT_BUILD_ONLY" = 1 ]; then
+  log "guest: $LAB_KERNEL, $LAB_INITRD"
+  exit 0
+fi
+
+# leftovers of a crashed run or of --keep: our recorded pids and our namespace only
+if lab_ns_exists || compgen -G "$LAB_RUN/*.pid" >/dev/null; then
+  log "removing leftovers of a previous lab run"
+  lab_down || die "cannot remove the previous lab (netns $LAB_NS); see above"
+fi
+rm -rf "$LAB_RUN"
+mkdir -p "$LAB_RUN/cases"
+
+CASE_PID=""
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ -n "$CASE_PID" ]; then kill -TERM "$CASE_PID" 2>/dev/null || true; wait "$CASE_PID" 2>/dev/null || true; fi
+  if [ "$OPT_KEEP" = 1 ]; then
+    log "--keep: lab left running (netns $LAB_NS, guests vmA $VM_A / vmB $VM_B, state in $LAB_RUN)"
+    log "  ip netns exec $LAB_NS $HERE/gexec.py $VM_A 'ibv_devinfo -d rxe0'"
+    log "  tear down: $0 --down"
+  elif lab_down; then
+    log "cleanup ok: netns $LAB_NS deleted, lab qemu processes stopped"
+  else
+    log "cleanup INCOMPLETE (see above)"; rc=1
+  fi
+  exit $rc
+}
+trap on_exit EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated"; exit 143' TERM
+
+t0=$(now)
+lab_net_up
+lab_boot vmA tap0 52:54:00:99:00:11
+lab_boot vmB tap1 52:54:00:99:00:12
+lab_wait_ready vmA 180
+lab_wait_ready vmB 180
+stage_done "network + boot of 2 guests" "$t0"
+
+declare -a RES_NAME=() RES_STATUS=() RES_SECS=()
+FAILED=0
+# run_case NAME TIMEOUT CMD...: run one case as its own process (group) under a hard timeout.
+# Started in the background and wait-ed for, so that Ctrl-C reaches our trap at once.
+run_case() {
+  local name=$1 to=$2 t0 rc=0 log status; shift 2
+  if [ -n "$OPT_ONLY" ] && ! echo "$name" | grep -qE -- "$OPT_ONLY"; then return 0; fi
+  log=$LAB_RUN/cases/${name//[:\/]/_}.log
+  log "case $name (timeout ${to}s)"
+  t0=$(now)
+  timeout -k 10 "$to" "$@" >"$log" 2>&1 </dev/null &
+  CASE_PID=$!
+  wait "$CASE_PID" || rc=$?
+  CASE_PID=""
+  if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; FAILED=1; fi
+  [ "$rc" = 124 ] && echo "case timed out after ${to}s" >>"$log"
+  RES_NAME+=("$name"); RES_STATUS+=("$status"); RES_SECS+=("$(elapsed "$t0")")
+  if [ "$status" = FAIL ]; then
+    log "case $name FAILED (exit $rc); last lines of $log:"
+    tail -n 40 "$log" | sed 's/^/    | /' >&2
+  fi
+}
+
+t0=$(now)
+for f in "$HERE"/cases/*.sh; do
+  # a case may declare its own limit in a "# timeout: N" header line
+  to=$(sed -n 's/^# timeout: *\([0-9]\+\).*/\1/p' "$f" | head -1)
+  run_case "$(basename "$f" .sh)" "${to:-120}" bash "$f"
+done
+stage_done "self-test cases" "$t0"
+
+if [ "$OPT_FIXTURES" = 1 ]; then
+  t0=$(now)
+  fx_failed=0
+  for n in $(bash "$HERE/fixtures.sh" list); do
+    before=$FAILED; FAILED=0
+    run_case "fixture:$n" 300 bash "$HERE/fixtures.sh" capture "$n"
+    [ "$FAILED" = 1 ] && fx_failed=1
+    FAILED=$(( before | FAILED ))
+  done
+  # publish only when every capture of this run worked: never a half-regenerated fixture set
+  if [ "$fx_failed" = 0 ]; then
+    run_case "fixture:publish" 120 bash "$HERE/fixtures.sh" publish
+  else
+    RES_NAME+=("fixture:publish"); RES_STATUS+=("SKIP"); RES_SECS+=("0.0")
+    log "not publishing fixtures: some captures failed"
+  fi
+  stage_done "fixture generation" "$t0"
+fi
+
+echo
+printf '%-34s %-6s %8s\n' CASE RESULT SECONDS
+for i in "${!RES_NAME[@]}"; do
+  printf '%-34s %-6s %8s\n' "${RES_NAME[$i]}" "${RES_STATUS[$i]}" "${RES_SECS[$i]}"
+done
+echo
+for i in "${!STAGE_NAMES[@]}"; do
+  printf '  stage %-40s %7s s\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"
+done
+printf '  %-46s %7s s\n' "total (before teardown)" "$(elapsed "$T_START")"
+echo "  case logs: $LAB_RUN/cases/"
+[ ${#RES_NAME[@]} -gt 0 ] || { log "no case matched --only '$OPT_ONLY'"; exit 1; }
+[ "$FAILED" = 0 ] || { log "some cases FAILED"; exit 1; }
+log "all cases passed"
