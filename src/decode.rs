@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -43,7 +44,10 @@ pub struct AtomicEthJson {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Decoded {
     pub frame: usize,
+    /// Seconds since the epoch, as captured.
     pub time: f64,
+    /// Seconds since the capture's first frame.
+    pub time_relative: f64,
     pub src: String,
     pub dst: String,
     pub src_port: u16,
@@ -78,7 +82,7 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    fn new(record: &Record<'_>, frame: &Frame<'_>, repr: &PacketRepr) -> Self {
+    fn new(record: &Record<'_>, first: Duration, frame: &Frame<'_>, repr: &PacketRepr) -> Self {
         let (src, dst) = match frame.repr.ip {
             IpRepr::V4 { src, dst, .. } => (src.to_string(), dst.to_string()),
             IpRepr::V6 { src, dst, .. } => (src.to_string(), dst.to_string()),
@@ -88,6 +92,7 @@ impl Decoded {
         Decoded {
             frame: record.number,
             time: record.timestamp.as_secs_f64(),
+            time_relative: record.timestamp.saturating_sub(first).as_secs_f64(),
             src,
             dst,
             src_port: frame.repr.udp.src_port,
@@ -137,7 +142,7 @@ impl Decoded {
         let mut line = format!(
             "{:>5} {:>12.6} {} -> {} {} QP={:#08x} PSN={} A={}",
             self.frame,
-            self.time,
+            self.time_relative,
             self.src,
             self.dst,
             self.opcode_name,
@@ -199,11 +204,11 @@ pub enum Item {
     NotRoce,
 }
 
-/// Decodes one record.
-pub fn decode_record(record: &Record<'_>) -> Item {
+/// Decodes one record; `first` is the timestamp of the capture's first frame.
+pub fn decode_record(record: &Record<'_>, first: Duration) -> Item {
     match record.frame() {
         Ok(frame) => match PacketRepr::parse(&frame.packet) {
-            Ok(repr) => Item::Roce(Box::new(Decoded::new(record, &frame, &repr))),
+            Ok(repr) => Item::Roce(Box::new(Decoded::new(record, first, &frame, &repr))),
             Err(e) => Item::Malformed {
                 frame: record.number,
                 error: e.into(),
@@ -261,8 +266,10 @@ impl Summary {
 /// Decodes a whole capture held in memory, calling `each` for every record in order.
 pub fn decode_capture(file: &[u8], mut each: impl FnMut(&Item)) -> Result<Summary, CaptureError> {
     let mut summary = Summary::default();
+    let mut first = None;
     for record in Capture::new(file)? {
-        let item = decode_record(&record?);
+        let record = record?;
+        let item = decode_record(&record, *first.get_or_insert(record.timestamp));
         each(&item);
         summary.count(&item);
     }

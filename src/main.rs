@@ -41,8 +41,11 @@ fn decode(file: &PathBuf, json: bool) -> ExitCode {
     };
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let mut write_failed = None;
+    let mut write_error: Option<std::io::Error> = None;
     let result = decode_capture(&bytes, |item| {
+        if write_error.is_some() {
+            return;
+        }
         let line = match item {
             Item::Roce(d) if json => serde_json::to_string(d).expect("plain data serialises"),
             Item::Roce(d) => d.summary(),
@@ -52,25 +55,29 @@ fn decode(file: &PathBuf, json: bool) -> ExitCode {
             Item::Malformed { frame, error } => format!("{frame:>5} malformed RoCE: {error}"),
             Item::NotRoce => return,
         };
-        if let Err(e) = writeln!(out, "{line}") {
-            write_failed.get_or_insert(e);
-        }
+        write_error = writeln!(out, "{line}").err();
     });
-    let flushed = out.flush();
-    if let Some(e) = write_failed.or(flushed.err()) {
-        eprintln!("softroce decode: writing the output: {e}");
-        return ExitCode::FAILURE;
+    let outcome = match &result {
+        // The counts go after the packets, or to standard error beside JSON lines.
+        Ok(summary) if json => {
+            eprint!("{}", summary.render());
+            Ok(())
+        }
+        Ok(summary) => write!(out, "{}", summary.render()),
+        Err(_) => Ok(()),
+    };
+    let write_error = write_error.or(outcome.err()).or(out.flush().err());
+    match write_error {
+        // A reader that stops early (`| head`) is not an error.
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+        Some(e) => {
+            eprintln!("softroce decode: writing the output: {e}");
+            return ExitCode::FAILURE;
+        }
+        None => {}
     }
     match result {
-        Ok(summary) => {
-            let counts = summary.render();
-            if json {
-                eprint!("{counts}");
-            } else {
-                print!("{counts}");
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("softroce decode: {}: {e}", file.display());
             ExitCode::FAILURE
