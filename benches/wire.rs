@@ -10,25 +10,14 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softroce::wire::frame::{EthernetRepr, UdpRepr};
 use softroce::wire::icrc::icrc_ipv4;
 use softroce::wire::{
-    BthRepr, ExtHeaders, Frame, FrameRepr, IcrcStatus, IpRepr, Opcode, PKey, PacketRepr, Psn, Qpn,
+    BthRepr, ExtHeaders, Frame, FrameRepr, IcrcStatus, IpRepr, Opcode, PacketRepr, Psn, Qpn,
     UdpChecksum,
 };
 
 const PAYLOAD: usize = 4096;
 
 fn write_middle() -> (FrameRepr, PacketRepr, Vec<u8>) {
-    let bth = BthRepr {
-        opcode: Opcode::RcWriteMiddle,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        pkey: PKey::DEFAULT,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x11),
-        ack_req: false,
-        psn: Psn::new(1000),
-    };
+    let bth = BthRepr::new(Opcode::RcWriteMiddle, Qpn::new(0x11), Psn::new(1000));
     let frame = FrameRepr {
         ethernet: Some(EthernetRepr {
             src: [2, 0, 0, 0, 0, 1],

@@ -6,8 +6,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use softroce::wire::frame::{EthernetRepr, UdpRepr};
 use softroce::wire::{
-    BthRepr, ExtHeaders, Frame, FrameRepr, IcrcStatus, IpRepr, KernelFraming, Opcode, PKey,
-    PacketRepr, Psn, Qpn, UdpChecksum,
+    BthRepr, ExtHeaders, Frame, FrameRepr, IcrcStatus, IpRepr, KernelFraming, Opcode, PacketRepr,
+    Psn, Qpn, UdpChecksum,
 };
 
 fn hex_fixture(name: &str) -> Vec<u8> {
@@ -76,16 +76,8 @@ fn a_flipped_bit_fails_the_icrc_but_a_masked_field_does_not() {
 fn scapy_uc_send_only() -> (FrameRepr, PacketRepr, Vec<u8>) {
     let payload = b"F0\x81\x8b\xe2\x895\xd9\x0e\x9a\x95PT\x01\xbe\x88^P".to_vec();
     let bth = BthRepr {
-        opcode: Opcode::UcSendOnly,
-        solicited: false,
         mig_req: true,
-        pad_count: 0,
-        pkey: PKey::DEFAULT,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(211),
-        ack_req: false,
-        psn: Psn::new(13_571_856),
+        ..BthRepr::new(Opcode::UcSendOnly, Qpn::new(211), Psn::new(13_571_856))
     };
     let packet = PacketRepr::new(bth, ExtHeaders::default(), payload.len());
     let mac = [0x24, 0x8a, 0x07, 0xa8, 0xfa, 0x22];

@@ -154,6 +154,22 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH with the default partition and every flag clear; the packet layer sets PadCnt.
+    pub const fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> Self {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: PKey::DEFAULT,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Reads a BTH, refusing a transport header version other than 0: IBTA 9.6.1.1 has the
     /// receiver silently drop a packet whose TVer it does not support.
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<Self> {

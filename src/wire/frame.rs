@@ -14,7 +14,7 @@ use etherparse::{
     UdpHeader, VlanId, VlanPcp,
 };
 
-use super::icrc::{icrc_ipv4, icrc_ipv6, IcrcStatus};
+use super::icrc::{icrc_ipv4, icrc_ipv6, IcrcStatus, ICRC_LEN};
 use super::{Error, Layer, PacketRepr, RocePacket, ROCEV2_UDP_PORT};
 
 /// Why a frame is not a RoCEv2 packet softroce can read.
@@ -96,12 +96,80 @@ pub enum IpRepr {
     },
 }
 
+/// An IP header ready to write, with its length and checksum filled in.
+enum BuiltIp {
+    V4(Ipv4Header),
+    V6(Ipv6Header),
+}
+
 impl IpRepr {
     fn header_len(&self) -> usize {
         match self {
             IpRepr::V4 { .. } => Ipv4Header::MIN_LEN,
             IpRepr::V6 { .. } => Ipv6Header::LEN,
         }
+    }
+
+    /// The header in front of a UDP datagram of `udp_len` bytes.
+    fn build(&self, udp_len: u16) -> Result<BuiltIp, Error> {
+        let (dscp, ecn, layer) = match *self {
+            IpRepr::V4 { dscp, ecn, .. } => (dscp, ecn, Layer::Ipv4),
+            IpRepr::V6 { dscp, ecn, .. } => (dscp, ecn, Layer::Ipv6),
+        };
+        let dscp = IpDscp::try_new(dscp)
+            .map_err(|_| field_error(layer, "dscp", dscp.into(), "0 to 63"))?;
+        let ecn =
+            IpEcn::try_new(ecn).map_err(|_| field_error(layer, "ecn", ecn.into(), "0 to 3"))?;
+        Ok(match *self {
+            IpRepr::V4 {
+                src,
+                dst,
+                identification,
+                dont_fragment,
+                ttl,
+                ..
+            } => {
+                let mut ip = Ipv4Header {
+                    dscp,
+                    ecn,
+                    total_len: Ipv4Header::MIN_LEN_U16 + udp_len,
+                    identification,
+                    dont_fragment,
+                    more_fragments: false,
+                    fragment_offset: IpFragOffset::ZERO,
+                    time_to_live: ttl,
+                    protocol: IpNumber::UDP,
+                    header_checksum: 0,
+                    source: src.octets(),
+                    destination: dst.octets(),
+                    options: Default::default(),
+                };
+                ip.header_checksum = ip.calc_header_checksum();
+                BuiltIp::V4(ip)
+            }
+            IpRepr::V6 {
+                src,
+                dst,
+                flow_label,
+                hop_limit,
+                ..
+            } => BuiltIp::V6(Ipv6Header {
+                traffic_class: (dscp.value() << 2) | ecn.value(),
+                flow_label: Ipv6FlowLabel::try_new(flow_label).map_err(|_| {
+                    field_error(
+                        Layer::Ipv6,
+                        "flow_label",
+                        flow_label.into(),
+                        "a 20-bit value",
+                    )
+                })?,
+                payload_length: udp_len,
+                next_header: IpNumber::UDP,
+                hop_limit,
+                source: src.octets(),
+                destination: dst.octets(),
+            }),
+        })
     }
 }
 
@@ -370,92 +438,34 @@ impl FrameRepr {
         };
         let ip_at = at;
         let udp_at = ip_at + self.ip.header_len();
-        let (dscp, ecn, layer) = match self.ip {
-            IpRepr::V4 { dscp, ecn, .. } => (dscp, ecn, Layer::Ipv4),
-            IpRepr::V6 { dscp, ecn, .. } => (dscp, ecn, Layer::Ipv6),
+        let ip = self.ip.build(udp_len)?;
+        let ip_bytes = &mut headers[ip_at..udp_at];
+        let covered = &roce[..roce_len - ICRC_LEN];
+        let icrc = match &ip {
+            BuiltIp::V4(h) => {
+                ip_bytes.copy_from_slice(&h.to_bytes());
+                icrc_ipv4(ip_bytes, udp.to_bytes(), covered)
+            }
+            BuiltIp::V6(h) => {
+                let bytes = h.to_bytes();
+                ip_bytes.copy_from_slice(&bytes);
+                icrc_ipv6(&bytes, udp.to_bytes(), covered)
+            }
         };
-        let dscp = IpDscp::try_new(dscp)
-            .map_err(|_| field_error(layer, "dscp", dscp.into(), "0 to 63"))?;
-        let ecn =
-            IpEcn::try_new(ecn).map_err(|_| field_error(layer, "ecn", ecn.into(), "0 to 3"))?;
-        match self.ip {
-            IpRepr::V4 {
-                src,
-                dst,
-                identification,
-                dont_fragment,
-                ttl,
-                ..
-            } => {
-                let mut ip = Ipv4Header {
-                    dscp,
-                    ecn,
-                    total_len: Ipv4Header::MIN_LEN_U16 + udp_len,
-                    identification,
-                    dont_fragment,
-                    more_fragments: false,
-                    fragment_offset: IpFragOffset::ZERO,
-                    time_to_live: ttl,
-                    protocol: IpNumber::UDP,
-                    header_checksum: 0,
-                    source: src.octets(),
-                    destination: dst.octets(),
-                    options: Default::default(),
-                };
-                ip.header_checksum = ip.calc_header_checksum();
-                let ip_bytes = ip.to_bytes();
-                headers[ip_at..udp_at].copy_from_slice(&ip_bytes);
-                let icrc = icrc_ipv4(&ip_bytes, udp.to_bytes(), &roce[..roce_len - 4]);
-                RocePacket::new_checked(&mut *roce)?.set_icrc(icrc);
-                if self.udp.checksum == UdpChecksum::Computed {
-                    udp.checksum = udp.calc_checksum_ipv4(&ip, roce).map_err(|_| {
-                        field_error(
-                            Layer::Udp,
-                            "length",
-                            udp_len.into(),
-                            "a datagram under 64 KiB",
-                        )
-                    })?;
-                }
-            }
-            IpRepr::V6 {
-                src,
-                dst,
-                flow_label,
-                hop_limit,
-                ..
-            } => {
-                let ip = Ipv6Header {
-                    traffic_class: (dscp.value() << 2) | ecn.value(),
-                    flow_label: Ipv6FlowLabel::try_new(flow_label).map_err(|_| {
-                        field_error(
-                            Layer::Ipv6,
-                            "flow_label",
-                            flow_label.into(),
-                            "a 20-bit value",
-                        )
-                    })?,
-                    payload_length: udp_len,
-                    next_header: IpNumber::UDP,
-                    hop_limit,
-                    source: src.octets(),
-                    destination: dst.octets(),
-                };
-                let ip_bytes = ip.to_bytes();
-                headers[ip_at..udp_at].copy_from_slice(&ip_bytes);
-                let icrc = icrc_ipv6(&ip_bytes, udp.to_bytes(), &roce[..roce_len - 4]);
-                RocePacket::new_checked(&mut *roce)?.set_icrc(icrc);
-                if self.udp.checksum == UdpChecksum::Computed {
-                    udp.checksum = udp.calc_checksum_ipv6(&ip, roce).map_err(|_| {
-                        field_error(
-                            Layer::Udp,
-                            "length",
-                            udp_len.into(),
-                            "a datagram under 64 KiB",
-                        )
-                    })?;
-                }
-            }
+        RocePacket::new_checked(&mut *roce)?.set_icrc(icrc);
+        if self.udp.checksum == UdpChecksum::Computed {
+            let checksum = match &ip {
+                BuiltIp::V4(h) => udp.calc_checksum_ipv4(h, roce),
+                BuiltIp::V6(h) => udp.calc_checksum_ipv6(h, roce),
+            };
+            udp.checksum = checksum.map_err(|_| {
+                field_error(
+                    Layer::Udp,
+                    "length",
+                    udp_len.into(),
+                    "a datagram under 64 KiB",
+                )
+            })?;
         }
         headers[udp_at..].copy_from_slice(&udp.to_bytes());
         Ok(total)

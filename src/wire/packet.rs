@@ -366,20 +366,12 @@ impl PacketRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{AckSyndrome, Msn, PKey, Psn, Qpn, RKey};
+    use crate::wire::{AckSyndrome, Msn, Psn, Qpn, RKey};
 
     fn bth(opcode: Opcode) -> BthRepr {
         BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: PKey::DEFAULT,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(0x11),
             ack_req: true,
-            psn: Psn::new(100),
+            ..BthRepr::new(opcode, Qpn::new(0x11), Psn::new(100))
         }
     }
 

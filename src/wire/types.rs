@@ -9,9 +9,20 @@ use super::{Error, Layer};
 
 const U24_MASK: u32 = 0x00ff_ffff;
 
+/// Displays a key in hexadecimal, zero-padded to its width.
+macro_rules! hex_display {
+    ($($name:ident: $width:literal),*) => {$(
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:#0w$x}", self.0, w = $width + 2)
+            }
+        }
+    )*};
+}
+
 /// Declares a 24-bit number type: the constructor masks, `try_new` refuses wider values.
 macro_rules! u24_type {
-    ($(#[$meta:meta])* $name:ident, $field:literal) => {
+    ($(#[$meta:meta])* $name:ident, $layer:expr, $field:literal) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub struct $name(u32);
@@ -29,7 +40,7 @@ macro_rules! u24_type {
             pub const fn try_new(value: u32) -> Result<Self, Error> {
                 if value > U24_MASK {
                     return Err(Error::Field {
-                        layer: Layer::Bth,
+                        layer: $layer,
                         field: $field,
                         found: value as u64,
                         expected: "a 24-bit value",
@@ -53,16 +64,19 @@ u24_type!(
     /// 2^23 of each other, which is the window the transport keeps; `Psn - Psn` gives the signed
     /// distance.
     Psn,
+    Layer::Bth,
     "psn"
 );
 u24_type!(
     /// A queue pair number (24 bits).
     Qpn,
+    Layer::Bth,
     "dest_qp"
 );
 u24_type!(
     /// A message sequence number, carried in the AETH (24 bits).
     Msn,
+    Layer::Aeth,
     "msn"
 );
 
@@ -150,11 +164,7 @@ impl fmt::Display for Msn {
     }
 }
 
-impl fmt::Display for Qpn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{:06x}", self.0)
-    }
-}
+hex_display!(Qpn: 6);
 
 /// A partition key (IBTA 10.9). Bit 15 is the membership type: 1 for full membership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -204,29 +214,7 @@ pub struct RKey(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct LKey(pub u32);
 
-impl fmt::Display for PKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{:04x}", self.0)
-    }
-}
-
-impl fmt::Display for QKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{:08x}", self.0)
-    }
-}
-
-impl fmt::Display for RKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{:08x}", self.0)
-    }
-}
-
-impl fmt::Display for LKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "0x{:08x}", self.0)
-    }
-}
+hex_display!(PKey: 4, QKey: 8, RKey: 8, LKey: 8);
 
 #[cfg(test)]
 mod tests {
@@ -273,6 +261,14 @@ mod tests {
         assert_eq!(Qpn::try_new(0xff_ffff), Ok(Qpn::MULTICAST));
         assert_eq!(Msn::new(0x1ff_ffff), Msn::MAX);
         assert_eq!(Msn::MAX.next(), Msn::new(0));
+    }
+
+    #[test]
+    fn display_formats() {
+        assert_eq!(Qpn::new(0x118).to_string(), "0x000118");
+        assert_eq!(RKey(0xab).to_string(), "0x000000ab");
+        assert_eq!(PKey::DEFAULT.to_string(), "0xffff");
+        assert_eq!(Psn::new(42).to_string(), "42");
     }
 
     #[test]
