@@ -15,7 +15,7 @@ source "$(dirname "$0")/lib.sh"
 
 STAGE=$LAB_RUN/fixtures
 OUTDIR=$LAB_REPO/packet-fixtures/rxe
-ALL="rc_send_mtu1024 rc_send_mtu4096 uc_send ud_send rc_write_small rc_write_multi rc_read_multi
+ALL="rc_send_mtu1024 rc_send_mtu4096 rc_send_pad uc_send ud_send rc_write_small rc_write_multi rc_read_multi
 rc_atomic_fetch_add rc_atomic_cmp_swap rc_write_imm rc_lossy rdma_cm_rping rc_send_ipv6"
 # perftest options common to all perftest fixtures: rxe0, IPv4-mapped GID (-x 1), and -F because
 # under TCG the CPU frequency check fails; -n is kept small so captures stay small.
@@ -33,8 +33,9 @@ perftest_has_write_imm() { ib_write_bw --help 2>&1 | grep -q -- '--write_with_im
 #   F_OK      regex each side's output must match (besides both exiting 0)
 #   F_LOSS    netem loss % applied to vmA's outgoing RoCE packets ("" = none)
 #   F_TRIES   attempts (a random-loss capture may by chance show no NAK/retransmission)
+#   F_TIMEOUT seconds each side of a step may take
 fixture_def() {
-  F_MTU=1024 F_IP=4 F_CAP=400 F_PORT=18515 F_LOSS="" F_TRIES=1 F_OPS="" F_OK="" F_DESC=""
+  F_MTU=1024 F_IP=4 F_CAP=400 F_PORT=18515 F_LOSS="" F_TRIES=1 F_OPS="" F_OK="" F_DESC="" F_TIMEOUT=60
   F_STEPS=()
   local pp="iters in [0-9.]+ seconds" pt="^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
   case $1 in
@@ -47,6 +48,10 @@ fixture_def() {
       F_DESC="RC SEND 16384-byte messages at path MTU 4096 (eth0 MTU 9000; SEND_FIRST/MIDDLE/MIDDLE/LAST + ACK), ibv_rc_pingpong, 5 round trips"
       F_STEPS=("ibv_rc_pingpong -d rxe0 -g 1 -m 4096 -s 16384 -n 5|ibv_rc_pingpong -d rxe0 -g 1 -m 4096 -s 16384 -n 5 $VM_B")
       F_OPS=0x00,0x01,0x02,0x11 F_OK=$pp;;
+    rc_send_pad)
+      F_DESC="RC SEND 1030-byte messages at path MTU 1024: SEND_FIRST (1024 bytes) + SEND_LAST with 6 payload bytes and BTH PadCnt 2, + ACK, ibv_rc_pingpong, 3 round trips"
+      F_STEPS=("ibv_rc_pingpong -d rxe0 -g 1 -s 1030 -n 3|ibv_rc_pingpong -d rxe0 -g 1 -s 1030 -n 3 $VM_B")
+      F_OPS=0x00,0x02,0x11 F_OK=$pp;;
     uc_send)
       F_DESC="UC SEND 4096-byte messages at path MTU 1024 (UC SEND_FIRST/MIDDLE/LAST, no ACKs), ibv_uc_pingpong, 5 round trips"
       F_STEPS=("ibv_uc_pingpong -d rxe0 -g 1 -s 4096 -n 5|ibv_uc_pingpong -d rxe0 -g 1 -s 4096 -n 5 $VM_B")
@@ -81,8 +86,8 @@ fixture_def() {
                "ib_write_bw $PT --write_with_imm -s 2048 -n 5|ib_write_bw $PT --write_with_imm -s 2048 -n 5 $VM_B")
       F_OPS=0x0b,0x06,0x09,0x11 F_OK=$pt;;
     rc_lossy)
-      F_LOSS=10 F_TRIES=4
-      F_DESC="RC SEND 4096-byte messages at MTU 1024 with 10% netem loss of vmA's outgoing RoCE packets: NAK (PSN sequence error, AETH syndrome 0x60) and/or timeout retransmissions; ibv_rc_pingpong, 10 round trips"
+      F_LOSS=10 F_TRIES=4 F_TIMEOUT=30
+      F_DESC="RC SEND 4096-byte messages at MTU 1024 with 10% netem loss of the requests vmA (client) sends (its ACKs are spared): NAK (PSN sequence error, AETH syndrome 0x60), go-back-N and timeout retransmissions, duplicate ACKs; ibv_rc_pingpong, 10 round trips"
       F_STEPS=("ibv_rc_pingpong -d rxe0 -g 1 -s 4096 -n 10|ibv_rc_pingpong -d rxe0 -g 1 -s 4096 -n 10 $VM_B")
       F_OPS=0x00,0x01,0x02,0x11 F_OK=$pp;;
     rdma_cm_rping)
@@ -99,13 +104,24 @@ fixture_def() {
   esac
 }
 
+# netem_setup: the tc commands that make vmA drop F_LOSS % of the RoCE requests it sends. A prio
+# qdisc gets a netem child on band 1:3; u32 filters send UDP dport 4791 there, except ACKs (BTH
+# opcode 0x11 at offset 28 of rxe's option-less IPv4 header), which stay on the lossless band 1:2
+# like all other traffic (the command server's TCP). Why spare the ACKs: when the client's last ACK
+# is lost, the client has already exited and destroyed its QP, so the server retries into the void
+# and rc_pingpong (and the case) can hang until its timeout. Lost requests still produce NAKs
+# (PSN sequence error) and timeout retransmissions, which is what the fixture is for.
+netem_setup() {
+  echo "$GUEST_TC qdisc add dev eth0 root handle 1: prio;"
+  echo "$GUEST_TC qdisc add dev eth0 parent 1:3 handle 30: netem loss $F_LOSS%;"
+  echo "$GUEST_TC filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 4791 0xffff match u8 0x11 0xff at 28 flowid 1:2;"
+  echo "$GUEST_TC filter add dev eth0 parent 1: protocol ip prio 2 u32 match ip dport 4791 0xffff flowid 1:3;"
+}
+
 fixture_command() {   # the manifest's "command" column
   local s out="" sep=""
   if [ "$F_MTU" = 4096 ]; then out="vmA+vmB: ip link set eth0 mtu 9000" sep=" ; then "; fi
-  if [ -n "$F_LOSS" ]; then
-    out="$out${sep}vmA: tc qdisc add dev eth0 root handle 1: prio; tc qdisc add dev eth0 parent 1:3 handle 30: netem loss $F_LOSS%; tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 4791 0xffff flowid 1:3"
-    sep=" ; then "
-  fi
+  if [ -n "$F_LOSS" ]; then out="$out${sep}vmA: $(netem_setup | tr '\n' ' ' | sed 's/; *$//')" sep=" ; then "; fi
   for s in "${F_STEPS[@]}"; do
     out="$out${sep}server: ${s%%|*} ; client: ${s#*|}"
     sep=" ; then "
@@ -137,20 +153,18 @@ cmd_capture() {
   for try in $(seq 1 "$F_TRIES"); do
     echo "==== $name, attempt $try/$F_TRIES"
     lab_guest_reset vmA vmB
+    guest_burn_qpn vmB
     guest_set_mtu "$F_MTU" vmA vmB
     echo "rxe0 active_mtu: vmA $(guest_active_mtu vmA), vmB $(guest_active_mtu vmB)"
     if [ -n "$F_LOSS" ]; then
       # only RoCE (UDP dport 4791) goes through netem; the command server's TCP stays loss-free
-      gexec vmA 15 "tc qdisc add dev eth0 root handle 1: prio &&
-tc qdisc add dev eth0 parent 1:3 handle 30: netem loss $F_LOSS% &&
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 4791 0xffff flowid 1:3 &&
-tc qdisc show dev eth0"
+      gexec vmA 15 "$(netem_setup | sed 's/;$/ \&\&/') $GUEST_TC qdisc show dev eth0"
     fi
     lab_capture_start "$pcap" "$F_CAP" "udp port 4791"
     ok=1 i=0
     for s in "${F_STEPS[@]}"; do
       i=$((i + 1))
-      out=$(run_pair "fx_${name}_$i" "${s%%|*}" "${s#*|}" 60 "$F_PORT") || ok=0
+      out=$(run_pair "fx_${name}_$i" "${s%%|*}" "${s#*|}" "$F_TIMEOUT" "$F_PORT") || ok=0
       echo "$out"
       if [ "$ok" = 1 ] && [ -n "$F_OK" ]; then
         # both sides must print the success line
@@ -159,8 +173,8 @@ tc qdisc show dev eth0"
       fi
       [ "$ok" = 1 ] || break
     done
-    lab_capture_stop
-    [ -n "$F_LOSS" ] && gexec vmA 15 "tc -s qdisc show dev eth0; tc qdisc del dev eth0 root"
+    lab_capture_stop || ok=0
+    [ -n "$F_LOSS" ] && gexec vmA 15 "$GUEST_TC -s qdisc show dev eth0; $GUEST_TC qdisc del dev eth0 root"
     if [ "$ok" = 1 ] && "$LAB_PY" "$LAB_DIR/verify_icrc.py" "${verify_args[@]}" "$pcap"; then
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name.pcap" "$F_MTU" "$F_IP" "?" "-" "$F_DESC" \
         "$(fixture_command)" >"$STAGE/$name.row"

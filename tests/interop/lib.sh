@@ -29,10 +29,13 @@ LAB_GUESTS="vmA vmB"
 # 1024 (eth0 MTU 1500, the boot default) and 4096 (eth0 MTU 9000) without a reboot.
 LAB_LINK_MTU=9000
 LAB_MEM_MB=${SOFTROCE_LAB_MEM:-768}
+# The guest's busybox ash runs its own applets in preference to $PATH (Debian's busybox-static is
+# built that way), and busybox has a "tc" applet without netem: call iproute2's tc by full path.
+GUEST_TC=/sbin/tc
 
 # Packages the lab needs on the host (the guest initramfs is assembled from the host's files).
 LAB_PACKAGES="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers perftest
-rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3 gzip procps util-linux coreutils"
+rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3"
 
 # ---------------------------------------------------------------------------------------------
 # small helpers
@@ -65,8 +68,10 @@ lab_install_deps() {
   fi
   log "host packages: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null || die "apt-get update failed"
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >"$LAB_CACHE/apt.log" 2>&1 \
+  # An unreachable third-party source makes `apt-get update` fail although Debian's own lists
+  # were refreshed: warn, and let the install decide.
+  apt-get update -q >"$LAB_CACHE/apt.log" 2>&1 || log "apt-get update reported errors (see $LAB_CACHE/apt.log); trying the install anyway"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$LAB_CACHE/apt.log" 2>&1 \
     || { tail -20 "$LAB_CACHE/apt.log" >&2; die "apt-get install failed (log: $LAB_CACHE/apt.log)"; }
 }
 
@@ -157,7 +162,7 @@ lab_boot() {
     -monitor "unix:$LAB_RUN/$name.mon,server=on,wait=off" \
     -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=n0,mac=$mac" \
-    -pidfile "$LAB_RUN/$name.pid" -daemonize \
+    -pidfile "$LAB_RUN/$name.pid" -daemonize 9>&- \
     || die "qemu failed to start $name"
   log "started $name ($ip) qemu pid $(cat "$LAB_RUN/$name.pid")"
 }
@@ -171,7 +176,7 @@ lab_wait_ready() {
     if grep -qa "RXEVM FAILED" "$LAB_RUN/$name.console" 2>/dev/null; then
       tail -40 "$LAB_RUN/$name.console" >&2; die "$name: guest init failed (see above)"
     fi
-    kill -0 "$pid" 2>/dev/null || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: qemu died"; }
+    _alive "$pid" || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: qemu died"; }
     [ "$(date +%s)" -lt "$deadline" ] || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: not ready after ${to}s"; }
     sleep 0.2
   done
@@ -190,13 +195,23 @@ gexec() {
 
 # guest_bg GUEST TAG TIMEOUT SCRIPT: start SCRIPT in the background in the guest (e.g. a server);
 # its output and exit status go to /tmp/bg.TAG.out in the guest. Collect with guest_wait_bg.
+# Like gexec, SCRIPT gets its own session and a watchdog that kills the whole group after
+# TIMEOUT s (status 137), so a hung server cannot outlive its case.
 guest_bg() {
   local g=$1 tag=$2 to=$3 script=$4
   gexec "$g" 15 "rm -f /tmp/bg.$tag.sh /tmp/bg.$tag.out
 cat >/tmp/bg.$tag.sh <<'__BG_EOF_7f3a__'
 $script
 __BG_EOF_7f3a__
-( timeout -s KILL $to sh /tmp/bg.$tag.sh; echo \"__BG_RC=\$?\" ) </dev/null >/tmp/bg.$tag.out 2>&1 &
+(
+  setsid sh /tmp/bg.$tag.sh </dev/null >/tmp/bg.$tag.out 2>&1 &
+  p=\$!
+  ( sleep $to; kill -KILL -\$p ) &
+  w=\$!
+  wait \$p; rc=\$?
+  kill \$w
+  printf '\\n__BG_RC=%s\\n' \$rc >>/tmp/bg.$tag.out
+) </dev/null >/dev/null 2>&1 &
 echo started" >/dev/null
 }
 
@@ -233,8 +248,22 @@ lab_guest_reset() {
   local g
   for g in "$@"; do
     gexec "$g" 15 "for p in $(echo $LAB_TEST_PROGS); do killall -q -KILL \$p 2>/dev/null; done
-tc qdisc del dev eth0 root 2>/dev/null; true" >/dev/null || return 1
+$GUEST_TC qdisc del dev eth0 root 2>/dev/null; true" >/dev/null || return 1
   done
+}
+
+# guest_burn_qpn GUEST: create (and destroy) one QP in GUEST. rxe hands out QP numbers in
+# sequence, and two guests that ran the same programs would give both ends of every connection
+# the same QPN (and so, as rxe derives it from the QPN, the same UDP source port). Captures are
+# more useful when source and destination QPNs differ, so the fixtures burn one QPN in vmB first.
+# ibv_rc_pingpong creates its QP before it listens on its TCP port: wait for the port, then kill.
+guest_burn_qpn() {
+  gexec "$1" 20 "ibv_rc_pingpong -d rxe0 -g 1 -p 18600 </dev/null >/dev/null 2>&1 &
+p=\$!; i=0
+until grep -qiE ':48A8 [0-9A-F:]+ 0A ' /proc/net/tcp /proc/net/tcp6; do
+  i=\$((i+1)); [ \$i -gt 100 ] && { kill -KILL \$p; echo 'burner did not listen'; exit 1; }; sleep 0.1
+done
+kill -KILL \$p; wait \$p 2>/dev/null; true" >/dev/null
 }
 
 # guest_active_mtu GUEST: rxe0 port 1 active_mtu (1024, 4096, ...).
@@ -264,15 +293,18 @@ guest_set_mtu() {
 # lab_capture_start FILE COUNT FILTER: tcpdump on br0 inside the namespace, in the background.
 # br0 sees every frame forwarded between the taps (a bridge passes forwarded frames to taps of the
 # bridge device itself when it is promiscuous, which tcpdump makes it). -s 0: whole frames;
-# -U: write each packet at once; -Z root: Debian's tcpdump otherwise drops to user tcpdump, who
-# cannot write into the root-owned run directory. The pid goes to $LAB_RUN/tcpdump.*.pid so the
-# lab's cleanup can kill it if the case dies first.
+# --immediate-mode: hand each packet to tcpdump at once. Without it libpcap's TPACKET_V3 ring
+# delivers packets in blocks, on a 1 s timeout, and packets still in the ring when tcpdump gets
+# SIGINT are silently lost (seen: "41 packets received by filter, 0 packets captured" for a
+# short rping run). -U: write each packet to the file at once. -Z root: Debian's tcpdump otherwise
+# drops to user tcpdump, who cannot write into the root-owned run directory. The pid goes to
+# $LAB_RUN/tcpdump.*.pid so the lab's cleanup can kill it if the case dies first.
 lab_capture_start() {
   local file=$1 count=$2 filter=$3 i
   rm -f "$file" "$file.log"
-  ip netns exec "$LAB_NS" tcpdump -i br0 -n -s 0 -U -Z root -c "$count" -w "$file" "$filter" \
+  ip netns exec "$LAB_NS" tcpdump -i br0 -n -s 0 -U --immediate-mode -Z root -c "$count" -w "$file" "$filter" \
     >"$file.log" 2>&1 &
-  LAB_CAPTURE_PID=$!
+  LAB_CAPTURE_PID=$! LAB_CAPTURE_FILE=$file
   echo "$LAB_CAPTURE_PID" >"$LAB_RUN/tcpdump.$LAB_CAPTURE_PID.pid"
   for i in $(seq 1 50); do
     grep -q "listening on" "$file.log" 2>/dev/null && return 0
@@ -282,17 +314,26 @@ lab_capture_start() {
   cat "$file.log" >&2; return 1
 }
 
-# lab_capture_stop: give in-flight frames a moment, stop tcpdump (SIGINT flushes the file).
+# lab_capture_stop: give in-flight frames a moment, stop tcpdump (SIGINT flushes the file), and
+# fail unless tcpdump wrote every packet its filter accepted and the kernel dropped none.
 lab_capture_stop() {
-  local pid=${LAB_CAPTURE_PID:-} i
+  local pid=${LAB_CAPTURE_PID:-} file=${LAB_CAPTURE_FILE:-} i cap rcv drop
   [ -n "$pid" ] || return 0
-  sleep 0.5
+  sleep 1
   kill -INT "$pid" 2>/dev/null || true
   for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   rm -f "$LAB_RUN/tcpdump.$pid.pid"
   LAB_CAPTURE_PID=
+  cap=$(sed -n 's/^\([0-9]*\) packets\{0,1\} captured$/\1/p' "$file.log")
+  rcv=$(sed -n 's/^\([0-9]*\) packets\{0,1\} received by filter$/\1/p' "$file.log")
+  drop=$(sed -n 's/^\([0-9]*\) packets\{0,1\} dropped by kernel$/\1/p' "$file.log")
+  if [ -z "$cap" ] || [ "$cap" != "$rcv" ] || [ "$drop" != 0 ]; then
+    echo "capture incomplete: captured=${cap:-?} received=${rcv:-?} dropped=${drop:-?} ($file.log)"
+    return 1
+  fi
+  echo "capture: $cap packets"
 }
 
 # pcap_count FILE: number of frames in a pcap file.
@@ -322,6 +363,14 @@ run_pair() {
 # ---------------------------------------------------------------------------------------------
 # cleanup
 
+# _alive PID: the process exists and is not a zombie (a killed daemonized qemu is a zombie until
+# init reaps it, and kill -0 still succeeds on it).
+_alive() {
+  local st
+  st=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
 # _recorded_pid PIDFILE COMM_PREFIX: print the pid recorded in PIDFILE if that process still is
 # what we started (its comm starts with COMM_PREFIX): never a reused pid, never anything by name.
 _recorded_pid() {
@@ -342,16 +391,36 @@ lab_down() {
   for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
   for i in $(seq 1 50); do
     alive=""
-    for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive="$alive $pid"; done
+    for pid in $pids; do _alive "$pid" && alive="$alive $pid"; done
     [ -z "$alive" ] && break
     sleep 0.1
   done
   for pid in $alive; do log "pid $pid ignored SIGTERM, sending SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; done
-  sleep 0.2
+  # wait (max 3 s) for init to reap them too, so that a `pgrep qemu` right after shows nothing
+  for i in $(seq 1 30); do
+    alive=""
+    for pid in $pids; do [ -e "/proc/$pid" ] && alive="$alive $pid"; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
   for pid in $pids; do
-    if kill -0 "$pid" 2>/dev/null; then log "pid $pid still alive"; left=1; else log "stopped pid $pid"; fi
+    if _alive "$pid"; then log "pid $pid still alive"; left=1; else log "stopped pid $pid"; fi
   done
   rm -f "$LAB_RUN"/tcpdump.*.pid "$LAB_RUN"/vm*.pid
+  # Second sweep: anything still running inside our namespace was started by the lab (a pid file
+  # may be gone, e.g. if the cache directory was removed under a --keep lab). `ip netns pids`
+  # names exactly those processes; nothing else on the host is touched.
+  if lab_ns_exists; then
+    pids=$(ip netns pids "$LAB_NS" 2>/dev/null | tr '\n' ' ')
+    if [ -n "${pids// /}" ]; then
+      log "processes still inside netns $LAB_NS: $pids- stopping them"
+      for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
+      for i in $(seq 1 50); do [ -z "$(ip netns pids "$LAB_NS" 2>/dev/null)" ] && break; sleep 0.1; done
+      for pid in $(ip netns pids "$LAB_NS" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+      sleep 0.2
+      [ -z "$(ip netns pids "$LAB_NS" 2>/dev/null)" ] || { log "processes left in netns $LAB_NS"; left=1; }
+    fi
+  fi
   if lab_ns_exists; then ip netns del "$LAB_NS" || left=1; fi
   if lab_ns_exists; then log "netns $LAB_NS still exists"; left=1; fi
   return $left

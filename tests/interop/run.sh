@@ -42,7 +42,9 @@ done
 [ "$(id -u)" = 0 ] || die "run as root: the lab creates a network namespace, a bridge and taps"
 [ -c /dev/net/tun ] || die "/dev/net/tun is missing (needed for the guests' tap devices)"
 mkdir -p "$LAB_CACHE"
-# one lab at a time: the namespace name, addresses and run directory are fixed
+# One lab at a time: the namespace name, addresses and run directory are fixed. Children that
+# outlive us (the daemonized qemu processes) are started with fd 9 closed, or a --keep lab would
+# hold the lock.
 exec 9>"$LAB_CACHE/lock"
 flock -n 9 || die "another run.sh is using $LAB_CACHE (lock $LAB_CACHE/lock)"
 
@@ -103,45 +105,56 @@ declare -a RES_NAME=() RES_STATUS=() RES_SECS=()
 FAILED=0
 # run_case NAME TIMEOUT CMD...: run one case as its own process (group) under a hard timeout.
 # Started in the background and wait-ed for, so that Ctrl-C reaches our trap at once.
+# Returns 1 only if --only filtered the case out; the verdict goes to RES_* and FAILED.
 run_case() {
-  local name=$1 to=$2 t0 rc=0 log status; shift 2
-  if [ -n "$OPT_ONLY" ] && ! echo "$name" | grep -qE -- "$OPT_ONLY"; then return 0; fi
+  local name=$1 to=$2 t0 rc=0 log status secs; shift 2
+  if [ "${RUN_CASE_FORCE:-0}" != 1 ] && [ -n "$OPT_ONLY" ] && ! echo "$name" | grep -qE -- "$OPT_ONLY"; then
+    return 1   # filtered out
+  fi
   log=$LAB_RUN/cases/${name//[:\/]/_}.log
   log "case $name (timeout ${to}s)"
   t0=$(now)
-  timeout -k 10 "$to" "$@" >"$log" 2>&1 </dev/null &
+  # 9>&-: the case (and e.g. a tcpdump it starts) must not inherit the lab lock
+  timeout -k 10 "$to" "$@" >"$log" 2>&1 </dev/null 9>&- &
   CASE_PID=$!
   wait "$CASE_PID" || rc=$?
   CASE_PID=""
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; FAILED=1; fi
-  [ "$rc" = 124 ] && echo "case timed out after ${to}s" >>"$log"
-  RES_NAME+=("$name"); RES_STATUS+=("$status"); RES_SECS+=("$(elapsed "$t0")")
+  secs=$(elapsed "$t0")
+  # 124 is also what gexec returns for an unresponsive guest: only blame the case timeout if the
+  # case really ran that long
+  if [ "$rc" = 124 ] && [ "${secs%.*}" -ge $((to - 1)) ]; then echo "case timed out after ${to}s" >>"$log"; fi
+  RES_NAME+=("$name"); RES_STATUS+=("$status"); RES_SECS+=("$secs")
   if [ "$status" = FAIL ]; then
     log "case $name FAILED (exit $rc); last lines of $log:"
     tail -n 40 "$log" | sed 's/^/    | /' >&2
   fi
+  return 0   # ran (its verdict is in RES_STATUS / FAILED)
 }
 
 t0=$(now)
 for f in "$HERE"/cases/*.sh; do
   # a case may declare its own limit in a "# timeout: N" header line
   to=$(sed -n 's/^# timeout: *\([0-9]\+\).*/\1/p' "$f" | head -1)
-  run_case "$(basename "$f" .sh)" "${to:-120}" bash "$f"
+  run_case "$(basename "$f" .sh)" "${to:-120}" bash "$f" || true
 done
 stage_done "self-test cases" "$t0"
 
 if [ "$OPT_FIXTURES" = 1 ]; then
   t0=$(now)
-  fx_failed=0
+  fx_failed=0 fx_ran=0
   for n in $(bash "$HERE/fixtures.sh" list); do
     before=$FAILED; FAILED=0
-    run_case "fixture:$n" 300 bash "$HERE/fixtures.sh" capture "$n"
+    run_case "fixture:$n" 300 bash "$HERE/fixtures.sh" capture "$n" && fx_ran=$((fx_ran + 1))
     [ "$FAILED" = 1 ] && fx_failed=1
     FAILED=$(( before | FAILED ))
   done
-  # publish only when every capture of this run worked: never a half-regenerated fixture set
-  if [ "$fx_failed" = 0 ]; then
-    run_case "fixture:publish" 120 bash "$HERE/fixtures.sh" publish
+  # Publish only when every capture of this run worked: never a half-regenerated fixture set.
+  # (With --only, the captures that ran are published and the other manifest rows are kept.)
+  if [ "$fx_ran" = 0 ]; then
+    log "--fixtures: no fixture matched --only '$OPT_ONLY'"
+  elif [ "$fx_failed" = 0 ]; then
+    RUN_CASE_FORCE=1 run_case "fixture:publish" 120 bash "$HERE/fixtures.sh" publish || true
   else
     RES_NAME+=("fixture:publish"); RES_STATUS+=("SKIP"); RES_SECS+=("0.0")
     log "not publishing fixtures: some captures failed"

@@ -19,7 +19,9 @@ Everything else in the IP header (IPv4 ID, flags/DF, total length, addresses, ..
 The end of the packet is taken from the IP length field, so Ethernet padding is ignored.
 
 Options:
-  --list                one line per RoCE frame (opcode, PSN, AETH, addresses, ports, ...)
+  --list                one line per frame: addresses, UDP source port and checksum, IP ID/flow
+                        label, BTH fields, AETH, RETH, DETH, AtomicETH, AtomicAckETH, ImmDt,
+                        payload length and the ICRC verdict
   --count               just print the number of frames in each file
   --expect-opcodes L    fail unless each BTH opcode in L (comma-separated, e.g. 0x00,0x11) occurs
   --expect-ip V         fail unless every RoCE frame is IP version V (4 or 6)
@@ -30,6 +32,7 @@ Exit status 0 only if every RoCE frame's ICRC is correct, every file has at leas
 no non-RoCE frame is present, and every expectation holds.
 """
 import collections
+import signal
 import struct
 import sys
 import zlib
@@ -51,6 +54,9 @@ OPCODES = {
 }
 # opcodes whose BTH is followed by an AETH
 AETH_OPS = {0x0D, 0x0F, 0x10, 0x11, 0x12}
+# opcodes carrying a RETH, an ImmDt
+RETH_OPS = {0x06, 0x0A, 0x0B, 0x0C, 0x26, 0x2A, 0x2B}
+IMM_OPS = {0x03, 0x05, 0x09, 0x0B, 0x23, 0x25, 0x29, 0x2B, 0x65}
 # requester-side opcodes (a repeated PSN among these is a retransmission)
 REQUEST_OPS = {op for op in OPCODES if op not in AETH_OPS and op not in (0x0E, 0x81)}
 ROCE_PORT = 4791
@@ -152,9 +158,29 @@ def parse_roce(frame):
         ackreq=bool(b[8] & 0x80), resv7=b[8] & 0x7F, psn=struct.unpack("!I", b[8:12])[0] & 0xFFFFFF,
         length=len(pkt), payload_end=len(pkt) - 4,
     )
-    if op in AETH_OPS and len(pkt) >= bth + 12 + 4 + 4:
-        syn, msn = struct.unpack("!B3s", pkt[bth + 12:bth + 16])
+    h = bth + 12                                  # next header
+    end = len(pkt) - 4
+    if op in AETH_OPS and end >= h + 4:
+        syn, msn = struct.unpack("!B3s", pkt[h:h + 4])
         info.update(aeth_syndrome=syn, msn=int.from_bytes(msn, "big"))
+        h += 4
+        if op == 0x12 and end >= h + 8:            # AtomicAckETH
+            info.update(atomic_orig=struct.unpack("!Q", pkt[h:h + 8])[0])
+            h += 8
+    elif op in RETH_OPS and end >= h + 16:
+        info.update(reth=struct.unpack("!QII", pkt[h:h + 16]))   # VA, R_Key, DMA length
+        h += 16
+    elif op in (0x64, 0x65) and end >= h + 8:      # DETH: Q_Key, reserved, source QP
+        info.update(qkey=struct.unpack("!I", pkt[h:h + 4])[0],
+                    srcqp=struct.unpack("!I", pkt[h + 4:h + 8])[0] & 0xFFFFFF)
+        h += 8
+    elif op in (0x13, 0x14) and end >= h + 28:     # AtomicETH: VA, R_Key, swap/add, compare
+        info.update(atomic=struct.unpack("!QIQQ", pkt[h:h + 28]))
+        h += 28
+    if op in IMM_OPS and end >= h + 4:
+        info.update(imm=struct.unpack("!I", pkt[h:h + 4])[0])
+        h += 4
+    info.update(payload_len=end - h)
     return info
 
 
@@ -170,6 +196,17 @@ def describe(i, r):
         s += f" flow=0x{r['flow']:05x} tc={r['tclass']} hlim={r['ttl']}"
     if "aeth_syndrome" in r:
         s += f" aeth=0x{r['aeth_syndrome']:02x}/msn={r['msn']}"
+    if "atomic_orig" in r:
+        s += f" orig=0x{r['atomic_orig']:x}"
+    if "reth" in r:
+        s += " reth(va=0x%x,rkey=0x%x,len=%d)" % r["reth"]
+    if "qkey" in r:
+        s += f" deth(qkey=0x{r['qkey']:08x},srcqp=0x{r['srcqp']:06x})"
+    if "atomic" in r:
+        s += " atomic(va=0x%x,rkey=0x%x,swap_add=0x%x,cmp=0x%x)" % r["atomic"]
+    if "imm" in r:
+        s += f" imm=0x{r['imm']:08x}"
+    s += f" payload={r['payload_len']}"
     s += " icrc=" + ("ok" if r["icrc_ok"] else f"BAD(frame 0x{r['icrc']:08x} calc 0x{r['icrc_calc']:08x})")
     return s
 
@@ -271,4 +308,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # quiet when piped into head
     sys.exit(main(sys.argv[1:]))

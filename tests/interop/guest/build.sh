@@ -85,7 +85,8 @@ for b in $BINS; do
   [ -x "$b" ] || { b2=$(command -v "$(basename "$b")" || true); [ -n "$b2" ] && b=$b2; }
   [ -x "$b" ] || { echo "missing $b" >&2; exit 1; }
   copy_with_libs "$b"
-  # busybox has applets of the same name (tc!) that would shadow the real tool in /bin
+  # busybox has applets of the same name (tc!): no /bin link for them (the guest's ash prefers
+  # its applets anyway, so callers use full paths, e.g. /sbin/tc)
   [ -L "$R/bin/$(basename "$b")" ] && [ "$b" != "/bin/$(basename "$b")" ] && rm -f "$R/bin/$(basename "$b")"
   # keep the binaries reachable from the guest's PATH whatever their host directory
   [ -e "$R/usr/bin/$(basename "$b")" ] || ln -s "$b" "$R/usr/bin/$(basename "$b")"
