@@ -9,4 +9,5 @@
 
 pub mod capture;
 pub mod decode;
+pub mod memory;
 pub mod wire;
