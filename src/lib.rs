@@ -10,4 +10,5 @@
 pub mod capture;
 pub mod decode;
 pub mod memory;
+pub mod transport;
 pub mod wire;

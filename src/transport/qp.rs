@@ -1,0 +1,555 @@
+//! Queue-pair states and the attribute rules of `ibv_modify_qp` (IBTA 10.3.1, table 91;
+//! the kernel keeps the same table as `qp_state_table` in drivers/infiniband/core/verbs.c).
+
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::memory::Access;
+use crate::wire::{PKey, Psn, QKey, Qpn, RnrTimer};
+
+/// The transport service of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    Rc,
+    Uc,
+    Ud,
+}
+
+/// IBTA 10.3.1 queue-pair states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    Reset,
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drain.
+    Sqd,
+    /// Send queue error (UC and UD only).
+    Sqe,
+    Error,
+}
+
+/// The path MTU, 256 to 4096 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PathMtu {
+    Mtu256,
+    Mtu512,
+    Mtu1024,
+    Mtu2048,
+    Mtu4096,
+}
+
+impl PathMtu {
+    pub const fn bytes(self) -> usize {
+        match self {
+            PathMtu::Mtu256 => 256,
+            PathMtu::Mtu512 => 512,
+            PathMtu::Mtu1024 => 1024,
+            PathMtu::Mtu2048 => 2048,
+            PathMtu::Mtu4096 => 4096,
+        }
+    }
+}
+
+/// Where a connected QP's peer is: the IP address its GID maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressVector {
+    pub dest: IpAddr,
+}
+
+/// The attributes of a modify call; `None` means "not in the mask".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The state to move to. Required.
+    pub state: Option<QpState>,
+    /// The state the caller believes the QP is in.
+    pub cur_state: Option<QpState>,
+    pub pkey_index: Option<u16>,
+    pub port: Option<u8>,
+    pub access: Option<Access>,
+    pub qkey: Option<QKey>,
+    pub av: Option<AddressVector>,
+    pub path_mtu: Option<PathMtu>,
+    pub dest_qpn: Option<Qpn>,
+    pub rq_psn: Option<Psn>,
+    pub sq_psn: Option<Psn>,
+    pub max_dest_rd_atomic: Option<u8>,
+    pub max_rd_atomic: Option<u8>,
+    pub min_rnr_timer: Option<RnrTimer>,
+    /// Local ACK timeout: 4.096 µs × 2^timeout; 0 waits forever.
+    pub timeout: Option<u8>,
+    /// 0 to 7; 7 retries forever.
+    pub retry_cnt: Option<u8>,
+    /// 0 to 7; 7 retries forever.
+    pub rnr_retry: Option<u8>,
+}
+
+/// One attribute, by the name `ibv_qp_attr_mask` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttrName {
+    State,
+    CurState,
+    PkeyIndex,
+    Port,
+    AccessFlags,
+    Qkey,
+    Av,
+    PathMtu,
+    DestQpn,
+    RqPsn,
+    SqPsn,
+    MaxDestRdAtomic,
+    MaxQpRdAtomic,
+    MinRnrTimer,
+    Timeout,
+    RetryCnt,
+    RnrRetry,
+}
+
+type Mask = u32;
+
+const fn bit(name: AttrName) -> Mask {
+    1 << name as u32
+}
+
+const ALL_NAMES: [AttrName; 17] = [
+    AttrName::State,
+    AttrName::CurState,
+    AttrName::PkeyIndex,
+    AttrName::Port,
+    AttrName::AccessFlags,
+    AttrName::Qkey,
+    AttrName::Av,
+    AttrName::PathMtu,
+    AttrName::DestQpn,
+    AttrName::RqPsn,
+    AttrName::SqPsn,
+    AttrName::MaxDestRdAtomic,
+    AttrName::MaxQpRdAtomic,
+    AttrName::MinRnrTimer,
+    AttrName::Timeout,
+    AttrName::RetryCnt,
+    AttrName::RnrRetry,
+];
+
+/// Why a modify was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModifyError {
+    InvalidTransition {
+        from: QpState,
+        to: QpState,
+    },
+    /// `cur_state` does not match the QP's state.
+    WrongCurrentState {
+        actual: QpState,
+        claimed: QpState,
+    },
+    MissingAttribute {
+        name: AttrName,
+        from: QpState,
+        to: QpState,
+    },
+    UnexpectedAttribute {
+        name: AttrName,
+        from: QpState,
+        to: QpState,
+    },
+    InvalidValue {
+        name: AttrName,
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModifyError::InvalidTransition { from, to } => {
+                write!(f, "no transition from {from:?} to {to:?}")
+            }
+            ModifyError::WrongCurrentState { actual, claimed } => {
+                write!(
+                    f,
+                    "cur_state {claimed:?} given, but the QP is in {actual:?}"
+                )
+            }
+            ModifyError::MissingAttribute { name, from, to } => {
+                write!(f, "{from:?} -> {to:?} requires {name:?}")
+            }
+            ModifyError::UnexpectedAttribute { name, from, to } => {
+                write!(f, "{from:?} -> {to:?} does not take {name:?}")
+            }
+            ModifyError::InvalidValue { name, reason } => write!(f, "{name:?}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ModifyError {}
+
+impl QpAttr {
+    fn mask(&self) -> Mask {
+        let present = [
+            (self.state.is_some(), AttrName::State),
+            (self.cur_state.is_some(), AttrName::CurState),
+            (self.pkey_index.is_some(), AttrName::PkeyIndex),
+            (self.port.is_some(), AttrName::Port),
+            (self.access.is_some(), AttrName::AccessFlags),
+            (self.qkey.is_some(), AttrName::Qkey),
+            (self.av.is_some(), AttrName::Av),
+            (self.path_mtu.is_some(), AttrName::PathMtu),
+            (self.dest_qpn.is_some(), AttrName::DestQpn),
+            (self.rq_psn.is_some(), AttrName::RqPsn),
+            (self.sq_psn.is_some(), AttrName::SqPsn),
+            (self.max_dest_rd_atomic.is_some(), AttrName::MaxDestRdAtomic),
+            (self.max_rd_atomic.is_some(), AttrName::MaxQpRdAtomic),
+            (self.min_rnr_timer.is_some(), AttrName::MinRnrTimer),
+            (self.timeout.is_some(), AttrName::Timeout),
+            (self.retry_cnt.is_some(), AttrName::RetryCnt),
+            (self.rnr_retry.is_some(), AttrName::RnrRetry),
+        ];
+        present
+            .iter()
+            .filter(|(set, _)| *set)
+            .fold(0, |mask, (_, name)| mask | bit(*name))
+    }
+
+    /// Checks values that are wrong whatever the transition.
+    fn check_values(&self) -> Result<(), ModifyError> {
+        let invalid = |name, reason| Err(ModifyError::InvalidValue { name, reason });
+        if self.retry_cnt.is_some_and(|v| v > 7) {
+            return invalid(AttrName::RetryCnt, "0 to 7");
+        }
+        if self.rnr_retry.is_some_and(|v| v > 7) {
+            return invalid(AttrName::RnrRetry, "0 to 7");
+        }
+        if self.timeout.is_some_and(|v| v > 31) {
+            return invalid(AttrName::Timeout, "0 to 31");
+        }
+        if self.max_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
+            return invalid(
+                AttrName::MaxQpRdAtomic,
+                "at most 16 outstanding READs and atomics",
+            );
+        }
+        if self.max_dest_rd_atomic.is_some_and(|v| v > MAX_RD_ATOMIC) {
+            return invalid(
+                AttrName::MaxDestRdAtomic,
+                "at most 16 outstanding READs and atomics",
+            );
+        }
+        if self.pkey_index.is_some_and(|v| v != 0) {
+            return invalid(
+                AttrName::PkeyIndex,
+                "the P_Key table has one entry, 0xFFFF at index 0",
+            );
+        }
+        if self.port.is_some_and(|v| v != 1) {
+            return invalid(AttrName::Port, "the device has one port, port 1");
+        }
+        Ok(())
+    }
+}
+
+/// The largest max_rd_atomic and max_dest_rd_atomic softroce accepts (as rxe).
+pub const MAX_RD_ATOMIC: u8 = 16;
+
+/// The required and optional attributes of a transition, or `None` if it is not allowed.
+fn rules(qp_type: QpType, from: QpState, to: QpState) -> Option<(Mask, Mask)> {
+    use AttrName::*;
+    use QpState::*;
+    let m = |names: &[AttrName]| names.iter().fold(0, |acc, n| acc | bit(*n));
+    let rc = qp_type == QpType::Rc;
+    let ud = qp_type == QpType::Ud;
+    Some(match (from, to) {
+        (_, Reset) | (_, Error) => (0, 0),
+        (Reset, Init) => {
+            if ud {
+                (m(&[PkeyIndex, Port, Qkey]), 0)
+            } else {
+                (m(&[PkeyIndex, Port, AccessFlags]), 0)
+            }
+        }
+        (Init, Init) => {
+            if ud {
+                (0, m(&[PkeyIndex, Port, Qkey]))
+            } else {
+                (0, m(&[PkeyIndex, Port, AccessFlags]))
+            }
+        }
+        (Init, Rtr) => match qp_type {
+            QpType::Rc => (
+                m(&[Av, PathMtu, DestQpn, RqPsn, MaxDestRdAtomic, MinRnrTimer]),
+                m(&[AccessFlags, PkeyIndex]),
+            ),
+            QpType::Uc => (
+                m(&[Av, PathMtu, DestQpn, RqPsn]),
+                m(&[AccessFlags, PkeyIndex]),
+            ),
+            QpType::Ud => (0, m(&[PkeyIndex, Qkey])),
+        },
+        (Rtr, Rts) => match qp_type {
+            QpType::Rc => (
+                m(&[SqPsn, Timeout, RetryCnt, RnrRetry, MaxQpRdAtomic]),
+                m(&[CurState, AccessFlags, MinRnrTimer]),
+            ),
+            QpType::Uc => (m(&[SqPsn]), m(&[CurState, AccessFlags])),
+            QpType::Ud => (m(&[SqPsn]), m(&[CurState, Qkey])),
+        },
+        (Rts, Rts) | (Sqd, Rts) => {
+            if ud {
+                (0, m(&[CurState, Qkey]))
+            } else if rc {
+                (0, m(&[CurState, AccessFlags, MinRnrTimer]))
+            } else {
+                (0, m(&[CurState, AccessFlags]))
+            }
+        }
+        (Rts, Sqd) => (0, 0),
+        (Sqd, Sqd) => {
+            if ud {
+                (0, m(&[PkeyIndex, Qkey]))
+            } else {
+                (
+                    0,
+                    m(&[
+                        AccessFlags,
+                        Av,
+                        PkeyIndex,
+                        MinRnrTimer,
+                        Timeout,
+                        RetryCnt,
+                        RnrRetry,
+                    ]) & if rc {
+                        !0
+                    } else {
+                        m(&[AccessFlags, Av, PkeyIndex])
+                    },
+                )
+            }
+        }
+        (Sqe, Rts) if !rc => {
+            if ud {
+                (0, m(&[CurState, Qkey]))
+            } else {
+                (0, m(&[CurState, AccessFlags]))
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Checks a modify against the QP's type and state; returns the target state.
+pub fn check_modify(
+    qp_type: QpType,
+    current: QpState,
+    attr: &QpAttr,
+) -> Result<QpState, ModifyError> {
+    attr.check_values()?;
+    let to = attr.state.ok_or(ModifyError::MissingAttribute {
+        name: AttrName::State,
+        from: current,
+        to: current,
+    })?;
+    if let Some(claimed) = attr.cur_state {
+        if claimed != current {
+            return Err(ModifyError::WrongCurrentState {
+                actual: current,
+                claimed,
+            });
+        }
+    }
+    let (required, optional) =
+        rules(qp_type, current, to).ok_or(ModifyError::InvalidTransition { from: current, to })?;
+    let given = attr.mask() & !bit(AttrName::State);
+    let name_of = |mask: Mask| ALL_NAMES.into_iter().find(|n| mask & bit(*n) != 0);
+    if let Some(name) = name_of(required & !given) {
+        return Err(ModifyError::MissingAttribute {
+            name,
+            from: current,
+            to,
+        });
+    }
+    if let Some(name) = name_of(given & !(required | optional)) {
+        return Err(ModifyError::UnexpectedAttribute {
+            name,
+            from: current,
+            to,
+        });
+    }
+    Ok(to)
+}
+
+/// The settings a QP accumulates through its modifies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpSettings {
+    pub access: Access,
+    pub pkey: PKey,
+    pub qkey: QKey,
+    pub av: Option<AddressVector>,
+    pub path_mtu: PathMtu,
+    pub dest_qpn: Qpn,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub min_rnr_timer: RnrTimer,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            access: Access::NONE,
+            pkey: PKey::DEFAULT,
+            qkey: QKey(0),
+            av: None,
+            path_mtu: PathMtu::Mtu1024,
+            dest_qpn: Qpn::new(0),
+            max_dest_rd_atomic: 1,
+            max_rd_atomic: 1,
+            min_rnr_timer: RnrTimer::new(12),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
+}
+
+impl QpSettings {
+    /// Takes every attribute present in `attr`.
+    pub fn apply(&mut self, attr: &QpAttr) {
+        macro_rules! take {
+            ($($field:ident),*) => {$(
+                if let Some(v) = attr.$field {
+                    self.$field = v;
+                }
+            )*};
+        }
+        take!(
+            access,
+            qkey,
+            path_mtu,
+            dest_qpn,
+            max_dest_rd_atomic,
+            max_rd_atomic
+        );
+        take!(min_rnr_timer, timeout, retry_cnt, rnr_retry);
+        if attr.av.is_some() {
+            self.av = attr.av;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn init() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(Access::REMOTE_WRITE),
+            ..Default::default()
+        }
+    }
+
+    fn rtr() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AddressVector {
+                dest: Ipv4Addr::LOCALHOST.into(),
+            }),
+            path_mtu: Some(PathMtu::Mtu1024),
+            dest_qpn: Some(Qpn::new(5)),
+            rq_psn: Some(Psn::new(0)),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(RnrTimer::new(12)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_rc_path_to_rts() {
+        use QpState::*;
+        assert_eq!(check_modify(QpType::Rc, Reset, &init()), Ok(Init));
+        assert_eq!(check_modify(QpType::Rc, Init, &rtr()), Ok(Rtr));
+        let rts = QpAttr {
+            state: Some(Rts),
+            sq_psn: Some(Psn::new(0)),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(check_modify(QpType::Rc, Rtr, &rts), Ok(Rts));
+        assert_eq!(
+            check_modify(
+                QpType::Rc,
+                Rts,
+                &QpAttr {
+                    state: Some(Error),
+                    ..Default::default()
+                }
+            ),
+            Ok(Error)
+        );
+    }
+
+    #[test]
+    fn missing_unexpected_and_invalid() {
+        use QpState::*;
+        let mut attr = rtr();
+        attr.dest_qpn = None;
+        assert_eq!(
+            check_modify(QpType::Rc, Init, &attr),
+            Err(ModifyError::MissingAttribute {
+                name: AttrName::DestQpn,
+                from: Init,
+                to: Rtr
+            })
+        );
+        let mut attr = rtr();
+        attr.sq_psn = Some(Psn::new(1));
+        assert_eq!(
+            check_modify(QpType::Rc, Init, &attr),
+            Err(ModifyError::UnexpectedAttribute {
+                name: AttrName::SqPsn,
+                from: Init,
+                to: Rtr
+            })
+        );
+        assert_eq!(
+            check_modify(QpType::Rc, Reset, &rtr()),
+            Err(ModifyError::InvalidTransition {
+                from: Reset,
+                to: Rtr
+            })
+        );
+        let mut attr = init();
+        attr.retry_cnt = Some(8);
+        assert!(matches!(
+            check_modify(QpType::Rc, Reset, &attr),
+            Err(ModifyError::InvalidValue {
+                name: AttrName::RetryCnt,
+                ..
+            })
+        ));
+        // SQE exists for UC and UD only.
+        let back = QpAttr {
+            state: Some(Rts),
+            ..Default::default()
+        };
+        assert!(check_modify(QpType::Uc, Sqe, &back).is_ok());
+        assert!(check_modify(QpType::Rc, Sqe, &back).is_err());
+        // UD takes a Q_Key at INIT, not access flags.
+        let mut ud = init();
+        ud.access = None;
+        ud.qkey = Some(QKey(0x11111111));
+        assert!(check_modify(QpType::Ud, Reset, &ud).is_ok());
+        assert!(check_modify(QpType::Rc, Reset, &ud).is_err());
+    }
+}

@@ -1,0 +1,704 @@
+//! The RC requester: segmentation, the ACK-request policy, the PSN window, go-back-N
+//! retransmission, READ and atomic responses, and completions in posting order.
+//!
+//! Facts from IBTA 9.7 and the kernel's rxe_req.c / rxe_comp.c; the code is our own.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::wr::{Payload, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use super::CqId;
+use super::{Ctx, Qp, QpSettings, QpState, VerbsError};
+use crate::memory::{Access, MemoryError, MemoryTable, PdId};
+use crate::wire::{
+    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, ExtHeaders, IethRepr, ImmDtRepr, NakCode,
+    Opcode, PacketRepr, Position, Psn, Qpn, RethRepr,
+};
+
+/// The most PSNs a requester keeps unacknowledged (rxe keeps 128).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+
+/// Within a long message, every this many packets asks for an ACK, so the window keeps moving.
+pub const ACK_REQ_INTERVAL: u32 = 32;
+
+/// The local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); `None` for 0, "forever".
+pub fn ack_timeout(timeout: u8) -> Option<Duration> {
+    (timeout != 0).then(|| Duration::from_nanos(4096u64 << timeout))
+}
+
+/// A send work request and where it stands.
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr,
+    /// Set when its first packet is sent.
+    first_psn: Psn,
+    /// The PSNs the message takes: its packets, or for a READ its response packets.
+    npsn: u32,
+    started: bool,
+    /// Its final status, once known; completions are still reported in posting order.
+    done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn contains(&self, psn: Psn) -> bool {
+        self.started && {
+            let k = psn - self.first_psn;
+            k >= 0 && (k as u32) < self.npsn
+        }
+    }
+
+    fn last_psn(&self) -> Psn {
+        self.first_psn + (self.npsn - 1)
+    }
+}
+
+/// The requester half of a QP.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    sq: VecDeque<SendWqe>,
+    /// The next packet to send is packet `send_psn - first_psn` of `sq[send_idx]`.
+    send_idx: usize,
+    send_psn: Psn,
+    /// The oldest PSN not yet acknowledged.
+    una: Psn,
+    /// One past the highest PSN ever sent: packets below it are retransmissions.
+    high_psn: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    retry_timer: Option<Duration>,
+    rnr_until: Option<Duration>,
+    /// Set when the requester went back to `una`; cleared by progress. Keeps a burst of
+    /// out-of-order responses from rewinding more than once.
+    rewound: bool,
+}
+
+impl Requester {
+    pub fn start(&mut self, sq_psn: Psn, settings: &QpSettings) {
+        self.send_psn = sq_psn;
+        self.una = sq_psn;
+        self.high_psn = sq_psn;
+        self.retry_left = settings.retry_cnt;
+        self.rnr_left = settings.rnr_retry;
+    }
+
+    pub fn deadline(&self) -> Option<Duration> {
+        match (self.retry_timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn outstanding(&self) -> bool {
+        self.una != self.high_psn
+    }
+
+    /// Every request left completes with WR_FLUSH_ERR, in order.
+    pub fn flush(&mut self, qpn: Qpn, cq: CqId, ctx: &mut Ctx<'_>) {
+        for wqe in self.sq.drain(..) {
+            let status = wqe.done.unwrap_or(WcStatus::WrFlushErr);
+            if wqe.wr.signaled || status != WcStatus::Success {
+                ctx.complete(
+                    cq,
+                    WorkCompletion::new(wqe.wr.wr_id, status, wqe.wr.op.wc_opcode(), qpn),
+                );
+            }
+        }
+        self.send_idx = 0;
+        self.retry_timer = None;
+        self.rnr_until = None;
+    }
+}
+
+/// Copies `out.len()` bytes from offset `at` of the message gathered from `sges`.
+pub(crate) fn gather(
+    memory: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    mut at: usize,
+    out: &mut [u8],
+) -> Result<(), MemoryError> {
+    let mut done = 0;
+    for sge in sges {
+        let len = sge.len as usize;
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let n = (len - at).min(out.len() - done);
+        let span = memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::NONE)?;
+        span.read(0, &mut out[done..done + n]);
+        done += n;
+        at = 0;
+        if done == out.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Copies `data` to offset `at` of the message scattered over `sges`.
+/// `Ok(false)` if the SGEs are too short.
+pub(crate) fn scatter(
+    memory: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    mut at: usize,
+    data: &[u8],
+) -> Result<bool, MemoryError> {
+    let mut done = 0;
+    for sge in sges {
+        if done == data.len() {
+            break;
+        }
+        let len = sge.len as usize;
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let n = (len - at).min(data.len() - done);
+        let span =
+            memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::LOCAL_WRITE)?;
+        span.write(0, &data[done..done + n]);
+        done += n;
+        at = 0;
+    }
+    Ok(done == data.len())
+}
+
+fn opcode_for(op: SendOp, position: Position) -> Opcode {
+    use Position::*;
+    match (op, position) {
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, First) => {
+            Opcode::RcSendFirst
+        }
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, Middle) => {
+            Opcode::RcSendMiddle
+        }
+        (SendOp::Send, Last) => Opcode::RcSendLast,
+        (SendOp::Send, Only) => Opcode::RcSendOnly,
+        (SendOp::SendWithImm { .. }, Last) => Opcode::RcSendLastImm,
+        (SendOp::SendWithImm { .. }, Only) => Opcode::RcSendOnlyImm,
+        (SendOp::SendWithInv { .. }, Last) => Opcode::RcSendLastInv,
+        (SendOp::SendWithInv { .. }, Only) => Opcode::RcSendOnlyInv,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, First) => Opcode::RcWriteFirst,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Middle) => Opcode::RcWriteMiddle,
+        (SendOp::Write { .. }, Last) => Opcode::RcWriteLast,
+        (SendOp::Write { .. }, Only) => Opcode::RcWriteOnly,
+        (SendOp::WriteWithImm { .. }, Last) => Opcode::RcWriteLastImm,
+        (SendOp::WriteWithImm { .. }, Only) => Opcode::RcWriteOnlyImm,
+        (SendOp::Read { .. }, _) => Opcode::RcReadRequest,
+        (SendOp::CompareSwap { .. }, _) => Opcode::RcCompareSwap,
+        (SendOp::FetchAdd { .. }, _) => Opcode::RcFetchAdd,
+    }
+}
+
+fn position(k: u32, n: u32) -> Position {
+    match (k == 0, k + 1 == n) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, true) => Position::Last,
+        (false, false) => Position::Middle,
+    }
+}
+
+impl Qp {
+    pub(crate) fn post_send(&mut self, wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+        match self.state {
+            QpState::Rts | QpState::Sqd => {}
+            QpState::Error => {
+                let wc = WorkCompletion::new(
+                    wr.wr_id,
+                    WcStatus::WrFlushErr,
+                    wr.op.wc_opcode(),
+                    self.qpn,
+                );
+                ctx.complete(self.send_cq, wc);
+                return Ok(());
+            }
+            other => return Err(VerbsError::WrongState(other)),
+        }
+        if self.req.sq.len() >= self.max_send_wr {
+            return Err(VerbsError::QueueFull);
+        }
+        let len = wr.payload.len();
+        if wr.op.is_atomic() && len != 8 {
+            return Err(VerbsError::InvalidRequest(
+                "an atomic's result buffer is 8 bytes",
+            ));
+        }
+        if len > (1 << 31) {
+            return Err(VerbsError::InvalidRequest("a message is at most 2 GiB"));
+        }
+        if wr.op.is_read_or_atomic() && matches!(wr.payload, Payload::Inline(_)) {
+            return Err(VerbsError::InvalidRequest(
+                "READ and atomics need SGEs for their result",
+            ));
+        }
+        let mtu = self.mtu() as u64;
+        let npsn = if wr.op.is_atomic() {
+            1
+        } else {
+            len.div_ceil(mtu).max(1) as u32
+        };
+        self.req.sq.push_back(SendWqe {
+            wr,
+            first_psn: Psn::new(0),
+            npsn,
+            started: false,
+            done: None,
+        });
+        self.pump(ctx);
+        Ok(())
+    }
+
+    /// Sends what the window, the READ/atomic limit, fences and RNR waits allow.
+    pub(crate) fn pump(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        let Some(dst) = self.peer() else { return };
+        if self.req.rnr_until.is_some_and(|t| t > ctx.now) {
+            return;
+        }
+        self.req.rnr_until = None;
+        while self.req.send_idx < self.req.sq.len() {
+            if (self.req.send_psn - self.req.una) as u32 >= MAX_UNACKED_PSNS {
+                break;
+            }
+            let idx = self.req.send_idx;
+            if !self.req.sq[idx].started {
+                let op = self.req.sq[idx].wr.op;
+                let rd_atomic_in_flight = self
+                    .req
+                    .sq
+                    .iter()
+                    .take(idx)
+                    .filter(|w| w.wr.op.is_read_or_atomic() && w.done.is_none())
+                    .count();
+                if self.req.sq[idx].wr.fence && rd_atomic_in_flight > 0 {
+                    break;
+                }
+                if op.is_read_or_atomic()
+                    && rd_atomic_in_flight >= usize::from(self.settings.max_rd_atomic.max(1))
+                {
+                    break;
+                }
+                let wqe = &mut self.req.sq[idx];
+                wqe.started = true;
+                wqe.first_psn = self.req.send_psn;
+            }
+            let psn = self.req.send_psn;
+            if let Err(status) = self.send_packet(idx, psn, dst, ctx) {
+                self.fail_wqe(idx, status, ctx);
+                return;
+            }
+            if psn.is_before(self.req.high_psn) {
+                ctx.counters.retransmitted_packets += 1;
+            }
+            let wqe = &self.req.sq[idx];
+            let k = (psn - wqe.first_psn) as u32;
+            if wqe.wr.op.is_read_or_atomic() || k + 1 == wqe.npsn {
+                self.req.send_psn = wqe.first_psn + wqe.npsn;
+                self.req.send_idx += 1;
+            } else {
+                self.req.send_psn = psn + 1;
+            }
+            if self.req.high_psn.is_before(self.req.send_psn) {
+                self.req.high_psn = self.req.send_psn;
+            }
+            if self.req.retry_timer.is_none() {
+                self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
+            }
+        }
+    }
+
+    /// Builds and queues packet `psn` of `sq[idx]`: for a READ, the request for the responses
+    /// from `psn` on, so that a READ resumes in the middle of its response stream.
+    fn send_packet(
+        &mut self,
+        idx: usize,
+        psn: Psn,
+        dst: std::net::IpAddr,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), WcStatus> {
+        let mtu = self.mtu();
+        let wqe = &self.req.sq[idx];
+        let k = (psn - wqe.first_psn) as u32;
+        let len = wqe.wr.payload.len() as usize;
+        let op = wqe.wr.op;
+        let pos = if op.is_read_or_atomic() {
+            Position::Only
+        } else {
+            position(k, wqe.npsn)
+        };
+        let last = matches!(pos, Position::Last | Position::Only);
+        let mut bth = BthRepr::new(opcode_for(op, pos), self.settings.dest_qpn, psn);
+        bth.pkey = self.settings.pkey;
+        bth.solicited = last && wqe.wr.solicited;
+        bth.ack_req = last || (k + 1) % ACK_REQ_INTERVAL == 0;
+        let mut ext = ExtHeaders::default();
+        let offset = k as usize * mtu;
+        let mut payload_len = 0;
+        match op {
+            SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. } => {
+                payload_len = (len - offset).min(mtu);
+                if let (
+                    SendOp::Write { remote_addr, rkey }
+                    | SendOp::WriteWithImm {
+                        remote_addr, rkey, ..
+                    },
+                    Position::First | Position::Only,
+                ) = (op, pos)
+                {
+                    ext.reth = Some(RethRepr {
+                        virtual_address: remote_addr,
+                        rkey,
+                        dma_len: len as u32,
+                    });
+                }
+                if last {
+                    match op {
+                        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => {
+                            ext.immdt = Some(ImmDtRepr { data: imm });
+                        }
+                        SendOp::SendWithInv { rkey } => ext.ieth = Some(IethRepr { rkey }),
+                        _ => {}
+                    }
+                }
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                ext.reth = Some(RethRepr {
+                    virtual_address: remote_addr + offset as u64,
+                    rkey,
+                    dma_len: (len - offset) as u32,
+                });
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    virtual_address: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    virtual_address: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+            }
+        }
+        let pd = self.pd;
+        let payload = &self.req.sq[idx].wr.payload;
+        ctx.send(dst, bth, ext, payload_len, |memory, out| match payload {
+            Payload::Inline(bytes) => {
+                out.copy_from_slice(&bytes[offset..offset + out.len()]);
+                Ok(())
+            }
+            Payload::Sges(sges) => gather(memory, pd, sges, offset, out),
+        })
+        .map_err(|_: MemoryError| WcStatus::LocProtErr)
+    }
+}
+
+impl Qp {
+    /// An ACK, atomic ACK or READ response from the responder.
+    pub(crate) fn on_response(
+        &mut self,
+        repr: &PacketRepr,
+        pos: Position,
+        payload: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            ctx.counters.dropped_wrong_state += 1;
+            return;
+        }
+        let psn = repr.bth.psn;
+        // An answer to a PSN never sent (a "ghost" ACK) is dropped, and so is one for a PSN
+        // acknowledged long ago, which the window no longer covers.
+        if !psn.is_before(self.req.high_psn) {
+            ctx.counters.ghost_acks += 1;
+            return;
+        }
+        if psn - self.req.una < -(MAX_UNACKED_PSNS as i32) {
+            ctx.counters.stale_responses += 1;
+            return;
+        }
+        let Some(aeth) = repr.ext.aeth.or_else(|| {
+            // READ_RESPONSE_MIDDLE carries no AETH: it is an ACK of its own PSN.
+            (repr.bth.opcode == Opcode::RcReadResponseMiddle).then_some(AethRepr {
+                syndrome: AckSyndrome::ACK_NO_CREDITS,
+                msn: Default::default(),
+            })
+        }) else {
+            ctx.counters.dropped_malformed += 1;
+            return;
+        };
+        match (repr.bth.opcode, aeth.syndrome) {
+            (Opcode::RcAck, AckSyndrome::Ack(_)) => self.ack_through(psn, ctx),
+            (Opcode::RcAck, AckSyndrome::RnrNak(timer)) => {
+                ctx.counters.rnr_waits += 1;
+                self.ack_through(psn - 1, ctx);
+                if self.req.rnr_left == 0 {
+                    self.fail_at(psn, WcStatus::RnrRetryExcErr, ctx);
+                    return;
+                }
+                if self.settings.rnr_retry != 7 {
+                    self.req.rnr_left -= 1;
+                }
+                self.req.rnr_until = Some(ctx.now + Duration::from_micros(timer.micros().into()));
+                self.go_back(psn);
+            }
+            (Opcode::RcAck, AckSyndrome::Nak(NakCode::PsnSequenceError)) => {
+                ctx.counters.naks_received += 1;
+                self.ack_through(psn - 1, ctx);
+                if psn == self.req.una {
+                    self.retry(ctx);
+                }
+            }
+            (Opcode::RcAck, AckSyndrome::Nak(code)) => {
+                ctx.counters.naks_received += 1;
+                self.ack_through(psn - 1, ctx);
+                let status = match code {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                self.fail_at(psn, status, ctx);
+            }
+            (Opcode::RcAck, AckSyndrome::Reserved(_)) => self.fail_at(psn, WcStatus::RemOpErr, ctx),
+            (Opcode::RcAtomicAck, _) => {
+                let Some(orig) = repr.ext.atomic_ack_eth else {
+                    return;
+                };
+                self.on_data_response(psn, pos, &orig.original_data.to_ne_bytes(), true, ctx);
+            }
+            _ => self.on_data_response(psn, pos, payload, false, ctx),
+        }
+        self.complete_in_order(ctx);
+    }
+
+    /// A READ response or an atomic ACK for `psn`.
+    fn on_data_response(
+        &mut self,
+        psn: Psn,
+        pos: Position,
+        data: &[u8],
+        atomic: bool,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            ctx.counters.ghost_acks += 1;
+            return;
+        };
+        let wqe = &self.req.sq[idx];
+        if wqe.wr.op.is_atomic() != atomic || !wqe.wr.op.is_read_or_atomic() {
+            ctx.counters.dropped_unexpected += 1;
+            return;
+        }
+        // A response acknowledges every packet before its request (IBTA 9.7.5.1.2).
+        let first = wqe.first_psn;
+        self.ack_through(first - 1, ctx);
+        if psn != self.req.una {
+            if self.req.una.is_before(psn) && !self.req.rewound {
+                // Responses are missing: ask again from the first one not received.
+                self.retry(ctx);
+            } else {
+                ctx.counters.stale_responses += 1;
+            }
+            return;
+        }
+        let Some(idx) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            return;
+        };
+        let wqe = &self.req.sq[idx];
+        let k = (psn - wqe.first_psn) as u32;
+        let mtu = self.mtu();
+        let total = wqe.wr.payload.len() as usize;
+        // Only the length is checked, not the position: a resumed READ is a new request whose
+        // responses start again at FIRST, and a late response of the first request may still
+        // arrive. Both carry the same bytes for the same PSN, since a resumed READ moves its
+        // address by whole MTUs; and LAST can only fall on the final PSN either way.
+        let expected_len = if atomic {
+            8
+        } else {
+            (total - k as usize * mtu).min(mtu)
+        };
+        let last_ok = matches!(pos, Position::Last | Position::Only) == (k + 1 == wqe.npsn);
+        if !last_ok || data.len() != expected_len {
+            self.fail_wqe(idx, WcStatus::LocLenErr, ctx);
+            return;
+        }
+        let Payload::Sges(sges) = &wqe.wr.payload else {
+            return;
+        };
+        match scatter(ctx.memory, self.pd, sges, k as usize * mtu, data) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.fail_wqe(idx, WcStatus::LocLenErr, ctx);
+                return;
+            }
+            Err(_) => {
+                self.fail_wqe(idx, WcStatus::LocProtErr, ctx);
+                return;
+            }
+        }
+        self.progress(psn + 1, ctx);
+        let wqe = &mut self.req.sq[idx];
+        if k + 1 == wqe.npsn {
+            wqe.done = Some(WcStatus::Success);
+        }
+    }
+
+    /// Everything up to and including `psn` is acknowledged. A READ or atomic whose PSNs are
+    /// all covered without its response means the response was lost: go back to it.
+    fn ack_through(&mut self, psn: Psn, ctx: &mut Ctx<'_>) {
+        let mut una = self.req.una;
+        let mut lost_response = false;
+        for wqe in self.req.sq.iter_mut().filter(|w| w.done.is_none()) {
+            if !wqe.started || psn.is_before(wqe.first_psn) {
+                break;
+            }
+            if psn.is_before(wqe.last_psn()) {
+                // Acknowledged in the middle of a multi-packet SEND or WRITE.
+                if !wqe.wr.op.is_read_or_atomic() {
+                    una = psn + 1;
+                }
+                break;
+            }
+            if wqe.wr.op.is_read_or_atomic() {
+                lost_response = true;
+                break;
+            }
+            wqe.done = Some(WcStatus::Success);
+            una = wqe.last_psn() + 1;
+        }
+        if self.req.una.is_before(una) {
+            self.progress(una, ctx);
+        }
+        if lost_response && !self.req.rewound {
+            self.req.rewound = true;
+            let una = self.req.una;
+            self.go_back(una);
+        }
+    }
+
+    /// Forward progress to `una`: the retry counters and the timer start over.
+    fn progress(&mut self, una: Psn, ctx: &mut Ctx<'_>) {
+        self.req.una = una;
+        self.req.rewound = false;
+        self.req.retry_left = self.settings.retry_cnt;
+        self.req.rnr_left = self.settings.rnr_retry;
+        self.req.retry_timer = if self.req.outstanding() {
+            ack_timeout(self.settings.timeout).map(|t| ctx.now + t)
+        } else {
+            None
+        };
+    }
+
+    /// Go-back-N from the oldest unacknowledged PSN, counting one retry.
+    fn retry(&mut self, ctx: &mut Ctx<'_>) {
+        if self.req.retry_left == 0 {
+            let una = self.req.una;
+            self.fail_at(una, WcStatus::RetryExcErr, ctx);
+            return;
+        }
+        if self.settings.retry_cnt != 7 {
+            self.req.retry_left -= 1;
+        }
+        self.req.rewound = true;
+        let una = self.req.una;
+        self.go_back(una);
+        self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
+    }
+
+    /// Points the sender at `psn`. Started requests keep their PSNs, so resending is building
+    /// the same packets again; for a READ it is a new request for the responses from `psn` on.
+    fn go_back(&mut self, psn: Psn) {
+        let req = &mut self.req;
+        match req
+            .sq
+            .iter()
+            .position(|w| w.done.is_none() && w.contains(psn))
+        {
+            Some(idx) => {
+                req.send_idx = idx;
+                req.send_psn = psn;
+            }
+            None => {
+                req.send_idx = req
+                    .sq
+                    .iter()
+                    .position(|w| !w.started)
+                    .unwrap_or(req.sq.len());
+                req.send_psn = req.high_psn;
+            }
+        }
+    }
+
+    pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        if self.req.rnr_until.is_some_and(|t| t <= ctx.now) {
+            self.req.rnr_until = None;
+        }
+        if self.req.retry_timer.is_some_and(|t| t <= ctx.now) {
+            self.req.retry_timer = None;
+            if self.req.outstanding() && self.state == QpState::Rts {
+                ctx.counters.retry_timeouts += 1;
+                self.retry(ctx);
+            }
+        }
+    }
+
+    /// The request holding `psn` failed with `status`.
+    fn fail_at(&mut self, psn: Psn, status: WcStatus, ctx: &mut Ctx<'_>) {
+        let idx = self
+            .req
+            .sq
+            .iter()
+            .position(|w| w.done.is_none() && (w.contains(psn) || !w.started))
+            .unwrap_or(0);
+        self.fail_wqe(idx, status, ctx);
+    }
+
+    /// `sq[idx]` completes with `status`, the QP moves to the error state, and every later
+    /// request is flushed.
+    fn fail_wqe(&mut self, idx: usize, status: WcStatus, ctx: &mut Ctx<'_>) {
+        if let Some(wqe) = self.req.sq.get_mut(idx) {
+            wqe.done = Some(status);
+        }
+        self.complete_in_order(ctx);
+        self.enter_error(ctx);
+    }
+
+    /// Reports the finished requests at the head of the queue, in posting order.
+    fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(status) = self.req.sq.front().and_then(|w| w.done) {
+            let wqe = self.req.sq.pop_front().expect("front exists");
+            self.req.send_idx = self.req.send_idx.saturating_sub(1);
+            if wqe.wr.signaled || status != WcStatus::Success {
+                let mut wc =
+                    WorkCompletion::new(wqe.wr.wr_id, status, wqe.wr.op.wc_opcode(), self.qpn);
+                if matches!(wqe.wr.op, SendOp::Read { .. }) {
+                    wc.byte_len = wqe.wr.payload.len() as u32;
+                }
+                ctx.complete(self.send_cq, wc);
+            }
+        }
+    }
+}

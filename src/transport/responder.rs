@@ -1,0 +1,503 @@
+//! The RC responder: the expected PSN, duplicates, RNR, validation and NAKs, RDMA WRITE, READ
+//! and atomics against the memory table, and receive completions.
+//!
+//! Facts from IBTA 9.7 and the kernel's rxe_resp.c; the code is our own.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use super::requester::scatter;
+use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use super::{AsyncEvent, Ctx, Qp, QpState};
+use crate::memory::{Access, MemoryError, Span};
+use crate::wire::{
+    AckSyndrome, AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, PacketRepr,
+    Position, Psn,
+};
+
+/// How many atomic results the responder keeps to answer duplicates (IBTA 9.7.5.1.3 asks for
+/// at least max_dest_rd_atomic of them).
+const ATOMIC_CACHE: usize = 32;
+
+/// The message being received, between its first and last packets.
+#[derive(Debug)]
+enum InMessage {
+    Send { wr: RecvWr, received: usize },
+    Write { span: Span, received: usize },
+}
+
+/// The responder half of a QP.
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// The PSN expected next.
+    epsn: Psn,
+    /// Completed messages, carried in every AETH.
+    msn: Msn,
+    /// A NAK (sequence or RNR) was sent; later packets are dropped silently until the expected
+    /// PSN arrives, so that one gap costs one NAK.
+    nak_sent: bool,
+    message: Option<InMessage>,
+    atomics: VecDeque<(Psn, u64)>,
+}
+
+impl Responder {
+    pub fn start(&mut self, rq_psn: Psn) {
+        self.epsn = rq_psn;
+    }
+
+    pub fn reset(&mut self) {
+        self.message = None;
+        self.nak_sent = false;
+    }
+}
+
+/// What a failed request asks of the responder.
+struct Failure {
+    nak: NakCode,
+    /// The receive request consumed by the failed message, and its status.
+    recv_status: WcStatus,
+    access_event: bool,
+}
+
+fn is_send(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::RcSendFirst
+            | Opcode::RcSendMiddle
+            | Opcode::RcSendLast
+            | Opcode::RcSendLastImm
+            | Opcode::RcSendLastInv
+            | Opcode::RcSendOnly
+            | Opcode::RcSendOnlyImm
+            | Opcode::RcSendOnlyInv
+    )
+}
+
+fn is_write(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::RcWriteFirst
+            | Opcode::RcWriteMiddle
+            | Opcode::RcWriteLast
+            | Opcode::RcWriteLastImm
+            | Opcode::RcWriteOnly
+            | Opcode::RcWriteOnlyImm
+    )
+}
+
+fn from_memory(e: MemoryError) -> Failure {
+    let nak = match e {
+        // A misaligned atomic is an invalid request; everything else an access error.
+        MemoryError::Misaligned { .. } => NakCode::InvalidRequest,
+        _ => NakCode::RemoteAccessError,
+    };
+    Failure {
+        nak,
+        recv_status: WcStatus::LocProtErr,
+        access_event: true,
+    }
+}
+
+fn invalid_request() -> Failure {
+    Failure {
+        nak: NakCode::InvalidRequest,
+        recv_status: WcStatus::RemInvReqErr,
+        access_event: false,
+    }
+}
+
+impl Qp {
+    fn reply(
+        &self,
+        ctx: &mut Ctx<'_>,
+        opcode: Opcode,
+        psn: Psn,
+        syndrome: AckSyndrome,
+        ext: ExtHeaders,
+        data: Option<(&Span, usize, usize)>,
+    ) {
+        let Some(dst) = self.peer() else { return };
+        let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
+        bth.pkey = self.settings.pkey;
+        let ext = ExtHeaders {
+            aeth: ext.aeth.or(Some(AethRepr {
+                syndrome,
+                msn: self.resp.msn,
+            })),
+            ..ext
+        };
+        let len = data.map_or(0, |(_, _, len)| len);
+        let _ = ctx.send::<()>(dst, bth, ext, len, |_, out| {
+            if let Some((span, at, _)) = data {
+                span.read(at, out);
+            }
+            Ok(())
+        });
+    }
+
+    fn ack(&self, ctx: &mut Ctx<'_>, psn: Psn) {
+        self.reply(
+            ctx,
+            Opcode::RcAck,
+            psn,
+            AckSyndrome::ACK_NO_CREDITS,
+            ExtHeaders::default(),
+            None,
+        );
+    }
+
+    fn nak(&self, ctx: &mut Ctx<'_>, psn: Psn, syndrome: AckSyndrome) {
+        ctx.counters.naks_sent += 1;
+        self.reply(
+            ctx,
+            Opcode::RcAck,
+            psn,
+            syndrome,
+            ExtHeaders::default(),
+            None,
+        );
+    }
+
+    /// A request packet from the requester at `src`.
+    pub(crate) fn on_request(
+        &mut self,
+        src: IpAddr,
+        repr: &PacketRepr,
+        pos: Position,
+        payload: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            ctx.counters.dropped_wrong_state += 1;
+            return;
+        }
+        let psn = repr.bth.psn;
+        let distance = psn - self.resp.epsn;
+        if distance < 0 {
+            ctx.counters.duplicate_requests += 1;
+            self.on_duplicate(repr, ctx);
+            return;
+        }
+        if distance > 0 {
+            ctx.counters.sequence_errors += 1;
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                let epsn = self.resp.epsn;
+                self.nak(ctx, epsn, AckSyndrome::Nak(NakCode::PsnSequenceError));
+            }
+            return;
+        }
+        self.resp.nak_sent = false;
+        if let Err(failure) = self.execute(src, repr, pos, payload, ctx) {
+            self.fail_request(psn, failure, ctx);
+        }
+    }
+
+    /// Runs an in-sequence request.
+    fn execute(
+        &mut self,
+        src: IpAddr,
+        repr: &PacketRepr,
+        pos: Position,
+        payload: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Failure> {
+        let op = repr.bth.opcode;
+        let psn = repr.bth.psn;
+        let mtu = self.mtu();
+        // The opcode sequence (IBTA 9.7.5.1.1): FIRST opens a message, MIDDLE and LAST continue
+        // one of the same kind, ONLY and the single-packet requests stand alone.
+        let continues = matches!(pos, Position::Middle | Position::Last);
+        let sequence_ok = match (&self.resp.message, continues) {
+            (None, false) => true,
+            (Some(InMessage::Send { .. }), true) => is_send(op),
+            (Some(InMessage::Write { .. }), true) => is_write(op),
+            _ => false,
+        };
+        // FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBTA C9-88, C9-89).
+        let length_ok = match pos {
+            Position::First | Position::Middle => payload.len() == mtu,
+            Position::Last | Position::Only => payload.len() <= mtu,
+        };
+        if !sequence_ok || !length_ok {
+            return Err(invalid_request());
+        }
+        let needs = |access: Access| {
+            if self.settings.access.contains(access) {
+                Ok(())
+            } else {
+                // rxe_resp.c answers an operation the QP does not allow with NAK 0x61.
+                Err(invalid_request())
+            }
+        };
+        // A SEND takes a receive request at its first packet, a WRITE with immediate at its
+        // last; without one the responder is not ready (IBTA 9.7.5.2.8).
+        let takes_recv = (is_send(op) && !continues)
+            || op == Opcode::RcWriteOnlyImm
+            || op == Opcode::RcWriteLastImm;
+        if takes_recv && self.rq.is_empty() {
+            return self.rnr(psn, ctx);
+        }
+        if is_send(op) {
+            if !continues {
+                let wr = self.rq.pop_front().expect("checked above");
+                self.resp.message = Some(InMessage::Send { wr, received: 0 });
+            }
+            let Some(InMessage::Send { wr, received }) = &mut self.resp.message else {
+                unreachable!("a SEND continues a SEND")
+            };
+            match scatter(ctx.memory, self.pd, &wr.sges, *received, payload) {
+                Ok(true) => *received += payload.len(),
+                Ok(false) => {
+                    return Err(Failure {
+                        nak: NakCode::InvalidRequest,
+                        recv_status: WcStatus::LocLenErr,
+                        access_event: false,
+                    })
+                }
+                Err(_) => {
+                    return Err(Failure {
+                        nak: NakCode::RemoteOperationalError,
+                        recv_status: WcStatus::LocProtErr,
+                        access_event: false,
+                    })
+                }
+            }
+            if matches!(pos, Position::Last | Position::Only) {
+                let Some(InMessage::Send { wr, received }) = self.resp.message.take() else {
+                    unreachable!()
+                };
+                let mut wc =
+                    WorkCompletion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+                wc.byte_len = received as u32;
+                wc.imm_data = repr.ext.immdt.map(|i| i.data);
+                if let Some(ieth) = repr.ext.ieth {
+                    if ctx.memory.invalidate_rkey(self.pd, ieth.rkey).is_err() {
+                        self.resp.message = Some(InMessage::Send { wr, received });
+                        return Err(invalid_request());
+                    }
+                    wc.invalidated_rkey = Some(ieth.rkey);
+                }
+                wc.src_qp = Some(self.settings.dest_qpn);
+                wc.src_addr = Some(src);
+                self.finish_message();
+                ctx.complete(self.recv_cq, wc);
+            }
+            self.advance(repr, ctx);
+            return Ok(());
+        }
+        if is_write(op) {
+            needs(Access::REMOTE_WRITE)?;
+            if let Some(reth) = repr.ext.reth {
+                let span = ctx
+                    .memory
+                    .check_remote(
+                        reth.rkey,
+                        self.pd,
+                        reth.virtual_address,
+                        reth.dma_len as usize,
+                        Access::REMOTE_WRITE,
+                    )
+                    .inspect_err(|_| ctx.counters.rkey_violations += 1)
+                    .map_err(from_memory)?;
+                self.resp.message = Some(InMessage::Write { span, received: 0 });
+            }
+            let Some(InMessage::Write { span, received }) = &mut self.resp.message else {
+                return Err(invalid_request());
+            };
+            if *received + payload.len() > span.len() {
+                return Err(invalid_request());
+            }
+            span.write(*received, payload);
+            *received += payload.len();
+            if matches!(pos, Position::Last | Position::Only) {
+                let Some(InMessage::Write { span, received }) = self.resp.message.take() else {
+                    unreachable!()
+                };
+                if received != span.len() {
+                    // The message carried less than its RETH announced.
+                    return Err(invalid_request());
+                }
+                if let Some(imm) = repr.ext.immdt {
+                    let wr = self.rq.pop_front().expect("checked above");
+                    let mut wc = WorkCompletion::new(
+                        wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        self.qpn,
+                    );
+                    wc.byte_len = received as u32;
+                    wc.imm_data = Some(imm.data);
+                    wc.src_qp = Some(self.settings.dest_qpn);
+                    wc.src_addr = Some(src);
+                    self.finish_message();
+                    ctx.complete(self.recv_cq, wc);
+                } else {
+                    self.finish_message();
+                }
+            }
+            self.advance(repr, ctx);
+            return Ok(());
+        }
+        match op {
+            Opcode::RcReadRequest => {
+                needs(Access::REMOTE_READ)?;
+                let reth = repr.ext.reth.ok_or_else(invalid_request)?;
+                self.finish_message();
+                self.read_responses(psn, reth, ctx)?;
+                self.resp.epsn = psn + reth.dma_len.div_ceil(mtu as u32).max(1);
+                Ok(())
+            }
+            Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
+                needs(Access::REMOTE_ATOMIC)?;
+                let eth = repr.ext.atomic_eth.ok_or_else(invalid_request)?;
+                let span = ctx
+                    .memory
+                    .check_atomic(eth.rkey, self.pd, eth.virtual_address)
+                    .inspect_err(|_| ctx.counters.rkey_violations += 1)
+                    .map_err(from_memory)?;
+                let orig = if op == Opcode::RcFetchAdd {
+                    span.fetch_add(eth.swap_add)
+                } else {
+                    span.compare_swap(eth.compare, eth.swap_add)
+                };
+                if self.resp.atomics.len() == ATOMIC_CACHE {
+                    self.resp.atomics.pop_front();
+                }
+                self.resp.atomics.push_back((psn, orig));
+                self.finish_message();
+                self.atomic_ack(psn, orig, ctx);
+                self.resp.epsn = psn + 1;
+                Ok(())
+            }
+            _ => Err(invalid_request()),
+        }
+    }
+
+    fn rnr(&mut self, psn: Psn, ctx: &mut Ctx<'_>) -> Result<(), Failure> {
+        ctx.counters.rnr_naks_sent += 1;
+        self.resp.nak_sent = true;
+        let timer = self.settings.min_rnr_timer;
+        self.nak(ctx, psn, AckSyndrome::RnrNak(timer));
+        Ok(())
+    }
+
+    fn finish_message(&mut self) {
+        self.resp.msn = self.resp.msn.next();
+    }
+
+    /// The next PSN is expected; ACK if the requester asked.
+    fn advance(&mut self, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        self.resp.epsn = repr.bth.psn + 1;
+        if repr.bth.ack_req {
+            self.ack(ctx, repr.bth.psn);
+        }
+    }
+
+    fn atomic_ack(&self, psn: Psn, orig: u64, ctx: &mut Ctx<'_>) {
+        let ext = ExtHeaders {
+            atomic_ack_eth: Some(AtomicAckEthRepr {
+                original_data: orig,
+            }),
+            ..Default::default()
+        };
+        self.reply(
+            ctx,
+            Opcode::RcAtomicAck,
+            psn,
+            AckSyndrome::ACK_NO_CREDITS,
+            ext,
+            None,
+        );
+    }
+
+    /// Sends the responses of a READ from `psn` on, reading memory now.
+    fn read_responses(
+        &mut self,
+        psn: Psn,
+        reth: crate::wire::RethRepr,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Failure> {
+        let len = reth.dma_len as usize;
+        let span = ctx
+            .memory
+            .check_remote(
+                reth.rkey,
+                self.pd,
+                reth.virtual_address,
+                len,
+                Access::REMOTE_READ,
+            )
+            .inspect_err(|_| ctx.counters.rkey_violations += 1)
+            .map_err(from_memory)?;
+        let mtu = self.mtu();
+        let n = len.div_ceil(mtu).max(1);
+        for k in 0..n {
+            let at = k * mtu;
+            let chunk = (len - at).min(mtu);
+            let opcode = match (k == 0, k + 1 == n) {
+                (true, true) => Opcode::RcReadResponseOnly,
+                (true, false) => Opcode::RcReadResponseFirst,
+                (false, true) => Opcode::RcReadResponseLast,
+                (false, false) => Opcode::RcReadResponseMiddle,
+            };
+            let ext = ExtHeaders {
+                aeth: (opcode != Opcode::RcReadResponseMiddle).then_some(AethRepr {
+                    syndrome: AckSyndrome::ACK_NO_CREDITS,
+                    msn: self.resp.msn,
+                }),
+                ..Default::default()
+            };
+            let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn + k as u32);
+            bth.pkey = self.settings.pkey;
+            let Some(dst) = self.peer() else {
+                return Ok(());
+            };
+            let _ = ctx.send::<()>(dst, bth, ext, chunk, |_, out| {
+                span.read(at, out);
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
+    /// A request whose PSN was already executed (IBTA 9.7.5.1.3).
+    fn on_duplicate(&mut self, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
+        let psn = repr.bth.psn;
+        match repr.bth.opcode {
+            // Read memory again, as if new: the first response went missing.
+            Opcode::RcReadRequest => {
+                if let Some(reth) = repr.ext.reth {
+                    let _ = self.read_responses(psn, reth, ctx);
+                }
+            }
+            // Never execute an atomic twice: answer from the cache.
+            Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
+                match self.resp.atomics.iter().find(|(p, _)| *p == psn) {
+                    Some(&(_, orig)) => self.atomic_ack(psn, orig, ctx),
+                    None => ctx.counters.dropped_unexpected += 1,
+                }
+            }
+            // SEND and WRITE: acknowledge everything received so far.
+            _ => {
+                let last = self.resp.epsn - 1;
+                self.ack(ctx, last);
+            }
+        }
+    }
+
+    /// NAKs a failed request, completes its receive request in error, and moves to the error
+    /// state (IBTA 9.7.5.2.3 onwards: these errors are fatal to the QP).
+    fn fail_request(&mut self, psn: Psn, failure: Failure, ctx: &mut Ctx<'_>) {
+        self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
+        if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {
+            let wc = WorkCompletion::new(wr.wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
+            ctx.complete(self.recv_cq, wc);
+        }
+        if failure.access_event {
+            ctx.events
+                .push_back(AsyncEvent::QpAccessError { qpn: self.qpn });
+        }
+        self.enter_error(ctx);
+    }
+}

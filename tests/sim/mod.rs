@@ -1,0 +1,221 @@
+//! A deterministic network for transport endpoints: no sockets, no real time.
+//!
+//! Each packet an endpoint transmits is sealed with the ICRC a kernel-framed UDP datagram
+//! would carry, then may be dropped, duplicated, delayed (which reorders) or have a bit flipped,
+//! all drawn from one seeded generator. On delivery its ICRC is checked, so a flipped bit must
+//! be caught there and never reach memory. Virtual time jumps to the next delivery or deadline.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use softroce::transport::{Endpoint, EndpointConfig};
+use softroce::wire::{KernelFraming, ROCEV2_UDP_PORT};
+
+/// xorshift64*: small, seedable, good enough to draw network faults.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// What the network does to packets, per direction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    pub loss: f64,
+    pub duplicate: f64,
+    /// Probability of an extra delay of up to `jitter`, which reorders.
+    pub reorder: f64,
+    pub jitter: Duration,
+    pub corrupt: f64,
+}
+
+/// Decides the fate of one packet; returning false drops it. Lets a test lose exactly the
+/// packet it wants to lose.
+pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NetStats {
+    pub sent: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub corrupted: u64,
+}
+
+pub struct Sim {
+    pub now: Duration,
+    pub nodes: Vec<Endpoint>,
+    pub faults: Faults,
+    pub rng: Rng,
+    pub stats: NetStats,
+    pub filter: Option<Filter>,
+    latency: Duration,
+    /// (delivery time, sequence) -> (from, to, bytes)
+    in_flight: BTreeMap<(Duration, u64), (usize, usize, Vec<u8>)>,
+    seq: u64,
+}
+
+pub fn addr(node: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, node as u8 + 1))
+}
+
+fn framing(from: usize, to: usize) -> KernelFraming {
+    let v4 = |n: usize| match addr(n) {
+        IpAddr::V4(a) => SocketAddrV4::new(a, ROCEV2_UDP_PORT),
+        IpAddr::V6(_) => unreachable!(),
+    };
+    KernelFraming::V4 {
+        src: v4(from),
+        dst: v4(to),
+    }
+}
+
+impl Sim {
+    pub fn new(nodes: usize, seed: u64, faults: Faults) -> Self {
+        let nodes = (0..nodes)
+            .map(|n| {
+                Endpoint::new(EndpointConfig {
+                    local_addr: addr(n),
+                    seed: seed ^ ((n as u64 + 1) * 0x5851_f42d_4c95_7f2d),
+                })
+            })
+            .collect();
+        Sim {
+            now: Duration::ZERO,
+            nodes,
+            faults,
+            rng: Rng::new(seed),
+            stats: NetStats::default(),
+            filter: None,
+            latency: Duration::from_micros(5),
+            in_flight: BTreeMap::new(),
+            seq: 0,
+        }
+    }
+
+    fn node_of(&self, ip: IpAddr) -> Option<usize> {
+        (0..self.nodes.len()).find(|&n| addr(n) == ip)
+    }
+
+    fn enqueue(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
+        let mut at = self.now + self.latency;
+        if self.rng.chance(self.faults.reorder) {
+            self.stats.reordered += 1;
+            let jitter = self.faults.jitter.as_nanos() as u64;
+            at += Duration::from_nanos(self.rng.below(jitter + 1));
+        }
+        self.seq += 1;
+        self.in_flight.insert((at, self.seq), (from, to, bytes));
+    }
+
+    /// Moves every queued transmit onto the wire.
+    fn collect(&mut self) {
+        for from in 0..self.nodes.len() {
+            while let Some(t) = self.nodes[from].poll_transmit() {
+                let Some(to) = self.node_of(t.dst) else {
+                    continue;
+                };
+                let mut bytes = t.packet;
+                framing(from, to).seal(&mut bytes);
+                self.stats.sent += 1;
+                if let Some(filter) = &mut self.filter {
+                    if !filter(from, &bytes) {
+                        self.stats.dropped += 1;
+                        continue;
+                    }
+                }
+                if self.rng.chance(self.faults.loss) {
+                    self.stats.dropped += 1;
+                    continue;
+                }
+                if self.rng.chance(self.faults.corrupt) {
+                    let bit = self.rng.below(bytes.len() as u64 * 8);
+                    bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+                    self.stats.corrupted += 1;
+                }
+                if self.rng.chance(self.faults.duplicate) {
+                    self.stats.duplicated += 1;
+                    self.enqueue(from, to, bytes.clone());
+                }
+                self.enqueue(from, to, bytes);
+            }
+        }
+    }
+
+    /// Advances to the next event and handles it. Returns false when nothing is left to do.
+    pub fn step(&mut self) -> bool {
+        self.collect();
+        let next_packet = self.in_flight.keys().next().map(|k| k.0);
+        let next_timer = self.nodes.iter().filter_map(|n| n.next_deadline()).min();
+        let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        while let Some(entry) = self.in_flight.first_entry() {
+            if entry.key().0 > self.now {
+                break;
+            }
+            let (from, to, bytes) = entry.remove();
+            let status = framing(from, to).verify(&bytes);
+            let now = self.now;
+            self.nodes[to].handle_datagram(now, addr(from), status, &bytes);
+        }
+        for node in &mut self.nodes {
+            if node.next_deadline().is_some_and(|d| d <= self.now) {
+                node.handle_timeout(self.now);
+            }
+        }
+        self.collect();
+        true
+    }
+
+    /// Steps until `done` holds, or panics after `limit` of virtual time.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&mut Sim) -> bool) {
+        while !done(self) {
+            assert!(self.now < limit, "simulation did not finish by {limit:?}");
+            if !self.step() {
+                assert!(done(self), "simulation went idle before finishing");
+                return;
+            }
+        }
+    }
+
+    /// Steps until nothing is in flight and no timer is armed.
+    pub fn run_idle(&mut self, limit: Duration) {
+        while self.step() {
+            assert!(self.now < limit, "simulation did not settle by {limit:?}");
+        }
+    }
+}
+
+/// The seed to use: `SOFTROCE_SIM_SEED` if set, so that a failing run can be repeated.
+pub fn seed(default: u64) -> u64 {
+    let seed = std::env::var("SOFTROCE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("simulation seed {seed} (rerun with SOFTROCE_SIM_SEED={seed})");
+    seed
+}

@@ -1,0 +1,952 @@
+//! The RC transport in the deterministic simulator (`tests/sim`). Each test names the IBTA rule
+//! or rxe behaviour it checks. A failing run prints its seed; `SOFTROCE_SIM_SEED=N` repeats it.
+
+mod sim;
+
+use std::time::Duration;
+
+use sim::{addr, seed, Faults, Rng, Sim};
+use softroce::memory::{Access, MemoryRegion};
+use softroce::transport::{
+    AddressVector, AsyncEvent, CqId, PathMtu, Payload, QpAttr, QpInit, QpState, QpType, RecvWr,
+    SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, MAX_UNACKED_PSNS,
+};
+use softroce::wire::{Opcode, Psn, Qpn, RKey, RnrTimer, RocePacket};
+
+const IOVA: u64 = 0x10_0000;
+const MR_LEN: usize = 1 << 20;
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+#[derive(Debug, Clone)]
+struct Side {
+    qpn: Qpn,
+    cq: CqId,
+    mr: MemoryRegion,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Options {
+    mtu: PathMtu,
+    psn: [u32; 2],
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+    qp_access: Access,
+    mr_access: Access,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mtu: PathMtu::Mtu1024,
+            psn: [100, 5000],
+            timeout: 10, // 4.2 ms
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1, // 10 µs
+            qp_access: ALL,
+            mr_access: ALL,
+        }
+    }
+}
+
+/// Two endpoints with one connected RC QP each, taken through INIT, RTR and RTS.
+fn connect(sim: &mut Sim, o: Options) -> [Side; 2] {
+    let mut sides = Vec::new();
+    for n in 0..2 {
+        let ep = &mut sim.nodes[n];
+        let pd = ep.alloc_pd();
+        let cq = ep.create_cq(1 << 20);
+        let mr = ep.reg_mr(pd, IOVA, MR_LEN, o.mr_access).unwrap();
+        let qpn = ep
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                max_send_wr: 1 << 16,
+                max_recv_wr: 1 << 16,
+            })
+            .unwrap();
+        sides.push(Side { qpn, cq, mr });
+    }
+    for n in 0..2 {
+        let peer = sides[1 - n].qpn;
+        let ep = &mut sim.nodes[n];
+        let qpn = sides[n].qpn;
+        let now = Duration::ZERO;
+        ep.modify_qp(
+            now,
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(o.qp_access),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        ep.modify_qp(
+            now,
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(AddressVector { dest: addr(1 - n) }),
+                path_mtu: Some(o.mtu),
+                dest_qpn: Some(peer),
+                rq_psn: Some(Psn::new(o.psn[1 - n])),
+                max_dest_rd_atomic: Some(16),
+                min_rnr_timer: Some(RnrTimer::new(o.min_rnr_timer)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        ep.modify_qp(
+            now,
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(o.psn[n])),
+                timeout: Some(o.timeout),
+                retry_cnt: Some(o.retry_cnt),
+                rnr_retry: Some(o.rnr_retry),
+                max_rd_atomic: Some(16),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    [sides[0].clone(), sides[1].clone()]
+}
+
+fn sge(side: &Side, offset: u64, len: u32) -> Payload {
+    Payload::Sges(vec![Sge {
+        addr: IOVA + offset,
+        len,
+        lkey: side.mr.lkey(),
+    }])
+}
+
+fn post_recv(sim: &mut Sim, node: usize, side: &Side, wr_id: u64, offset: u64, len: u32) {
+    let wr = RecvWr {
+        wr_id,
+        sges: vec![Sge {
+            addr: IOVA + offset,
+            len,
+            lkey: side.mr.lkey(),
+        }],
+    };
+    sim.nodes[node].post_recv(side.qpn, wr).unwrap();
+}
+
+fn post_send(sim: &mut Sim, node: usize, side: &Side, wr: SendWr) {
+    let now = sim.now;
+    sim.nodes[node].post_send(now, side.qpn, wr).unwrap();
+}
+
+fn drain(sim: &mut Sim, node: usize, cq: CqId) -> Vec<WorkCompletion> {
+    std::iter::from_fn(|| sim.nodes[node].poll_cq(cq)).collect()
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+fn read_mr(side: &Side, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0; len];
+    side.mr.read(offset, &mut out).unwrap();
+    out
+}
+
+const LIMIT: Duration = Duration::from_secs(600);
+
+#[test]
+fn every_operation_without_loss() {
+    let mut sim = Sim::new(2, seed(1), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    let data = pattern(7, 3000);
+    a.mr.write(0, &data).unwrap();
+    b.mr.write(0x8000, &42u64.to_ne_bytes()).unwrap();
+
+    // Five receives: SEND, SEND with immediate, WRITE with immediate, inline SEND, SEND with
+    // invalidate.
+    for (id, offset) in [
+        (1, 0x1000),
+        (2, 0x2000),
+        (3, 0x3000),
+        (4, 0x4000),
+        (5, 0x5000),
+    ] {
+        post_recv(&mut sim, 1, &b, id, offset, 4096);
+    }
+    let inv_target = b.mr.rkey();
+    let ops = [
+        (10, SendOp::Send, sge(&a, 0, 3000)),
+        (
+            11,
+            SendOp::SendWithImm { imm: 0xdead_beef },
+            sge(&a, 0, 100),
+        ),
+        (
+            12,
+            SendOp::Write {
+                remote_addr: IOVA + 0x10000,
+                rkey: b.mr.rkey(),
+            },
+            sge(&a, 0, 3000),
+        ),
+        (
+            13,
+            SendOp::WriteWithImm {
+                remote_addr: IOVA + 0x20000,
+                rkey: b.mr.rkey(),
+                imm: 7,
+            },
+            sge(&a, 0, 10),
+        ),
+        (
+            14,
+            SendOp::Read {
+                remote_addr: IOVA + 0x10000,
+                rkey: b.mr.rkey(),
+            },
+            sge(&a, 0x40000, 3000),
+        ),
+        (
+            15,
+            SendOp::FetchAdd {
+                remote_addr: IOVA + 0x8000,
+                rkey: b.mr.rkey(),
+                add: 8,
+            },
+            sge(&a, 0x50000, 8),
+        ),
+        (
+            16,
+            SendOp::CompareSwap {
+                remote_addr: IOVA + 0x8000,
+                rkey: b.mr.rkey(),
+                compare: 50,
+                swap: 1,
+            },
+            sge(&a, 0x50008, 8),
+        ),
+        (17, SendOp::Send, Payload::Inline(b"inline bytes".to_vec())),
+        (18, SendOp::SendWithInv { rkey: inv_target }, sge(&a, 0, 5)),
+    ];
+    for (id, op, payload) in ops {
+        post_send(&mut sim, 0, &a, SendWr::new(id, op, payload));
+    }
+    sim.run_idle(LIMIT);
+
+    let sent = drain(&mut sim, 0, a.cq);
+    let ids: Vec<u64> = sent.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(
+        ids,
+        (10..=18).collect::<Vec<_>>(),
+        "send completions in posting order"
+    );
+    assert!(
+        sent.iter().all(|wc| wc.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    assert_eq!(sent[4].opcode, WcOpcode::RdmaRead);
+    assert_eq!(sent[4].byte_len, 3000);
+
+    let recv = drain(&mut sim, 1, b.cq);
+    assert_eq!(recv.len(), 5, "{recv:?}");
+    assert_eq!(
+        (recv[0].wr_id, recv[0].byte_len, recv[0].opcode),
+        (1, 3000, WcOpcode::Recv)
+    );
+    assert_eq!(recv[0].src_qp, Some(a.qpn));
+    assert_eq!(
+        (recv[1].byte_len, recv[1].imm_data),
+        (100, Some(0xdead_beef))
+    );
+    assert_eq!(
+        (recv[2].opcode, recv[2].imm_data, recv[2].wr_id),
+        (WcOpcode::RecvRdmaWithImm, Some(7), 3)
+    );
+    assert_eq!(recv[3].byte_len, 12);
+    assert_eq!(recv[4].invalidated_rkey, Some(inv_target));
+    // The invalidated rkey no longer reaches the region.
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            19,
+            SendOp::Write {
+                remote_addr: IOVA,
+                rkey: inv_target,
+            },
+            sge(&a, 0, 8),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::RemAccessErr);
+
+    assert_eq!(read_mr(&b, 0x1000, 3000), data);
+    assert_eq!(read_mr(&b, 0x10000, 3000), data);
+    assert_eq!(read_mr(&b, 0x20000, 10), data[..10]);
+    assert_eq!(
+        read_mr(&a, 0x40000, 3000),
+        data,
+        "READ brought the bytes back"
+    );
+    assert_eq!(
+        read_mr(&a, 0x50000, 8),
+        42u64.to_ne_bytes(),
+        "FETCH_ADD returns the old value"
+    );
+    assert_eq!(read_mr(&a, 0x50008, 8), 50u64.to_ne_bytes());
+    assert_eq!(
+        read_mr(&b, 0x8000, 8),
+        1u64.to_ne_bytes(),
+        "CMP_SWAP stored the swap value"
+    );
+    assert_eq!(read_mr(&b, 0x4000, 12), b"inline bytes");
+    assert_eq!(sim.nodes[0].counters().retransmitted_packets, 0);
+}
+
+/// A reference of what the peers must end up with: the model applies each operation in order.
+#[derive(Default)]
+struct Model {
+    remote: Vec<u8>,
+    local: Vec<u8>,
+}
+
+#[test]
+fn ten_thousand_mixed_operations_under_loss_reordering_and_duplication() {
+    let seed = seed(0x5eed);
+    let faults = Faults {
+        loss: 0.10,
+        duplicate: 0.02,
+        reorder: 0.05,
+        jitter: Duration::from_micros(40),
+        corrupt: 0.01,
+    };
+    let mut sim = Sim::new(2, seed, faults);
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            timeout: 8,
+            ..Default::default()
+        },
+    );
+    let mut rng = Rng::new(seed);
+    const REGION: usize = 64 * 1024;
+    let mut model = Model {
+        remote: vec![0; REGION],
+        local: pattern(seed, REGION),
+    };
+    a.mr.write(0, &model.local).unwrap();
+    let mut expected_ids = Vec::new();
+    let mut fetch_adds = 0u64;
+    let mut posted = 0u64;
+    let mut recv_id = 0u64;
+    while posted < 10_000 {
+        // Keep a bounded number of requests in flight, as an application would.
+        for _ in 0..64 {
+            posted += 1;
+            let len = rng.below(3000) as usize + 1;
+            let at = rng.below((REGION - len) as u64) as usize;
+            let src = rng.below((REGION - len) as u64) as usize;
+            let op = match rng.below(4) {
+                0 => {
+                    post_recv(&mut sim, 1, &b, recv_id, 0x80000, 4096);
+                    recv_id += 1;
+                    SendOp::Send
+                }
+                1 | 2 => {
+                    model.remote[at..at + len].copy_from_slice(&model.local[src..src + len]);
+                    SendOp::Write {
+                        remote_addr: IOVA + at as u64,
+                        rkey: b.mr.rkey(),
+                    }
+                }
+                _ => {
+                    fetch_adds += 1;
+                    SendOp::FetchAdd {
+                        remote_addr: IOVA + 0x90000,
+                        rkey: b.mr.rkey(),
+                        add: 1,
+                    }
+                }
+            };
+            let payload = match op {
+                SendOp::FetchAdd { .. } => sge(&a, 0x90000 + (posted % 64) * 8, 8),
+                _ => sge(&a, src as u64, len as u32),
+            };
+            let mut wr = SendWr::new(posted, op, payload);
+            wr.signaled = posted % 3 != 0;
+            if wr.signaled {
+                expected_ids.push(posted);
+            }
+            post_send(&mut sim, 0, &a, wr);
+        }
+        sim.run_idle(LIMIT);
+    }
+    let completions = drain(&mut sim, 0, a.cq);
+    let failures: Vec<_> = completions
+        .iter()
+        .filter(|wc| wc.status != WcStatus::Success)
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {:?}",
+        &failures[..failures.len().min(3)]
+    );
+    let ids: Vec<u64> = completions.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(
+        ids, expected_ids,
+        "seed {seed}: each completion once, in posting order"
+    );
+    assert_eq!(
+        read_mr(&b, 0, REGION),
+        model.remote,
+        "seed {seed}: every written byte"
+    );
+    let counter = u64::from_ne_bytes(read_mr(&b, 0x90000, 8).try_into().unwrap());
+    assert_eq!(
+        counter, fetch_adds,
+        "seed {seed}: each FETCH_ADD ran exactly once"
+    );
+    let received = drain(&mut sim, 1, b.cq);
+    assert_eq!(
+        received.len() as u64,
+        recv_id,
+        "seed {seed}: every SEND received once"
+    );
+
+    let c = sim.nodes[0].counters();
+    let wire = sim.stats;
+    assert!(wire.dropped > 0 && wire.duplicated > 0 && wire.corrupted > 0);
+    assert!(
+        sim.nodes[1].counters().icrc_errors + c.icrc_errors > 0,
+        "corruption was caught"
+    );
+    eprintln!(
+        "requester:\n{c}responder:\n{}net: {:?}",
+        sim.nodes[1].counters(),
+        sim.stats
+    );
+    // No storm. Go-back-N resends what was in flight after a loss, so under 10% loss each way
+    // retransmissions are several times the original traffic (rxe pays the same). What must
+    // hold: at most one go-back per fault the network caused, and at most one window resent
+    // per go-back.
+    let go_backs = c.naks_received + c.retry_timeouts;
+    let faults = wire.dropped + wire.corrupted + wire.reordered + wire.duplicated;
+    assert!(
+        go_backs <= faults,
+        "seed {seed}: {go_backs} go-backs for {faults} faults"
+    );
+    assert!(
+        c.retransmitted_packets <= go_backs * u64::from(MAX_UNACKED_PSNS),
+        "seed {seed}: {} retransmissions for {go_backs} go-backs",
+        c.retransmitted_packets,
+    );
+    // The responder NAKs each gap once, not each packet that arrives after it.
+    let r = sim.nodes[1].counters();
+    assert!(
+        r.naks_sent < r.sequence_errors / 10,
+        "seed {seed}: {} NAKs for {} out-of-sequence packets",
+        r.naks_sent,
+        r.sequence_errors
+    );
+}
+
+#[test]
+fn psn_wrap_at_2_pow_24() {
+    let mut sim = Sim::new(
+        2,
+        seed(3),
+        Faults {
+            loss: 0.05,
+            ..Default::default()
+        },
+    );
+    let near_wrap = (1 << 24) - 7;
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            psn: [near_wrap, near_wrap - 1],
+            ..Default::default()
+        },
+    );
+    let data = pattern(9, 4000);
+    a.mr.write(0, &data).unwrap();
+    for i in 0..10 {
+        post_recv(&mut sim, 1, &b, i, 0x10000 * i, 4096);
+        post_send(
+            &mut sim,
+            0,
+            &a,
+            SendWr::new(i, SendOp::Send, sge(&a, 0, 4000)),
+        );
+    }
+    sim.run_idle(LIMIT);
+    let sent = drain(&mut sim, 0, a.cq);
+    assert_eq!(sent.len(), 10);
+    assert!(
+        sent.iter().all(|wc| wc.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    for i in 0..10 {
+        assert_eq!(read_mr(&b, 0x10000 * i, 4000), data);
+    }
+}
+
+#[test]
+fn retry_exhaustion_then_flush() {
+    // IBTA 9.7.6.1.3: after retry_cnt timeouts the request fails with RETRY_EXC_ERR, and the QP
+    // moves to the error state, flushing the rest.
+    let mut sim = Sim::new(
+        2,
+        seed(4),
+        Faults {
+            loss: 1.0,
+            ..Default::default()
+        },
+    );
+    let [a, _b] = connect(
+        &mut sim,
+        Options {
+            retry_cnt: 2,
+            timeout: 4,
+            ..Default::default()
+        },
+    );
+    for i in 0..3 {
+        post_send(
+            &mut sim,
+            0,
+            &a,
+            SendWr::new(
+                i,
+                SendOp::Write {
+                    remote_addr: IOVA,
+                    rkey: RKey(1),
+                },
+                sge(&a, 0, 10),
+            ),
+        );
+    }
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    let statuses: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(
+        statuses,
+        [
+            (0, WcStatus::RetryExcErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(sim.nodes[0].qp_state(a.qpn), Some(QpState::Error));
+    assert_eq!(
+        sim.nodes[0].counters().retry_timeouts,
+        3,
+        "two retries, then the failing timeout"
+    );
+    assert_eq!(
+        sim.nodes[0].poll_event(),
+        Some(AsyncEvent::QpFatal { qpn: a.qpn })
+    );
+}
+
+#[test]
+fn rnr_wait_then_success() {
+    // No receive posted: the responder sends RNR NAKs with min_rnr_timer; the requester waits
+    // that long and retries (IBTA 9.7.5.2.8).
+    let mut sim = Sim::new(2, seed(5), Faults::default());
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            min_rnr_timer: 14,
+            ..Default::default()
+        },
+    ); // 1.28 ms
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(1, SendOp::Send, sge(&a, 0, 2000)),
+    );
+    sim.run_until(LIMIT, |s| s.nodes[0].counters().rnr_waits >= 3);
+    assert!(
+        sim.now >= Duration::from_micros(2 * 1280),
+        "waited the RNR timer between tries"
+    );
+    post_recv(&mut sim, 1, &b, 9, 0, 4096);
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(drain(&mut sim, 1, b.cq)[0].byte_len, 2000);
+}
+
+#[test]
+fn rnr_retry_exhaustion() {
+    let mut sim = Sim::new(2, seed(6), Faults::default());
+    let [a, _b] = connect(
+        &mut sim,
+        Options {
+            rnr_retry: 2,
+            ..Default::default()
+        },
+    );
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(1, SendOp::Send, sge(&a, 0, 10)),
+    );
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(2, SendOp::Send, sge(&a, 0, 10)),
+    );
+    sim.run_idle(LIMIT);
+    let statuses: Vec<_> = drain(&mut sim, 0, a.cq)
+        .iter()
+        .map(|wc| wc.status)
+        .collect();
+    assert_eq!(statuses, [WcStatus::RnrRetryExcErr, WcStatus::WrFlushErr]);
+    assert_eq!(
+        sim.nodes[0].counters().rnr_waits,
+        3,
+        "the first RNR NAK, then two retries"
+    );
+}
+
+/// Runs one request that the responder must refuse; returns the requester's status, the NAK
+/// syndrome seen on the wire, and the responder's final state.
+fn refused(
+    options: Options,
+    op: impl FnOnce(&Side) -> SendOp,
+    len: u32,
+) -> (WcStatus, u8, QpState) {
+    let mut sim = Sim::new(2, seed(8), Faults::default());
+    let naks = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let seen = naks.clone();
+    sim.filter = Some(Box::new(move |from, bytes| {
+        if let Ok(p) = RocePacket::new_checked(bytes) {
+            if from == 1 && p.bth().opcode() == Opcode::RcAck {
+                if let Some(aeth) = p.ext::<softroce::wire::AethRepr>() {
+                    seen.borrow_mut().push(aeth.syndrome.to_byte());
+                }
+            }
+        }
+        true
+    }));
+    let [a, b] = connect(&mut sim, options);
+    post_send(&mut sim, 0, &a, SendWr::new(1, op(&b), sge(&a, 0, len)));
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    let syndrome = naks.borrow().last().copied().unwrap_or(0);
+    (
+        wcs[0].status,
+        syndrome,
+        sim.nodes[1].qp_state(b.qpn).unwrap(),
+    )
+}
+
+#[test]
+fn remote_access_errors_of_each_kind() {
+    use WcStatus::*;
+    let write = |b: &Side| SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    // An unknown rkey: NAK 0x62, remote access error (rxe_resp.c check_rkey).
+    let bad_key = |b: &Side| SendOp::Write {
+        remote_addr: IOVA,
+        rkey: RKey(b.mr.rkey().0 ^ 0x10),
+    };
+    assert_eq!(
+        refused(Options::default(), bad_key, 8),
+        (RemAccessErr, 0x62, QpState::Error)
+    );
+    // Beyond the region: NAK 0x62.
+    let beyond = |b: &Side| SendOp::Write {
+        remote_addr: IOVA + MR_LEN as u64 - 4,
+        rkey: b.mr.rkey(),
+    };
+    assert_eq!(
+        refused(Options::default(), beyond, 8),
+        (RemAccessErr, 0x62, QpState::Error)
+    );
+    // A region without remote write: NAK 0x62.
+    let read_only_mr = Options {
+        mr_access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+        ..Default::default()
+    };
+    assert_eq!(
+        refused(read_only_mr, write, 8),
+        (RemAccessErr, 0x62, QpState::Error)
+    );
+    // A QP without remote write: NAK 0x61, invalid request, as rxe answers it.
+    let no_qp_write = Options {
+        qp_access: Access::LOCAL_WRITE,
+        ..Default::default()
+    };
+    assert_eq!(
+        refused(no_qp_write, write, 8),
+        (RemInvReqErr, 0x61, QpState::Error)
+    );
+    // A misaligned atomic: NAK 0x61.
+    let misaligned = |b: &Side| SendOp::FetchAdd {
+        remote_addr: IOVA + 4,
+        rkey: b.mr.rkey(),
+        add: 1,
+    };
+    assert_eq!(
+        refused(Options::default(), misaligned, 8),
+        (RemInvReqErr, 0x61, QpState::Error)
+    );
+    // A READ past the region: NAK 0x62.
+    let read_beyond = |b: &Side| SendOp::Read {
+        remote_addr: IOVA + MR_LEN as u64 - 100,
+        rkey: b.mr.rkey(),
+    };
+    assert_eq!(
+        refused(Options::default(), read_beyond, 200),
+        (RemAccessErr, 0x62, QpState::Error)
+    );
+}
+
+#[test]
+fn a_lost_atomic_ack_does_not_run_the_atomic_twice() {
+    let mut sim = Sim::new(2, seed(10), Faults::default());
+    let mut dropped = false;
+    sim.filter = Some(Box::new(move |_, bytes| {
+        let atomic_ack =
+            RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == Opcode::RcAtomicAck);
+        if atomic_ack && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    }));
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            timeout: 6,
+            ..Default::default()
+        },
+    );
+    b.mr.write(0, &100u64.to_ne_bytes()).unwrap();
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::FetchAdd {
+                remote_addr: IOVA,
+                rkey: b.mr.rkey(),
+                add: 5,
+            },
+            sge(&a, 0x100, 8),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(read_mr(&b, 0, 8), 105u64.to_ne_bytes(), "added once");
+    assert_eq!(
+        read_mr(&a, 0x100, 8),
+        100u64.to_ne_bytes(),
+        "the cached original value"
+    );
+    assert_eq!(sim.nodes[1].counters().duplicate_requests, 1);
+}
+
+#[test]
+fn a_lost_read_response_in_the_middle_resumes_the_read() {
+    let mut sim = Sim::new(2, seed(11), Faults::default());
+    let mut middles = 0;
+    let resumed_at = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let seen = resumed_at.clone();
+    sim.filter = Some(Box::new(move |_, bytes| {
+        let Ok(p) = RocePacket::new_checked(bytes) else {
+            return true;
+        };
+        match p.bth().opcode() {
+            Opcode::RcReadResponseMiddle => {
+                middles += 1;
+                middles != 2 // lose the second MIDDLE response once
+            }
+            Opcode::RcReadRequest => {
+                let reth = p.ext::<softroce::wire::RethRepr>().unwrap();
+                seen.set(reth.virtual_address);
+                true
+            }
+            _ => true,
+        }
+    }));
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            timeout: 6,
+            ..Default::default()
+        },
+    );
+    let data = pattern(12, 5 * 1024);
+    b.mr.write(0, &data).unwrap();
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: IOVA,
+                rkey: b.mr.rkey(),
+            },
+            sge(&a, 0x2000, 5 * 1024),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    assert_eq!(
+        (wcs[0].status, wcs[0].byte_len),
+        (WcStatus::Success, 5 * 1024)
+    );
+    assert_eq!(read_mr(&a, 0x2000, 5 * 1024), data);
+    // The second request asked for the responses from the lost one (the third packet) on.
+    assert_eq!(
+        resumed_at.get(),
+        IOVA + 2 * 1024,
+        "the READ resumed mid-stream"
+    );
+}
+
+#[test]
+fn roce_sim_checklist_ghost_ack_and_far_psn() {
+    // datenlord/roce-sim error cases: an ACK for a PSN never sent is dropped; a request PSN far
+    // out of the window gets one sequence NAK and does not disturb the connection.
+    let mut sim = Sim::new(2, seed(13), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    use softroce::wire::{AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, Msn, PacketRepr};
+    let forge = |opcode, dest: Qpn, psn: u32, ext: ExtHeaders, len: usize| {
+        let repr = PacketRepr::new(
+            BthRepr {
+                ack_req: true,
+                ..BthRepr::new(opcode, dest, Psn::new(psn))
+            },
+            ext,
+            len,
+        );
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    };
+    let ghost = forge(
+        Opcode::RcAck,
+        a.qpn,
+        777_777,
+        ExtHeaders {
+            aeth: Some(AethRepr {
+                syndrome: AckSyndrome::ACK_NO_CREDITS,
+                msn: Msn::new(9),
+            }),
+            ..Default::default()
+        },
+        0,
+    );
+    sim.nodes[0].handle_datagram(sim.now, addr(1), IcrcStatus::Ok, &ghost);
+    assert_eq!(sim.nodes[0].counters().ghost_acks, 1);
+    assert!(sim.nodes[0].poll_cq(a.cq).is_none());
+
+    let far = forge(
+        Opcode::RcSendOnly,
+        b.qpn,
+        100 + (1 << 22),
+        ExtHeaders::default(),
+        4,
+    );
+    for _ in 0..3 {
+        sim.nodes[1].handle_datagram(sim.now, addr(0), IcrcStatus::Ok, &far);
+    }
+    assert_eq!(sim.nodes[1].counters().sequence_errors, 3);
+    assert_eq!(sim.nodes[1].counters().naks_sent, 1, "one NAK per gap");
+    // A packet from an address that is not the peer is dropped (rxe_recv.c check_addr).
+    sim.nodes[1].handle_datagram(sim.now, addr(5), IcrcStatus::Ok, &far);
+    assert_eq!(sim.nodes[1].counters().dropped_wrong_source, 1);
+    // A bad ICRC is counted and nothing else is looked at.
+    sim.nodes[1].handle_datagram(
+        sim.now,
+        addr(0),
+        IcrcStatus::Bad {
+            computed: 1,
+            received: 2,
+        },
+        &far,
+    );
+    assert_eq!(sim.nodes[1].counters().icrc_errors, 1);
+
+    // The connection still works: the requester ignores the NAK for a PSN it never sent... and
+    // a normal SEND completes.
+    post_recv(&mut sim, 1, &b, 1, 0, 64);
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(1, SendOp::Send, sge(&a, 0, 64)),
+    );
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn deregistration_fails_an_operation_in_flight() {
+    // The responder checks the rkey on every WRITE; once the region is deregistered, the rest
+    // of the message gets NAK 0x62.
+    let mut sim = Sim::new(2, seed(14), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    sim.nodes[1].dereg_mr(b.mr.lkey()).unwrap();
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: IOVA,
+                rkey: b.mr.rkey(),
+            },
+            sge(&a, 0, 100),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::RemAccessErr);
+    // Locally: a send whose SGE's region is gone fails with LOC_PROT_ERR.
+    let mut sim = Sim::new(2, seed(15), Faults::default());
+    let [a, _b] = connect(&mut sim, Options::default());
+    sim.nodes[0].dereg_mr(a.mr.lkey()).unwrap();
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: IOVA,
+                rkey: RKey(1),
+            },
+            sge(&a, 0, 100),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::LocProtErr);
+}
