@@ -425,3 +425,66 @@ lab_down() {
   if lab_ns_exists; then log "netns $LAB_NS still exists"; left=1; fi
   return $left
 }
+
+# ---------------------------------------------------------------------------------------------
+# wirecheck: live checks of softroce's wire codec from the host side (cases/4*.sh)
+#
+# tests/interop/wirecheck is a small binary that speaks RoCEv2 to a guest tool's server in vmB
+# through softroce's codec, as a scripted peer per check: `wirecheck --help` lists the checks, and
+# README.md ("Live checks") says what each one proves.
+
+WIRECHECK_DIR=$LAB_DIR/wirecheck
+WIRECHECK=$WIRECHECK_DIR/target/release/wirecheck
+
+# wirecheck_build: build wirecheck (a no-op when it is up to date). This runs outside the
+# namespace, which has no uplink: on a machine with a cold cargo cache the build fetches crates.
+wirecheck_build() {
+  echo "---- building $WIRECHECK_DIR"
+  cargo build --release --quiet --manifest-path "$WIRECHECK_DIR/Cargo.toml" \
+    || { echo "cannot build wirecheck"; return 1; }
+}
+
+# wirecheck_case TAG SERVER_CMD CHECK ARGS...: one live check against a guest server. Builds
+# wirecheck, resets vmB, starts SERVER_CMD there (guest_bg, killed after 60 s at the latest), waits
+# for its out-of-band port TCP 18515, runs `wirecheck CHECK ARGS... --server $VM_B` in the
+# namespace and collects the server. Prints both sides' output. Sets WC_RC (the check's exit
+# status), SRV_OUT and SRV_RC (the server's output and exit status). If the check failed, the
+# server is killed first instead of being waited for (it may still sit in accept()).
+wirecheck_case() {
+  local tag=$1 scmd=$2; shift 2
+  wirecheck_build || return 1
+  lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
+  guest_bg vmB "$tag" 60 "$scmd" || { echo "cannot start '$scmd' in vmB"; return 1; }
+  if ! guest_wait_tcp_listen vmB 18515 15; then
+    echo "'$scmd' does not listen on TCP 18515:"; guest_wait_bg vmB "$tag" 1; return 1
+  fi
+  echo "---- wirecheck $* --server $VM_B (in netns $LAB_NS)"
+  WC_RC=0
+  lab_ns_exec "$WIRECHECK" "$@" --server "$VM_B" || WC_RC=$?
+  echo "---- wirecheck exit status $WC_RC"
+  [ "$WC_RC" = 0 ] || lab_guest_reset vmB || true
+  SRV_RC=0
+  SRV_OUT=$(guest_wait_bg vmB "$tag" 30) || SRV_RC=$?
+  echo "---- server (vmB): $scmd"
+  printf '%s\n' "$SRV_OUT"
+  echo "---- server exit status $SRV_RC"
+}
+
+# wirecheck_expect WHAT CONDITION...: fail the case with "FAIL: WHAT" unless CONDITION holds.
+wirecheck_expect() {
+  local what=$1; shift
+  "$@" || { echo "FAIL: $what"; exit 1; }
+}
+
+# pingpong_result_ok OUTPUT SIZE ITERS: an ibv_*_pingpong printed both of its result lines
+# ("2*SIZE*ITERS bytes in S seconds = X Mbit/sec", "ITERS iters in S seconds = X usec/iter").
+pingpong_result_ok() {
+  printf '%s\n' "$1" | grep -qE "^$(($2 * $3 * 2)) bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" &&
+    printf '%s\n' "$1" | grep -qE "^$3 iters in [0-9.]+ seconds = [0-9.]+ usec/iter$"
+}
+
+# perftest_report_ok OUTPUT SIZE ITERS: a perftest server printed its result line with the message
+# size and iteration count the client reported at the end of the out-of-band exchange.
+perftest_report_ok() {
+  printf '%s\n' "$1" | grep -qE "^ $2 +$3 +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+$"
+}
