@@ -1,0 +1,46 @@
+//! The price of sound memory regions: copying 4 KiB into and out of a region of atomic words
+//! (`MemoryRegion::write` / `read`), against a plain `copy_from_slice` of the same bytes, which is
+//! what an unsound `&mut [u8]` region would cost. Read the ratio, not the absolute figures.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softroce::memory::{Access, MemoryTable};
+
+const LEN: usize = 4096;
+
+fn bench(c: &mut Criterion) {
+    let mut table = MemoryTable::new(1);
+    let pd = table.alloc_pd();
+    let region = table.register(pd, 0, 1 << 20, Access::LOCAL_WRITE).unwrap();
+    let data = vec![0x5au8; LEN];
+    let mut plain = vec![0u8; 1 << 20];
+    let mut out = vec![0u8; LEN];
+
+    let mut group = c.benchmark_group("copy_4k");
+    group.throughput(Throughput::Bytes(LEN as u64));
+    group.bench_function("baseline_memcpy_in", |b| {
+        b.iter(|| plain[4096..4096 + LEN].copy_from_slice(black_box(&data)))
+    });
+    group.bench_function("region_write_aligned", |b| {
+        b.iter(|| region.write(4096, black_box(&data)).unwrap())
+    });
+    group.bench_function("region_write_unaligned", |b| {
+        b.iter(|| region.write(4099, black_box(&data)).unwrap())
+    });
+    group.bench_function("baseline_memcpy_out", |b| {
+        b.iter(|| out.copy_from_slice(black_box(&plain[4096..4096 + LEN])))
+    });
+    group.bench_function("region_read_aligned", |b| {
+        b.iter(|| region.read(4096, black_box(&mut out)).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    targets = bench
+}
+criterion_main!(benches);

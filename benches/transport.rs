@@ -1,0 +1,183 @@
+//! Two transport endpoints joined in memory, no I/O: RDMA WRITEs of 1 MiB at MTU 4096, with every
+//! packet sealed and checked with the ICRC as the io layer will do. Reports payload bytes/s with
+//! both ends on one core.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softroce::memory::{Access, MemoryRegion};
+use softroce::transport::{
+    AddressVector, CqId, Endpoint, EndpointConfig, PathMtu, Payload, QpAttr, QpInit, QpState,
+    QpType, SendOp, SendWr, Sge, WcStatus,
+};
+use softroce::wire::{KernelFraming, Psn, Qpn, RnrTimer, ROCEV2_UDP_PORT};
+
+const MSG: usize = 1 << 20;
+
+struct Pair {
+    ends: [Endpoint; 2],
+    qpn: [Qpn; 2],
+    cq: CqId,
+    src: MemoryRegion,
+    dst: MemoryRegion,
+    framing: [KernelFraming; 2],
+    now: Duration,
+}
+
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, n + 1)
+}
+
+fn pair() -> Pair {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mut ends = [0u8, 1].map(|n| {
+        Endpoint::new(EndpointConfig {
+            local_addr: IpAddr::V4(ip(n)),
+            seed: n.into(),
+        })
+    });
+    let mut qpn = [Qpn::new(0); 2];
+    let mut cqs = [CqId(0); 2];
+    let mut mrs = Vec::new();
+    for n in 0..2 {
+        let pd = ends[n].alloc_pd();
+        cqs[n] = ends[n].create_cq(1 << 16);
+        mrs.push(ends[n].reg_mr(pd, 0x1000_0000, MSG, all).unwrap());
+        qpn[n] = ends[n]
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: cqs[n],
+                recv_cq: cqs[n],
+                max_send_wr: 64,
+                max_recv_wr: 64,
+            })
+            .unwrap();
+    }
+    for n in 0..2 {
+        let attrs = [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(all),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(AddressVector {
+                    dest: IpAddr::V4(ip(1 - n as u8)),
+                }),
+                path_mtu: Some(PathMtu::Mtu4096),
+                dest_qpn: Some(qpn[1 - n]),
+                rq_psn: Some(Psn::new(0)),
+                max_dest_rd_atomic: Some(16),
+                min_rnr_timer: Some(RnrTimer::new(1)),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(0)),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(16),
+                ..Default::default()
+            },
+        ];
+        for attr in &attrs {
+            ends[n].modify_qp(Duration::ZERO, qpn[n], attr).unwrap();
+        }
+    }
+    let sock = |n: u8| SocketAddrV4::new(ip(n), ROCEV2_UDP_PORT);
+    let dst = mrs.pop().unwrap();
+    let src = mrs.pop().unwrap();
+    Pair {
+        ends,
+        qpn,
+        cq: cqs[0],
+        src,
+        dst,
+        framing: [
+            KernelFraming::V4 {
+                src: sock(0),
+                dst: sock(1),
+            },
+            KernelFraming::V4 {
+                src: sock(1),
+                dst: sock(0),
+            },
+        ],
+        now: Duration::ZERO,
+    }
+}
+
+impl Pair {
+    /// One WRITE of 1 MiB, moved packet by packet until its completion.
+    fn write(&mut self, id: u64) {
+        let sge = Sge {
+            addr: 0x1000_0000,
+            len: MSG as u32,
+            lkey: self.src.lkey(),
+        };
+        let op = SendOp::Write {
+            remote_addr: 0x1000_0000,
+            rkey: self.dst.rkey(),
+        };
+        self.ends[0]
+            .post_send(
+                self.now,
+                self.qpn[0],
+                SendWr::new(id, op, Payload::Sges(vec![sge])),
+            )
+            .unwrap();
+        loop {
+            let mut moved = false;
+            for from in 0..2 {
+                while let Some(mut t) = self.ends[from].poll_transmit() {
+                    self.framing[from].seal(&mut t.packet);
+                    let status = self.framing[from].verify(&t.packet);
+                    let src = IpAddr::V4(ip(from as u8));
+                    self.ends[1 - from].handle_datagram(
+                        self.now,
+                        src,
+                        status,
+                        black_box(&t.packet),
+                    );
+                    moved = true;
+                }
+            }
+            if let Some(wc) = self.ends[0].poll_cq(self.cq) {
+                assert_eq!(wc.status, WcStatus::Success);
+                return;
+            }
+            assert!(moved, "the transfer stalled");
+            self.now += Duration::from_micros(1);
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut pair = pair();
+    pair.src.write(0, &vec![0xa5; MSG]).unwrap();
+    let mut group = c.benchmark_group("transport_in_memory");
+    group.throughput(Throughput::Bytes(MSG as u64));
+    let mut id = 0;
+    group.bench_function("rc_write_1mib_mtu4096", |b| {
+        b.iter(|| {
+            id += 1;
+            pair.write(id)
+        })
+    });
+    group.finish();
+    assert_eq!(pair.dst.to_vec(), vec![0xa5; MSG], "the data arrived");
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);
