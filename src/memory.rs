@@ -108,12 +108,11 @@ impl fmt::Display for MemoryError {
 
 impl std::error::Error for MemoryError {}
 
-/// Splits `len` bytes at `offset` into a head up to the first word boundary, whole words, and a
-/// tail; a range inside one word is all head.
-fn split(offset: usize, len: usize) -> (usize, usize, usize) {
+/// Splits `len` bytes at `offset` into a head up to the first word boundary and whole words;
+/// what is left is the tail. A range inside one word is all head.
+fn split(offset: usize, len: usize) -> (usize, usize) {
     let head = ((WORD - offset % WORD) % WORD).min(len);
-    let bulk = (len - head) / WORD * WORD;
-    (head, bulk, len - head - bulk)
+    (head, (len - head) / WORD * WORD)
 }
 
 /// The storage of a region: atomic words, so that concurrent access is never a data race.
@@ -131,7 +130,7 @@ impl Words {
     /// Copies `out.len()` bytes starting at `offset` out of the region.
     /// The caller has checked that the range lies inside the region.
     fn read(&self, offset: usize, out: &mut [u8]) {
-        let (head, bulk, tail) = split(offset, out.len());
+        let (head, bulk) = split(offset, out.len());
         let (out_head, rest) = out.split_at_mut(head);
         let (out_bulk, out_tail) = rest.split_at_mut(bulk);
         self.read_partial(offset, out_head);
@@ -158,7 +157,7 @@ impl Words {
 
     /// Copies `data` into the region at `offset`. The caller has checked the range.
     fn write(&self, offset: usize, data: &[u8]) {
-        let (head, bulk, tail) = split(offset, data.len());
+        let (head, bulk) = split(offset, data.len());
         let (data_head, rest) = data.split_at(head);
         let (data_bulk, data_tail) = rest.split_at(bulk);
         self.write_partial(offset, data_head);
@@ -168,7 +167,6 @@ impl Words {
             bytes.copy_from_slice(chunk);
             word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
         }
-        debug_assert_eq!(data_tail.len(), tail);
         self.write_partial(offset + head + bulk, data_tail);
     }
 
