@@ -5,11 +5,11 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{addr, seed, Faults, Rng, Sim};
+use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
     AddressVector, AsyncEvent, CqId, PathMtu, Payload, QpAttr, QpInit, QpState, QpType, RecvWr,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, MAX_UNACKED_PSNS,
+    SendOp, SendWr, Sge, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
 };
 use softroce::wire::{Opcode, Psn, Qpn, RKey, RnrTimer, RocePacket};
 
@@ -147,15 +147,6 @@ fn post_recv(sim: &mut Sim, node: usize, side: &Side, wr_id: u64, offset: u64, l
 fn post_send(sim: &mut Sim, node: usize, side: &Side, wr: SendWr) {
     let now = sim.now;
     sim.nodes[node].post_send(now, side.qpn, wr).unwrap();
-}
-
-fn drain(sim: &mut Sim, node: usize, cq: CqId) -> Vec<WorkCompletion> {
-    std::iter::from_fn(|| sim.nodes[node].poll_cq(cq)).collect()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut rng = Rng::new(seed);
-    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn read_mr(side: &Side, offset: usize, len: usize) -> Vec<u8> {
@@ -949,4 +940,50 @@ fn deregistration_fails_an_operation_in_flight() {
     );
     sim.run_idle(LIMIT);
     assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn deregistration_stops_a_write_in_flight() {
+    // The responder checks each WRITE packet's part as it lands: a region deregistered between
+    // the FIRST and the LAST packet fails the rest of the message with NAK 0x62.
+    let mut sim = Sim::new(2, seed(16), Faults::default());
+    let mut lost_last = false;
+    sim.filter = Some(Box::new(move |_, bytes| {
+        let last =
+            RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == Opcode::RcWriteLast);
+        if last && !lost_last {
+            lost_last = true;
+            return false;
+        }
+        true
+    }));
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            timeout: 6,
+            ..Default::default()
+        },
+    );
+    a.mr.write(0, &[0x77; 3000]).unwrap();
+    let op = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    post_send(&mut sim, 0, &a, SendWr::new(1, op, sge(&a, 0, 3000)));
+    // FIRST and MIDDLE land; the LAST is lost on the way.
+    sim.run_until(LIMIT, |s| s.nodes[1].counters().received_packets >= 2);
+    sim.nodes[1].dereg_mr(b.mr.lkey()).unwrap();
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(sim.nodes[1].counters().rkey_violations, 1);
+    assert_eq!(
+        read_mr(&b, 0, 2048),
+        vec![0x77; 2048],
+        "the packets before it landed"
+    );
+    assert_eq!(
+        read_mr(&b, 2048, 952),
+        vec![0; 952],
+        "nothing after the deregistration"
+    );
 }

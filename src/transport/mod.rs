@@ -1,10 +1,13 @@
 //! The transport core: a deterministic, sans-IO state machine.
 //!
-//! An [`Endpoint`] owns the protection domains, memory regions, completion queues and queue
-//! pairs of one device. It opens no socket and reads no clock. The caller feeds it:
+//! An [`Endpoint`] owns the protection domains, memory regions, completion queues, shared
+//! receive queues, address handles and queue pairs (RC, UC and UD) of one device. It opens no
+//! socket and reads no clock. The caller feeds it:
 //!
-//! - `handle_datagram(now, src, icrc, bytes)`: a received UDP payload (a RoCE packet), the peer
-//!   address, and what the io layer could verify of its ICRC;
+//! - `handle_received(now, datagram)`: a received UDP payload (a RoCE packet) with its
+//!   addresses, the IP header if the io layer has it, and what the io layer could verify of its
+//!   ICRC (see [`Datagram`]); `handle_datagram(now, src, icrc, bytes)` is the same for a UDP
+//!   socket bound to `local_addr`;
 //! - `handle_timeout(now)`: when `next_deadline()` has passed;
 //! - the verbs: `post_send`, `post_recv`, `modify_qp`, ...
 //!
@@ -12,9 +15,11 @@
 //! framing the io layer chooses), `poll_cq(cq)` (completions) and `poll_event()` (asynchronous
 //! events). `now` is a `Duration` since any epoch the caller likes; only differences matter.
 
+mod datagram;
 mod qp;
 mod requester;
 mod responder;
+mod srq;
 mod wr;
 
 use std::collections::{HashMap, VecDeque};
@@ -22,17 +27,22 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
+pub use datagram::{Datagram, GRH_LEN};
 pub use qp::{
     check_modify, AddressVector, AttrName, ModifyError, PathMtu, QpAttr, QpSettings, QpState,
     QpType, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
-pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
+pub use srq::{SrqAttr, SrqId, SrqModify};
+pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, PdId};
-use crate::wire::{BthRepr, ExtHeaders, IcrcStatus, LKey, PacketRepr, Qpn, RocePacket, Transport};
+use crate::wire::{
+    BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn, RocePacket, Transport,
+};
 use requester::Requester;
 use responder::Responder;
+use srq::SharedRq;
 
 /// A packet for the io layer to frame and send. Its last four bytes are the ICRC, left zero:
 /// the io layer computes it for the framing it uses.
@@ -46,6 +56,10 @@ pub struct Transmit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);
 
+/// An address handle (`ibv_create_ah`): where UD sends go, from [`Endpoint::create_ah`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressHandle(u32);
+
 /// An event not tied to a work request (IBTA 11.6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncEvent {
@@ -55,6 +69,9 @@ pub enum AsyncEvent {
     QpAccessError { qpn: Qpn },
     /// A completion was lost because its queue was full.
     CqOverrun { cq: CqId },
+    /// Fewer requests than its armed limit are left on a shared receive queue; the limit is
+    /// now disarmed.
+    SrqLimitReached { srq: SrqId },
 }
 
 /// Like rxe's hw_counters: what happened on the wire, including what was dropped and why.
@@ -81,7 +98,12 @@ pub struct Counters {
     pub dropped_wrong_source: u64,
     pub dropped_wrong_state: u64,
     pub dropped_bad_pkey: u64,
+    /// UD packets whose DETH Q_Key is not the QP's (rxe: the port's qkey_viol_cntr).
+    pub qkey_violations: u64,
     pub dropped_unexpected: u64,
+    /// UC and UD messages the responder dropped without a word, having no NAK: a PSN gap, no
+    /// receive request, or a failed length, rkey or access check.
+    pub dropped_messages: u64,
 }
 
 impl fmt::Display for Counters {
@@ -106,7 +128,9 @@ impl fmt::Display for Counters {
             ("dropped_wrong_source", self.dropped_wrong_source),
             ("dropped_wrong_state", self.dropped_wrong_state),
             ("dropped_bad_pkey", self.dropped_bad_pkey),
+            ("qkey_violations", self.qkey_violations),
             ("dropped_unexpected", self.dropped_unexpected),
+            ("dropped_messages", self.dropped_messages),
         ];
         for (name, value) in rows {
             writeln!(f, "{name:<24}{value}")?;
@@ -120,6 +144,8 @@ impl fmt::Display for Counters {
 pub enum VerbsError {
     UnknownQp(Qpn),
     UnknownCq(CqId),
+    UnknownSrq(SrqId),
+    UnknownAh(AddressHandle),
     Modify(ModifyError),
     Memory(MemoryError),
     /// The queue already holds its configured number of requests.
@@ -128,8 +154,8 @@ pub enum VerbsError {
     WrongState(QpState),
     /// The request itself is malformed; the text says how.
     InvalidRequest(&'static str),
-    /// The operation belongs to a QP type softroce does not run yet.
-    Unsupported(&'static str),
+    /// Every number of this kind is taken.
+    OutOfResources(&'static str),
 }
 
 impl fmt::Display for VerbsError {
@@ -137,12 +163,14 @@ impl fmt::Display for VerbsError {
         match self {
             VerbsError::UnknownQp(q) => write!(f, "no QP {q}"),
             VerbsError::UnknownCq(c) => write!(f, "no CQ {}", c.0),
+            VerbsError::UnknownSrq(s) => write!(f, "no SRQ {}", s.0),
+            VerbsError::UnknownAh(ah) => write!(f, "no address handle {}", ah.0),
             VerbsError::Modify(e) => e.fmt(f),
             VerbsError::Memory(e) => e.fmt(f),
             VerbsError::QueueFull => f.write_str("the queue is full"),
             VerbsError::WrongState(s) => write!(f, "not allowed in state {s:?}"),
             VerbsError::InvalidRequest(why) => write!(f, "invalid request: {why}"),
-            VerbsError::Unsupported(what) => write!(f, "unsupported: {what}"),
+            VerbsError::OutOfResources(what) => write!(f, "out of resources: {what}"),
         }
     }
 }
@@ -176,6 +204,7 @@ pub struct QpInit {
     pub send_cq: CqId,
     pub recv_cq: CqId,
     pub max_send_wr: usize,
+    /// Ignored by [`Endpoint::create_qp_with_srq`].
     pub max_recv_wr: usize,
 }
 
@@ -185,6 +214,7 @@ pub(crate) struct Ctx<'a> {
     pub memory: &'a mut MemoryTable,
     pub out: &'a mut VecDeque<Transmit>,
     pub cqs: &'a mut [CompletionQueue],
+    pub srqs: &'a mut [SharedRq],
     pub events: &'a mut VecDeque<AsyncEvent>,
     pub counters: &'a mut Counters,
 }
@@ -233,6 +263,7 @@ pub(crate) struct Qp {
     pub max_send_wr: usize,
     pub max_recv_wr: usize,
     pub rq: VecDeque<RecvWr>,
+    pub srq: Option<SrqId>,
     pub req: Requester,
     pub resp: Responder,
 }
@@ -242,8 +273,34 @@ impl Qp {
         self.settings.av.map(|av| av.dest)
     }
 
+    /// The path MTU; for UD, whose modify takes none, the port's (rxe_req.c `get_mtu`), which
+    /// the endpoint keeps up to date.
     fn mtu(&self) -> usize {
         self.settings.path_mtu.bytes()
+    }
+
+    /// The Q_Key a UD QP accepts: QP1's is fixed (rxe_recv.c `check_keys`).
+    fn qkey(&self) -> QKey {
+        if self.qpn == Qpn::GSI {
+            QKey::GSI
+        } else {
+            self.settings.qkey
+        }
+    }
+
+    /// Whether a receive request is there for the next message.
+    fn has_recv(&self, ctx: &Ctx<'_>) -> bool {
+        match self.srq {
+            Some(id) => !ctx.srqs[id.0 as usize].is_empty(),
+            None => !self.rq.is_empty(),
+        }
+    }
+
+    fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWr> {
+        match self.srq {
+            Some(id) => ctx.srqs[id.0 as usize].take(id, ctx.events),
+            None => self.rq.pop_front(),
+        }
     }
 
     /// Moves to the error state: every outstanding request completes with WR_FLUSH_ERR.
@@ -256,14 +313,42 @@ impl Qp {
         self.flush(ctx);
     }
 
+    /// UC and UD: a send completed in error stops the send queue only (IBTA 10.3.1, the SQE
+    /// state): the rest of it is flushed, the receive side carries on, and a modify to RTS
+    /// resumes sending.
+    pub fn enter_sq_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.state = QpState::Sqe;
+        self.req.flush(self.qpn, self.send_cq, ctx);
+    }
+
+    /// Completes every request with WR_FLUSH_ERR: the send queue, the receive request of a
+    /// message half received (even one taken from an SRQ, as rxe_resp.c `check_resource`
+    /// does), then the QP's own receive queue. An SRQ's requests stay for its other QPs.
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.req.flush(self.qpn, self.send_cq, ctx);
-        while let Some(wr) = self.rq.pop_front() {
+        let half_received = self.resp.reset();
+        for wr in half_received.into_iter().chain(self.rq.drain(..)) {
             let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
         }
-        self.resp.reset();
     }
+}
+
+/// The opcode of an RC operation on a QP of `qp_type`. IBTA 9.2, table 38: an opcode's top three
+/// bits name the transport and its low five the operation, numbered alike in RC, UC and UD
+/// (SEND_ONLY is 0x04, 0x24 and 0x64).
+fn on_transport(rc: Opcode, qp_type: QpType) -> Opcode {
+    let transport = match qp_type {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        QpType::Ud => 0x60,
+    };
+    Opcode::from_u8(transport | rc.value())
+}
+
+/// The RC opcode of the same operation, so that one responder serves the three transports.
+fn operation(opcode: Opcode) -> Opcode {
+    Opcode::from_u8(opcode.value() & 0x1f)
 }
 
 /// How the core is set up.
@@ -275,11 +360,24 @@ pub struct EndpointConfig {
     pub seed: u64,
 }
 
+/// rxe's active MTU on a 1500-byte Ethernet link, the MTU of every UD fixture here.
+const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
+
+/// The first QP number handed out, as in rxe (its fixtures here show QPs 0x11 and 0x12). QPNs 0
+/// and 1 belong to the special QPs and 0xFFFFFF means multicast, so regular QPs never get them;
+/// numbers are not reused, as no QP is destroyed yet.
+const FIRST_QPN: u32 = 0x11;
+
 /// The transport core of one device.
 pub struct Endpoint {
     config: EndpointConfig,
     memory: MemoryTable,
+    /// The largest UD message (IBTA C10-93.1.1).
+    port_mtu: PathMtu,
     cqs: Vec<CompletionQueue>,
+    srqs: Vec<SharedRq>,
+    /// Each address handle's protection domain and destination.
+    ahs: Vec<(PdId, AddressVector)>,
     qps: HashMap<Qpn, Qp>,
     next_qpn: u32,
     out: VecDeque<Transmit>,
@@ -305,6 +403,7 @@ macro_rules! qp_and_ctx {
             memory: &mut $self.memory,
             out: &mut $self.out,
             cqs: &mut $self.cqs,
+            srqs: &mut $self.srqs,
             events: &mut $self.events,
             counters: &mut $self.counters,
         };
@@ -317,10 +416,12 @@ impl Endpoint {
         Endpoint {
             config,
             memory: MemoryTable::new(config.seed),
+            port_mtu: DEFAULT_PORT_MTU,
             cqs: Vec::new(),
+            srqs: Vec::new(),
+            ahs: Vec::new(),
             qps: HashMap::new(),
-            // QP0 and QP1 are the special QPs; connected QPs start above them.
-            next_qpn: 0x11,
+            next_qpn: FIRST_QPN,
             out: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -329,6 +430,15 @@ impl Endpoint {
 
     pub fn local_addr(&self) -> IpAddr {
         self.config.local_addr
+    }
+
+    /// Sets the port's MTU, which bounds UD messages; 1024 until set. The io layer derives it
+    /// from the link, as rxe follows its netdev's MTU (rxe_net.c, `NETDEV_CHANGEMTU`).
+    pub fn set_port_mtu(&mut self, mtu: PathMtu) {
+        self.port_mtu = mtu;
+        for qp in self.qps.values_mut().filter(|qp| qp.qp_type == QpType::Ud) {
+            qp.settings.path_mtu = mtu;
+        }
     }
 
     pub fn alloc_pd(&mut self) -> PdId {
@@ -358,17 +468,72 @@ impl Endpoint {
         CqId(self.cqs.len() as u32 - 1)
     }
 
+    /// Creates an RC, UC or UD QP. Its number is never 0 or 1, the special QPs' (see
+    /// [`create_gsi_qp`](Self::create_gsi_qp)).
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, VerbsError> {
+        self.create(init, None)
+    }
+
+    /// `ibv_create_qp` with an SRQ: the QP takes its receive requests from `srq`, which must
+    /// belong to the same protection domain, and has no receive queue of its own.
+    pub fn create_qp_with_srq(&mut self, init: QpInit, srq: SrqId) -> Result<Qpn, VerbsError> {
+        self.create(init, Some(srq))
+    }
+
+    fn create(&mut self, init: QpInit, srq: Option<SrqId>) -> Result<Qpn, VerbsError> {
+        self.check_init(&init, srq)?;
+        let qpn = Qpn::try_new(self.next_qpn)
+            .ok()
+            .filter(|&q| q != Qpn::MULTICAST)
+            .ok_or(VerbsError::OutOfResources("every QP number is taken"))?;
+        self.next_qpn += 1;
+        self.insert_qp(qpn, init, srq);
+        Ok(qpn)
+    }
+
+    /// Creates QP1, the general services QP that connection management talks to: a UD QP whose
+    /// Q_Key is fixed at 0x80010000, sent whatever the work request says and required of every
+    /// packet received (rxe_req.c, rxe_recv.c). There is one per device. QP0, the subnet
+    /// management QP, has no use on RoCE and is never created: packets to it are dropped.
+    pub fn create_gsi_qp(&mut self, init: QpInit) -> Result<Qpn, VerbsError> {
+        if init.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidRequest("the GSI QP is a UD QP"));
+        }
+        if self.qps.contains_key(&Qpn::GSI) {
+            return Err(VerbsError::InvalidRequest("the GSI QP exists already"));
+        }
+        self.check_init(&init, None)?;
+        self.insert_qp(Qpn::GSI, init, None);
+        Ok(Qpn::GSI)
+    }
+
+    fn check_init(&self, init: &QpInit, srq: Option<SrqId>) -> Result<(), VerbsError> {
         for cq in [init.send_cq, init.recv_cq] {
             if cq.0 as usize >= self.cqs.len() {
                 return Err(VerbsError::UnknownCq(cq));
             }
         }
-        if init.qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported("UC and UD queue pairs"));
+        if let Some(id) = srq {
+            let srq = self
+                .srqs
+                .get(id.0 as usize)
+                .ok_or(VerbsError::UnknownSrq(id))?;
+            // The scatter of a message checks its receive buffers against one protection domain,
+            // which is then both the QP's (as rxe does) and the SRQ's (as IBTA has it).
+            if srq.pd != init.pd {
+                return Err(VerbsError::InvalidRequest(
+                    "an SRQ serves QPs of its own protection domain",
+                ));
+            }
         }
-        let qpn = Qpn::new(self.next_qpn);
-        self.next_qpn += 1;
+        Ok(())
+    }
+
+    fn insert_qp(&mut self, qpn: Qpn, init: QpInit, srq: Option<SrqId>) {
+        let mut settings = QpSettings::default();
+        if init.qp_type == QpType::Ud {
+            settings.path_mtu = self.port_mtu;
+        }
         self.qps.insert(
             qpn,
             Qp {
@@ -376,17 +541,52 @@ impl Endpoint {
                 qp_type: init.qp_type,
                 pd: init.pd,
                 state: QpState::Reset,
-                settings: QpSettings::default(),
+                settings,
                 send_cq: init.send_cq,
                 recv_cq: init.recv_cq,
                 max_send_wr: init.max_send_wr,
                 max_recv_wr: init.max_recv_wr,
                 rq: VecDeque::new(),
+                srq,
                 req: Requester::default(),
                 resp: Responder::default(),
             },
         );
-        Ok(qpn)
+    }
+
+    /// `ibv_create_srq`. A non-zero `srq_limit` arms the limit event at once, as in rxe.
+    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Result<SrqId, VerbsError> {
+        self.srqs.push(SharedRq::new(pd, attr)?);
+        Ok(SrqId(self.srqs.len() as u32 - 1))
+    }
+
+    /// `ibv_modify_srq`: resizes the queue or arms its limit.
+    pub fn modify_srq(&mut self, srq: SrqId, change: &SrqModify) -> Result<(), VerbsError> {
+        self.srq_mut(srq)?.modify(change)
+    }
+
+    /// `ibv_query_srq`: the limit reads 0 once the event has fired.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr, VerbsError> {
+        self.srqs
+            .get(srq.0 as usize)
+            .map(SharedRq::attr)
+            .ok_or(VerbsError::UnknownSrq(srq))
+    }
+
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        self.srq_mut(srq)?.post(wr)
+    }
+
+    fn srq_mut(&mut self, srq: SrqId) -> Result<&mut SharedRq, VerbsError> {
+        self.srqs
+            .get_mut(srq.0 as usize)
+            .ok_or(VerbsError::UnknownSrq(srq))
+    }
+
+    /// `ibv_create_ah`: a destination for UD sends from QPs of `pd`.
+    pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> AddressHandle {
+        self.ahs.push((pd, av));
+        AddressHandle(self.ahs.len() as u32 - 1)
     }
 
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
@@ -422,13 +622,46 @@ impl Endpoint {
     }
 
     pub fn post_send(&mut self, now: Duration, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let ud_dest = self.resolve_ud(qpn, &wr)?;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
-        qp.post_send(wr, &mut ctx)
+        qp.post_send(wr, ud_dest, &mut ctx)
+    }
+
+    /// The destination address of a UD send, copied from its address handle when it is posted
+    /// (as rxe copies the address vector into the send WQE); `None` for connected QPs.
+    fn resolve_ud(&self, qpn: Qpn, wr: &SendWr) -> Result<Option<IpAddr>, VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        match (qp.qp_type, wr.ud) {
+            (QpType::Ud, Some(ud)) => {
+                let &(pd, av) = self
+                    .ahs
+                    .get(ud.ah.0 as usize)
+                    .ok_or(VerbsError::UnknownAh(ud.ah))?;
+                if pd != qp.pd {
+                    return Err(VerbsError::InvalidRequest(
+                        "the address handle belongs to another protection domain",
+                    ));
+                }
+                Ok(Some(av.dest))
+            }
+            (QpType::Ud, None) => Err(VerbsError::InvalidRequest(
+                "a UD send names its destination in `ud`",
+            )),
+            (_, Some(_)) => Err(VerbsError::InvalidRequest(
+                "only a UD send takes a `ud` destination",
+            )),
+            (_, None) => Ok(None),
+        }
     }
 
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        if qp.srq.is_some() {
+            return Err(VerbsError::InvalidRequest(
+                "the QP takes its receive requests from an SRQ",
+            ));
+        }
         match qp.state {
             QpState::Reset => return Err(VerbsError::WrongState(qp.state)),
             QpState::Error => {
@@ -446,15 +679,33 @@ impl Endpoint {
         Ok(())
     }
 
-    /// A received RoCE packet (the UDP payload) from `src`.
+    /// A RoCE packet (the UDP payload) from `src`, received on a UDP socket bound to
+    /// `local_addr`: the IP header UD receivers see is synthesised (see [`Datagram`]).
     pub fn handle_datagram(&mut self, now: Duration, src: IpAddr, icrc: IcrcStatus, bytes: &[u8]) {
+        let datagram = Datagram {
+            src,
+            dst: self.config.local_addr,
+            ip_header: None,
+            icrc,
+            packet: bytes,
+        };
+        self.handle_received(now, datagram);
+    }
+
+    /// A received datagram, with what the io layer knows of it. Every drop is counted in
+    /// [`Counters`].
+    pub fn handle_received(&mut self, now: Duration, datagram: Datagram<'_>) {
         self.counters.received_packets += 1;
-        if let IcrcStatus::Bad { .. } = icrc {
+        if let IcrcStatus::Bad { .. } = datagram.icrc {
             // The ICRC is the only integrity check: nothing of a bad packet is looked at.
             self.counters.icrc_errors += 1;
             return;
         }
-        let Ok(packet) = RocePacket::new_checked(bytes) else {
+        if !datagram.ip_header_fits() {
+            self.counters.dropped_malformed += 1;
+            return;
+        }
+        let Ok(packet) = RocePacket::new_checked(datagram.packet) else {
             self.counters.dropped_malformed += 1;
             return;
         };
@@ -468,7 +719,12 @@ impl Endpoint {
             ctx.counters.dropped_unknown_qp += 1;
             return;
         };
-        if packet.info().transport != Transport::Rc || qp.qp_type != QpType::Rc {
+        let transport = match qp.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        if packet.info().transport != transport {
             ctx.counters.dropped_unexpected += 1;
             return;
         }
@@ -476,24 +732,31 @@ impl Endpoint {
             ctx.counters.dropped_bad_pkey += 1;
             return;
         }
-        // rxe drops RC packets whose source is not the connected peer (rxe_recv.c check_addr).
-        if qp.peer() != Some(src) {
+        if qp.qp_type == QpType::Ud {
+            // rxe_recv.c check_keys. UD is not connected: any source may send.
+            if repr.ext.deth.map(|d| d.qkey) != Some(qp.qkey()) {
+                ctx.counters.qkey_violations += 1;
+                return;
+            }
+        } else if qp.peer() != Some(datagram.src) {
+            // rxe drops RC and UC packets whose source is not the connected peer (rxe_recv.c
+            // check_addr).
             ctx.counters.dropped_wrong_source += 1;
             return;
         }
         let payload = packet.payload();
         if matches!(
             repr.bth.opcode,
-            crate::wire::Opcode::RcAck
-                | crate::wire::Opcode::RcAtomicAck
-                | crate::wire::Opcode::RcReadResponseFirst
-                | crate::wire::Opcode::RcReadResponseMiddle
-                | crate::wire::Opcode::RcReadResponseLast
-                | crate::wire::Opcode::RcReadResponseOnly
+            Opcode::RcAck
+                | Opcode::RcAtomicAck
+                | Opcode::RcReadResponseFirst
+                | Opcode::RcReadResponseMiddle
+                | Opcode::RcReadResponseLast
+                | Opcode::RcReadResponseOnly
         ) {
             qp.on_response(&repr, packet.info().position, payload, &mut ctx);
         } else {
-            qp.on_request(src, &repr, packet.info().position, payload, &mut ctx);
+            qp.on_request(&datagram, &repr, packet.info().position, payload, &mut ctx);
         }
         qp.pump(&mut ctx);
     }
@@ -529,5 +792,62 @@ impl Endpoint {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn endpoint() -> (Endpoint, QpInit) {
+        let mut ep = Endpoint::new(EndpointConfig {
+            local_addr: Ipv4Addr::LOCALHOST.into(),
+            seed: 1,
+        });
+        let init = QpInit {
+            qp_type: QpType::Ud,
+            pd: ep.alloc_pd(),
+            send_cq: ep.create_cq(4),
+            recv_cq: ep.create_cq(4),
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        };
+        (ep, init)
+    }
+
+    #[test]
+    fn uc_and_ud_opcodes_name_the_rc_operation() {
+        for &op in Opcode::SUPPORTED {
+            let qp_type = match op.info().unwrap().transport {
+                Transport::Uc => QpType::Uc,
+                Transport::Ud => QpType::Ud,
+                _ => continue,
+            };
+            let rc = operation(op);
+            // "UC_SEND_FIRST" and "RC_SEND_FIRST": the same operation after the prefix.
+            assert_eq!(rc.name()[3..], op.name()[3..], "{op}");
+            assert_eq!(on_transport(rc, qp_type), op);
+        }
+    }
+
+    #[test]
+    fn qp_numbers_skip_the_special_qps_and_run_out_before_multicast() {
+        let (mut ep, init) = endpoint();
+        let first = ep.create_qp(init).unwrap();
+        assert!(first.value() > 1, "{first}");
+        assert_eq!(ep.create_gsi_qp(init), Ok(Qpn::GSI));
+        assert!(ep.create_gsi_qp(init).is_err(), "one GSI QP per device");
+        let rc = QpInit {
+            qp_type: QpType::Rc,
+            ..init
+        };
+        assert!(ep.create_gsi_qp(rc).is_err(), "the GSI QP is a UD QP");
+        ep.next_qpn = Qpn::MULTICAST.value() - 1;
+        assert_eq!(ep.create_qp(init), Ok(Qpn::new(0xff_fffe)));
+        assert_eq!(
+            ep.create_qp(init),
+            Err(VerbsError::OutOfResources("every QP number is taken"))
+        );
     }
 }

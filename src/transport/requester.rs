@@ -1,18 +1,21 @@
-//! The RC requester: segmentation, the ACK-request policy, the PSN window, go-back-N
-//! retransmission, READ and atomic responses, and completions in posting order.
+//! The requester: segmentation and completions in posting order for every transport; for RC
+//! also the ACK-request policy, the PSN window, go-back-N retransmission, and READ and atomic
+//! responses. UC and UD send each packet once, without AckReq, and complete a request when its
+//! last packet is sent (rxe_req.c: only RC waits for an acknowledgement).
 //!
 //! Facts from IBTA 9.7 and the kernel's rxe_req.c / rxe_comp.c; the code is our own.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use super::wr::{Payload, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
-use super::CqId;
-use super::{Ctx, Qp, QpSettings, QpState, VerbsError};
+use super::{on_transport, CqId};
+use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
 use crate::memory::{Access, MemoryError, MemoryTable, PdId};
 use crate::wire::{
-    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, ExtHeaders, IethRepr, ImmDtRepr, NakCode,
-    Opcode, PacketRepr, Position, Psn, Qpn, RethRepr,
+    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr,
+    NakCode, Opcode, PacketRepr, Position, Psn, QKey, Qpn, RethRepr,
 };
 
 /// The most PSNs a requester keeps unacknowledged (rxe keeps 128).
@@ -30,6 +33,8 @@ pub fn ack_timeout(timeout: u8) -> Option<Duration> {
 #[derive(Debug)]
 struct SendWqe {
     wr: SendWr,
+    /// UD: the address handle's destination.
+    ud_dest: Option<IpAddr>,
     /// Set when its first packet is sent.
     first_psn: Psn,
     /// The PSNs the message takes: its packets, or for a READ its response packets.
@@ -165,6 +170,7 @@ pub(crate) fn scatter(
     Ok(done == data.len())
 }
 
+/// The RC opcode of packet `position` of `op`; [`on_transport`] gives the UC or UD one.
 fn opcode_for(op: SendOp, position: Position) -> Opcode {
     use Position::*;
     match (op, position) {
@@ -202,10 +208,33 @@ fn position(k: u32, n: u32) -> Position {
 }
 
 impl Qp {
-    pub(crate) fn post_send(&mut self, wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+    pub(crate) fn post_send(
+        &mut self,
+        wr: SendWr,
+        ud_dest: Option<IpAddr>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), VerbsError> {
+        let carried = match self.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::Write { .. }
+                    | SendOp::WriteWithImm { .. }
+            ),
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+        };
+        if !carried {
+            // IBTA 9.2, table 38: UC has no READ, atomics or invalidate; UD only SEND.
+            return Err(VerbsError::InvalidRequest(
+                "UC carries SEND and RDMA WRITE (with immediate) only, UD SEND only",
+            ));
+        }
         match self.state {
             QpState::Rts | QpState::Sqd => {}
-            QpState::Error => {
+            // A stopped send queue flushes what is posted to it until a modify restarts it.
+            QpState::Error | QpState::Sqe => {
                 let wc = WorkCompletion::new(
                     wr.wr_id,
                     WcStatus::WrFlushErr,
@@ -242,6 +271,7 @@ impl Qp {
         };
         self.req.sq.push_back(SendWqe {
             wr,
+            ud_dest,
             first_psn: Psn::new(0),
             npsn,
             started: false,
@@ -256,13 +286,13 @@ impl Qp {
         if self.state != QpState::Rts {
             return;
         }
-        let Some(dst) = self.peer() else { return };
         if self.req.rnr_until.is_some_and(|t| t > ctx.now) {
             return;
         }
         self.req.rnr_until = None;
+        let reliable = self.qp_type == QpType::Rc;
         while self.req.send_idx < self.req.sq.len() {
-            if (self.req.send_psn - self.req.una) as u32 >= MAX_UNACKED_PSNS {
+            if reliable && (self.req.send_psn - self.req.una) as u32 >= MAX_UNACKED_PSNS {
                 break;
             }
             let idx = self.req.send_idx;
@@ -288,20 +318,26 @@ impl Qp {
                 wqe.first_psn = self.req.send_psn;
             }
             let psn = self.req.send_psn;
-            if let Err(status) = self.send_packet(idx, psn, dst, ctx) {
+            if let Err(status) = self.send_packet(idx, psn, ctx) {
                 self.fail_wqe(idx, status, ctx);
                 return;
             }
-            if psn.is_before(self.req.high_psn) {
-                ctx.counters.retransmitted_packets += 1;
-            }
-            let wqe = &self.req.sq[idx];
+            let wqe = &mut self.req.sq[idx];
             let k = (psn - wqe.first_psn) as u32;
             if wqe.wr.op.is_read_or_atomic() || k + 1 == wqe.npsn {
                 self.req.send_psn = wqe.first_psn + wqe.npsn;
                 self.req.send_idx += 1;
+                if !reliable {
+                    wqe.done = Some(WcStatus::Success);
+                }
             } else {
                 self.req.send_psn = psn + 1;
+            }
+            if !reliable {
+                continue;
+            }
+            if psn.is_before(self.req.high_psn) {
+                ctx.counters.retransmitted_packets += 1;
             }
             if self.req.high_psn.is_before(self.req.send_psn) {
                 self.req.high_psn = self.req.send_psn;
@@ -310,21 +346,34 @@ impl Qp {
                 self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
             }
         }
+        if !reliable {
+            self.complete_in_order(ctx);
+        }
+    }
+
+    /// The Q_Key a UD send carries: QP1 always sends its own (rxe_req.c), and a work request's
+    /// Q_Key with the high bit set stands for the QP's (IBTA 10.2.4.1; rxe sends it unchanged).
+    fn send_qkey(&self, requested: QKey) -> QKey {
+        if self.qpn == Qpn::GSI {
+            QKey::GSI
+        } else if requested.is_controlled() {
+            self.settings.qkey
+        } else {
+            requested
+        }
     }
 
     /// Builds and queues packet `psn` of `sq[idx]`: for a READ, the request for the responses
     /// from `psn` on, so that a READ resumes in the middle of its response stream.
-    fn send_packet(
-        &mut self,
-        idx: usize,
-        psn: Psn,
-        dst: std::net::IpAddr,
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), WcStatus> {
+    fn send_packet(&mut self, idx: usize, psn: Psn, ctx: &mut Ctx<'_>) -> Result<(), WcStatus> {
         let mtu = self.mtu();
         let wqe = &self.req.sq[idx];
         let k = (psn - wqe.first_psn) as u32;
         let len = wqe.wr.payload.len() as usize;
+        if self.qp_type == QpType::Ud && len > mtu {
+            // C10-93.1.1 asks for no packet; rxe then reports success, softroce says why not.
+            return Err(WcStatus::LocLenErr);
+        }
         let op = wqe.wr.op;
         let pos = if op.is_read_or_atomic() {
             Position::Only
@@ -332,11 +381,26 @@ impl Qp {
             position(k, wqe.npsn)
         };
         let last = matches!(pos, Position::Last | Position::Only);
-        let mut bth = BthRepr::new(opcode_for(op, pos), self.settings.dest_qpn, psn);
+        let opcode = on_transport(opcode_for(op, pos), self.qp_type);
+        let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
         bth.solicited = last && wqe.wr.solicited;
-        bth.ack_req = last || (k + 1) % ACK_REQ_INTERVAL == 0;
+        bth.ack_req = self.qp_type == QpType::Rc && (last || (k + 1) % ACK_REQ_INTERVAL == 0);
         let mut ext = ExtHeaders::default();
+        let dst = match wqe.wr.ud {
+            Some(ud) => {
+                bth.dest_qp = ud.remote_qpn;
+                ext.deth = Some(DethRepr {
+                    qkey: self.send_qkey(ud.remote_qkey),
+                    src_qp: self.qpn,
+                });
+                wqe.ud_dest
+            }
+            None => self.peer(),
+        };
+        // Never `None`: RTR requires an address vector of RC and UC QPs, and posting a UD send
+        // resolves its address handle.
+        let dst = dst.ok_or(WcStatus::LocQpOpErr)?;
         let offset = k as usize * mtu;
         let mut payload_len = 0;
         match op {
@@ -676,14 +740,18 @@ impl Qp {
         self.fail_wqe(idx, status, ctx);
     }
 
-    /// `sq[idx]` completes with `status`, the QP moves to the error state, and every later
-    /// request is flushed.
+    /// `sq[idx]` completes with `status`, the QP (RC) or its send queue (UC, UD) stops, and
+    /// every later request is flushed.
     fn fail_wqe(&mut self, idx: usize, status: WcStatus, ctx: &mut Ctx<'_>) {
         if let Some(wqe) = self.req.sq.get_mut(idx) {
             wqe.done = Some(status);
         }
         self.complete_in_order(ctx);
-        self.enter_error(ctx);
+        if self.qp_type == QpType::Rc {
+            self.enter_error(ctx);
+        } else {
+            self.enter_sq_error(ctx);
+        }
     }
 
     /// Reports the finished requests at the head of the queue, in posting order.

@@ -1,18 +1,22 @@
-//! The RC responder: the expected PSN, duplicates, RNR, validation and NAKs, RDMA WRITE, READ
-//! and atomics against the memory table, and receive completions.
+//! The responder: validation, SEND and RDMA WRITE into memory, and receive completions for
+//! every transport; for RC also the expected PSN, duplicates, RNR, NAKs, READ and atomics.
 //!
-//! Facts from IBTA 9.7 and the kernel's rxe_resp.c; the code is our own.
+//! UC and UD have no NAK. A UC or UD message that fails a check is dropped and counted
+//! (`dropped_messages`); a UC responder then ignores packets until the next FIRST or ONLY, which
+//! starts over whatever its PSN (rxe_resp.c `check_psn`, `drop_msg`). UD checks no PSN. Only a
+//! fault in this side's own receive buffers moves a UC or UD QP to the error state.
+//!
+//! Facts from IBTA 9.7 and 9.8 and the kernel's rxe_resp.c; the code is our own.
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 
 use super::requester::scatter;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
-use super::{AsyncEvent, Ctx, Qp, QpState};
+use super::{operation, AsyncEvent, Ctx, Datagram, Qp, QpState, QpType, GRH_LEN};
 use crate::memory::{Access, MemoryError, Span};
 use crate::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, PacketRepr,
-    Position, Psn,
+    Position, Psn, Qpn, RethRepr,
 };
 
 /// How many atomic results the responder keeps to answer duplicates (IBTA 9.7.5.1.3 asks for
@@ -22,8 +26,15 @@ const ATOMIC_CACHE: usize = 32;
 /// The message being received, between its first and last packets.
 #[derive(Debug)]
 enum InMessage {
-    Send { wr: RecvWr, received: usize },
-    Write { span: Span, received: usize },
+    Send {
+        wr: RecvWr,
+        received: usize,
+    },
+    /// The RETH stays with the message: each packet's part is checked again as it lands.
+    Write {
+        reth: RethRepr,
+        received: usize,
+    },
 }
 
 /// The responder half of a QP.
@@ -36,6 +47,8 @@ pub(crate) struct Responder {
     /// A NAK (sequence or RNR) was sent; later packets are dropped silently until the expected
     /// PSN arrives, so that one gap costs one NAK.
     nak_sent: bool,
+    /// UC: the message in progress was dropped; so is every packet up to the next FIRST or ONLY.
+    dropping: bool,
     message: Option<InMessage>,
     atomics: VecDeque<(Psn, u64)>,
 }
@@ -45,9 +58,14 @@ impl Responder {
         self.epsn = rq_psn;
     }
 
-    pub fn reset(&mut self) {
-        self.message = None;
+    /// Forgets the message in progress; returns its receive request, if it had taken one.
+    pub fn reset(&mut self) -> Option<RecvWr> {
         self.nak_sent = false;
+        self.dropping = false;
+        match self.message.take() {
+            Some(InMessage::Send { wr, .. }) => Some(wr),
+            _ => None,
+        }
     }
 }
 
@@ -57,8 +75,12 @@ struct Failure {
     /// The receive request consumed by the failed message, and its status.
     recv_status: WcStatus,
     access_event: bool,
+    /// The fault is in this side's own receive buffers, not in the request: fatal to the QP on
+    /// every transport, where a bad UC or UD request only loses its message.
+    local: bool,
 }
 
+/// `op` is an RC opcode, or the RC opcode of a UC or UD operation ([`operation`]).
 fn is_send(op: Opcode) -> bool {
     matches!(
         op,
@@ -95,6 +117,27 @@ fn from_memory(e: MemoryError) -> Failure {
         nak,
         recv_status: WcStatus::LocProtErr,
         access_event: true,
+        local: false,
+    }
+}
+
+/// The message does not fit its receive buffers.
+fn too_long() -> Failure {
+    Failure {
+        nak: NakCode::InvalidRequest,
+        recv_status: WcStatus::LocLenErr,
+        access_event: false,
+        local: false,
+    }
+}
+
+/// A receive buffer names memory this side cannot write (rxe_resp.c: class A, fatal).
+fn local_memory() -> Failure {
+    Failure {
+        nak: NakCode::RemoteOperationalError,
+        recv_status: WcStatus::LocProtErr,
+        access_event: false,
+        local: true,
     }
 }
 
@@ -103,6 +146,7 @@ fn invalid_request() -> Failure {
         nak: NakCode::InvalidRequest,
         recv_status: WcStatus::RemInvReqErr,
         access_event: false,
+        local: false,
     }
 }
 
@@ -158,19 +202,65 @@ impl Qp {
         );
     }
 
-    /// A request packet from the requester at `src`.
+    /// A request packet.
     pub(crate) fn on_request(
         &mut self,
-        src: IpAddr,
+        datagram: &Datagram<'_>,
         repr: &PacketRepr,
         pos: Position,
         payload: &[u8],
         ctx: &mut Ctx<'_>,
     ) {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        // IBTA 10.3.1: the receive side works from RTR on, and on through SQD and SQE.
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
             ctx.counters.dropped_wrong_state += 1;
             return;
         }
+        if self.qp_type == QpType::Rc {
+            self.on_rc_request(datagram, repr, pos, payload, ctx);
+            return;
+        }
+        if self.qp_type == QpType::Uc && !self.uc_in_sequence(repr.bth.psn, pos, ctx) {
+            return;
+        }
+        match self.execute(datagram, repr, pos, payload, ctx) {
+            Ok(()) => {}
+            Err(failure) if failure.local => self.fail_request(repr.bth.psn, failure, ctx),
+            Err(failure) => self.drop_message(failure.recv_status, ctx),
+        }
+    }
+
+    /// UC's PSN rule (rxe_resp.c `check_psn`): a gap loses the message it cuts, and a FIRST or
+    /// ONLY packet starts over at its own PSN. Returns whether the packet is to be executed.
+    ///
+    /// The FIRST or ONLY that ends a damaged message is executed: rxe's `do_class_d1e_error`
+    /// says "this packet may be the start of a new message and could be valid", but then drops
+    /// it, and so loses the next message as well; softroce delivers it.
+    fn uc_in_sequence(&mut self, psn: Psn, pos: Position, ctx: &mut Ctx<'_>) -> bool {
+        if psn != self.resp.epsn && !self.resp.dropping {
+            ctx.counters.sequence_errors += 1;
+            self.drop_message(WcStatus::RemInvReqErr, ctx);
+        }
+        if self.resp.dropping {
+            if !matches!(pos, Position::First | Position::Only) {
+                return false;
+            }
+            self.resp.dropping = false;
+        }
+        true
+    }
+
+    fn on_rc_request(
+        &mut self,
+        datagram: &Datagram<'_>,
+        repr: &PacketRepr,
+        pos: Position,
+        payload: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) {
         let psn = repr.bth.psn;
         let distance = psn - self.resp.epsn;
         if distance < 0 {
@@ -188,21 +278,40 @@ impl Qp {
             return;
         }
         self.resp.nak_sent = false;
-        if let Err(failure) = self.execute(src, repr, pos, payload, ctx) {
+        if let Err(failure) = self.execute(datagram, repr, pos, payload, ctx) {
             self.fail_request(psn, failure, ctx);
+        }
+    }
+
+    /// UC and UD: drops the message in progress, and counts it. Its receive request is used
+    /// again for the next message when it came from the QP's own queue (rxe_resp.c
+    /// `do_class_d1e_error`, class D1: "reset the recv wr to its original state"); one taken
+    /// from an SRQ completes with `status` (class E), since others may have taken requests
+    /// posted after it.
+    fn drop_message(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
+        ctx.counters.dropped_messages += 1;
+        self.resp.dropping = self.qp_type == QpType::Uc;
+        let Some(InMessage::Send { wr, .. }) = self.resp.message.take() else {
+            return;
+        };
+        if self.srq.is_some() {
+            let wc = WorkCompletion::new(wr.wr_id, status, WcOpcode::Recv, self.qpn);
+            ctx.complete(self.recv_cq, wc);
+        } else {
+            self.rq.push_front(wr);
         }
     }
 
     /// Runs an in-sequence request.
     fn execute(
         &mut self,
-        src: IpAddr,
+        datagram: &Datagram<'_>,
         repr: &PacketRepr,
         pos: Position,
         payload: &[u8],
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Failure> {
-        let op = repr.bth.opcode;
+        let op = operation(repr.bth.opcode);
         let psn = repr.bth.psn;
         let mtu = self.mtu();
         // The opcode sequence (IBTA 9.7.5.1.1): FIRST opens a message, MIDDLE and LAST continue
@@ -231,37 +340,38 @@ impl Qp {
             }
         };
         // A SEND takes a receive request at its first packet, a WRITE with immediate at its
-        // last; without one the responder is not ready (IBTA 9.7.5.2.8).
+        // last; without one the responder is not ready: RC answers RNR NAK (IBTA 9.7.5.2.8),
+        // UC and UD drop the message (rxe_resp.c: class D).
         let takes_recv = (is_send(op) && !continues)
             || op == Opcode::RcWriteOnlyImm
             || op == Opcode::RcWriteLastImm;
-        if takes_recv && self.rq.is_empty() {
-            return self.rnr(psn, ctx);
+        if takes_recv && !self.has_recv(ctx) {
+            return match self.qp_type {
+                QpType::Rc => self.rnr(psn, ctx),
+                QpType::Uc | QpType::Ud => Err(invalid_request()),
+            };
         }
         if is_send(op) {
             if !continues {
-                let wr = self.rq.pop_front().expect("checked above");
+                let wr = self.take_recv(ctx).expect("checked above");
                 self.resp.message = Some(InMessage::Send { wr, received: 0 });
             }
             let Some(InMessage::Send { wr, received }) = &mut self.resp.message else {
                 unreachable!("a SEND continues a SEND")
             };
+            if self.qp_type == QpType::Ud {
+                // The buffer starts with the 40 bytes verbs reserve for the GRH (see
+                // `datagram`); they count in the completion's byte_len.
+                match scatter(ctx.memory, self.pd, &wr.sges, 0, &datagram.grh()) {
+                    Ok(true) => *received = GRH_LEN,
+                    Ok(false) => return Err(too_long()),
+                    Err(_) => return Err(local_memory()),
+                }
+            }
             match scatter(ctx.memory, self.pd, &wr.sges, *received, payload) {
                 Ok(true) => *received += payload.len(),
-                Ok(false) => {
-                    return Err(Failure {
-                        nak: NakCode::InvalidRequest,
-                        recv_status: WcStatus::LocLenErr,
-                        access_event: false,
-                    })
-                }
-                Err(_) => {
-                    return Err(Failure {
-                        nak: NakCode::RemoteOperationalError,
-                        recv_status: WcStatus::LocProtErr,
-                        access_event: false,
-                    })
-                }
+                Ok(false) => return Err(too_long()),
+                Err(_) => return Err(local_memory()),
             }
             if matches!(pos, Position::Last | Position::Only) {
                 let Some(InMessage::Send { wr, received }) = self.resp.message.take() else {
@@ -278,8 +388,8 @@ impl Qp {
                     }
                     wc.invalidated_rkey = Some(ieth.rkey);
                 }
-                wc.src_qp = Some(self.settings.dest_qpn);
-                wc.src_addr = Some(src);
+                wc.src_qp = Some(self.source_qpn(repr));
+                wc.src_addr = Some(datagram.src);
                 self.finish_message();
                 ctx.complete(self.recv_cq, wc);
             }
@@ -289,37 +399,30 @@ impl Qp {
         if is_write(op) {
             needs(Access::REMOTE_WRITE)?;
             if let Some(reth) = repr.ext.reth {
-                let span = ctx
-                    .memory
-                    .check_remote(
-                        reth.rkey,
-                        self.pd,
-                        reth.virtual_address,
-                        reth.dma_len as usize,
-                        Access::REMOTE_WRITE,
-                    )
-                    .inspect_err(|_| ctx.counters.rkey_violations += 1)
-                    .map_err(from_memory)?;
-                self.resp.message = Some(InMessage::Write { span, received: 0 });
+                // The whole range is checked when the message starts...
+                self.check_write(ctx, &reth, 0, reth.dma_len as usize)?;
+                self.resp.message = Some(InMessage::Write { reth, received: 0 });
             }
-            let Some(InMessage::Write { span, received }) = &mut self.resp.message else {
+            let Some(InMessage::Write { reth, received }) = self.resp.message else {
                 return Err(invalid_request());
             };
-            if *received + payload.len() > span.len() {
+            if received + payload.len() > reth.dma_len as usize {
                 return Err(invalid_request());
             }
-            span.write(*received, payload);
-            *received += payload.len();
+            // ...and each packet's part again, so that deregistering the region (or
+            // invalidating its rkey) stops a message already in flight.
+            self.check_write(ctx, &reth, received, payload.len())?
+                .write(0, payload);
+            let received = received + payload.len();
+            self.resp.message = Some(InMessage::Write { reth, received });
             if matches!(pos, Position::Last | Position::Only) {
-                let Some(InMessage::Write { span, received }) = self.resp.message.take() else {
-                    unreachable!()
-                };
-                if received != span.len() {
+                self.resp.message = None;
+                if received != reth.dma_len as usize {
                     // The message carried less than its RETH announced.
                     return Err(invalid_request());
                 }
                 if let Some(imm) = repr.ext.immdt {
-                    let wr = self.rq.pop_front().expect("checked above");
+                    let wr = self.take_recv(ctx).expect("checked above");
                     let mut wc = WorkCompletion::new(
                         wr.wr_id,
                         WcStatus::Success,
@@ -328,8 +431,8 @@ impl Qp {
                     );
                     wc.byte_len = received as u32;
                     wc.imm_data = Some(imm.data);
-                    wc.src_qp = Some(self.settings.dest_qpn);
-                    wc.src_addr = Some(src);
+                    wc.src_qp = Some(self.source_qpn(repr));
+                    wc.src_addr = Some(datagram.src);
                     self.finish_message();
                     ctx.complete(self.recv_cq, wc);
                 } else {
@@ -374,6 +477,21 @@ impl Qp {
         }
     }
 
+    /// Checks `len` bytes at `offset` into a WRITE's RETH range for remote write.
+    fn check_write(
+        &self,
+        ctx: &mut Ctx<'_>,
+        reth: &RethRepr,
+        offset: usize,
+        len: usize,
+    ) -> Result<Span, Failure> {
+        let addr = reth.virtual_address.wrapping_add(offset as u64);
+        ctx.memory
+            .check_remote(reth.rkey, self.pd, addr, len, Access::REMOTE_WRITE)
+            .inspect_err(|_| ctx.counters.rkey_violations += 1)
+            .map_err(from_memory)
+    }
+
     fn rnr(&mut self, psn: Psn, ctx: &mut Ctx<'_>) -> Result<(), Failure> {
         ctx.counters.rnr_naks_sent += 1;
         self.resp.nak_sent = true;
@@ -386,10 +504,17 @@ impl Qp {
         self.resp.msn = self.resp.msn.next();
     }
 
-    /// The next PSN is expected; ACK if the requester asked.
+    /// The sender's QPN: the DETH's on UD, the connected peer's otherwise.
+    fn source_qpn(&self, repr: &PacketRepr) -> Qpn {
+        repr.ext
+            .deth
+            .map_or(self.settings.dest_qpn, |deth| deth.src_qp)
+    }
+
+    /// The next PSN is expected; on RC, ACK if the requester asked (only RC acknowledges).
     fn advance(&mut self, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
         self.resp.epsn = repr.bth.psn + 1;
-        if repr.bth.ack_req {
+        if repr.bth.ack_req && self.qp_type == QpType::Rc {
             self.ack(ctx, repr.bth.psn);
         }
     }
@@ -415,7 +540,7 @@ impl Qp {
     fn read_responses(
         &mut self,
         psn: Psn,
-        reth: crate::wire::RethRepr,
+        reth: RethRepr,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Failure> {
         let len = reth.dma_len as usize;
@@ -486,10 +611,13 @@ impl Qp {
         }
     }
 
-    /// NAKs a failed request, completes its receive request in error, and moves to the error
-    /// state (IBTA 9.7.5.2.3 onwards: these errors are fatal to the QP).
+    /// NAKs a failed request (RC only: UC and UD have no NAK), completes its receive request in
+    /// error, and moves to the error state (IBTA 9.7.5.2.3 onwards: these errors are fatal to
+    /// the QP).
     fn fail_request(&mut self, psn: Psn, failure: Failure, ctx: &mut Ctx<'_>) {
-        self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
+        if self.qp_type == QpType::Rc {
+            self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
+        }
         if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {
             let wc = WorkCompletion::new(wr.wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);

@@ -2,7 +2,8 @@
 
 use std::net::IpAddr;
 
-use crate::wire::{LKey, Qpn, RKey};
+use super::AddressHandle;
+use crate::wire::{LKey, QKey, Qpn, RKey};
 
 /// A scatter/gather element: `len` bytes at `addr` in the region `lkey` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +98,17 @@ impl Payload {
     }
 }
 
+/// Where a UD send goes: `ibv_send_wr.wr.ud`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The destination address, from [`Endpoint::create_ah`](super::Endpoint::create_ah).
+    pub ah: AddressHandle,
+    pub remote_qpn: Qpn,
+    /// The Q_Key to send. With its high bit set, the sending QP's own Q_Key is sent instead
+    /// (IBTA 10.2.4.1).
+    pub remote_qkey: QKey,
+}
+
 /// A send work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -110,6 +122,8 @@ pub struct SendWr {
     pub fence: bool,
     /// Ask the responder for a solicited event.
     pub solicited: bool,
+    /// The destination of a send on a UD QP; `None` on connected QPs.
+    pub ud: Option<UdDest>,
 }
 
 impl SendWr {
@@ -122,6 +136,7 @@ impl SendWr {
             signaled: true,
             fence: false,
             solicited: false,
+            ud: None,
         }
     }
 }
@@ -171,7 +186,7 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     pub imm_data: Option<u32>,
     pub invalidated_rkey: Option<RKey>,
-    /// The sender's QPN and address, on receive completions.
+    /// The sender's QPN (from the DETH on UD) and address, on receive completions.
     pub src_qp: Option<Qpn>,
     pub src_addr: Option<IpAddr>,
 }

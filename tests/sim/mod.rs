@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use softroce::transport::{Endpoint, EndpointConfig};
+use softroce::transport::{Datagram, Endpoint, EndpointConfig};
 use softroce::wire::{KernelFraming, ROCEV2_UDP_PORT};
 
 /// xorshift64*: small, seedable, good enough to draw network faults.
@@ -178,9 +178,15 @@ impl Sim {
                 break;
             }
             let (from, to, bytes) = entry.remove();
-            let status = framing(from, to).verify(&bytes);
-            let now = self.now;
-            self.nodes[to].handle_datagram(now, addr(from), status, &bytes);
+            // What a UDP socket with IP_PKTINFO reports: addresses, no IP header.
+            let datagram = Datagram {
+                src: addr(from),
+                dst: addr(to),
+                ip_header: None,
+                icrc: framing(from, to).verify(&bytes),
+                packet: &bytes,
+            };
+            self.nodes[to].handle_received(self.now, datagram);
         }
         for node in &mut self.nodes {
             if node.next_deadline().is_some_and(|d| d <= self.now) {
@@ -218,4 +224,19 @@ pub fn seed(default: u64) -> u64 {
         .unwrap_or(default);
     eprintln!("simulation seed {seed} (rerun with SOFTROCE_SIM_SEED={seed})");
     seed
+}
+
+/// Everything completed on `cq` of node `node`, in order.
+pub fn drain(
+    sim: &mut Sim,
+    node: usize,
+    cq: softroce::transport::CqId,
+) -> Vec<softroce::transport::WorkCompletion> {
+    std::iter::from_fn(|| sim.nodes[node].poll_cq(cq)).collect()
+}
+
+/// `len` bytes of a reproducible pattern.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }

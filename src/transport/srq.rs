@@ -1,0 +1,106 @@
+//! Shared receive queues: one pool of receive requests for any number of QPs.
+//!
+//! The limit event follows rxe_srq.c and rxe_resp.c (`get_srq_wqe`): setting `srq_limit` to a
+//! non-zero value arms it; when taking a request leaves fewer than `srq_limit` posted, the SRQ
+//! raises [`AsyncEvent::SrqLimitReached`] once and disarms, which `query_srq` shows as a limit of
+//! 0 (IBTA 11.5.2.4). Like rxe, the check runs when a request is taken, not when the limit is set.
+
+use std::collections::VecDeque;
+
+use super::wr::RecvWr;
+use super::{AsyncEvent, VerbsError};
+use crate::memory::PdId;
+
+/// A shared receive queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
+
+/// `ibv_srq_attr`: the size of an SRQ and its limit (0: not armed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    pub max_wr: usize,
+    pub srq_limit: u32,
+}
+
+/// A change to an SRQ (`ibv_modify_srq`); `None` leaves the value as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SrqModify {
+    /// Resizes the queue; it must still hold what is posted.
+    pub max_wr: Option<usize>,
+    /// Arms the limit event (or disarms it, with 0).
+    pub srq_limit: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SharedRq {
+    pub pd: PdId,
+    attr: SrqAttr,
+    wqes: VecDeque<RecvWr>,
+}
+
+/// rxe_srq.c `rxe_srq_chk_attr`: a queue holds at least one request, the limit fits in the
+/// queue, and a resize keeps what is posted.
+fn check(attr: SrqAttr, posted: usize) -> Result<(), VerbsError> {
+    if attr.max_wr == 0 {
+        return Err(VerbsError::InvalidRequest(
+            "an SRQ holds at least one request",
+        ));
+    }
+    if attr.srq_limit as usize > attr.max_wr {
+        return Err(VerbsError::InvalidRequest("srq_limit is at most max_wr"));
+    }
+    if posted > attr.max_wr {
+        return Err(VerbsError::InvalidRequest(
+            "max_wr is below the number of requests posted",
+        ));
+    }
+    Ok(())
+}
+
+impl SharedRq {
+    pub fn new(pd: PdId, attr: SrqAttr) -> Result<Self, VerbsError> {
+        check(attr, 0)?;
+        Ok(SharedRq {
+            pd,
+            attr,
+            wqes: VecDeque::new(),
+        })
+    }
+
+    pub fn attr(&self) -> SrqAttr {
+        self.attr
+    }
+
+    pub fn modify(&mut self, change: &SrqModify) -> Result<(), VerbsError> {
+        let attr = SrqAttr {
+            max_wr: change.max_wr.unwrap_or(self.attr.max_wr),
+            srq_limit: change.srq_limit.unwrap_or(self.attr.srq_limit),
+        };
+        check(attr, self.wqes.len())?;
+        self.attr = attr;
+        Ok(())
+    }
+
+    pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.wqes.len() >= self.attr.max_wr {
+            return Err(VerbsError::QueueFull);
+        }
+        self.wqes.push_back(wr);
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.wqes.is_empty()
+    }
+
+    /// Takes the oldest request for a QP's message; may fire the limit event.
+    pub fn take(&mut self, id: SrqId, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWr> {
+        let wr = self.wqes.pop_front()?;
+        let limit = self.attr.srq_limit as usize;
+        if limit > 0 && self.wqes.len() < limit {
+            self.attr.srq_limit = 0;
+            events.push_back(AsyncEvent::SrqLimitReached { srq: id });
+        }
+        Some(wr)
+    }
+}
