@@ -9,6 +9,10 @@
 
 pub mod capture;
 pub mod decode;
+pub mod demo;
+mod engine;
+pub mod io;
 pub mod memory;
 pub mod transport;
+pub mod verbs;
 pub mod wire;

@@ -589,6 +589,35 @@ impl Endpoint {
         AddressHandle(self.ahs.len() as u32 - 1)
     }
 
+    /// How many more send requests the QP takes now, so that a caller queueing posts can hand
+    /// over only what fits instead of losing a request to `QueueFull`.
+    pub fn send_queue_room(&self, qpn: Qpn) -> usize {
+        self.qps.get(&qpn).map_or(0, |qp| {
+            qp.max_send_wr.saturating_sub(qp.req.outstanding_wrs())
+        })
+    }
+
+    /// The same for receive requests.
+    pub fn recv_queue_room(&self, qpn: Qpn) -> usize {
+        self.qps
+            .get(&qpn)
+            .map_or(0, |qp| qp.max_recv_wr.saturating_sub(qp.rq.len()))
+    }
+
+    /// Destroys a QP: its outstanding requests complete with WR_FLUSH_ERR, and its QPN is free.
+    pub fn destroy_qp(&mut self, now: Duration, qpn: Qpn) -> Result<(), VerbsError> {
+        let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+        let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
+        qp.flush(&mut ctx);
+        self.qps.remove(&qpn);
+        Ok(())
+    }
+
+    /// The send and receive completion queues of a QP.
+    pub fn qp_cqs(&self, qpn: Qpn) -> Option<(CqId, CqId)> {
+        self.qps.get(&qpn).map(|qp| (qp.send_cq, qp.recv_cq))
+    }
+
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
         self.qps.get(&qpn).map(|qp| qp.state)
     }

@@ -86,6 +86,11 @@ impl Requester {
         self.rnr_left = settings.rnr_retry;
     }
 
+    /// Posted send requests not yet completed.
+    pub fn outstanding_wrs(&self) -> usize {
+        self.sq.len()
+    }
+
     pub fn deadline(&self) -> Option<Duration> {
         match (self.retry_timer, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),

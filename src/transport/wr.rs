@@ -13,6 +13,17 @@ pub struct Sge {
     pub lkey: LKey,
 }
 
+impl Sge {
+    /// `len` bytes at `offset` into `region`.
+    pub fn new(region: &crate::memory::MemoryRegion, offset: usize, len: usize) -> Self {
+        Sge {
+            addr: region.iova() + offset as u64,
+            len: len as u32,
+            lkey: region.lkey(),
+        }
+    }
+}
+
 /// The operation of a send work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {

@@ -1,0 +1,460 @@
+//! The verbs API: devices, protection domains, memory regions, completion queues and queue
+//! pairs, in the shape of libibverbs, over the engine thread.
+//!
+//! ```no_run
+//! use softroce::verbs::{Device, DeviceConfig, Remote};
+//! use softroce::memory::Access;
+//!
+//! let device = Device::open(DeviceConfig::udp("127.0.0.1".parse().unwrap()))?;
+//! let pd = device.alloc_pd()?;
+//! let cq = device.create_cq(256)?;
+//! let mr = pd.register(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build()?;
+//! // Exchange (qp.qpn(), psn, address) with the peer out of band, then:
+//! # let peer = Remote { addr: "127.0.0.2".parse().unwrap(), qpn: qp.qpn(), psn: 0 };
+//! qp.connect(&peer, 0, &Default::default())?;
+//! # Ok::<(), softroce::verbs::Error>(())
+//! ```
+//!
+//! Handles are `Send` and `Sync`, and each keeps its device alive: the engine thread stops, its
+//! QPs flushed and its socket closed, when the last handle is dropped.
+
+use std::fmt;
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
+
+use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
+use crate::io::{Backend, IoCounters, UdpBackend};
+use crate::memory::{Access, MemoryError, PdId};
+use crate::transport::{
+    AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState, QpType, RecvWr,
+    SendWr, VerbsError, WorkCompletion,
+};
+use crate::wire::{Psn, Qpn, RnrTimer};
+
+pub use crate::memory::MemoryRegion;
+
+/// What went wrong with a verb.
+#[derive(Debug)]
+pub enum Error {
+    /// Opening the device's socket or thread failed.
+    Io(io::Error),
+    /// The transport refused the request.
+    Verbs(VerbsError),
+    Memory(MemoryError),
+    /// The queue holds as many requests as it was created for.
+    QueueFull,
+    /// The device's engine thread has stopped.
+    DeviceClosed,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "device: {e}"),
+            Error::Verbs(e) => e.fmt(f),
+            Error::Memory(e) => e.fmt(f),
+            Error::QueueFull => f.write_str("the queue is full"),
+            Error::DeviceClosed => f.write_str("the device is closed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+impl From<VerbsError> for Error {
+    fn from(e: VerbsError) -> Self {
+        Error::Verbs(e)
+    }
+}
+impl From<MemoryError> for Error {
+    fn from(e: MemoryError) -> Self {
+        Error::Memory(e)
+    }
+}
+impl From<EngineGone> for Error {
+    fn from(_: EngineGone) -> Self {
+        Error::DeviceClosed
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Which backend carries the device's packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A UDP socket on port 4791: no privileges needed.
+    Udp,
+}
+
+/// How a device is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The address to bind, and the one peers reach the device at (its GID).
+    pub address: IpAddr,
+    pub backend: BackendKind,
+    /// Seeds the memory keys; `None` draws one from the OS's hasher randomness.
+    pub seed: Option<u64>,
+}
+
+impl DeviceConfig {
+    /// A device on a UDP socket bound to `address:4791`.
+    pub fn udp(address: IpAddr) -> Self {
+        DeviceConfig {
+            address,
+            backend: BackendKind::Udp,
+            seed: None,
+        }
+    }
+}
+
+/// An unpredictable seed without a dependency: std's hasher keys are random per process.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(std::process::id().into());
+    hasher.finish()
+}
+
+struct DeviceInner {
+    engine: EngineHandle,
+    address: IpAddr,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        let _ = self.engine.command(Command::Shutdown);
+        if let Some(thread) = self.engine.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// An open device: a socket and the engine thread that drives it.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.inner.address)
+    }
+}
+
+impl Device {
+    /// Binds the backend and starts the engine thread.
+    pub fn open(config: DeviceConfig) -> Result<Device> {
+        match config.backend {
+            BackendKind::Udp => Self::with_backend(UdpBackend::bind(config.address)?, config.seed),
+        }
+    }
+
+    /// Starts a device on a backend the caller built: a test hook, or a backend of its own.
+    pub fn with_backend<B: Backend>(backend: B, seed: Option<u64>) -> Result<Device> {
+        let address = backend.local_addr();
+        let engine = engine::spawn(backend, seed.unwrap_or_else(random_seed))?;
+        Ok(Device {
+            inner: Arc::new(DeviceInner { engine, address }),
+        })
+    }
+
+    pub fn address(&self) -> IpAddr {
+        self.inner.address
+    }
+
+    fn engine(&self) -> &EngineHandle {
+        &self.inner.engine
+    }
+
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let pd = self.engine().call(Command::AllocPd)?;
+        Ok(ProtectionDomain {
+            device: self.clone(),
+            pd,
+        })
+    }
+
+    /// A completion queue holding up to `capacity` completions.
+    pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
+        let (id, completions) = self
+            .engine()
+            .call(|reply| Command::CreateCq { capacity, reply })?;
+        Ok(CompletionQueue {
+            _device: self.clone(),
+            id,
+            completions,
+        })
+    }
+
+    /// The transport's and the backend's counters.
+    pub fn counters(&self) -> Result<(Counters, IoCounters)> {
+        Ok(self.engine().call(Command::Stats)?)
+    }
+
+    /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun).
+    pub fn poll_event(&self) -> Option<AsyncEvent> {
+        self.engine().events.try_recv().ok()
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    device: Device,
+    pd: PdId,
+}
+
+impl ProtectionDomain {
+    /// Registers a zeroed region of `len` bytes. The application reads and writes it through
+    /// the returned handle; peers address it from `iova()` with its `rkey()`.
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        let pd = self.pd;
+        Ok(self.device.engine().call(|reply| Command::RegMr {
+            pd,
+            len,
+            access,
+            reply,
+        })??)
+    }
+
+    /// Deregisters a region: its keys stop working at once.
+    pub fn deregister(&self, region: &MemoryRegion) -> Result<()> {
+        let lkey = region.lkey();
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::DeregMr(lkey, reply))??)
+    }
+
+    /// Starts building a queue pair: RC, with 256-deep queues, unless told otherwise.
+    pub fn create_qp(&self) -> QpBuilder<'_> {
+        QpBuilder {
+            pd: self,
+            qp_type: QpType::Rc,
+            send_cq: None,
+            recv_cq: None,
+            max_send_wr: 256,
+            max_recv_wr: 256,
+        }
+    }
+}
+
+/// Builds a queue pair.
+#[derive(Debug)]
+pub struct QpBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    qp_type: QpType,
+    send_cq: Option<CqId>,
+    recv_cq: Option<CqId>,
+    max_send_wr: usize,
+    max_recv_wr: usize,
+}
+
+impl QpBuilder<'_> {
+    pub fn qp_type(mut self, qp_type: QpType) -> Self {
+        self.qp_type = qp_type;
+        self
+    }
+
+    pub fn send_cq(mut self, cq: &CompletionQueue) -> Self {
+        self.send_cq = Some(cq.id);
+        self
+    }
+
+    pub fn recv_cq(mut self, cq: &CompletionQueue) -> Self {
+        self.recv_cq = Some(cq.id);
+        self
+    }
+
+    pub fn max_send_wr(mut self, n: usize) -> Self {
+        self.max_send_wr = n;
+        self
+    }
+
+    pub fn max_recv_wr(mut self, n: usize) -> Self {
+        self.max_recv_wr = n;
+        self
+    }
+
+    pub fn build(self) -> Result<QueuePair> {
+        let missing = VerbsError::InvalidRequest("a QP needs a send and a receive CQ");
+        let init = QpInit {
+            qp_type: self.qp_type,
+            pd: self.pd.pd,
+            send_cq: self.send_cq.ok_or(missing.clone())?,
+            recv_cq: self.recv_cq.ok_or(missing)?,
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+        };
+        let (qpn, queues) = self
+            .pd
+            .device
+            .engine()
+            .call(|reply| Command::CreateQp { init, reply })??;
+        Ok(QueuePair {
+            device: self.pd.device.clone(),
+            qpn,
+            queues,
+        })
+    }
+}
+
+/// What the peer of a connected QP told us out of band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub addr: IpAddr,
+    pub qpn: Qpn,
+    pub psn: u32,
+}
+
+/// The attributes `connect` uses, with the values ibv_rc_pingpong and perftest use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    pub mtu: PathMtu,
+    pub access: Access,
+    /// 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: RnrTimer,
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mtu: PathMtu::Mtu4096,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::new(12),
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    device: Device,
+    qpn: Qpn,
+    queues: QpQueues,
+}
+
+impl QueuePair {
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let (qpn, attr) = (self.qpn, Box::new(attr.clone()));
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::ModifyQp(qpn, attr, reply))??)
+    }
+
+    /// Takes a connected QP from RESET through INIT and RTR to RTS, towards `remote`, sending
+    /// from `sq_psn`.
+    pub fn connect(&self, remote: &Remote, sq_psn: u32, o: &ConnectOptions) -> Result<()> {
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(o.access),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AddressVector { dest: remote.addr }),
+            path_mtu: Some(o.mtu),
+            dest_qpn: Some(remote.qpn),
+            rq_psn: Some(Psn::new(remote.psn)),
+            max_dest_rd_atomic: Some(o.max_rd_atomic),
+            min_rnr_timer: Some(o.min_rnr_timer),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(sq_psn)),
+            timeout: Some(o.timeout),
+            retry_cnt: Some(o.retry_cnt),
+            rnr_retry: Some(o.rnr_retry),
+            max_rd_atomic: Some(o.max_rd_atomic),
+            ..Default::default()
+        })
+    }
+
+    fn post<T>(&self, queue: &crossbeam_channel::Sender<T>, wr: T) -> Result<()> {
+        match queue.try_send(wr) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(Error::QueueFull),
+            Err(TrySendError::Disconnected(_)) => return Err(Error::DeviceClosed),
+        }
+        self.device.engine().waker.wake()?;
+        Ok(())
+    }
+
+    /// Posts a send work request. A request the transport refuses later completes with
+    /// LOC_QP_OP_ERR.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.post(&self.queues.send, wr)
+    }
+
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.post(&self.queues.recv, wr)
+    }
+}
+
+impl Drop for QueuePair {
+    /// Destroys the QP: what it still had outstanding completes with WR_FLUSH_ERR.
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        let _ = self
+            .device
+            .engine()
+            .call(|reply| Command::DestroyQp(qpn, reply));
+    }
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    _device: Device,
+    id: CqId,
+    completions: Receiver<WorkCompletion>,
+}
+
+impl CompletionQueue {
+    /// Up to `max` completions, without blocking.
+    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        let before = out.len();
+        out.extend(self.completions.try_iter().take(max));
+        out.len() - before
+    }
+
+    /// One completion, waiting up to `timeout` for it: the completion channel, for applications
+    /// that do not want to spin.
+    pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
+        match self.completions.recv_timeout(timeout) {
+            Ok(wc) => Ok(Some(wc)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::DeviceClosed),
+        }
+    }
+}
