@@ -30,6 +30,9 @@ const SOCKET: Token = Token(0);
 const WAKE: Token = Token(1);
 /// Datagrams handled per turn of the loop before the engine transmits what they caused.
 const RECEIVE_BUDGET: usize = 64;
+/// Packets sent per turn of the loop, so that a long READ response does not keep the engine
+/// from receiving.
+const TRANSMIT_BUDGET: usize = 256;
 /// Async events kept for the application before the oldest are dropped.
 const EVENT_QUEUE: usize = 256;
 
@@ -150,8 +153,8 @@ impl<B: Backend> Engine<B> {
         poll.registry()
             .register(self.backend.source(), SOCKET, Interest::READABLE)?;
         let mut events = Events::with_capacity(64);
-        // Whether the socket may still hold datagrams: readiness is edge-triggered, so the
-        // engine must not sleep until it has drained them.
+        // Whether the socket may still hold datagrams (readiness is edge-triggered) or packets
+        // are still waiting to be sent: then the engine must not sleep.
         let mut backlog = false;
         loop {
             let timeout = if backlog {
@@ -180,7 +183,8 @@ impl<B: Backend> Engine<B> {
             if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
                 self.endpoint.handle_timeout(now);
             }
-            self.transmit()?;
+            let more_to_send = self.transmit()?;
+            backlog |= more_to_send;
             self.completions();
         }
     }
@@ -284,12 +288,18 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn transmit(&mut self) -> io::Result<()> {
-        while let Some(mut transmit) = self.endpoint.poll_transmit() {
+    /// Sends up to a budget of packets; true if more are waiting.
+    fn transmit(&mut self) -> io::Result<bool> {
+        for _ in 0..TRANSMIT_BUDGET {
+            let Some(mut transmit) = self.endpoint.poll_transmit() else {
+                break;
+            };
             self.backend.send(transmit.dst, &mut transmit.packet)?;
+            self.endpoint.recycle(transmit.packet);
         }
         // A batching backend may hold packets back until here.
-        self.backend.flush()
+        self.backend.flush()?;
+        Ok(self.endpoint.has_transmits())
     }
 
     /// Hands completions and events to the application, as far as its channels have room.

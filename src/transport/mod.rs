@@ -213,6 +213,8 @@ pub(crate) struct Ctx<'a> {
     pub now: Duration,
     pub memory: &'a mut MemoryTable,
     pub out: &'a mut VecDeque<Transmit>,
+    /// Packet buffers the io layer has handed back, reused before allocating.
+    pub pool: &'a mut Vec<Vec<u8>>,
     pub cqs: &'a mut [CompletionQueue],
     pub srqs: &'a mut [SharedRq],
     pub events: &'a mut VecDeque<AsyncEvent>,
@@ -230,12 +232,17 @@ impl Ctx<'_> {
         fill: impl FnOnce(&MemoryTable, &mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let repr = PacketRepr::new(bth, ext, payload_len);
-        let mut packet = vec![0u8; repr.buffer_len()];
+        let mut packet = self.pool.pop().unwrap_or_default();
+        packet.clear();
+        packet.resize(repr.buffer_len(), 0);
         repr.emit(&mut packet)
             .expect("the core builds only headers its opcode requires");
         let mut view =
             RocePacket::new_checked(&mut packet[..]).expect("an emitted packet is well formed");
-        fill(self.memory, view.payload_mut())?;
+        if let Err(e) = fill(self.memory, view.payload_mut()) {
+            self.pool.push(packet);
+            return Err(e);
+        }
         self.counters.sent_packets += 1;
         self.out.push_back(Transmit { dst, packet });
         Ok(())
@@ -367,6 +374,11 @@ const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 /// and 1 belong to the special QPs and 0xFFFFFF means multicast, so regular QPs never get them;
 /// numbers are not reused, as no QP is destroyed yet.
 const FIRST_QPN: u32 = 0x11;
+/// Responses (READ response packets and the replies queued behind them) built per QP each
+/// time the transmit queue runs dry.
+const READ_RESPONSE_BATCH: usize = 64;
+/// Packet buffers kept for reuse.
+const PACKET_POOL: usize = 1024;
 
 /// The transport core of one device.
 pub struct Endpoint {
@@ -381,6 +393,9 @@ pub struct Endpoint {
     qps: HashMap<Qpn, Qp>,
     next_qpn: u32,
     out: VecDeque<Transmit>,
+    pool: Vec<Vec<u8>>,
+    /// The latest time seen, for work done while the io layer drains transmits.
+    last_now: Duration,
     events: VecDeque<AsyncEvent>,
     counters: Counters,
 }
@@ -397,11 +412,13 @@ impl fmt::Debug for Endpoint {
 /// Splits the endpoint into one QP and the context its handlers need.
 macro_rules! qp_and_ctx {
     ($self:ident, $qpn:expr, $now:expr) => {{
+        $self.last_now = $self.last_now.max($now);
         let qp = $self.qps.get_mut(&$qpn);
         let ctx = Ctx {
             now: $now,
             memory: &mut $self.memory,
             out: &mut $self.out,
+            pool: &mut $self.pool,
             cqs: &mut $self.cqs,
             srqs: &mut $self.srqs,
             events: &mut $self.events,
@@ -423,6 +440,8 @@ impl Endpoint {
             qps: HashMap::new(),
             next_qpn: FIRST_QPN,
             out: VecDeque::new(),
+            pool: Vec::new(),
+            last_now: Duration::ZERO,
             events: VecDeque::new(),
             counters: Counters::default(),
         }
@@ -807,8 +826,37 @@ impl Endpoint {
         self.qps.values().filter_map(|qp| qp.req.deadline()).min()
     }
 
+    /// The next packet to send. READ responses are built here, a batch at a time, as the
+    /// queue empties: a peer's 2 GiB READ costs a batch of buffers, not 2 GiB of them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if self.out.is_empty() {
+            let now = self.last_now;
+            let qpns: Vec<Qpn> = self
+                .qps
+                .iter()
+                .filter(|(_, qp)| qp.resp.has_pending_responses())
+                .map(|(&qpn, _)| qpn)
+                .collect();
+            for qpn in qpns {
+                let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+                if let Some(qp) = qp {
+                    qp.continue_responses(READ_RESPONSE_BATCH, &mut ctx);
+                }
+            }
+        }
         self.out.pop_front()
+    }
+
+    /// Whether `poll_transmit` has more to give: packets queued or READ responses to build.
+    pub fn has_transmits(&self) -> bool {
+        !self.out.is_empty() || self.qps.values().any(|qp| qp.resp.has_pending_responses())
+    }
+
+    /// Hands a sent packet's buffer back for reuse, so that the hot path does not allocate.
+    pub fn recycle(&mut self, packet: Vec<u8>) {
+        if self.pool.len() < PACKET_POOL {
+            self.pool.push(packet);
+        }
     }
 
     pub fn poll_cq(&mut self, cq: CqId) -> Option<WorkCompletion> {

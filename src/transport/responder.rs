@@ -51,9 +51,50 @@ pub(crate) struct Responder {
     dropping: bool,
     message: Option<InMessage>,
     atomics: VecDeque<(Psn, u64)>,
+    /// Responses not yet sent, in PSN order. RC requires responses in the order of their
+    /// requests; a READ's responses are built lazily, so anything decided after it waits here.
+    queue: VecDeque<Response>,
 }
 
+/// A response the responder has decided on.
+#[derive(Debug, Clone)]
+enum Response {
+    /// An ACK, NAK or atomic ACK.
+    Reply {
+        opcode: Opcode,
+        psn: Psn,
+        aeth: AethRepr,
+        atomic: Option<u64>,
+    },
+    /// A READ's response stream.
+    Read(PendingRead),
+}
+
+/// A READ being answered: its responses are built as the transmit queue drains, from the span
+/// its request was granted. The READ executes in request order: a later SEND with invalidate
+/// or a deregistration does not cut it short, and the span keeps the memory alive meanwhile.
+#[derive(Debug, Clone)]
+struct PendingRead {
+    first: Psn,
+    span: Span,
+    /// The next response packet to build, and how many there are.
+    next: usize,
+    count: usize,
+    /// The MSN the responses carry.
+    msn: Msn,
+}
+
+/// READs a responder answers at once (IBTA max_dest_rd_atomic; softroce accepts at most 16).
+const MAX_PENDING_READS: usize = super::MAX_RD_ATOMIC as usize;
+/// Replies queued behind READ responses. A peer that keeps asking for ACKs while a long READ is
+/// answered loses the excess; ACKs are cumulative, so the next one covers it.
+const MAX_QUEUED_REPLIES: usize = 1024;
+
 impl Responder {
+    pub fn has_pending_responses(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
     pub fn start(&mut self, rq_psn: Psn) {
         self.epsn = rq_psn;
     }
@@ -151,55 +192,57 @@ fn invalid_request() -> Failure {
 }
 
 impl Qp {
+    /// Sends an ACK, NAK or atomic ACK now, or queues it behind READ responses still to go.
     fn reply(
-        &self,
+        &mut self,
         ctx: &mut Ctx<'_>,
         opcode: Opcode,
         psn: Psn,
         syndrome: AckSyndrome,
-        ext: ExtHeaders,
-        data: Option<(&Span, usize, usize)>,
+        atomic: Option<u64>,
+    ) {
+        let aeth = AethRepr {
+            syndrome,
+            msn: self.resp.msn,
+        };
+        if self.resp.queue.is_empty() {
+            self.emit_reply(ctx, opcode, psn, aeth, atomic);
+        } else if self.resp.queue.len() < MAX_QUEUED_REPLIES + MAX_PENDING_READS {
+            self.resp.queue.push_back(Response::Reply {
+                opcode,
+                psn,
+                aeth,
+                atomic,
+            });
+        }
+    }
+
+    fn emit_reply(
+        &self,
+        ctx: &mut Ctx<'_>,
+        opcode: Opcode,
+        psn: Psn,
+        aeth: AethRepr,
+        atomic: Option<u64>,
     ) {
         let Some(dst) = self.peer() else { return };
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
         let ext = ExtHeaders {
-            aeth: ext.aeth.or(Some(AethRepr {
-                syndrome,
-                msn: self.resp.msn,
-            })),
-            ..ext
+            aeth: Some(aeth),
+            atomic_ack_eth: atomic.map(|original_data| AtomicAckEthRepr { original_data }),
+            ..Default::default()
         };
-        let len = data.map_or(0, |(_, _, len)| len);
-        let _ = ctx.send::<()>(dst, bth, ext, len, |_, out| {
-            if let Some((span, at, _)) = data {
-                span.read(at, out);
-            }
-            Ok(())
-        });
+        let _ = ctx.send::<()>(dst, bth, ext, 0, |_, _| Ok(()));
     }
 
-    fn ack(&self, ctx: &mut Ctx<'_>, psn: Psn) {
-        self.reply(
-            ctx,
-            Opcode::RcAck,
-            psn,
-            AckSyndrome::ACK_NO_CREDITS,
-            ExtHeaders::default(),
-            None,
-        );
+    fn ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
+        self.reply(ctx, Opcode::RcAck, psn, AckSyndrome::ACK_NO_CREDITS, None);
     }
 
-    fn nak(&self, ctx: &mut Ctx<'_>, psn: Psn, syndrome: AckSyndrome) {
+    fn nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, syndrome: AckSyndrome) {
         ctx.counters.naks_sent += 1;
-        self.reply(
-            ctx,
-            Opcode::RcAck,
-            psn,
-            syndrome,
-            ExtHeaders::default(),
-            None,
-        );
+        self.reply(ctx, Opcode::RcAck, psn, syndrome, None);
     }
 
     /// A request packet.
@@ -519,33 +562,56 @@ impl Qp {
         }
     }
 
-    fn atomic_ack(&self, psn: Psn, orig: u64, ctx: &mut Ctx<'_>) {
-        let ext = ExtHeaders {
-            atomic_ack_eth: Some(AtomicAckEthRepr {
-                original_data: orig,
-            }),
-            ..Default::default()
-        };
-        self.reply(
-            ctx,
-            Opcode::RcAtomicAck,
-            psn,
-            AckSyndrome::ACK_NO_CREDITS,
-            ext,
-            None,
-        );
+    fn atomic_ack(&mut self, psn: Psn, orig: u64, ctx: &mut Ctx<'_>) {
+        let ack = AckSyndrome::ACK_NO_CREDITS;
+        self.reply(ctx, Opcode::RcAtomicAck, psn, ack, Some(orig));
     }
 
-    /// Sends the responses of a READ from `psn` on, reading memory now.
+    /// Accepts a READ from `psn` on: checks the whole range now, so that a bad one is NAKed at
+    /// once, and queues its responses, which `continue_reads` builds as the link drains.
     fn read_responses(
         &mut self,
         psn: Psn,
         reth: RethRepr,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), Failure> {
+        let span = self.check_read(ctx, &reth)?;
+        // A READ asked again from `psn` replaces the response streams from there on.
+        self.resp.queue.retain(|r| match r {
+            Response::Read(read) => {
+                let distance = psn - read.first;
+                distance >= 0 && distance as usize >= read.count
+            }
+            Response::Reply { .. } => true,
+        });
+        let reads =
+            |q: &VecDeque<Response>| q.iter().filter(|r| matches!(r, Response::Read(_))).count();
+        if reads(&self.resp.queue) >= MAX_PENDING_READS {
+            // More READs at once than the responder answers: the requester broke its
+            // max_rd_atomic, or duplicates flood in. The oldest goes; its requester retries.
+            if let Some(at) = self
+                .resp
+                .queue
+                .iter()
+                .position(|r| matches!(r, Response::Read(_)))
+            {
+                self.resp.queue.remove(at);
+            }
+        }
+        let count = (reth.dma_len as usize).div_ceil(self.mtu()).max(1);
+        self.resp.queue.push_back(Response::Read(PendingRead {
+            first: psn,
+            span,
+            next: 0,
+            count,
+            msn: self.resp.msn,
+        }));
+        Ok(())
+    }
+
+    fn check_read(&self, ctx: &mut Ctx<'_>, reth: &RethRepr) -> Result<Span, Failure> {
         let len = reth.dma_len as usize;
-        let span = ctx
-            .memory
+        ctx.memory
             .check_remote(
                 reth.rkey,
                 self.pd,
@@ -554,36 +620,63 @@ impl Qp {
                 Access::REMOTE_READ,
             )
             .inspect_err(|_| ctx.counters.rkey_violations += 1)
-            .map_err(from_memory)?;
-        let mtu = self.mtu();
-        let n = len.div_ceil(mtu).max(1);
-        for k in 0..n {
-            let at = k * mtu;
-            let chunk = (len - at).min(mtu);
-            let opcode = match (k == 0, k + 1 == n) {
-                (true, true) => Opcode::RcReadResponseOnly,
-                (true, false) => Opcode::RcReadResponseFirst,
-                (false, true) => Opcode::RcReadResponseLast,
-                (false, false) => Opcode::RcReadResponseMiddle,
-            };
-            let ext = ExtHeaders {
-                aeth: (opcode != Opcode::RcReadResponseMiddle).then_some(AethRepr {
-                    syndrome: AckSyndrome::ACK_NO_CREDITS,
-                    msn: self.resp.msn,
-                }),
-                ..Default::default()
-            };
-            let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn + k as u32);
-            bth.pkey = self.settings.pkey;
-            let Some(dst) = self.peer() else {
-                return Ok(());
-            };
-            let _ = ctx.send::<()>(dst, bth, ext, chunk, |_, out| {
-                span.read(at, out);
-                Ok(())
-            });
+            .map_err(from_memory)
+    }
+
+    /// Sends up to `budget` queued responses, in order: replies as they were decided, and READ
+    /// response packets built now.
+    pub(crate) fn continue_responses(&mut self, budget: usize, ctx: &mut Ctx<'_>) {
+        for _ in 0..budget {
+            match self.resp.queue.front_mut() {
+                None => return,
+                Some(Response::Read(read)) if read.next + 1 < read.count => {
+                    read.next += 1;
+                    let (read, k) = (read.clone(), read.next - 1);
+                    self.read_response(&read, k, ctx);
+                }
+                Some(_) => match self.resp.queue.pop_front() {
+                    Some(Response::Read(read)) => {
+                        let k = read.next;
+                        self.read_response(&read, k, ctx);
+                    }
+                    Some(Response::Reply {
+                        opcode,
+                        psn,
+                        aeth,
+                        atomic,
+                    }) => self.emit_reply(ctx, opcode, psn, aeth, atomic),
+                    None => return,
+                },
+            }
         }
-        Ok(())
+    }
+
+    /// Builds response packet `k` of `read`.
+    fn read_response(&self, read: &PendingRead, k: usize, ctx: &mut Ctx<'_>) {
+        let Some(dst) = self.peer() else { return };
+        let mtu = self.mtu();
+        let at = k * mtu;
+        let chunk = (read.span.len() - at).min(mtu);
+        let n = read.count;
+        let opcode = match (k == 0, k + 1 == n) {
+            (true, true) => Opcode::RcReadResponseOnly,
+            (true, false) => Opcode::RcReadResponseFirst,
+            (false, true) => Opcode::RcReadResponseLast,
+            (false, false) => Opcode::RcReadResponseMiddle,
+        };
+        let ext = ExtHeaders {
+            aeth: (opcode != Opcode::RcReadResponseMiddle).then_some(AethRepr {
+                syndrome: AckSyndrome::ACK_NO_CREDITS,
+                msn: read.msn,
+            }),
+            ..Default::default()
+        };
+        let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, read.first + k as u32);
+        bth.pkey = self.settings.pkey;
+        let _ = ctx.send::<()>(dst, bth, ext, chunk, |_, out| {
+            read.span.read(at, out);
+            Ok(())
+        });
     }
 
     /// A request whose PSN was already executed (IBTA 9.7.5.1.3).
