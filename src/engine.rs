@@ -21,8 +21,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, PdId};
 use crate::transport::{
-    AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, QpAttr, QpInit, RecvWr, SendWr,
-    VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, QpAttr,
+    QpInit, RecvWr, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use crate::wire::{LKey, Qpn};
 
@@ -55,8 +56,13 @@ pub(crate) enum Command {
     },
     CreateQp {
         init: QpInit,
+        srq: Option<SrqId>,
         reply: Reply<Result<(Qpn, QpQueues), VerbsError>>,
     },
+    CreateAh(PdId, AddressVector, Reply<AddressHandle>),
+    CreateSrq(PdId, SrqAttr, Reply<Result<SrqId, VerbsError>>),
+    ModifySrq(SrqId, SrqModify, Reply<Result<(), VerbsError>>),
+    PostSrqRecv(SrqId, RecvWr, Reply<Result<(), VerbsError>>),
     ModifyQp(Qpn, Box<QpAttr>, Reply<Result<(), VerbsError>>),
     DestroyQp(Qpn, Reply<Result<(), VerbsError>>),
     Stats(Reply<(Counters, IoCounters)>),
@@ -227,8 +233,12 @@ impl<B: Backend> Engine<B> {
                     self.cqs.push(tx);
                     let _ = reply.send((cq, rx));
                 }
-                Command::CreateQp { init, reply } => {
-                    let result = self.endpoint.create_qp(init).map(|qpn| {
+                Command::CreateQp { init, srq, reply } => {
+                    let created = match srq {
+                        Some(srq) => self.endpoint.create_qp_with_srq(init, srq),
+                        None => self.endpoint.create_qp(init),
+                    };
+                    let result = created.map(|qpn| {
                         let (send, send_rx) = bounded(init.max_send_wr.max(1));
                         let (recv, recv_rx) = bounded(init.max_recv_wr.max(1));
                         self.qps.insert(
@@ -241,6 +251,18 @@ impl<B: Backend> Engine<B> {
                         (qpn, QpQueues { send, recv })
                     });
                     let _ = reply.send(result);
+                }
+                Command::CreateAh(pd, av, reply) => {
+                    let _ = reply.send(self.endpoint.create_ah(pd, av));
+                }
+                Command::CreateSrq(pd, attr, reply) => {
+                    let _ = reply.send(self.endpoint.create_srq(pd, attr));
+                }
+                Command::ModifySrq(srq, change, reply) => {
+                    let _ = reply.send(self.endpoint.modify_srq(srq, &change));
+                }
+                Command::PostSrqRecv(srq, wr, reply) => {
+                    let _ = reply.send(self.endpoint.post_srq_recv(srq, wr));
                 }
                 Command::ModifyQp(qpn, attr, reply) => {
                     let _ = reply.send(self.endpoint.modify_qp(now, qpn, &attr));

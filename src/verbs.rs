@@ -30,11 +30,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{Backend, IoCounters, UdpBackend};
 use crate::memory::{Access, MemoryError, PdId};
+pub use crate::transport::{AddressHandle, SrqModify};
 use crate::transport::{
     AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState, QpType, RecvWr,
-    SendWr, VerbsError, WorkCompletion,
+    SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
 };
-use crate::wire::{Psn, Qpn, RnrTimer};
+use crate::wire::{Psn, QKey, Qpn, RnrTimer};
 
 pub use crate::memory::MemoryRegion;
 
@@ -243,9 +244,59 @@ impl ProtectionDomain {
             qp_type: QpType::Rc,
             send_cq: None,
             recv_cq: None,
+            srq: None,
             max_send_wr: 256,
             max_recv_wr: 256,
         }
+    }
+
+    /// An address handle for UD sends to `dest`.
+    pub fn create_ah(&self, dest: IpAddr) -> Result<AddressHandle> {
+        let (pd, av) = (self.pd, AddressVector { dest });
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::CreateAh(pd, av, reply))?)
+    }
+
+    /// A shared receive queue of up to `max_wr` requests; a non-zero `srq_limit` arms the
+    /// limit event (`AsyncEvent::SrqLimitReached`, from `Device::poll_event`).
+    pub fn create_srq(&self, max_wr: usize, srq_limit: u32) -> Result<SharedReceiveQueue> {
+        let (pd, attr) = (self.pd, SrqAttr { max_wr, srq_limit });
+        let id = self
+            .device
+            .engine()
+            .call(|reply| Command::CreateSrq(pd, attr, reply))??;
+        Ok(SharedReceiveQueue {
+            device: self.device.clone(),
+            id,
+        })
+    }
+}
+
+/// A shared receive queue: QPs built with it take their receive requests from it.
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    device: Device,
+    id: SrqId,
+}
+
+impl SharedReceiveQueue {
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let id = self.id;
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::PostSrqRecv(id, wr, reply))??)
+    }
+
+    /// `ibv_modify_srq`: resize, or arm the limit event again.
+    pub fn modify(&self, change: SrqModify) -> Result<()> {
+        let id = self.id;
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::ModifySrq(id, change, reply))??)
     }
 }
 
@@ -256,11 +307,18 @@ pub struct QpBuilder<'a> {
     qp_type: QpType,
     send_cq: Option<CqId>,
     recv_cq: Option<CqId>,
+    srq: Option<SrqId>,
     max_send_wr: usize,
     max_recv_wr: usize,
 }
 
 impl QpBuilder<'_> {
+    /// Takes receive requests from `srq` instead of a queue of its own.
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.srq = Some(srq.id);
+        self
+    }
+
     pub fn qp_type(mut self, qp_type: QpType) -> Self {
         self.qp_type = qp_type;
         self
@@ -296,15 +354,17 @@ impl QpBuilder<'_> {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
         };
-        let (qpn, queues) = self
-            .pd
-            .device
-            .engine()
-            .call(|reply| Command::CreateQp { init, reply })??;
+        let srq = self.srq;
+        let (qpn, queues) =
+            self.pd
+                .device
+                .engine()
+                .call(|reply| Command::CreateQp { init, srq, reply })??;
         Ok(QueuePair {
             device: self.pd.device.clone(),
             qpn,
             queues,
+            has_srq: srq.is_some(),
         })
     }
 }
@@ -353,6 +413,7 @@ pub struct QueuePair {
     device: Device,
     qpn: Qpn,
     queues: QpQueues,
+    has_srq: bool,
 }
 
 impl QueuePair {
@@ -416,8 +477,35 @@ impl QueuePair {
         self.post(&self.queues.send, wr)
     }
 
+    /// Posts a receive request; a QP built with an SRQ takes them from the SRQ instead.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        if self.has_srq {
+            return Err(Error::Verbs(VerbsError::InvalidRequest(
+                "this QP receives from its SRQ: post to the SRQ",
+            )));
+        }
         self.post(&self.queues.recv, wr)
+    }
+
+    /// Takes a UD QP from RESET through INIT and RTR to RTS, with the Q_Key it checks on
+    /// receive and sends when a request's Q_Key has its high bit set.
+    pub fn ready_datagram(&self, qkey: QKey, sq_psn: u32) -> Result<()> {
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(qkey),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        })?;
+        self.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(sq_psn)),
+            ..Default::default()
+        })
     }
 }
 

@@ -161,3 +161,78 @@ fn shutdown_closes_the_socket() {
     let again = UdpBackend::bind("127.0.0.25".parse().unwrap());
     assert!(again.is_ok(), "{again:?}");
 }
+
+#[test]
+fn ud_and_a_shared_receive_queue_over_real_sockets() {
+    use softroce::transport::{QpType, RecvWr, UdDest, GRH_LEN};
+    use softroce::wire::QKey;
+
+    let qkey = QKey(0x1111_1111);
+    let open_ud = |address: &str| {
+        let device =
+            Device::with_backend(UdpBackend::bind(address.parse().unwrap()).unwrap(), None)
+                .unwrap();
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(64).unwrap();
+        let mr = pd.register(1 << 16, Access::LOCAL_WRITE).unwrap();
+        let srq = pd.create_srq(16, 0).unwrap();
+        let qp = pd
+            .create_qp()
+            .qp_type(QpType::Ud)
+            .send_cq(&cq)
+            .recv_cq(&cq)
+            .srq(&srq)
+            .build()
+            .unwrap();
+        qp.ready_datagram(qkey, 0).unwrap();
+        (device, pd, cq, mr, srq, qp)
+    };
+    let (a_dev, a_pd, a_cq, a_mr, _a_srq, a_qp) = open_ud("127.0.0.26");
+    let (b_dev, _b_pd, b_cq, b_mr, b_srq, b_qp) = open_ud("127.0.0.27");
+    // The receiver's buffer starts with the 40 bytes verbs reserve for the GRH.
+    let recv = RecvWr {
+        wr_id: 7,
+        sges: vec![Sge::new(&b_mr, 0, 1024)],
+    };
+    b_srq.post_recv(recv).unwrap();
+    assert!(
+        b_qp.post_recv(RecvWr {
+            wr_id: 8,
+            sges: vec![]
+        })
+        .is_err(),
+        "its SRQ takes receives"
+    );
+
+    a_mr.write(0, b"a datagram over a real socket").unwrap();
+    let ah = a_pd.create_ah(b_dev.address()).unwrap();
+    let mut wr = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(&a_mr, 0, 29)]));
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: b_qp.qpn(),
+        remote_qkey: qkey,
+    });
+    a_qp.post_send(wr).unwrap();
+
+    let sent = a_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("send completion");
+    assert_eq!(sent.status, WcStatus::Success);
+    let got = b_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("receive completion");
+    assert_eq!((got.wr_id, got.status), (7, WcStatus::Success));
+    assert_eq!(got.byte_len as usize, GRH_LEN + 29);
+    assert_eq!(got.src_qp, Some(a_qp.qpn()));
+    assert_eq!(got.src_addr, Some(a_dev.address()));
+    let mut body = vec![0; 29];
+    b_mr.read(GRH_LEN, &mut body).unwrap();
+    assert_eq!(body, b"a datagram over a real socket");
+    // Over IPv4 the IPv4 header sits in the last 20 of the 40 bytes, with the sender's address.
+    let mut grh = vec![0; GRH_LEN];
+    b_mr.read(0, &mut grh).unwrap();
+    assert_eq!(grh[20] >> 4, 4);
+    assert_eq!(grh[32..36], [127, 0, 0, 26]);
+}
