@@ -1,13 +1,24 @@
 //! The io layer: the only code that makes syscalls. A [`Backend`] carries RoCE packets between
 //! the transport core and the network: it frames what the core emits, computes its ICRC for that
 //! framing, and tells the core how much of a received packet's ICRC it could verify.
+//!
+//! Two backends:
+//!
+//! - [`UdpBackend`], a UDP socket on port 4791, needs no privileges. The kernel writes the IP and
+//!   UDP headers; over IPv4 the ICRC of a received packet is checked with the IP ID solved
+//!   (a 16-bit check), over IPv6 fully. It batches with UDP segmentation offload both ways;
+//! - [`RawBackend`], a raw IPv4 socket, needs `CAP_NET_RAW`. It writes every header field itself
+//!   (DSCP, ECN, the IP ID, the per-QP UDP source port) and sees every received header, so it
+//!   verifies every ICRC fully.
 
+mod raw;
 mod udp;
 
 use std::io;
 use std::net::IpAddr;
 
-pub use udp::UdpBackend;
+pub use raw::{IpIdMode, RawBackend, RawConfig, RawError};
+pub use udp::{UdpBackend, UdpConfig};
 
 use crate::transport::Datagram;
 
@@ -27,10 +38,14 @@ pub trait Backend: Send + 'static {
     /// The address peers reach this backend at.
     fn local_addr(&self) -> IpAddr;
 
-    /// Frames `packet` (a RoCE packet whose last four bytes are a zero ICRC) for `dst`, seals
-    /// its ICRC for that framing, and sends it, or drops and counts it if the kernel is full.
+    /// Frames `packet` (a RoCE packet whose last four bytes are a zero ICRC) for `dst` and seals
+    /// its ICRC for that framing. It may then send it, or queue it for [`flush`](Self::flush),
+    /// which a backend does by itself when its queue is full; either way a packet the kernel
+    /// will not take is dropped and counted, not returned as an error.
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()>;
 
+    /// Sends whatever [`send`](Self::send) queued. Call it after each burst of sends, before
+    /// waiting: a queued packet leaves no sooner.
     fn flush(&mut self) -> io::Result<()>;
 
     /// Hands up to `budget` waiting datagrams to `deliver`, without blocking, and returns how
@@ -47,4 +62,16 @@ pub trait Backend: Send + 'static {
     fn source(&mut self) -> &mut dyn mio::event::Source;
 
     fn counters(&self) -> IoCounters;
+}
+
+/// The IPv4 TOS or IPv6 traffic class byte for a DSCP (0 to 63) and ECN codepoint (0 to 3).
+/// Both are masked out of the ICRC, so routers may rewrite them.
+fn traffic_class(dscp: u8, ecn: u8) -> io::Result<u8> {
+    if dscp > 63 || ecn > 3 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("DSCP {dscp} and ECN {ecn}: DSCP is 0 to 63, ECN 0 to 3"),
+        ));
+    }
+    Ok(dscp << 2 | ecn)
 }

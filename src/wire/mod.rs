@@ -34,7 +34,7 @@ pub use cnp::CnpPad;
 pub use deth::{Deth, DethRepr};
 pub use error::{Error, Layer, Result};
 pub use frame::{Frame, FrameError, FrameRepr, IpRepr, UdpChecksum};
-pub use icrc::{IcrcStatus, KernelFraming};
+pub use icrc::{solve_ipv4_id, IcrcStatus, KernelFraming};
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
 pub use opcode::{ExtHeader, Opcode, OpcodeInfo, Position, Transport};
