@@ -1,0 +1,276 @@
+//! End-to-end figures over real sockets on loopback, each beside its baseline from the same run,
+//! reported as ratios, medians of `SOFTROCE_BENCH_RUNS` runs (default 5):
+//!
+//! - RC RDMA WRITE goodput at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB messages, 1 and 8 QPs,
+//!   against a UDP blast of the same datagrams between two threads (segmentation offload on
+//!   send, GRO on receive: the cheapest way through the kernel, as `benches/udp_baseline.rs`
+//!   measured), which is the limit of the path softroce rides on, and against a TCP stream;
+//! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
+//!
+//! Run with `cargo bench --bench e2e`; it prints a markdown table.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{setsockopt, sockopt};
+use softroce::memory::Access;
+use softroce::transport::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use softroce::verbs::{CompletionQueue, ConnectOptions, Device, DeviceConfig, QueuePair, Remote};
+
+const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
+const MTU: usize = 4096;
+/// BTH and ICRC around a RoCE payload.
+const ROCE_OVERHEAD: usize = 16;
+
+fn runs() -> usize {
+    std::env::var("SOFTROCE_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(5)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Two connected devices; the QPs, CQs and regions keep them open.
+struct Pair {
+    qps: Vec<(QueuePair, QueuePair)>,
+    cqs: [CompletionQueue; 2],
+    mrs: [softroce::memory::MemoryRegion; 2],
+}
+
+/// Two devices on fresh loopback addresses, `n` connected RC QPs between them.
+fn pair(n: usize, region: usize, id: u8) -> Pair {
+    let addr = |k: u8| -> std::net::IpAddr { Ipv4Addr::new(127, 0, 1 + id, 1 + k).into() };
+    let devices = [0, 1].map(|k| Device::open(DeviceConfig::udp(addr(k))).unwrap());
+    let pds = [0, 1].map(|k| devices[k].alloc_pd().unwrap());
+    let cqs = [0, 1].map(|k| devices[k].create_cq(8192).unwrap());
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mrs = [0, 1].map(|k| pds[k].register(region, access).unwrap());
+    let options = ConnectOptions::default();
+    let qps = (0..n)
+        .map(|_| {
+            let build = |k: usize| {
+                pds[k].create_qp().send_cq(&cqs[k]).recv_cq(&cqs[k]).max_send_wr(512).build().unwrap()
+            };
+            let (a, b) = (build(0), build(1));
+            a.connect(&Remote { addr: addr(1), qpn: b.qpn(), psn: 0 }, 0, &options).unwrap();
+            b.connect(&Remote { addr: addr(0), qpn: a.qpn(), psn: 0 }, 0, &options).unwrap();
+            (a, b)
+        })
+        .collect();
+    Pair { qps, cqs, mrs }
+}
+
+/// RC WRITE goodput in bytes/s: `count` messages of `size` spread over the QPs, `depth` in
+/// flight on each.
+fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
+    let count = ((256usize << 20) / size).clamp(256, 100_000);
+    let depth = ((4usize << 20) / size).clamp(4, 256);
+    let p = pair(nqp, size.max(4096) * depth.min(64), id);
+    let slot = |i: usize| (i % depth.min(64)) * size;
+    let post = |q: usize, i: usize| {
+        let op = SendOp::Write { remote_addr: p.mrs[1].iova() + slot(i) as u64, rkey: p.mrs[1].rkey() };
+        let sge = Sge::new(&p.mrs[0], slot(i), size);
+        p.qps[q].0.post_send(SendWr::new(q as u64, op, Payload::Sges(vec![sge]))).unwrap();
+    };
+    let start = Instant::now();
+    let mut posted = 0;
+    for q in 0..nqp {
+        for _ in 0..depth {
+            if posted < count {
+                post(q, posted);
+                posted += 1;
+            }
+        }
+    }
+    let mut done = 0;
+    let mut wcs = Vec::with_capacity(256);
+    while done < count {
+        wcs.clear();
+        if p.cqs[0].poll(&mut wcs, 256) == 0 {
+            let wc = p.cqs[0].wait(Duration::from_secs(30)).unwrap().expect("a completion");
+            wcs.push(wc);
+        }
+        for wc in &wcs {
+            assert_eq!(wc.status, WcStatus::Success);
+            done += 1;
+            if posted < count {
+                post(wc.wr_id as usize, posted);
+                posted += 1;
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    drop(p);
+    (count * size) as f64 / elapsed.as_secs_f64()
+}
+
+/// Half the round trip of an 8-byte SEND ping-pong, in seconds.
+fn softroce_pingpong(id: u8) -> f64 {
+    let p = pair(1, 4096, id);
+    let (a, b) = &p.qps[0];
+    let iters = 20_000;
+    let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
+        qp.post_recv(RecvWr { wr_id: 0, sges: vec![Sge::new(mr, 0, 64)] }).unwrap();
+    };
+    let send = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
+        let wr = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(mr, 64, 8)]));
+        qp.post_send(wr).unwrap();
+    };
+    // Block on the CQ's completion channel. Spinning, as perftest's latency tests do, starves
+    // the engine threads on a 2-core machine (four threads for two cores): measured 160 µs.
+    let wait_recv = |cq: &CompletionQueue| loop {
+        let wc = cq.wait(Duration::from_secs(10)).unwrap().expect("a completion");
+        assert_eq!(wc.status, WcStatus::Success);
+        if wc.wr_id == 0 {
+            return;
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..iters {
+                recv(b, &p.mrs[1]);
+                wait_recv(&p.cqs[1]);
+                send(b, &p.mrs[1]);
+            }
+        });
+        let start = Instant::now();
+        for _ in 0..iters {
+            recv(a, &p.mrs[0]);
+            send(a, &p.mrs[0]);
+            wait_recv(&p.cqs[0]);
+        }
+        start.elapsed().as_secs_f64() / iters as f64 / 2.0
+    })
+}
+
+/// A UDP blast of `datagram`-byte datagrams from one thread to another: payload bytes/s, where
+/// the payload is the datagram less the RoCE overhead, so the figure compares with goodput.
+fn udp_blast(datagram: usize) -> f64 {
+    let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    setsockopt(&rx, sockopt::RcvBuf, &(8usize << 20)).unwrap();
+    setsockopt(&rx, sockopt::UdpGroSegment, &true).unwrap();
+    setsockopt(&tx, sockopt::UdpGsoSegment, &(datagram as i32)).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let dst = rx.local_addr().unwrap();
+    let per_send = ((60 << 10) / datagram).clamp(1, 64);
+    let train = vec![0x5a; per_send * datagram];
+    let total: usize = 256 << 20;
+    let receiver = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let (mut got, mut first) = (0usize, None);
+        while let Ok((len, _)) = rx.recv_from(&mut buf) {
+            first.get_or_insert_with(Instant::now);
+            got += len;
+        }
+        (got, first.map(|t| t.elapsed()))
+    });
+    let mut sent = 0;
+    while sent < total {
+        if tx.send_to(&train, dst).is_ok() {
+            sent += train.len();
+        }
+    }
+    let (got, elapsed) = receiver.join().unwrap();
+    // The receiver stops 200 ms after the last datagram: that idle tail is not throughput.
+    let busy = elapsed.unwrap().saturating_sub(Duration::from_millis(200));
+    let payload = got / datagram * (datagram - ROCE_OVERHEAD).max(1);
+    payload as f64 / busy.as_secs_f64()
+}
+
+/// A TCP stream over loopback: bytes/s.
+fn tcp_stream() -> f64 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let total: usize = 512 << 20;
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            got += s.read(&mut buf).unwrap();
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let chunk = vec![0x5a; 1 << 20];
+    let start = Instant::now();
+    for _ in 0..total / chunk.len() {
+        s.write_all(&chunk).unwrap();
+    }
+    reader.join().unwrap();
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Half a UDP ping-pong of 8-byte payloads (RoCE-sized datagrams), in seconds; both ends block
+/// in `recv_from`, as the softroce side blocks on its CQ.
+fn udp_pingpong() -> f64 {
+    let a = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let b = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let b_addr = b.local_addr().unwrap();
+    let iters = 20_000;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut buf = [0u8; 64];
+            for _ in 0..iters {
+                let (n, from) = b.recv_from(&mut buf).unwrap();
+                b.send_to(&buf[..n], from).unwrap();
+            }
+        });
+        let msg = [0u8; 8 + ROCE_OVERHEAD];
+        let mut buf = [0u8; 64];
+        let start = Instant::now();
+        for _ in 0..iters {
+            a.send_to(&msg, b_addr).unwrap();
+            a.recv_from(&mut buf).unwrap();
+        }
+        start.elapsed().as_secs_f64() / iters as f64 / 2.0
+    })
+}
+
+fn main() {
+    let runs = runs();
+    let mb = |x: f64| x / 1e6;
+    println!("RC WRITE goodput, MTU 4096, loopback, median of {runs} runs\n");
+    println!("| message | QPs | softroce MB/s | UDP blast MB/s | ratio | TCP stream MB/s | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    let tcp = median((0..runs).map(|_| tcp_stream()).collect());
+    let mut id = 0u8;
+    for size in SIZES {
+        let datagram = size.min(MTU) + ROCE_OVERHEAD;
+        let udp = median((0..runs).map(|_| udp_blast(datagram)).collect());
+        for nqp in [1, 8] {
+            let soft = median(
+                (0..runs)
+                    .map(|_| {
+                        id = id.wrapping_add(1) % 200;
+                        softroce_write(size, nqp, id)
+                    })
+                    .collect(),
+            );
+            println!(
+                "| {} | {nqp} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
+                if size >= 1 << 20 { format!("{} MiB", size >> 20) } else if size >= 1024 { format!("{} KiB", size >> 10) } else { format!("{size} B") },
+                mb(soft),
+                mb(udp),
+                soft / udp,
+                mb(tcp),
+                soft / tcp
+            );
+        }
+    }
+    let soft = median(
+        (0..runs)
+            .map(|_| {
+                id = id.wrapping_add(1) % 200;
+                softroce_pingpong(id)
+            })
+            .collect(),
+    );
+    let udp = median((0..runs).map(|_| udp_pingpong()).collect());
+    println!("\n8-byte ping-pong, half round trip, median of {runs} runs\n");
+    println!("| softroce RC SEND | UDP datagrams | ratio |");
+    println!("|---|---|---|");
+    println!("| {:.1} µs | {:.1} µs | {:.2} |", soft * 1e6, udp * 1e6, soft / udp);
+}
