@@ -24,7 +24,10 @@ const MTU: usize = 4096;
 const ROCE_OVERHEAD: usize = 16;
 
 fn runs() -> usize {
-    std::env::var("SOFTROCE_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(5)
+    std::env::var("SOFTROCE_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -51,11 +54,35 @@ fn pair(n: usize, region: usize, id: u8) -> Pair {
     let qps = (0..n)
         .map(|_| {
             let build = |k: usize| {
-                pds[k].create_qp().send_cq(&cqs[k]).recv_cq(&cqs[k]).max_send_wr(512).build().unwrap()
+                pds[k]
+                    .create_qp()
+                    .send_cq(&cqs[k])
+                    .recv_cq(&cqs[k])
+                    .max_send_wr(512)
+                    .build()
+                    .unwrap()
             };
             let (a, b) = (build(0), build(1));
-            a.connect(&Remote { addr: addr(1), qpn: b.qpn(), psn: 0 }, 0, &options).unwrap();
-            b.connect(&Remote { addr: addr(0), qpn: a.qpn(), psn: 0 }, 0, &options).unwrap();
+            a.connect(
+                &Remote {
+                    addr: addr(1),
+                    qpn: b.qpn(),
+                    psn: 0,
+                },
+                0,
+                &options,
+            )
+            .unwrap();
+            b.connect(
+                &Remote {
+                    addr: addr(0),
+                    qpn: a.qpn(),
+                    psn: 0,
+                },
+                0,
+                &options,
+            )
+            .unwrap();
             (a, b)
         })
         .collect();
@@ -70,9 +97,15 @@ fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
     let p = pair(nqp, size.max(4096) * depth.min(64), id);
     let slot = |i: usize| (i % depth.min(64)) * size;
     let post = |q: usize, i: usize| {
-        let op = SendOp::Write { remote_addr: p.mrs[1].iova() + slot(i) as u64, rkey: p.mrs[1].rkey() };
+        let op = SendOp::Write {
+            remote_addr: p.mrs[1].iova() + slot(i) as u64,
+            rkey: p.mrs[1].rkey(),
+        };
         let sge = Sge::new(&p.mrs[0], slot(i), size);
-        p.qps[q].0.post_send(SendWr::new(q as u64, op, Payload::Sges(vec![sge]))).unwrap();
+        p.qps[q]
+            .0
+            .post_send(SendWr::new(q as u64, op, Payload::Sges(vec![sge])))
+            .unwrap();
     };
     let start = Instant::now();
     let mut posted = 0;
@@ -89,7 +122,10 @@ fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
     while done < count {
         wcs.clear();
         if p.cqs[0].poll(&mut wcs, 256) == 0 {
-            let wc = p.cqs[0].wait(Duration::from_secs(30)).unwrap().expect("a completion");
+            let wc = p.cqs[0]
+                .wait(Duration::from_secs(30))
+                .unwrap()
+                .expect("a completion");
             wcs.push(wc);
         }
         for wc in &wcs {
@@ -112,7 +148,11 @@ fn softroce_pingpong(id: u8) -> f64 {
     let (a, b) = &p.qps[0];
     let iters = 20_000;
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
-        qp.post_recv(RecvWr { wr_id: 0, sges: vec![Sge::new(mr, 0, 64)] }).unwrap();
+        qp.post_recv(RecvWr {
+            wr_id: 0,
+            sges: vec![Sge::new(mr, 0, 64)],
+        })
+        .unwrap();
     };
     let send = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
         let wr = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(mr, 64, 8)]));
@@ -121,7 +161,10 @@ fn softroce_pingpong(id: u8) -> f64 {
     // Block on the CQ's completion channel. Spinning, as perftest's latency tests do, starves
     // the engine threads on a 2-core machine (four threads for two cores): measured 160 µs.
     let wait_recv = |cq: &CompletionQueue| loop {
-        let wc = cq.wait(Duration::from_secs(10)).unwrap().expect("a completion");
+        let wc = cq
+            .wait(Duration::from_secs(10))
+            .unwrap()
+            .expect("a completion");
         assert_eq!(wc.status, WcStatus::Success);
         if wc.wr_id == 0 {
             return;
@@ -153,7 +196,8 @@ fn udp_blast(datagram: usize) -> f64 {
     setsockopt(&rx, sockopt::RcvBuf, &(8usize << 20)).unwrap();
     setsockopt(&rx, sockopt::UdpGroSegment, &true).unwrap();
     setsockopt(&tx, sockopt::UdpGsoSegment, &(datagram as i32)).unwrap();
-    rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let dst = rx.local_addr().unwrap();
     let per_send = ((60 << 10) / datagram).clamp(1, 64);
     let train = vec![0x5a; per_send * datagram];
@@ -233,7 +277,9 @@ fn main() {
     let runs = runs();
     let mb = |x: f64| x / 1e6;
     println!("RC WRITE goodput, MTU 4096, loopback, median of {runs} runs\n");
-    println!("| message | QPs | softroce MB/s | UDP blast MB/s | ratio | TCP stream MB/s | ratio |");
+    println!(
+        "| message | QPs | softroce MB/s | UDP blast MB/s | ratio | TCP stream MB/s | ratio |"
+    );
     println!("|---|---|---|---|---|---|---|");
     let tcp = median((0..runs).map(|_| tcp_stream()).collect());
     let mut id = 0u8;
@@ -251,7 +297,13 @@ fn main() {
             );
             println!(
                 "| {} | {nqp} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
-                if size >= 1 << 20 { format!("{} MiB", size >> 20) } else if size >= 1024 { format!("{} KiB", size >> 10) } else { format!("{size} B") },
+                if size >= 1 << 20 {
+                    format!("{} MiB", size >> 20)
+                } else if size >= 1024 {
+                    format!("{} KiB", size >> 10)
+                } else {
+                    format!("{size} B")
+                },
                 mb(soft),
                 mb(udp),
                 soft / udp,
@@ -272,5 +324,10 @@ fn main() {
     println!("\n8-byte ping-pong, half round trip, median of {runs} runs\n");
     println!("| softroce RC SEND | UDP datagrams | ratio |");
     println!("|---|---|---|");
-    println!("| {:.1} µs | {:.1} µs | {:.2} |", soft * 1e6, udp * 1e6, soft / udp);
+    println!(
+        "| {:.1} µs | {:.1} µs | {:.2} |",
+        soft * 1e6,
+        udp * 1e6,
+        soft / udp
+    );
 }
