@@ -13,6 +13,7 @@ pub mod demo;
 mod engine;
 pub mod io;
 pub mod memory;
+pub mod tools;
 pub mod transport;
 pub mod verbs;
 pub mod wire;

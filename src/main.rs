@@ -1,13 +1,16 @@
 //! The `softroce` command line.
 
 use std::io::{BufWriter, Write};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use softroce::decode::{decode_capture, Item};
 use softroce::demo::DemoConfig;
+use softroce::tools::pingpong::{self, Options, Transport};
+use softroce::transport::PathMtu;
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +43,127 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// ibv_rc_pingpong over softroce: RC SENDs back and forth with a peer running rdma-core's
+    /// ibv_rc_pingpong or softroce. Without HOST, wait for a client; with it, connect to it.
+    #[command(after_help = PINGPONG_NOTES)]
+    RcPingpong {
+        #[command(flatten)]
+        common: PingpongArgs,
+        #[command(flatten)]
+        path: PathMtuArg,
+    },
+    /// ibv_uc_pingpong over softroce: the same with UC SENDs (unacknowledged: a lost packet
+    /// stalls the run, as it does rdma-core's).
+    #[command(after_help = PINGPONG_NOTES)]
+    UcPingpong {
+        #[command(flatten)]
+        common: PingpongArgs,
+        #[command(flatten)]
+        path: PathMtuArg,
+    },
+    /// ibv_ud_pingpong over softroce: UD SENDs (Q_Key 0x11111111) of at most the port MTU,
+    /// 1024 bytes.
+    #[command(after_help = PINGPONG_NOTES)]
+    UdPingpong {
+        #[command(flatten)]
+        common: PingpongArgs,
+    },
+}
+
+const PINGPONG_NOTES: &str = "\
+Output, exchange (TCP, 52-byte \"LID:QPN:PSN:GID\" messages) and behaviour are rdma-core's, so
+either side may be softroce or ibv_*_pingpong (e.g. ibv_rc_pingpong -g 1 on kernel rxe).
+
+softroce's own: a device is an IP address (UDP port 4791 on it) and its one GID is that address,
+::ffff:a.b.c.d for IPv4 (rxe's GID index 1 holds the same). --bind picks it; by default it is
+the local address of the TCP connection to the peer, known once the exchange connects (a server
+without --bind prints its local address line only then). Two devices on one host need two
+addresses, e.g. --bind 127.0.0.1 and --bind 127.0.0.2.
+
+Accepted for compatibility: -g (any index means the device's address, which is sent even
+without -g, where rdma-core would send a zero GID), -l (RoCEv2 over UDP carries no service
+level; rxe ignores it too), -d (ignored, with a note: --bind chooses the device), -i (must be 1).
+Usage errors exit with status 2, rdma-core's with 1; every other failure exits with 1.";
+
+/// The options ibv_rc_pingpong, ibv_uc_pingpong and ibv_ud_pingpong share, and softroce's.
+/// The fields named with a leading underscore are parsed, so that rdma-core's command lines
+/// work unchanged, and never read.
+#[derive(Args)]
+struct PingpongArgs {
+    /// The server to connect to; without it, start a server and wait for a connection.
+    host: Option<String>,
+    /// Listen on/connect to this TCP port.
+    #[arg(short, long, default_value_t = softroce::tools::oob::DEFAULT_PORT, value_parser = c_number::<u16>)]
+    port: u16,
+    /// Accepted and ignored (with a note): softroce's device is the address --bind gives.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// The device port: softroce devices have one, port 1.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = only_port_one)]
+    _ib_port: u8,
+    /// Size of message to exchange [default: 4096; ud-pingpong: 1024]
+    #[arg(short, long, value_parser = c_number::<usize>)]
+    size: Option<usize>,
+    /// Number of receives to post at a time.
+    #[arg(short, long = "rx-depth", value_name = "DEP", default_value_t = 500, value_parser = c_number::<usize>)]
+    rx_depth: usize,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = c_number::<u32>)]
+    iters: u32,
+    /// Service level: accepted and ignored (RoCEv2 over UDP has none; rxe ignores it too).
+    #[arg(short = 'l', long = "sl", value_name = "SL", value_parser = c_number::<u8>)]
+    _sl: Option<u8>,
+    /// Sleep on CQ events (the completion channel) instead of polling.
+    #[arg(short, long)]
+    events: bool,
+    /// Local port GID index: accepted; every index means the device's one address.
+    #[arg(short, long = "gid-idx", value_name = "GID_INDEX", value_parser = c_number::<u32>)]
+    _gid_idx: Option<u32>,
+    /// Validate received buffer: the client marks each 4 KiB page, the server checks the marks.
+    #[arg(short, long)]
+    chk: bool,
+    /// softroce: the device's IP address, whose UDP port 4791 it binds and which is its GID
+    /// [default: the local address of the TCP connection to the peer]
+    #[arg(long, value_name = "ADDRESS")]
+    bind: Option<IpAddr>,
+    /// softroce: send one UDP datagram per packet instead of segmentation offload trains (a
+    /// train's packets carry IPv4 IDs 0, 1, 2, ..., which its ICRCs are sealed for).
+    #[arg(long)]
+    no_segmentation: bool,
+}
+
+/// `-m`, which ibv_rc_pingpong and ibv_uc_pingpong take and ibv_ud_pingpong does not.
+#[derive(Args)]
+struct PathMtuArg {
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short, long, value_name = "SIZE", default_value = "1024", value_parser = path_mtu)]
+    mtu: PathMtu,
+}
+
+/// A number as rdma-core's `strtoul(s, NULL, 0)` reads it: decimal, 0x hexadecimal or 0 octal.
+fn c_number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let parsed = if let Some(hex) = s.strip_prefix("0x").or(s.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16)
+    } else if s.len() > 1 && s.starts_with('0') {
+        u64::from_str_radix(&s[1..], 8)
+    } else {
+        s.parse()
+    };
+    parsed
+        .ok()
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| format!("{s:?} is not a number in range"))
+}
+
+fn path_mtu(s: &str) -> Result<PathMtu, String> {
+    pingpong::path_mtu(c_number(s)?).ok_or_else(|| "256, 512, 1024, 2048 or 4096".into())
+}
+
+fn only_port_one(s: &str) -> Result<u8, String> {
+    match c_number(s)? {
+        1 => Ok(1),
+        _ => Err("a softroce device has one port, port 1".into()),
+    }
 }
 
 fn decode(file: &PathBuf, json: bool) -> ExitCode {
@@ -140,10 +264,50 @@ fn demo(mib: u64, message_kib: usize) -> ExitCode {
     }
 }
 
+/// `mtu`: the `-m` of rc- and uc-pingpong; ud-pingpong has none.
+fn pingpong(
+    transport: Transport,
+    name: &str,
+    args: &PingpongArgs,
+    mtu: Option<PathMtu>,
+) -> ExitCode {
+    if let Some(dev) = &args.ib_dev {
+        eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
+    }
+    let defaults = Options::new(transport);
+    let options = Options {
+        server: args.host.clone(),
+        port: args.port,
+        size: args.size.unwrap_or(defaults.size),
+        mtu: mtu.unwrap_or(defaults.mtu),
+        rx_depth: args.rx_depth,
+        iters: args.iters,
+        events: args.events,
+        validate: args.chk,
+        bind: args.bind,
+        segmentation: !args.no_segmentation,
+        ..defaults
+    };
+    match pingpong::run(&options, &mut std::io::stdout()) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softroce {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
         Command::Decode { file, json } => decode(file, *json),
         Command::Demo { mib, message_kib } => demo(*mib, *message_kib),
+        Command::RcPingpong { common, path } => {
+            pingpong(Transport::Rc, "rc-pingpong", common, Some(path.mtu))
+        }
+        Command::UcPingpong { common, path } => {
+            pingpong(Transport::Uc, "uc-pingpong", common, Some(path.mtu))
+        }
+        Command::UdPingpong { common } => pingpong(Transport::Ud, "ud-pingpong", common, None),
     }
 }

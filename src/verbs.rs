@@ -354,7 +354,7 @@ impl QpBuilder<'_> {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
         };
-        let srq = self.srq;
+        let (srq, qp_type) = (self.srq, self.qp_type);
         let (qpn, queues) =
             self.pd
                 .device
@@ -365,6 +365,7 @@ impl QpBuilder<'_> {
             qpn,
             queues,
             has_srq: srq.is_some(),
+            qp_type,
         })
     }
 }
@@ -414,6 +415,7 @@ pub struct QueuePair {
     qpn: Qpn,
     queues: QpQueues,
     has_srq: bool,
+    qp_type: QpType,
 }
 
 impl QueuePair {
@@ -430,9 +432,11 @@ impl QueuePair {
             .call(|reply| Command::ModifyQp(qpn, attr, reply))??)
     }
 
-    /// Takes a connected QP from RESET through INIT and RTR to RTS, towards `remote`, sending
-    /// from `sq_psn`.
+    /// Takes a connected QP from RESET (or INIT) through INIT and RTR to RTS, towards `remote`,
+    /// sending from `sq_psn`. A UC QP gets only the attributes UC takes: the timeouts, retry
+    /// counts and READ/atomic depths are RC's alone, and `ibv_modify_qp` refuses them on UC.
     pub fn connect(&self, remote: &Remote, sq_psn: u32, o: &ConnectOptions) -> Result<()> {
+        let rc = self.qp_type == QpType::Rc;
         self.modify(&QpAttr {
             state: Some(QpState::Init),
             pkey_index: Some(0),
@@ -446,17 +450,17 @@ impl QueuePair {
             path_mtu: Some(o.mtu),
             dest_qpn: Some(remote.qpn),
             rq_psn: Some(Psn::new(remote.psn)),
-            max_dest_rd_atomic: Some(o.max_rd_atomic),
-            min_rnr_timer: Some(o.min_rnr_timer),
+            max_dest_rd_atomic: rc.then_some(o.max_rd_atomic),
+            min_rnr_timer: rc.then_some(o.min_rnr_timer),
             ..Default::default()
         })?;
         self.modify(&QpAttr {
             state: Some(QpState::Rts),
             sq_psn: Some(Psn::new(sq_psn)),
-            timeout: Some(o.timeout),
-            retry_cnt: Some(o.retry_cnt),
-            rnr_retry: Some(o.rnr_retry),
-            max_rd_atomic: Some(o.max_rd_atomic),
+            timeout: rc.then_some(o.timeout),
+            retry_cnt: rc.then_some(o.retry_cnt),
+            rnr_retry: rc.then_some(o.rnr_retry),
+            max_rd_atomic: rc.then_some(o.max_rd_atomic),
             ..Default::default()
         })
     }

@@ -20,6 +20,13 @@ fn addr(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, last)
 }
 
+/// Every raw IPPROTO_UDP socket receives a copy of every UDP datagram on the host, so tests
+/// running at once fill each other's receive buffers and lose packets: they take turns.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The raw backend on `config`, or `None` after saying why the test is skipped.
 fn raw(config: RawConfig) -> Option<RawBackend> {
     match RawBackend::bind(config) {
@@ -102,6 +109,7 @@ fn sniffer(at: Ipv4Addr) -> Socket {
 
 #[test]
 fn raw_to_raw_writes_the_configured_fields_and_verifies_fully() {
+    let _turn = one_at_a_time();
     let config = RawConfig {
         dscp: 26,
         ecn: 2,
@@ -173,6 +181,7 @@ fn raw_to_raw_writes_the_configured_fields_and_verifies_fully() {
 
 #[test]
 fn the_udp_backend_solves_the_raw_backends_ids_and_the_raw_one_verifies_the_udp_ones() {
+    let _turn = one_at_a_time();
     let config = RawConfig {
         ip_id: IpIdMode::Incrementing,
         ..RawConfig::new(addr(23))
@@ -215,6 +224,7 @@ fn the_udp_backend_solves_the_raw_backends_ids_and_the_raw_one_verifies_the_udp_
 
 #[test]
 fn a_corrupt_packet_is_bad_and_a_foreign_port_is_filtered() {
+    let _turn = one_at_a_time();
     let Some(mut raw) = raw(RawConfig::new(addr(26))) else {
         return;
     };
@@ -241,6 +251,7 @@ fn a_corrupt_packet_is_bad_and_a_foreign_port_is_filtered() {
 
 #[test]
 fn without_cap_net_raw_the_error_says_so() {
+    let _turn = one_at_a_time();
     const CHILD: &str = "SOFTROCE_TEST_WITHOUT_CAP_NET_RAW";
     let result = RawBackend::bind(RawConfig::new(addr(27)));
     if std::env::var_os(CHILD).is_some() {

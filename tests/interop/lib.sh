@@ -488,3 +488,103 @@ pingpong_result_ok() {
 perftest_report_ok() {
   printf '%s\n' "$1" | grep -qE "^ $2 +$3 +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+$"
 }
+
+# ---------------------------------------------------------------------------------------------
+# softroce's own tools against the guests' rdma-core tools (cases/5*.sh)
+#
+# `softroce rc-pingpong`, `uc-pingpong` and `ud-pingpong` run on the host side of the namespace as
+# a softroce device on $LAB_HOST_IP (--bind), against ibv_*_pingpong -g 1 (rxe's IPv4-mapped GID)
+# in vmB, in both roles. README.md ("softroce against rdma-core") lists the cases.
+
+SOFTROCE_BIN=$LAB_REPO/target/release/softroce
+
+# softroce_build: build target/release/softroce once per lab run. It runs outside the namespace,
+# which has no uplink (a cold cargo cache fetches crates), and only once, so that every case of a
+# run uses the same binary even if the sources change meanwhile.
+softroce_build() {
+  [ -e "$LAB_RUN/softroce.built" ] && return 0
+  echo "---- building $SOFTROCE_BIN"
+  cargo build --release --quiet --manifest-path "$LAB_REPO/Cargo.toml" --bin softroce \
+    || { echo "cannot build softroce"; return 1; }
+  touch "$LAB_RUN/softroce.built"
+}
+
+# guest_rxe_counters GUEST: rxe0's non-zero hw_counters, one "name value" per line. rxe drops
+# packets it rejects (a bad ICRC, addresses that do not match the QP's GIDs) without counting
+# them, so a stall shows as packets sent by one side and not in the other's rcvd_pkts.
+guest_rxe_counters() {
+  gexec "$1" 15 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters &&
+for c in *; do v=$(cat "$c"); [ "$v" != 0 ] && echo "$c $v"; done; true'
+}
+
+# softroce_pair ROLE TOOL ARGS [SOFTROCE_ARGS]: one run of `softroce TOOL-pingpong` against
+# ibv_TOOL_pingpong (TOOL: rc, uc or ud) in vmB, both with ARGS (rdma-core's syntax), the guest
+# with -g 1, softroce with --bind $LAB_HOST_IP and SOFTROCE_ARGS.
+#   ROLE client: the guest tool is the server, softroce the client (connects to $VM_B);
+#   ROLE server: softroce is the server, the guest tool the client (connects to $LAB_HOST_IP).
+# Prints both sides' output and vmB's rxe counters before and after. Sets SR_OUT and SR_RC
+# (softroce's output and exit status), G_OUT and G_RC (the guest tool's). When one side fails,
+# the other is stopped at once instead of waited for.
+softroce_pair() {
+  local role=$1 tool=$2 args=$3 sargs=${4:-} gcmd scmd out pid i
+  gcmd="ibv_${tool}_pingpong -d rxe0 -g 1 $args"
+  scmd="$SOFTROCE_BIN ${tool}-pingpong --bind $LAB_HOST_IP $args $sargs"
+  softroce_build || return 1
+  lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
+  echo "---- vmB rxe0 counters before"; guest_rxe_counters vmB
+  SR_RC=0 G_RC=0
+  case $role in
+    client)
+      guest_bg vmB "sr_$tool" 90 "$gcmd" || { echo "cannot start '$gcmd' in vmB"; return 1; }
+      if ! guest_wait_tcp_listen vmB 18515 15; then
+        echo "'$gcmd' does not listen on TCP 18515:"; guest_wait_bg vmB "sr_$tool" 1; return 1
+      fi
+      SR_OUT=$(lab_ns_exec timeout 90 $scmd "$VM_B" 2>&1) || SR_RC=$?
+      [ "$SR_RC" = 0 ] || lab_guest_reset vmB || true
+      G_OUT=$(guest_wait_bg vmB "sr_$tool" 30) || G_RC=$?
+      gcmd="$gcmd (server)" scmd="$scmd $VM_B (client)"
+      ;;
+    server)
+      out=$LAB_RUN/softroce-$tool-server.out
+      lab_ns_exec timeout 90 $scmd >"$out" 2>&1 &
+      pid=$!
+      # With --bind the server listens before it prints its local address line.
+      for i in $(seq 1 100); do
+        grep -q 'local address' "$out" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      G_OUT=$(gexec vmB 90 "$gcmd $LAB_HOST_IP") || G_RC=$?
+      [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" || SR_RC=$?
+      SR_OUT=$(cat "$out")
+      gcmd="$gcmd $LAB_HOST_IP (client)" scmd="$scmd (server)"
+      ;;
+    *) echo "softroce_pair: ROLE is client or server, not '$role'"; return 1;;
+  esac
+  echo "---- softroce (host side, $LAB_HOST_IP): $scmd"
+  printf '%s\n' "$SR_OUT"
+  echo "---- softroce exit status $SR_RC"
+  echo "---- vmB: $gcmd"
+  printf '%s\n' "$G_OUT"
+  echo "---- vmB exit status $G_RC"
+  echo "---- vmB rxe0 counters after"; guest_rxe_counters vmB
+}
+
+# softroce_pair_ok SIZE ITERS: the last softroce_pair passed: both sides exited 0 and printed
+# their result lines for SIZE and ITERS, each printed the other's IPv4-mapped GID as the remote
+# one, and neither found a page without the client's mark (-c).
+softroce_pair_ok() {
+  wirecheck_expect "softroce exited $SR_RC" [ "$SR_RC" = 0 ]
+  wirecheck_expect "the guest tool exited $G_RC" [ "$G_RC" = 0 ]
+  wirecheck_expect "softroce did not print its result lines" pingpong_result_ok "$SR_OUT" "$1" "$2"
+  wirecheck_expect "the guest tool did not print its result lines" pingpong_result_ok "$G_OUT" "$1" "$2"
+  wirecheck_expect "softroce's remote GID is not vmB's" \
+    grep -qE "^  remote address: LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID ::ffff:$VM_B\$" <<<"$SR_OUT"
+  wirecheck_expect "vmB's remote GID is not softroce's" \
+    grep -qE "^  remote address: LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID ::ffff:$LAB_HOST_IP\$" <<<"$G_OUT"
+  wirecheck_expect "a page without the client's mark (-c)" _no_invalid_data "$SR_OUT$G_OUT"
+  echo "ok: softroce $(printf '%s\n' "$SR_OUT" | grep 'usec/iter'); vmB $(printf '%s\n' "$G_OUT" | grep 'usec/iter')"
+}
+
+_no_invalid_data() { ! printf '%s\n' "$1" | grep -q 'invalid data'; }

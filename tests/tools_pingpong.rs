@@ -1,0 +1,289 @@
+//! `softroce rc-pingpong`, `uc-pingpong` and `ud-pingpong`: a softroce server and a softroce
+//! client on loopback, each with an address of its own, and the server's answers to a broken
+//! exchange. The lab (tests/interop/cases/5*.sh) runs the same tools against rdma-core's.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Long enough for a debug build on a busy 2-core machine; a hung tool fails instead of hanging.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn softroce(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the softroce binary starts")
+}
+
+/// What a finished tool printed, and how it ended.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn lines(&self) -> Vec<&str> {
+        self.stdout.lines().collect()
+    }
+}
+
+/// Waits for `child` (killing it after the deadline), then collects what it printed after
+/// `seen`, the lines already read from its standard output.
+fn finish(mut child: Child, stdout: Option<BufReader<ChildStdout>>, seen: &str) -> Finished {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("a tool did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut rest = String::new();
+    match stdout {
+        Some(mut reader) => reader.read_to_string(&mut rest),
+        None => child.stdout.take().unwrap().read_to_string(&mut rest),
+    }
+    .unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Finished {
+        status,
+        stdout: format!("{seen}{rest}"),
+        stderr,
+    }
+}
+
+/// A server started with `--bind`: it listens before it prints its local address line, so once
+/// that line is read a client may connect.
+struct Server {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    first_line: String,
+}
+
+fn start_server(tool: &str, address: &str, port: u16, args: &[&str]) -> Server {
+    let port = port.to_string();
+    let mut all = vec![tool, "--bind", address, "-p", &port];
+    all.extend_from_slice(args);
+    let mut child = softroce(&all);
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first_line = String::new();
+    stdout.read_line(&mut first_line).unwrap();
+    if !first_line.starts_with("  local address:") {
+        let server = finish(child, Some(stdout), &first_line);
+        panic!(
+            "the server did not start: {}{}",
+            server.stdout, server.stderr
+        );
+    }
+    Server {
+        child,
+        stdout,
+        first_line,
+    }
+}
+
+impl Server {
+    fn finish(self) -> Finished {
+        finish(self.child, Some(self.stdout), &self.first_line)
+    }
+}
+
+/// `line` is `PREFIX<seconds> seconds = <value> SUFFIX` with two decimals each, as rdma-core's
+/// "%.2f" prints them.
+fn is_result_line(line: &str, prefix: &str, suffix: &str) -> bool {
+    let two_decimals = |s: &str| {
+        s.split_once('.')
+            .is_some_and(|(int, frac)| int.parse::<u64>().is_ok() && frac.len() == 2)
+    };
+    line.strip_prefix(prefix)
+        .and_then(|l| l.strip_suffix(suffix))
+        .and_then(|l| l.split_once(" seconds = "))
+        .is_some_and(|(seconds, value)| two_decimals(seconds) && two_decimals(value))
+}
+
+/// Both sides exited 0 and printed their address lines, each other's QPN, PSN and GID, both
+/// result lines, and then nothing but `server_after` on the server.
+fn check_run(
+    tool: &str,
+    (server, client): (&Finished, &Finished),
+    (size, iters): (u64, u64),
+    server_after: &[&str],
+) {
+    for (who, side, after) in [("server", server, server_after), ("client", client, &[])] {
+        assert!(
+            side.status.success(),
+            "{tool} {who} failed ({}):\n{}{}",
+            side.status,
+            side.stdout,
+            side.stderr
+        );
+        assert!(side.stderr.is_empty(), "{tool} {who}: {}", side.stderr);
+        let lines = side.lines();
+        assert_eq!(
+            lines.len(),
+            4 + after.len(),
+            "{tool} {who}:\n{}",
+            side.stdout
+        );
+        assert_eq!(lines[4..], *after, "{tool} {who}");
+        assert!(lines[0].starts_with("  local address:  LID 0x0000, QPN 0x"));
+        assert!(lines[1].starts_with("  remote address: LID 0x0000, QPN 0x"));
+        let bytes = format!("{} bytes in ", size * iters * 2);
+        assert!(
+            is_result_line(lines[2], &bytes, " Mbit/sec"),
+            "{tool} {who}: {}",
+            lines[2]
+        );
+        let iters = format!("{iters} iters in ");
+        assert!(
+            is_result_line(lines[3], &iters, " usec/iter"),
+            "{tool} {who}: {}",
+            lines[3]
+        );
+    }
+    // Each side's remote line is the other's local line; ibv_ud_pingpong's local line has a
+    // colon before the GID.
+    let address = |line: &str| line.split_once("LID").unwrap().1.replace(": GID", ", GID");
+    assert_eq!(address(client.lines()[1]), address(server.lines()[0]));
+    assert_eq!(address(server.lines()[1]), address(client.lines()[0]));
+}
+
+/// A server on `addresses[0]` and a client on `addresses[1]`, with the same options.
+fn run_pair(tool: &str, addresses: [&str; 2], port: u16, args: &[&str]) -> (Finished, Finished) {
+    let server = start_server(tool, addresses[0], port, args);
+    let port = port.to_string();
+    let mut all = vec![tool, "--bind", addresses[1], "-p", &port];
+    all.extend_from_slice(args);
+    all.push(addresses[0]);
+    let client = finish(softroce(&all), None, "");
+    (server.finish(), client)
+}
+
+#[test]
+fn rc_pingpong_multi_packet_messages_checked() {
+    // 4 KiB at MTU 1024: every message is FIRST, MIDDLE, MIDDLE, LAST.
+    let args = ["-s", "4096", "-m", "1024", "-n", "200", "-c"];
+    let (server, client) = run_pair("rc-pingpong", ["127.0.0.71", "127.0.0.72"], 28701, &args);
+    check_run("rc-pingpong", (&server, &client), (4096, 200), &[]);
+    assert!(server.lines()[1].ends_with("GID ::ffff:127.0.0.72"));
+    assert!(client.lines()[1].ends_with("GID ::ffff:127.0.0.71"));
+}
+
+#[test]
+fn rc_pingpong_on_completion_events() {
+    let args = ["-s", "100", "-n", "200", "-e"];
+    let (server, client) = run_pair("rc-pingpong", ["127.0.0.73", "127.0.0.74"], 28702, &args);
+    check_run("rc-pingpong", (&server, &client), (100, 200), &[]);
+}
+
+#[test]
+fn uc_pingpong() {
+    // One datagram per packet: every packet leaves with IP ID 0.
+    let args = ["-s", "3000", "-m", "1024", "-n", "200", "--no-segmentation"];
+    let (server, client) = run_pair("uc-pingpong", ["127.0.0.75", "127.0.0.76"], 28703, &args);
+    check_run("uc-pingpong", (&server, &client), (3000, 200), &[]);
+}
+
+#[test]
+fn ud_pingpong() {
+    // The largest UD message, with the 40-byte GRH area in front of it in every receive.
+    let args = ["-s", "1024", "-n", "200", "-c"];
+    let (server, client) = run_pair("ud-pingpong", ["127.0.0.77", "127.0.0.78"], 28704, &args);
+    check_run("ud-pingpong", (&server, &client), (1024, 200), &[]);
+    assert!(client.lines()[0].contains(": GID ::ffff:127.0.0.78"));
+}
+
+#[test]
+fn chk_reports_pages_the_client_did_not_mark() {
+    // Only the server checks, as in rdma-core, and only reports: it still exits 0.
+    let server = start_server(
+        "rc-pingpong",
+        "127.0.0.79",
+        28705,
+        &["-s", "8192", "-n", "3", "-c"],
+    );
+    let client = finish(
+        softroce(&[
+            "rc-pingpong",
+            "--bind",
+            "127.0.0.80",
+            "-p",
+            "28705",
+            "-s",
+            "8192",
+            "-n",
+            "3",
+            "127.0.0.79",
+        ]),
+        None,
+        "",
+    );
+    let server = server.finish();
+    let unmarked = ["invalid data in page 0", "invalid data in page 1"];
+    check_run("rc-pingpong", (&server, &client), (8192, 3), &unmarked);
+}
+
+#[test]
+fn server_rejects_a_malformed_exchange() {
+    let server = start_server("rc-pingpong", "127.0.0.81", 28706, &[]);
+    let mut stream = TcpStream::connect(("127.0.0.81", 28706)).unwrap();
+    let mut message = b"hello, this is not an address".to_vec();
+    message.resize(52, 0);
+    stream.write_all(&message).unwrap();
+    let server = server.finish();
+    assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
+    assert!(
+        server.stderr.contains(
+            "the client's address message \"hello, this is not an address\" is not LID:QPN:PSN:GID"
+        ),
+        "{}",
+        server.stderr
+    );
+    // The server answered nothing: the client sees the connection close.
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    assert!(answer.is_empty());
+}
+
+#[test]
+fn server_rejects_a_short_exchange() {
+    let server = start_server("uc-pingpong", "127.0.0.82", 28707, &[]);
+    let mut stream = TcpStream::connect(("127.0.0.82", 28707)).unwrap();
+    stream.write_all(b"0000:000011").unwrap();
+    drop(stream);
+    let server = server.finish();
+    assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
+    assert!(
+        server
+            .stderr
+            .contains("11/52: Couldn't read remote address: the peer closed the connection"),
+        "{}",
+        server.stderr
+    );
+}
+
+#[test]
+fn ud_refuses_messages_over_the_port_mtu() {
+    let tool = finish(softroce(&["ud-pingpong", "-s", "1025"]), None, "");
+    assert_eq!(tool.status.code(), Some(1));
+    assert_eq!(
+        tool.stderr,
+        "softroce ud-pingpong: Requested size larger than port MTU (1024)\n"
+    );
+}
