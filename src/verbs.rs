@@ -22,13 +22,14 @@
 use std::fmt;
 use std::io;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
-use crate::io::{Backend, IoCounters, UdpBackend};
+use crate::io::{Backend, IoCounters, Recording, UdpBackend};
 use crate::memory::{Access, MemoryError, PdId};
 pub use crate::transport::{AddressHandle, SrqModify};
 use crate::transport::{
@@ -98,13 +99,15 @@ pub enum BackendKind {
 }
 
 /// How a device is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
     /// The address to bind, and the one peers reach the device at (its GID).
     pub address: IpAddr,
     pub backend: BackendKind,
     /// Seeds the memory keys; `None` draws one from the OS's hasher randomness.
     pub seed: Option<u64>,
+    /// Records every RoCE packet sent and received into this pcap file (`--pcap`).
+    pub pcap: Option<PathBuf>,
 }
 
 impl DeviceConfig {
@@ -114,6 +117,7 @@ impl DeviceConfig {
             address,
             backend: BackendKind::Udp,
             seed: None,
+            pcap: None,
         }
     }
 }
@@ -155,8 +159,12 @@ impl fmt::Debug for Device {
 impl Device {
     /// Binds the backend and starts the engine thread.
     pub fn open(config: DeviceConfig) -> Result<Device> {
-        match config.backend {
-            BackendKind::Udp => Self::with_backend(UdpBackend::bind(config.address)?, config.seed),
+        let backend = match config.backend {
+            BackendKind::Udp => UdpBackend::bind(config.address)?,
+        };
+        match &config.pcap {
+            Some(path) => Self::with_backend(Recording::new(backend, path)?, config.seed),
+            None => Self::with_backend(backend, config.seed),
         }
     }
 

@@ -236,3 +236,71 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     assert_eq!(grh[20] >> 4, 4);
     assert_eq!(grh[32..36], [127, 0, 0, 26]);
 }
+
+#[test]
+fn a_pcap_records_every_packet_with_a_good_icrc() {
+    use softroce::capture::Capture;
+    use softroce::verbs::DeviceConfig;
+    use softroce::wire::IcrcStatus;
+
+    let path = std::env::temp_dir().join(format!("softroce-{}-record.pcap", std::process::id()));
+    let config = DeviceConfig {
+        pcap: Some(path.clone()),
+        ..DeviceConfig::udp("127.0.0.28".parse().unwrap())
+    };
+    let recorded = Device::open(config).unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let end = |device: Device| {
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(64).unwrap();
+        let mr = pd.register(1 << 20, access).unwrap();
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        End { device, cq, mr, qp }
+    };
+    let a = end(recorded);
+    let b = open("127.0.0.29", None);
+    connect(&a, &b);
+    // A multi-packet WRITE (segmented on the wire: IPv4 IDs 0, 1, 2, ... per run) and a READ.
+    let write = SendOp::Write {
+        remote_addr: b.mr.iova(),
+        rkey: b.mr.rkey(),
+    };
+    let read = SendOp::Read {
+        remote_addr: b.mr.iova(),
+        rkey: b.mr.rkey(),
+    };
+    for (id, op) in [(1, write), (2, read)] {
+        let sge = Sge::new(&a.mr, 0, 256 << 10);
+        a.qp.post_send(SendWr::new(id, op, Payload::Sges(vec![sge])))
+            .unwrap();
+        let wc =
+            a.cq.wait(Duration::from_secs(10))
+                .unwrap()
+                .expect("a completion");
+        assert_eq!(wc.status, WcStatus::Success);
+    }
+    let (_, io) = a.device.counters().unwrap();
+    drop(a);
+    drop(b);
+
+    let bytes = std::fs::read(&path).unwrap();
+    let mut frames = 0;
+    for record in Capture::new(&bytes).unwrap() {
+        let record = record.unwrap();
+        let frame = record.frame().unwrap();
+        assert_eq!(
+            frame.icrc_status(),
+            IcrcStatus::Ok,
+            "frame {}",
+            record.number
+        );
+        frames += 1;
+    }
+    assert_eq!(
+        frames as u64,
+        io.sent + io.received,
+        "every packet sent and received"
+    );
+    assert!(frames > 128, "the transfer took {frames} packets");
+    let _ = std::fs::remove_file(&path);
+}

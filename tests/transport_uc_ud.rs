@@ -699,6 +699,7 @@ fn a_ud_receive_buffer_starts_with_the_grh() {
     header[16..20].copy_from_slice(&octets(1));
     let datagram = Datagram {
         src: addr(0),
+        src_port: 4791,
         dst: addr(1),
         ip_header: Some(&header),
         icrc: IcrcStatus::Ok,

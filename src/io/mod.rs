@@ -12,12 +12,14 @@
 //!   verifies every ICRC fully.
 
 mod raw;
+mod recording;
 mod udp;
 
 use std::io;
 use std::net::IpAddr;
 
 pub use raw::{IpIdMode, RawBackend, RawConfig, RawError};
+pub use recording::Recording;
 pub use udp::{UdpBackend, UdpConfig};
 
 use crate::transport::Datagram;

@@ -336,6 +336,7 @@ impl Backend for RawBackend {
             let header_len = usize::from(bytes[0] & 0x0f) * 4;
             deliver(Datagram {
                 src: src.into(),
+                src_port: frame.repr.udp.src_port,
                 dst: dst.into(),
                 ip_header: Some(&bytes[..header_len]),
                 icrc: frame.icrc_status(),

@@ -397,6 +397,7 @@ impl Backend for UdpBackend {
             let packet = &self.buffer[at..end];
             deliver(Datagram {
                 src: src.ip(),
+                src_port: src.port(),
                 dst: self.local.ip(),
                 ip_header: None,
                 icrc: framing.verify_received(packet),

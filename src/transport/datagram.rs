@@ -36,6 +36,9 @@ const SYNTHESISED_TTL: u8 = 64;
 pub struct Datagram<'a> {
     /// The sender's address.
     pub src: IpAddr,
+    /// The sender's UDP source port. The ICRC covers it, and peers choose it per QP (rxe and
+    /// ConnectX derive it from the QPNs), so a capture of the datagram needs it.
+    pub src_port: u16,
     /// The address the datagram was sent to.
     pub dst: IpAddr,
     /// The IP header as received (IPv4 from its first byte, options allowed; IPv6 the fixed 40
@@ -139,6 +142,7 @@ mod tests {
     fn datagram(src: IpAddr, dst: IpAddr, header: Option<&[u8]>) -> Datagram<'_> {
         Datagram {
             src,
+            src_port: 4791,
             dst,
             ip_header: header,
             icrc: IcrcStatus::Ok,

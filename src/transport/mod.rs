@@ -728,10 +728,12 @@ impl Endpoint {
     }
 
     /// A RoCE packet (the UDP payload) from `src`, received on a UDP socket bound to
-    /// `local_addr`: the IP header UD receivers see is synthesised (see [`Datagram`]).
+    /// `local_addr`: the IP header UD receivers see is synthesised (see [`Datagram`]), and the
+    /// source port is taken to be 4791.
     pub fn handle_datagram(&mut self, now: Duration, src: IpAddr, icrc: IcrcStatus, bytes: &[u8]) {
         let datagram = Datagram {
             src,
+            src_port: crate::wire::ROCEV2_UDP_PORT,
             dst: self.config.local_addr,
             ip_header: None,
             icrc,

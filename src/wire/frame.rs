@@ -381,8 +381,26 @@ impl FrameRepr {
         payload: &[u8],
         buffer: &mut [u8],
     ) -> Result<usize, FrameError> {
+        let (headers, roce) = self.split(packet.buffer_len(), buffer)?;
+        packet.emit_with_payload(roce, payload)?;
+        self.write_headers(headers, roce, true)
+    }
+
+    /// Frames a RoCE packet that already exists, its ICRC kept as it is (right or wrong):
+    /// what a capture of traffic seen through a UDP socket needs. Returns the frame's length.
+    pub fn frame(&self, packet: &[u8], buffer: &mut [u8]) -> Result<usize, FrameError> {
+        let (headers, roce) = self.split(packet.len(), buffer)?;
+        roce.copy_from_slice(packet);
+        self.write_headers(headers, roce, false)
+    }
+
+    /// The header area and the RoCE area of a frame of `roce_len` bytes of packet.
+    fn split<'b>(
+        &self,
+        roce_len: usize,
+        buffer: &'b mut [u8],
+    ) -> Result<(&'b mut [u8], &'b mut [u8]), FrameError> {
         let header_len = self.header_len();
-        let roce_len = packet.buffer_len();
         let total = header_len + roce_len;
         if buffer.len() < total {
             return Err(Error::Truncated {
@@ -392,10 +410,20 @@ impl FrameRepr {
             }
             .into());
         }
-        let (headers, rest) = buffer.split_at_mut(header_len);
-        let roce = &mut rest[..roce_len];
-        packet.emit_with_payload(roce, payload)?;
+        let (headers, rest) = buffer[..total].split_at_mut(header_len);
+        Ok((headers, rest))
+    }
 
+    /// Writes Ethernet, IP and UDP in front of `roce`; seals its ICRC if `seal`, and computes
+    /// the UDP checksum if `self.udp` asks. Returns the frame's length.
+    fn write_headers(
+        &self,
+        headers: &mut [u8],
+        roce: &mut [u8],
+        seal: bool,
+    ) -> Result<usize, FrameError> {
+        let roce_len = roce.len();
+        let total = headers.len() + roce_len;
         let ip_type = match self.ip {
             IpRepr::V4 { .. } => EtherType::IPV4,
             IpRepr::V6 { .. } => EtherType::IPV6,
@@ -440,19 +468,18 @@ impl FrameRepr {
         let udp_at = ip_at + self.ip.header_len();
         let ip = self.ip.build(udp_len)?;
         let ip_bytes = &mut headers[ip_at..udp_at];
-        let covered = &roce[..roce_len - ICRC_LEN];
-        let icrc = match &ip {
-            BuiltIp::V4(h) => {
-                ip_bytes.copy_from_slice(&h.to_bytes());
-                icrc_ipv4(ip_bytes, udp.to_bytes(), covered)
-            }
-            BuiltIp::V6(h) => {
-                let bytes = h.to_bytes();
-                ip_bytes.copy_from_slice(&bytes);
-                icrc_ipv6(&bytes, udp.to_bytes(), covered)
-            }
-        };
-        RocePacket::new_checked(&mut *roce)?.set_icrc(icrc);
+        match &ip {
+            BuiltIp::V4(h) => ip_bytes.copy_from_slice(&h.to_bytes()),
+            BuiltIp::V6(h) => ip_bytes.copy_from_slice(&h.to_bytes()),
+        }
+        if seal {
+            let covered = &roce[..roce_len.saturating_sub(ICRC_LEN)];
+            let icrc = match &ip {
+                BuiltIp::V4(_) => icrc_ipv4(ip_bytes, udp.to_bytes(), covered),
+                BuiltIp::V6(h) => icrc_ipv6(&h.to_bytes(), udp.to_bytes(), covered),
+            };
+            RocePacket::new_checked(&mut *roce)?.set_icrc(icrc);
+        }
         if self.udp.checksum == UdpChecksum::Computed {
             let checksum = match &ip {
                 BuiltIp::V4(h) => udp.calc_checksum_ipv4(h, roce),

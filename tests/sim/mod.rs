@@ -181,6 +181,7 @@ impl Sim {
             // What a UDP socket with IP_PKTINFO reports: addresses, no IP header.
             let datagram = Datagram {
                 src: addr(from),
+                src_port: softroce::wire::ROCEV2_UDP_PORT,
                 dst: addr(to),
                 ip_header: None,
                 icrc: framing(from, to).verify(&bytes),
