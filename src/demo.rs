@@ -10,6 +10,7 @@ use crate::transport::{Payload, SendOp, SendWr, Sge, WcStatus};
 use crate::verbs::{
     CompletionQueue, ConnectOptions, Device, DeviceConfig, QueuePair, Remote, Result,
 };
+use crate::wire::RKey;
 
 /// How the demo runs.
 #[derive(Debug, Clone, Copy)]
@@ -165,39 +166,22 @@ pub fn run(config: DemoConfig) -> Result<(DemoReport, [Device; 2])> {
     for round in 0..rounds {
         fill(round, 0, &mut pattern);
         a.mr.write(0, &pattern)?;
-        let phase = Instant::now();
-        let write = |at| {
-            let remote_addr = b.mr.iova() + at as u64;
-            (
-                SendOp::Write {
-                    remote_addr,
-                    rkey: b.mr.rkey(),
-                },
-                Sge::new(&a.mr, at, message(at)),
-            )
+        // One phase: the message-sized operations `op` builds, over the whole window.
+        let mut phase = |op: fn(u64, RKey) -> SendOp| -> Result<Duration> {
+            let started_phase = Instant::now();
+            let build = |at| {
+                let remote = op(b.mr.iova() + at as u64, b.mr.rkey());
+                (remote, Sge::new(&a.mr, at, message(at)))
+            };
+            transfer(a, config.window, config.message, build, |n| {
+                moved += n as u64;
+                progress_line("moved", moved, 2 * total, started);
+            })?;
+            Ok(started_phase.elapsed())
         };
-        transfer(a, config.window, config.message, write, |n| {
-            moved += n as u64;
-            progress_line("moved", moved, 2 * total, started);
-        })?;
-        report.write_time += phase.elapsed();
+        report.write_time += phase(|remote_addr, rkey| SendOp::Write { remote_addr, rkey })?;
         a.mr.write(0, &zeros)?;
-        let phase = Instant::now();
-        let read = |at| {
-            let remote_addr = b.mr.iova() + at as u64;
-            (
-                SendOp::Read {
-                    remote_addr,
-                    rkey: b.mr.rkey(),
-                },
-                Sge::new(&a.mr, at, message(at)),
-            )
-        };
-        transfer(a, config.window, config.message, read, |n| {
-            moved += n as u64;
-            progress_line("moved", moved, 2 * total, started);
-        })?;
-        report.read_time += phase.elapsed();
+        report.read_time += phase(|remote_addr, rkey| SendOp::Read { remote_addr, rkey })?;
         a.mr.read(0, &mut check)?;
         report.mismatches += check.iter().zip(&pattern).filter(|(x, y)| x != y).count() as u64;
     }

@@ -155,6 +155,19 @@ fn read_mr(side: &Side, offset: usize, len: usize) -> Vec<u8> {
     out
 }
 
+/// Loses the first packet with `opcode` on the wire, once.
+fn lose_first(sim: &mut Sim, opcode: Opcode) {
+    let mut lost = false;
+    sim.filter = Some(Box::new(move |_, bytes| {
+        let hit = RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == opcode);
+        if hit && !lost {
+            lost = true;
+            return false;
+        }
+        true
+    }));
+}
+
 const LIMIT: Duration = Duration::from_secs(600);
 
 #[test]
@@ -718,16 +731,7 @@ fn remote_access_errors_of_each_kind() {
 #[test]
 fn a_lost_atomic_ack_does_not_run_the_atomic_twice() {
     let mut sim = Sim::new(2, seed(10), Faults::default());
-    let mut dropped = false;
-    sim.filter = Some(Box::new(move |_, bytes| {
-        let atomic_ack =
-            RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == Opcode::RcAtomicAck);
-        if atomic_ack && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    }));
+    lose_first(&mut sim, Opcode::RcAtomicAck);
     let [a, b] = connect(
         &mut sim,
         Options {
@@ -947,16 +951,7 @@ fn deregistration_stops_a_write_in_flight() {
     // The responder checks each WRITE packet's part as it lands: a region deregistered between
     // the FIRST and the LAST packet fails the rest of the message with NAK 0x62.
     let mut sim = Sim::new(2, seed(16), Faults::default());
-    let mut lost_last = false;
-    sim.filter = Some(Box::new(move |_, bytes| {
-        let last =
-            RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == Opcode::RcWriteLast);
-        if last && !lost_last {
-            lost_last = true;
-            return false;
-        }
-        true
-    }));
+    lose_first(&mut sim, Opcode::RcWriteLast);
     let [a, b] = connect(
         &mut sim,
         Options {
