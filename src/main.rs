@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use softroce::decode::{decode_capture, Item};
 use softroce::demo::DemoConfig;
+use softroce::tools::perftest::{self, AtomicOp, Test};
 use softroce::tools::pingpong::{self, Options, Transport};
 use softroce::transport::PathMtu;
 
@@ -67,6 +68,52 @@ enum Command {
     UdPingpong {
         #[command(flatten)]
         common: PingpongArgs,
+    },
+    /// ib_write_bw over softroce: RDMA WRITE bandwidth against perftest's ib_write_bw or
+    /// softroce. Without HOST, wait for a client; with it, connect to it.
+    #[command(after_help = PERFTEST_NOTES)]
+    WriteBw {
+        #[command(flatten)]
+        common: PerftestArgs,
+    },
+    /// ib_read_bw over softroce: RDMA READ bandwidth.
+    #[command(after_help = PERFTEST_NOTES)]
+    ReadBw {
+        #[command(flatten)]
+        common: PerftestArgs,
+    },
+    /// ib_send_bw over softroce: SEND bandwidth, measured by both sides.
+    #[command(after_help = PERFTEST_NOTES)]
+    SendBw {
+        #[command(flatten)]
+        common: PerftestArgs,
+    },
+    /// ib_atomic_bw over softroce: 8-byte atomics (FETCH_AND_ADD unless -A says otherwise).
+    #[command(after_help = PERFTEST_NOTES)]
+    AtomicBw {
+        #[command(flatten)]
+        common: PerftestArgs,
+        /// The atomic: CMP_AND_SWAP or FETCH_AND_ADD.
+        #[arg(short = 'A', long = "atomic_type", value_name = "TYPE", default_value = "FETCH_AND_ADD", value_parser = atomic_type)]
+        atomic: AtomicOp,
+    },
+    /// ib_write_lat over softroce: RDMA WRITE ping-pong latency, each side polling its buffer.
+    #[command(after_help = PERFTEST_NOTES)]
+    WriteLat {
+        #[command(flatten)]
+        common: PerftestArgs,
+    },
+    /// ib_read_lat over softroce: RDMA READ latency, timed by the client.
+    #[command(after_help = PERFTEST_NOTES)]
+    ReadLat {
+        #[command(flatten)]
+        common: PerftestArgs,
+    },
+    /// ib_send_lat over softroce: SEND ping-pong latency.
+    #[command(after_help = PERFTEST_NOTES)]
+    SendLat {
+        #[command(flatten)]
+        common: PerftestArgs,
     },
 }
 
@@ -130,6 +177,147 @@ struct PingpongArgs {
     /// train's packets carry IPv4 IDs 0, 1, 2, ..., which its ICRCs are sealed for).
     #[arg(long)]
     no_segmentation: bool,
+}
+
+const PERFTEST_NOTES: &str = "\
+Output, exchange (TCP: version, page and cache line sizes, MTU, then rounds of 108-byte
+\"LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID:SRQN\" keys, the client's report and \"done\") and
+behaviour are perftest 4.5's (version 6.06), so either side may be softroce or perftest's
+ib_*_bw and ib_*_lat (e.g. ib_write_bw -x 1 on kernel rxe).
+
+softroce's own: a device is an IP address (UDP port 4791 on it) and its one GID is that address,
+::ffff:a.b.c.d for IPv4. --bind picks it; by default it is the local address of the TCP
+connection to the peer. Two devices on one host need two addresses, e.g. --bind 127.0.0.1 and
+--bind 127.0.0.2. --json prints one JSON document, with the keys of perftest's --out_json file,
+instead of the text.
+
+Accepted for compatibility: -x (every index means the device's address; the header shows the
+index given), -F (softroce times with the monotonic clock, not CPU cycles), -d (ignored, with a
+note: --bind chooses the device), -i (must be 1). The path MTU defaults to 1024, a softroce
+port's, as rxe's on a 1500-byte Ethernet link. Command-line errors exit with status 2; what
+perftest refuses once its options are read (e.g. -s with atomic-bw, -q with a latency test) and
+every other failure exit with 1.";
+
+/// The options perftest's tools share that softroce takes, and softroce's own. The fields named
+/// with a leading underscore are parsed, so that perftest's command lines work unchanged, and
+/// never read.
+#[derive(Args)]
+struct PerftestArgs {
+    /// The server to connect to; without it, start a server and wait for a connection.
+    host: Option<String>,
+    /// Listen on/connect to this TCP port.
+    #[arg(short, long, default_value_t = softroce::tools::oob::DEFAULT_PORT, value_parser = c_number::<u16>)]
+    port: u16,
+    /// Accepted and ignored (with a note): softroce's device is the address --bind gives.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// The device port: softroce devices have one, port 1.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = only_port_one)]
+    _ib_port: u8,
+    /// Size of message to exchange, with an optional K or M suffix [default: 65536 for the bw
+    /// tests, 2 for the lat tests, 8 for atomic-bw (which takes no other)]
+    #[arg(short, long, value_parser = message_size)]
+    size: Option<u64>,
+    /// Number of exchanges, at least 5 [default: 5000 for write-bw, 1000 for the others]
+    #[arg(short = 'n', long, value_parser = iterations)]
+    iters: Option<u64>,
+    /// Run for this many seconds instead of -n exchanges, timing the middle half.
+    #[arg(short = 'D', long, value_name = "SECONDS", value_parser = duration)]
+    duration: Option<u32>,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096; the two sides use the smaller of theirs.
+    #[arg(short, long, value_name = "SIZE", default_value = "1024", value_parser = path_mtu)]
+    mtu: PathMtu,
+    /// Number of QPs (bw tests only).
+    #[arg(short, long = "qp", value_name = "NUM", default_value_t = 1, value_parser = qp_count)]
+    qp: usize,
+    /// GID index: accepted; every index means the device's one address.
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX", default_value_t = 0, value_parser = gid_index)]
+    gid_index: u32,
+    /// Accepted: perftest's switch for its CPU-frequency warning (softroce has none).
+    #[arg(short = 'F', long = "CPU-freq")]
+    _cpu_freq: bool,
+    /// Run every message size from 2 bytes to 8 MiB.
+    #[arg(short, long)]
+    all: bool,
+    /// Report bandwidth in Gb/sec instead of MB/sec.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// softroce: the device's IP address, whose UDP port 4791 it binds and which is its GID
+    /// [default: the local address of the TCP connection to the peer]
+    #[arg(long, value_name = "ADDRESS")]
+    bind: Option<IpAddr>,
+    /// softroce: send one UDP datagram per packet instead of segmentation offload trains.
+    #[arg(long)]
+    no_segmentation: bool,
+    /// softroce: print one JSON document instead of perftest's text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `-s`: perftest's `strtol(s, NULL, 0)`, times 1024 with a K suffix or 2^20 with M, from 1 to
+/// `UINT_MAX / 2`.
+fn message_size(s: &str) -> Result<u64, String> {
+    let (number, factor) = match s.strip_suffix('K') {
+        Some(number) => (number, 1 << 10),
+        None => s
+            .strip_suffix('M')
+            .map_or((s, 1), |number| (number, 1 << 20)),
+    };
+    c_number::<u64>(number)?
+        .checked_mul(factor)
+        .filter(|size| (1..=u64::from(u32::MAX / 2)).contains(size))
+        .ok_or_else(|| format!("Message Size should be between 1 and {}", u32::MAX / 2))
+}
+
+fn iterations(s: &str) -> Result<u64, String> {
+    let range = perftest::ITERS_RANGE;
+    c_number(s)
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "Iteration num should be between {} and {}",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+fn duration(s: &str) -> Result<u32, String> {
+    c_number(s)
+        .ok()
+        .filter(|&seconds| seconds > 0)
+        .ok_or_else(|| "Duration period must be positive".into())
+}
+
+fn qp_count(s: &str) -> Result<usize, String> {
+    let range = perftest::QPS_RANGE;
+    c_number(s)
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "num of Qps should be between {} and {}",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+fn gid_index(s: &str) -> Result<u32, String> {
+    c_number(s)
+        .ok()
+        .filter(|&index| index <= 64)
+        .ok_or_else(|| "Gid index should be between 0 and 64".into())
+}
+
+fn atomic_type(s: &str) -> Result<AtomicOp, String> {
+    [AtomicOp::CompareSwap, AtomicOp::FetchAdd]
+        .into_iter()
+        .find(|op| op.name() == s)
+        .ok_or_else(|| {
+            "Invalid Atomic type! please choose from {CMP_AND_SWAP,FETCH_AND_ADD}".into()
+        })
 }
 
 /// `-m`, which ibv_rc_pingpong and ibv_uc_pingpong take and ibv_ud_pingpong does not.
@@ -297,6 +485,37 @@ fn pingpong(
     }
 }
 
+fn perftest(test: Test, args: &PerftestArgs, atomic: AtomicOp) -> ExitCode {
+    let name = test.name();
+    if let Some(dev) = &args.ib_dev {
+        eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
+    }
+    let options = perftest::Options {
+        server: args.host.clone(),
+        port: args.port,
+        size: args.size,
+        iters: args.iters,
+        duration: args.duration,
+        mtu: args.mtu,
+        qps: args.qp,
+        all_sizes: args.all,
+        report_gbits: args.report_gbits,
+        gid_index: args.gid_index,
+        atomic,
+        bind: args.bind,
+        segmentation: !args.no_segmentation,
+        json: args.json,
+        ..perftest::Options::new(test)
+    };
+    match perftest::run(&options, &mut std::io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softroce {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
@@ -309,5 +528,12 @@ fn main() -> ExitCode {
             pingpong(Transport::Uc, "uc-pingpong", common, Some(path.mtu))
         }
         Command::UdPingpong { common } => pingpong(Transport::Ud, "ud-pingpong", common, None),
+        Command::WriteBw { common } => perftest(Test::WriteBw, common, AtomicOp::FetchAdd),
+        Command::ReadBw { common } => perftest(Test::ReadBw, common, AtomicOp::FetchAdd),
+        Command::SendBw { common } => perftest(Test::SendBw, common, AtomicOp::FetchAdd),
+        Command::AtomicBw { common, atomic } => perftest(Test::AtomicBw, common, *atomic),
+        Command::WriteLat { common } => perftest(Test::WriteLat, common, AtomicOp::FetchAdd),
+        Command::ReadLat { common } => perftest(Test::ReadLat, common, AtomicOp::FetchAdd),
+        Command::SendLat { common } => perftest(Test::SendLat, common, AtomicOp::FetchAdd),
     }
 }

@@ -3,18 +3,27 @@
 //!
 //! - [`pingpong`]: `softroce rc-pingpong`, `uc-pingpong` and `ud-pingpong`, which interoperate
 //!   with rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong` in either role;
-//! - [`oob`]: the pingpong tools' out-of-band address exchange over TCP.
+//! - [`oob`]: the pingpong tools' out-of-band address exchange over TCP;
+//! - [`perftest`]: `softroce write-bw`, `read-bw`, `send-bw`, `atomic-bw`, `write-lat`,
+//!   `read-lat` and `send-lat`, which interoperate with perftest's `ib_*_bw` and `ib_*_lat` in
+//!   either role, with [`perftest_oob`], perftest's exchange, and [`perftest_report`], its
+//!   output.
 //!
 //! The tools use the verbs API only, as an application would.
 
 pub mod oob;
+pub mod perftest;
+pub mod perftest_oob;
+pub mod perftest_report;
 pub mod pingpong;
 
 use std::fmt;
 use std::io;
+use std::net::IpAddr;
 
+use crate::io::{UdpBackend, UdpConfig};
 use crate::transport::WcStatus;
-use crate::verbs;
+use crate::verbs::{self, Device};
 
 /// Why a tool stopped.
 #[derive(Debug)]
@@ -91,4 +100,23 @@ pub fn wc_status_value(status: WcStatus) -> u32 {
         WcStatus::RetryExcErr => 12,
         WcStatus::RnrRetryExcErr => 13,
     }
+}
+
+/// A tool's device: a UDP backend on `address` ([`UdpConfig::segmentation`] as given) and its
+/// engine thread.
+fn open_device(address: IpAddr, segmentation: bool) -> Result<Device> {
+    let config = UdpConfig {
+        segmentation,
+        ..UdpConfig::new(address)
+    };
+    UdpBackend::with_config(config)
+        .map_err(verbs::Error::from)
+        .and_then(|backend| Device::with_backend(backend, None))
+        .map_err(|error| Error::Device {
+            doing: format!(
+                "Couldn't open a device on {address} (each device needs an address of its own: \
+                 see --bind)"
+            ),
+            error,
+        })
 }

@@ -88,7 +88,7 @@ impl Dest {
     }
 }
 
-fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>> {
+pub(super) fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>> {
     let mut msg = vec![0; len];
     let mut got = 0;
     while got < len {
@@ -110,7 +110,7 @@ fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8
     Ok(msg)
 }
 
-fn write_all(stream: &mut TcpStream, msg: &[u8], what: &str) -> Result<()> {
+pub(super) fn write_all(stream: &mut TcpStream, msg: &[u8], what: &str) -> Result<()> {
     stream
         .write_all(msg)
         .map_err(|e| Error::Exchange(format!("Couldn't send {what}: {e}")))

@@ -27,14 +27,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::oob::{self, Dest, DEFAULT_PORT};
-use super::{Error, Result};
-use crate::io::{UdpBackend, UdpConfig};
+use super::{open_device, Error, Result};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus,
     WorkCompletion, GRH_LEN,
 };
-use crate::verbs::{self, CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
+use crate::verbs::{self, CompletionQueue, ConnectOptions, QueuePair, Remote};
 use crate::wire::{Psn, QKey, RnrTimer};
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
@@ -115,7 +114,7 @@ pub struct Options {
     /// The device's address (its GID). `None`: the local address of the exchange's TCP
     /// connection, which is the address the peer reaches this host at.
     pub bind: Option<IpAddr>,
-    /// UDP segmentation offload ([`UdpConfig::segmentation`]).
+    /// UDP segmentation offload ([`crate::io::UdpConfig::segmentation`]).
     pub segmentation: bool,
 }
 
@@ -264,7 +263,7 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<Report> {
     Ok(report)
 }
 
-fn listen(port: u16, bind: Option<IpAddr>) -> Result<TcpListener> {
+pub(super) fn listen(port: u16, bind: Option<IpAddr>) -> Result<TcpListener> {
     // On every address of the device's family, as rdma-core listens on every address.
     let any: IpAddr = match bind {
         Some(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
@@ -274,7 +273,7 @@ fn listen(port: u16, bind: Option<IpAddr>) -> Result<TcpListener> {
         .map_err(|e| Error::Exchange(format!("Couldn't listen to port {port}: {e}")))
 }
 
-fn accept(listener: TcpListener) -> Result<TcpStream> {
+pub(super) fn accept(listener: TcpListener) -> Result<TcpStream> {
     // One client: the listener closes once it has one, as rdma-core's does.
     let (stream, _) = listener
         .accept()
@@ -282,19 +281,19 @@ fn accept(listener: TcpListener) -> Result<TcpStream> {
     Ok(stream)
 }
 
-fn connect(host: &str, port: u16) -> Result<TcpStream> {
+pub(super) fn connect(host: &str, port: u16) -> Result<TcpStream> {
     TcpStream::connect((host, port))
         .map_err(|e| Error::Exchange(format!("Couldn't connect to {host}:{port}: {e}")))
 }
 
 /// `lrand48() & 0xffffff`, from std's per-process random hasher keys.
-fn random_psn() -> Psn {
+pub(super) fn random_psn() -> Psn {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());
     Psn::new(hasher.finish() as u32)
 }
 
-fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(E) -> Error {
+pub(super) fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(E) -> Error {
     move |e| Error::Device {
         doing: doing.into(),
         error: e.into(),
@@ -319,20 +318,7 @@ impl Context {
     /// `pp_init_ctx` and the first receives: a device on `address`, the QP in INIT with
     /// `rx_depth` receives posted.
     fn open(o: &Options, address: IpAddr) -> Result<Context> {
-        let config = UdpConfig {
-            segmentation: o.segmentation,
-            ..UdpConfig::new(address)
-        };
-        let device = UdpBackend::with_config(config)
-            .map_err(verbs::Error::from)
-            .and_then(|backend| Device::with_backend(backend, None))
-            .map_err(|error| Error::Device {
-                doing: format!(
-                    "Couldn't open a device on {address} (each device needs an address of its \
-                     own: see --bind)"
-                ),
-                error,
-            })?;
+        let device = open_device(address, o.segmentation)?;
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
         let len = o.transport.offset() + o.size;
         let mr = pd

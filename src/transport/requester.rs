@@ -590,6 +590,11 @@ impl Qp {
                 self.retry(ctx);
             } else {
                 ctx.counters.stale_responses += 1;
+                // The responder is still answering an earlier request, and the answer to the
+                // latest may queue behind these: wait a timeout more, as rxe_comp.c pushes its
+                // retry timer back on every response. Without this, a large READ from rxe over
+                // a lossy link retried forever (found in the lab with read-lat -s 8M).
+                self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
             }
             return;
         }

@@ -526,31 +526,40 @@ for c in *; do v=$(cat "$c"); [ "$v" != 0 ] && echo "$c $v"; done; true'
 # (softroce's output and exit status), G_OUT and G_RC (the guest tool's). When one side fails,
 # the other is stopped at once instead of waited for.
 softroce_pair() {
-  local role=$1 tool=$2 args=$3 sargs=${4:-} gcmd scmd out pid i
-  gcmd="ibv_${tool}_pingpong -d rxe0 -g 1 $args"
-  scmd="$SOFTROCE_BIN ${tool}-pingpong --bind $LAB_HOST_IP $args $sargs"
+  local role=$1 tool=$2 args=$3 sargs=${4:-}
+  # With --bind the server listens before it prints its local address line.
+  softroce_guest_pair "$role" "$tool" "ibv_${tool}_pingpong -d rxe0 -g 1 $args" \
+    "$SOFTROCE_BIN ${tool}-pingpong --bind $LAB_HOST_IP $args $sargs" 'local address'
+}
+
+# softroce_guest_pair ROLE TAG GUEST_CMD SOFTROCE_CMD READY: what softroce_pair and
+# softroce_perftest_pair do, for any pair of tools with a TCP exchange on port 18515: the guest
+# command in vmB (TAG names its job), softroce's on the host side, the server's side given by
+# ROLE as in softroce_pair. A softroce server is ready for its client once its output has a
+# line matching READY (grep). Also sets SR_ROLE to ROLE.
+softroce_guest_pair() {
+  local role=$1 tag=$2 gcmd=$3 scmd=$4 ready=$5 out pid i
   softroce_build || return 1
   lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
   echo "---- vmB rxe0 counters before"; guest_rxe_counters vmB
-  SR_RC=0 G_RC=0
+  SR_RC=0 G_RC=0 SR_ROLE=$role
   case $role in
     client)
-      guest_bg vmB "sr_$tool" 90 "$gcmd" || { echo "cannot start '$gcmd' in vmB"; return 1; }
+      guest_bg vmB "sr_$tag" 90 "$gcmd" || { echo "cannot start '$gcmd' in vmB"; return 1; }
       if ! guest_wait_tcp_listen vmB 18515 15; then
-        echo "'$gcmd' does not listen on TCP 18515:"; guest_wait_bg vmB "sr_$tool" 1; return 1
+        echo "'$gcmd' does not listen on TCP 18515:"; guest_wait_bg vmB "sr_$tag" 1; return 1
       fi
       SR_OUT=$(lab_ns_exec timeout 90 $scmd "$VM_B" 2>&1) || SR_RC=$?
       [ "$SR_RC" = 0 ] || lab_guest_reset vmB || true
-      G_OUT=$(guest_wait_bg vmB "sr_$tool" 30) || G_RC=$?
+      G_OUT=$(guest_wait_bg vmB "sr_$tag" 30) || G_RC=$?
       gcmd="$gcmd (server)" scmd="$scmd $VM_B (client)"
       ;;
     server)
-      out=$LAB_RUN/softroce-$tool-server.out
+      out=$LAB_RUN/softroce-$tag-server.out
       lab_ns_exec timeout 90 $scmd >"$out" 2>&1 &
       pid=$!
-      # With --bind the server listens before it prints its local address line.
       for i in $(seq 1 100); do
-        grep -q 'local address' "$out" && break
+        grep -q "$ready" "$out" && break
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
       done
@@ -560,7 +569,7 @@ softroce_pair() {
       SR_OUT=$(cat "$out")
       gcmd="$gcmd $LAB_HOST_IP (client)" scmd="$scmd (server)"
       ;;
-    *) echo "softroce_pair: ROLE is client or server, not '$role'"; return 1;;
+    *) echo "softroce_guest_pair: ROLE is client or server, not '$role'"; return 1;;
   esac
   echo "---- softroce (host side, $LAB_HOST_IP): $scmd"
   printf '%s\n' "$SR_OUT"
@@ -588,3 +597,76 @@ softroce_pair_ok() {
 }
 
 _no_invalid_data() { ! printf '%s\n' "$1" | grep -q 'invalid data'; }
+
+# ---------------------------------------------------------------------------------------------
+# softroce's perftest tools against perftest in the guests (cases/6*.sh)
+#
+# `softroce write-bw`, `read-bw`, `send-bw`, `atomic-bw`, `send-lat`, `write-lat` and `read-lat`
+# run on the host side as a softroce device on $LAB_HOST_IP (--bind) against perftest's ib_*_bw
+# and ib_*_lat -x 1 (rxe's IPv4-mapped GID) in vmB, in both roles. README.md ("softroce against
+# perftest") lists the cases.
+
+# softroce_perftest_pair ROLE TEST ARGS [SOFTROCE_ARGS]: one run of `softroce TEST` (write-bw,
+# ..., read-lat) against perftest's ib_TEST (ib_write_bw, ..., ib_read_lat) in vmB, both with
+# ARGS (perftest's syntax) and -x 1, softroce also with --bind $LAB_HOST_IP and SOFTROCE_ARGS.
+# ROLE, the output and the variables set are softroce_pair's. A softroce server is ready once it
+# prints perftest's "Waiting for client to connect" banner, which it does once it listens.
+softroce_perftest_pair() {
+  local role=$1 test=$2 args=$3 sargs=${4:-}
+  softroce_guest_pair "$role" "${test//-/_}" "ib_${test//-/_} -d rxe0 -x 1 $args" \
+    "$SOFTROCE_BIN $test --bind $LAB_HOST_IP -x 1 $args $sargs" 'Waiting for client to connect'
+}
+
+# perftest_gid_line IP: the GID line perftest prints for IP's IPv4-mapped GID ("%02d" bytes).
+perftest_gid_line() {
+  local IFS=.
+  # shellcheck disable=SC2086
+  printf ' GID: 00:00:00:00:00:00:00:00:00:00:255:255:%02d:%02d:%02d:%02d' $1
+}
+
+# perftest_side_ok OUTPUT TEST SIZE ITERS ROLE PEER: the output of one side (softroce's or
+# perftest's, in ROLE server or client) of TEST has the test's header block, the PEER address's
+# GID as the remote one, and the result table that side prints with a row for SIZE and ITERS:
+# both sides of the bandwidth tests (the servers of ib_write_bw, ib_read_bw and ib_atomic_bw
+# print the client's report) and of the latency tests, except the server of ib_read_lat, which
+# prints no table.
+perftest_side_ok() {
+  local out=$1 test=$2 size=$3 iters=$4 role=$5 peer=$6 title
+  case $test in
+    write-bw) title="RDMA_Write BW Test";;
+    read-bw) title="RDMA_Read BW Test";;
+    send-bw) title="Send BW Test";;
+    atomic-bw) title="Atomic FETCH_AND_ADD BW Test";;
+    write-lat) title="RDMA_Write Latency Test";;
+    read-lat) title="RDMA_Read Latency Test";;
+    send-lat) title="Send Latency Test";;
+    *) echo "perftest_side_ok: unknown test '$test'"; return 1;;
+  esac
+  grep -qxF "                    $title" <<<"$out" || { echo "no header block for $title"; return 1; }
+  grep -A1 '^ remote address: LID 0000 QPN 0x' <<<"$out" | grep -qxF "$(perftest_gid_line "$peer")" \
+    || { echo "no remote address with the GID of $peer"; return 1; }
+  if [ "$test" = read-lat ] && [ "$role" = server ]; then return 0; fi
+  case $test in
+    *-bw)
+      grep -qxF ' #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]' <<<"$out" &&
+        perftest_report_ok "$out" "$size" "$iters";;
+    *-lat)
+      grep -qF ' #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]' <<<"$out" &&
+        grep -qE "^ $size +$iters([[:space:]]+[0-9.]+){7}[[:space:]]*\$" <<<"$out";;
+  esac || { echo "no result table with a row for $size bytes x $iters"; return 1; }
+}
+
+# softroce_perftest_ok TEST SIZE ITERS: the last softroce_perftest_pair passed: both sides
+# exited 0, and each printed TEST's header block, the other's GID as the remote one, and its
+# result table with a row for SIZE and ITERS (perftest_side_ok).
+softroce_perftest_ok() {
+  local test=$1 size=$2 iters=$3 g_role=server
+  [ "$SR_ROLE" = server ] && g_role=client
+  wirecheck_expect "softroce exited $SR_RC" [ "$SR_RC" = 0 ]
+  wirecheck_expect "the guest tool exited $G_RC" [ "$G_RC" = 0 ]
+  wirecheck_expect "softroce's output (above)" \
+    perftest_side_ok "$SR_OUT" "$test" "$size" "$iters" "$SR_ROLE" "$VM_B"
+  wirecheck_expect "the guest tool's output (above)" \
+    perftest_side_ok "$G_OUT" "$test" "$size" "$iters" "$g_role" "$LAB_HOST_IP"
+  echo "ok: $test, softroce $SR_ROLE and ib_${test//-/_} $g_role: $size bytes x $iters"
+}

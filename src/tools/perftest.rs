@@ -1,0 +1,1248 @@
+//! `softroce write-bw`, `read-bw`, `send-bw`, `atomic-bw`, `write-lat`, `read-lat` and
+//! `send-lat`: perftest's `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`,
+//! `ib_write_lat`, `ib_read_lat` and `ib_send_lat` (linux-rdma/perftest 4.5-0.17, Debian's
+//! `perftest` package, which calls itself version 6.06), over softroce.
+//!
+//! Either side may be softroce or perftest. What the peer sees is what perftest does:
+//!
+//! - the exchange of [`super::perftest_oob`], with each test's own sequence of key rounds
+//!   (see `Session::handshake` and the test phases below it), which is where the two sides
+//!   wait for each other;
+//! - RC QPs (`-q` of them in the bandwidth tests) with perftest's attributes: access for the
+//!   test's verb, timeout 14, retry and RNR retry 7, RNR timer 12, and as many outstanding
+//!   READs and atomics as both sides take;
+//! - one buffer, registered once: a send half and a receive half, one slice per QP in each, of
+//!   the message size or the page size if that is larger. A peer's messages go to this side's
+//!   receive half, whose address is what the keys carry. Messages no larger than half a page
+//!   cycle through the page in cache-line steps, as perftest's do;
+//! - the bandwidth client keeps up to 128 messages in flight per QP (`TX depth`), asks for a
+//!   completion every 100th (`CQ Moderation`, 1 for messages over 8 KiB), and reports the
+//!   average and the peak bandwidth; the `SEND` server measures from its first receive to its
+//!   last;
+//! - the latency tests time each round trip of one message each way (a READ or atomic is one
+//!   round trip by itself). `write-lat` polls the last byte of its receive buffer for the
+//!   peer's count, as perftest does, and the server writes first; in `send-lat` the client
+//!   sends first.
+//!
+//! A softroce device has one GID, its address ([`super::pingpong::gid_of`]); `-x` is accepted
+//! and means that one. The peer's GID is turned back into the address to send to. Times come
+//! from the monotonic clock, so `-F` (which silences perftest's CPU-frequency warning) changes
+//! nothing.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::perftest_oob::{BwReport, Exchange, Keys};
+use super::perftest_report::{
+    bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
+    TestInfo, PEAK_ITERS_MAX,
+};
+use super::pingpong::{accept, connect, failed, gid_of, listen, random_psn};
+use super::{open_device, Error, Result};
+use crate::memory::{Access, MemoryRegion};
+use crate::transport::{
+    PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
+};
+use crate::verbs::{CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
+use crate::wire::RnrTimer;
+
+/// `DEF_SIZE_BW`, `DEF_SIZE_LAT`, `DEF_SIZE_ATOMIC`.
+const DEFAULT_SIZE_BW: u64 = 65536;
+const DEFAULT_SIZE_LAT: u64 = 2;
+const ATOMIC_SIZE: u64 = 8;
+/// `MAX_SIZE`: `-a` runs every power of two from 2 up to this.
+const MAX_SIZE: u64 = 1 << 23;
+/// `DEF_ITERS`, and `DEF_ITERS_WB` for `ib_write_bw`.
+const DEFAULT_ITERS: u64 = 1000;
+const DEFAULT_ITERS_WRITE_BW: u64 = 5000;
+/// `-n`'s range (`MIN_ITER`, `MAX_ITER`).
+pub const ITERS_RANGE: std::ops::RangeInclusive<u64> = 5..=100_000_000;
+/// `-q`'s range (`MIN_QP_NUM`, `MAX_QP_NUM`).
+pub const QPS_RANGE: std::ops::RangeInclusive<usize> = 1..=16384;
+/// `DEF_TX_BW`, `DEF_TX_LAT`, `DEF_RX_SEND`, `DEF_RX_RDMA`.
+const TX_DEPTH_BW: u64 = 128;
+const TX_DEPTH_LAT: u64 = 1;
+const RX_DEPTH_SEND: u64 = 512;
+const RX_DEPTH_RDMA: u64 = 1;
+/// `DEF_CQ_MOD`, and the message size above which perftest signals every message instead
+/// (`MSG_SIZE_CQ_MOD_LIMIT`).
+const CQ_MOD: u64 = 100;
+const CQ_MOD_SIZE_LIMIT: u64 = 8192;
+/// What this side offers in the page- and cache-line-size rounds; both sides use the larger.
+const PAGE_SIZE: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+/// The QP attributes perftest sets (`DEF_QP_TIME`, `ctx_modify_qp_to_rts`, `MIN_RNR_TIMER`).
+const QP_TIMEOUT: u8 = 14;
+const RETRY_COUNT: u8 = 7;
+const MIN_RNR_TIMER: u8 = 12;
+/// `ATOMIC_ADD_VALUE`; compare-and-swap compares with 0 and swaps in `ATOMIC_SWAP_VALUE`, 0.
+const ATOMIC_ADD: u64 = 1;
+/// `CTX_POLL_BATCH`: completions taken from a CQ at once.
+const POLL_BATCH: usize = 16;
+
+/// The verb a test measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+/// The seven tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    WriteBw,
+    ReadBw,
+    SendBw,
+    AtomicBw,
+    WriteLat,
+    ReadLat,
+    SendLat,
+}
+
+impl Test {
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::AtomicBw => Verb::Atomic,
+        }
+    }
+
+    pub fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Test::WriteBw | Test::ReadBw | Test::SendBw | Test::AtomicBw
+        )
+    }
+
+    /// The subcommand.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write-bw",
+            Test::ReadBw => "read-bw",
+            Test::SendBw => "send-bw",
+            Test::AtomicBw => "atomic-bw",
+            Test::WriteLat => "write-lat",
+            Test::ReadLat => "read-lat",
+            Test::SendLat => "send-lat",
+        }
+    }
+
+    /// The default message size.
+    pub fn default_size(self) -> u64 {
+        match self {
+            Test::AtomicBw => ATOMIC_SIZE,
+            _ if self.is_bw() => DEFAULT_SIZE_BW,
+            _ => DEFAULT_SIZE_LAT,
+        }
+    }
+
+    /// The default number of iterations.
+    pub fn default_iters(self) -> u64 {
+        match self {
+            Test::WriteBw => DEFAULT_ITERS_WRITE_BW,
+            _ => DEFAULT_ITERS,
+        }
+    }
+
+    /// How many messages one timed gap covers: a READ or atomic is a round trip by itself,
+    /// the others take one message each way (perftest's `rtt_factor`).
+    fn rtt_factor(self) -> u32 {
+        match self.verb() {
+            Verb::Read | Verb::Atomic => 1,
+            Verb::Send | Verb::Write => 2,
+        }
+    }
+}
+
+/// The atomic `atomic-bw` issues (`-A`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    CompareSwap,
+    FetchAdd,
+}
+
+impl AtomicOp {
+    /// perftest's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::CompareSwap => "CMP_AND_SWAP",
+            AtomicOp::FetchAdd => "FETCH_AND_ADD",
+        }
+    }
+}
+
+/// What to run: perftest's options, and the device's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub test: Test,
+    /// The server to connect to (a host name or address); `None` makes this side the server.
+    pub server: Option<String>,
+    /// The TCP port of the exchange.
+    pub port: u16,
+    /// `-s`; `None`: the test's default. Without `-a`, at least 1 byte.
+    pub size: Option<u64>,
+    /// `-n`: messages per QP, or round trips.
+    pub iters: Option<u64>,
+    /// `-D`: run for this many seconds instead of `-n` messages, timing the middle half.
+    pub duration: Option<u32>,
+    /// `-m`: the path MTU this side offers; the two sides use the smaller.
+    pub mtu: PathMtu,
+    /// `-q`: QPs, in the bandwidth tests.
+    pub qps: usize,
+    /// `-a`: every size from 2 bytes to 8 MiB.
+    pub all_sizes: bool,
+    /// `--report_gbits`: Gb/sec instead of MB/sec.
+    pub report_gbits: bool,
+    /// `-x`, printed as the GID index; every index means the device's one address.
+    pub gid_index: u32,
+    /// `-A`, for `atomic-bw`.
+    pub atomic: AtomicOp,
+    /// The device's address (its GID). `None`: the local address of the exchange's TCP
+    /// connection, which is the address the peer reaches this host at.
+    pub bind: Option<IpAddr>,
+    /// UDP segmentation offload ([`crate::io::UdpConfig::segmentation`]).
+    pub segmentation: bool,
+    /// Print one JSON document instead of perftest's text.
+    pub json: bool,
+}
+
+impl Options {
+    /// perftest's defaults: a server on port 18515, the test's size and iterations, path MTU
+    /// 1024 (what a softroce device's port has, as rxe on a 1500-byte Ethernet link), one QP.
+    pub fn new(test: Test) -> Self {
+        Options {
+            test,
+            server: None,
+            port: super::oob::DEFAULT_PORT,
+            size: None,
+            iters: None,
+            duration: None,
+            mtu: PathMtu::Mtu1024,
+            qps: 1,
+            all_sizes: false,
+            report_gbits: false,
+            gid_index: 0,
+            atomic: AtomicOp::FetchAdd,
+            bind: None,
+            segmentation: true,
+            json: false,
+        }
+    }
+}
+
+/// `-D`: a warm-up and a cool-down of a quarter each (perftest's default margin), and the
+/// messages of the half between them counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timing {
+    total: Duration,
+    margin: Duration,
+}
+
+/// Where a timed run is (perftest's `START_STATE` ... `END_STATE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Warmup,
+    Sample,
+    Cooldown,
+    End,
+}
+
+impl Timing {
+    fn new(seconds: u32) -> Timing {
+        Timing {
+            total: Duration::from_secs(seconds.into()),
+            // Whole seconds, as perftest's `duration / 4` is.
+            margin: Duration::from_secs((seconds / 4).into()),
+        }
+    }
+
+    fn phase(&self, since_start: Duration) -> Phase {
+        if since_start < self.margin {
+            Phase::Warmup
+        } else if since_start < self.total - self.margin {
+            Phase::Sample
+        } else if since_start < self.total {
+            Phase::Cooldown
+        } else {
+            Phase::End
+        }
+    }
+
+    /// The sampling period, from its start to its end, in nanoseconds from the run's start.
+    fn sample_ns(&self) -> (u64, u64) {
+        let ns = |d: Duration| d.as_nanos() as u64;
+        (ns(self.margin), ns(self.total - self.margin))
+    }
+}
+
+/// The run's parameters once perftest's rules have been applied (`force_dependecies`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plan {
+    /// The sizes run, in order.
+    sizes: Vec<u64>,
+    /// The largest: what the buffer is laid out for.
+    max_size: u64,
+    /// Messages per QP (or round trips) of each size; 0 with `-D`.
+    iters: u64,
+    timing: Option<Timing>,
+    tx_depth: u64,
+    /// Receives posted per QP in the SEND tests.
+    rx_depth: u64,
+    cq_mod: u64,
+    /// The peak is computed only from at most 20,000 messages, and never with `-D` or by the
+    /// SEND server.
+    no_peak: bool,
+    /// What this side's keys offer: READs and atomics it answers at once, 1 in the tests that
+    /// have none.
+    out_reads: u16,
+    unit: BwUnit,
+}
+
+impl Plan {
+    fn new(o: &Options, client: bool) -> Result<Plan> {
+        let test = o.test;
+        let usage = |why: &str| Err(Error::Usage(why.into()));
+        if !test.is_bw() && o.qps > 1 {
+            return usage("Multiple QPs only available on bw tests");
+        }
+        if o.duration.is_some() && o.all_sizes {
+            return usage("Duration mode currently doesn't support running on all sizes.");
+        }
+        let size = o.size.unwrap_or(test.default_size());
+        if test.verb() == Verb::Atomic && (o.all_sizes || size != ATOMIC_SIZE) {
+            return usage("Message size cannot be changed for Atomic tests");
+        }
+        let timing = o.duration.map(Timing::new);
+        let iters = match timing {
+            Some(_) => 0,
+            None => o.iters.unwrap_or(test.default_iters()),
+        };
+        let sizes: Vec<u64> = if o.all_sizes {
+            (1..24).map(|power| 1 << power).collect()
+        } else {
+            vec![size]
+        };
+        let max_size = if o.all_sizes { MAX_SIZE } else { size };
+        let counted = timing.is_none();
+        let mut tx_depth = if test.is_bw() {
+            TX_DEPTH_BW
+        } else {
+            TX_DEPTH_LAT
+        };
+        let send = test.verb() == Verb::Send;
+        let mut rx_depth = if send { RX_DEPTH_SEND } else { RX_DEPTH_RDMA };
+        if counted {
+            tx_depth = tx_depth.min(iters);
+            if send {
+                rx_depth = rx_depth.min(iters);
+            }
+        }
+        // perftest's work-around "for a bug when rx_depth is odd in SEND".
+        if send && rx_depth % 2 == 1 && !o.all_sizes {
+            rx_depth += 1;
+        }
+        let mut cq_mod = CQ_MOD;
+        if max_size > CQ_MOD_SIZE_LIMIT && !o.all_sizes {
+            cq_mod = 1;
+        }
+        let cq_mod = cq_mod.min(tx_depth);
+        let no_peak = !counted
+            || (test == Test::SendBw && !client)
+            || (test.is_bw() && iters > PEAK_ITERS_MAX);
+        let out_reads = match test.verb() {
+            Verb::Read | Verb::Atomic => u16::from(MAX_RD_ATOMIC),
+            Verb::Send | Verb::Write => 1,
+        };
+        Ok(Plan {
+            sizes,
+            max_size,
+            iters,
+            timing,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            no_peak,
+            out_reads,
+            unit: if o.report_gbits {
+                BwUnit::Gbit
+            } else {
+                BwUnit::MiB
+            },
+        })
+    }
+}
+
+/// Runs one side to the end, printing perftest's output (or, with `json`, the JSON document)
+/// to `out`.
+pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
+    let client = o.server.is_some();
+    let plan = Plan::new(o, client)?;
+    let mut output = Output::new(out, o.json);
+    let stream = match &o.server {
+        Some(host) => connect(host, o.port)?,
+        None => {
+            let listener = listen(o.port, o.bind)?;
+            output.waiting()?;
+            accept(listener)?
+        }
+    };
+    let address = match o.bind {
+        Some(address) => address,
+        None => stream
+            .local_addr()
+            .map_err(|e| Error::Exchange(format!("the TCP connection's address: {e}")))?
+            .ip()
+            .to_canonical(),
+    };
+    let device = open_device(address, o.segmentation)?;
+    let mut exchange = Exchange::new(stream, client);
+    exchange.versions()?;
+    let (page, cache_line) = exchange.sys_data(PAGE_SIZE, CACHE_LINE)?;
+    let mtu = exchange.mtu(o.mtu)?;
+    let ctx = Context::open(&device, o, &plan, page.into(), cache_line.into())?;
+    output.info(&TestInfo {
+        title: title(o),
+        device: address.to_string(),
+        qps: o.qps,
+        tx_depth: client.then_some(plan.tx_depth),
+        rx_depth: (o.test.verb() == Verb::Send && !client).then_some(plan.rx_depth),
+        cq_mod: o.test.is_bw().then_some(plan.cq_mod),
+        mtu: mtu.bytes(),
+        gid_index: o.gid_index,
+        out_reads: matches!(o.test.verb(), Verb::Read | Verb::Atomic).then_some(plan.out_reads),
+    })?;
+    let mut session = Session {
+        o,
+        plan,
+        client,
+        mtu,
+        exchange,
+        ctx,
+        output,
+        mine: Vec::new(),
+        theirs: Vec::new(),
+    };
+    session.handshake()?;
+    match o.test {
+        Test::WriteBw | Test::ReadBw | Test::AtomicBw => session.remote_report_bw()?,
+        Test::SendBw => session.send_bw()?,
+        Test::WriteLat => session.write_lat()?,
+        Test::ReadLat => session.read_lat()?,
+        Test::SendLat => session.send_lat()?,
+    }
+    session.output.finish()?;
+    Ok(())
+}
+
+/// The test's line in the header block: "RDMA_Write BW Test", "Atomic FETCH_AND_ADD BW Test".
+fn title(o: &Options) -> String {
+    let verb = match o.test.verb() {
+        Verb::Send => "Send".to_string(),
+        Verb::Write => "RDMA_Write".to_string(),
+        Verb::Read => "RDMA_Read".to_string(),
+        Verb::Atomic => format!("Atomic {}", o.atomic.name()),
+    };
+    let kind = if o.test.is_bw() { "BW" } else { "Latency" };
+    format!("{verb} {kind} Test")
+}
+
+/// `ceil(size / cache_line) * cache_line`, at least a cache line: how far apart consecutive
+/// messages are placed (perftest's `INC`).
+fn stride(size: u64, cache_line: u64) -> u64 {
+    size.div_ceil(cache_line).max(1) * cache_line
+}
+
+/// Where the `k`th message of a bandwidth run goes, from the start of a slice: messages of up
+/// to half a page step through the page by cache lines (`increase_loc_addr`,
+/// `increase_rem_addr`), larger ones all use the start.
+fn cycled(size: u64, k: u64, cycle: u64, cache_line: u64) -> u64 {
+    if size > cycle / 2 {
+        return 0;
+    }
+    let stride = stride(size, cache_line);
+    k % (cycle / stride) * stride
+}
+
+/// One side's device resources (`struct pingpong_context`).
+struct Context {
+    mr: MemoryRegion,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    qps: Vec<QueuePair>,
+    /// Each QP's share of each half of the buffer.
+    slice: u64,
+    /// The page messages cycle through, and the cache line they step by.
+    cycle: u64,
+    cache_line: u64,
+    gid: std::net::Ipv6Addr,
+    verb: Verb,
+    atomic: AtomicOp,
+}
+
+impl Context {
+    /// `ctx_init`: the buffer (random bytes, zeros for `write-lat`, which polls it), the CQs
+    /// and the QPs.
+    fn open(
+        device: &Device,
+        o: &Options,
+        plan: &Plan,
+        cycle: u64,
+        cache_line: u64,
+    ) -> Result<Context> {
+        let verb = o.test.verb();
+        let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
+        let slice = stride(plan.max_size.max(cycle), cache_line);
+        let remote = match verb {
+            Verb::Write => Access::REMOTE_WRITE,
+            Verb::Read => Access::REMOTE_READ,
+            Verb::Atomic => Access::REMOTE_ATOMIC,
+            Verb::Send => Access::NONE,
+        };
+        let len = slice * 2 * o.qps as u64;
+        let mr = pd
+            .register(len as usize, Access::LOCAL_WRITE | remote)
+            .map_err(failed("Couldn't allocate MR"))?;
+        if o.test != Test::WriteLat {
+            fill_random(&mr)?;
+        }
+        let send_cq = device
+            .create_cq((plan.tx_depth as usize * o.qps).max(1))
+            .map_err(failed("Couldn't create CQ"))?;
+        let recv_cq = device
+            .create_cq((plan.rx_depth as usize * o.qps).max(1))
+            .map_err(failed("Couldn't create CQ"))?;
+        let qps = (0..o.qps)
+            .map(|_| {
+                pd.create_qp()
+                    .send_cq(&send_cq)
+                    .recv_cq(&recv_cq)
+                    .max_send_wr(plan.tx_depth as usize)
+                    .max_recv_wr(plan.rx_depth as usize)
+                    .build()
+                    .map_err(failed("Couldn't create QP"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Context {
+            mr,
+            send_cq,
+            recv_cq,
+            qps,
+            slice,
+            cycle,
+            cache_line,
+            gid: gid_of(device.address()),
+            verb,
+            atomic: o.atomic,
+        })
+    }
+
+    fn send_offset(&self, qp: usize) -> u64 {
+        qp as u64 * self.slice
+    }
+
+    fn recv_offset(&self, qp: usize) -> u64 {
+        (self.qps.len() + qp) as u64 * self.slice
+    }
+
+    fn cycled(&self, size: u64, k: u64) -> u64 {
+        cycled(size, k, self.cycle, self.cache_line)
+    }
+
+    /// QP `qp`'s keys (`set_up_connection`).
+    fn keys(&self, qp: usize, out_reads: u16) -> Keys {
+        Keys {
+            lid: 0,
+            out_reads,
+            qpn: self.qps[qp].qpn(),
+            psn: random_psn(),
+            rkey: self.mr.rkey(),
+            vaddr: self.mr.iova() + self.recv_offset(qp),
+            gid: self.gid,
+            srqn: 0,
+        }
+    }
+
+    /// The test's verb from QP `qp`'s send slice at `offset`, to the peer's buffer at the same
+    /// offset.
+    fn post_send(
+        &self,
+        qp: usize,
+        offset: u64,
+        size: u64,
+        peer: &Keys,
+        signaled: bool,
+    ) -> Result<()> {
+        let (remote_addr, rkey) = (peer.vaddr + offset, peer.rkey);
+        let op = match (self.verb, self.atomic) {
+            (Verb::Send, _) => SendOp::Send,
+            (Verb::Write, _) => SendOp::Write { remote_addr, rkey },
+            (Verb::Read, _) => SendOp::Read { remote_addr, rkey },
+            (Verb::Atomic, AtomicOp::FetchAdd) => SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: ATOMIC_ADD,
+            },
+            (Verb::Atomic, AtomicOp::CompareSwap) => SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare: 0,
+                swap: 0,
+            },
+        };
+        let at = self.send_offset(qp) + offset;
+        let sge = Sge::new(&self.mr, at as usize, size as usize);
+        let mut wr = SendWr::new(qp as u64, op, Payload::Sges(vec![sge]));
+        wr.signaled = signaled;
+        self.qps[qp]
+            .post_send(wr)
+            .map_err(failed("Couldn't post send"))
+    }
+
+    /// A receive of `size` bytes into QP `qp`'s receive slice at `offset`.
+    fn post_recv(&self, qp: usize, offset: u64, size: u64) -> Result<()> {
+        let at = self.recv_offset(qp) + offset;
+        let wr = RecvWr {
+            wr_id: qp as u64,
+            sges: vec![Sge::new(&self.mr, at as usize, size as usize)],
+        };
+        self.qps[qp]
+            .post_recv(wr)
+            .map_err(failed("Couldn't post recv"))
+    }
+}
+
+/// Fills a region with pseudo-random bytes, as perftest fills its buffer with `rand()`.
+fn fill_random(mr: &MemoryRegion) -> Result<()> {
+    let mut state = u64::from(random_psn().value()) | 1 << 32;
+    let mut chunk = vec![0; 1 << 16];
+    for start in (0..mr.len()).step_by(chunk.len()) {
+        for word in chunk.chunks_mut(8) {
+            // xorshift64: any bytes do, as long as they are not all zero.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        let len = chunk.len().min(mr.len() - start);
+        mr.write(start, &chunk[..len])
+            .map_err(failed("Couldn't fill the buffer"))?;
+    }
+    Ok(())
+}
+
+/// Takes up to `max` completions from `cq` into `wcs`, failing on an error status.
+fn poll(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+    wcs.clear();
+    let n = cq.poll(wcs, max);
+    if let Some(wc) = wcs.iter().find(|wc| wc.status != WcStatus::Success) {
+        return Err(Error::Completion {
+            wr_id: wc.wr_id,
+            status: wc.status,
+        });
+    }
+    if n == 0 {
+        // Nothing yet: leave the cores to the engine threads (two per host when both sides
+        // are softroce) instead of spinning against them.
+        std::thread::yield_now();
+    }
+    Ok(n)
+}
+
+/// Waits for one completion on `cq`; false if `stop` says the run is over first.
+fn wait_one(cq: &CompletionQueue, stop: impl Fn() -> bool) -> Result<bool> {
+    let mut wcs = Vec::with_capacity(1);
+    while poll(cq, &mut wcs, 1)? == 0 {
+        if stop() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The clock of one run: nanoseconds since its start, and, with `-D`, its phase.
+struct Clock {
+    start: Instant,
+    timing: Option<Timing>,
+}
+
+impl Clock {
+    fn start(timing: Option<Timing>) -> Clock {
+        Clock {
+            start: Instant::now(),
+            timing,
+        }
+    }
+
+    fn ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// `None` when the run counts messages rather than time.
+    fn phase(&self) -> Option<Phase> {
+        self.timing.map(|t| t.phase(self.start.elapsed()))
+    }
+
+    fn over(&self) -> bool {
+        self.phase() == Some(Phase::End)
+    }
+
+    fn sampling(&self) -> bool {
+        self.phase() == Some(Phase::Sample)
+    }
+}
+
+/// What a latency run measured.
+enum LatRun {
+    /// When each message was posted.
+    Posted(Vec<u64>),
+    /// `-D`: messages counted in the sampling period.
+    Counted(u64),
+}
+
+/// One side of a test after the exchange's first rounds.
+struct Session<'a, 'o> {
+    o: &'a Options,
+    plan: Plan,
+    client: bool,
+    mtu: PathMtu,
+    exchange: Exchange,
+    ctx: Context,
+    output: Output<'o>,
+    /// This side's keys and the peer's, per QP.
+    mine: Vec<Keys>,
+    theirs: Vec<Keys>,
+}
+
+impl Session<'_, '_> {
+    /// The key rounds before the test, the QPs connected, and the address lines. All tests
+    /// have one round per QP before connecting and one per QP after it, printing the peer's
+    /// address. The SEND tests have one more before printing, the others after;
+    /// `ib_write_lat` and `ib_read_lat` one more at the very start.
+    fn handshake(&mut self) -> Result<()> {
+        let test = self.o.test;
+        if matches!(test, Test::WriteLat | Test::ReadLat) {
+            self.qp_keys(0)?;
+        }
+        for qp in 0..self.ctx.qps.len() {
+            self.qp_keys(qp)?;
+        }
+        self.connect()?;
+        let send = test.verb() == Verb::Send;
+        if send {
+            self.exchange.sync(&self.mine[0])?;
+        }
+        for keys in &self.mine {
+            self.output.address(Side::Local, keys, test.verb())?;
+        }
+        for qp in 0..self.mine.len() {
+            let mine = self.mine[qp];
+            let (theirs, _) = self.exchange.keys(|_| mine)?;
+            self.theirs[qp] = theirs;
+            self.output.address(Side::Remote, &theirs, test.verb())?;
+        }
+        if !send {
+            self.exchange.sync(&self.mine[0])?;
+        }
+        Ok(())
+    }
+
+    /// A key round for QP `qp`, whose keys are made the first time. The server, which reads
+    /// the client's keys first, offers no more outstanding READs than the client answers, so
+    /// that the one limit `connect` sets is right for both directions.
+    fn qp_keys(&mut self, qp: usize) -> Result<()> {
+        let ctx = &self.ctx;
+        let made = self.mine.get(qp).copied();
+        let out_reads = self.plan.out_reads;
+        let (theirs, mine) = self.exchange.keys(|peer| {
+            made.unwrap_or_else(|| {
+                let offered = peer.map_or(out_reads, |p| out_reads.min(p.out_reads.max(1)));
+                ctx.keys(qp, offered)
+            })
+        })?;
+        if made.is_none() {
+            self.mine.push(mine);
+            self.theirs.push(theirs);
+        } else {
+            self.theirs[qp] = theirs;
+        }
+        Ok(())
+    }
+
+    /// `ctx_connect`: every QP to RTS towards its peer.
+    fn connect(&self) -> Result<()> {
+        let access = match self.o.test.verb() {
+            Verb::Write => Access::REMOTE_WRITE,
+            Verb::Read => Access::REMOTE_READ,
+            Verb::Atomic => Access::REMOTE_ATOMIC,
+            Verb::Send => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+        };
+        let peer = self.exchange.peer();
+        for ((qp, mine), theirs) in self.ctx.qps.iter().zip(&self.mine).zip(&self.theirs) {
+            let addr = theirs.gid.to_canonical();
+            if addr.is_unspecified() {
+                return Err(Error::Exchange(format!(
+                    "the {peer} sent the zero GID, which RoCE cannot reach"
+                )));
+            }
+            if addr.is_ipv4() != self.ctx.gid.to_canonical().is_ipv4() {
+                return Err(Error::Exchange(format!(
+                    "Found Incompatibility issue with GID types: the {peer}'s GID {} is not of \
+                     the IP version of this device's {}. Please Try to use a different IP \
+                     version.",
+                    theirs.gid, self.ctx.gid
+                )));
+            }
+            let options = ConnectOptions {
+                mtu: self.mtu,
+                access,
+                timeout: QP_TIMEOUT,
+                retry_cnt: RETRY_COUNT,
+                rnr_retry: RETRY_COUNT,
+                min_rnr_timer: RnrTimer::new(MIN_RNR_TIMER),
+                max_rd_atomic: mine
+                    .out_reads
+                    .min(theirs.out_reads)
+                    .clamp(1, MAX_RD_ATOMIC.into()) as u8,
+            };
+            let remote = Remote {
+                addr,
+                qpn: theirs.qpn,
+                psn: theirs.psn.value(),
+            };
+            qp.connect(&remote, mine.psn.value(), &options)
+                .map_err(failed("Failed to modify QP to RTR or RTS"))?;
+        }
+        Ok(())
+    }
+
+    /// `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`: the client runs and reports to the server,
+    /// which prints the client's report.
+    fn remote_report_bw(&mut self) -> Result<()> {
+        let unit = self.plan.unit;
+        self.output.header(Table::Bw(unit))?;
+        let me = self.mine[0];
+        if !self.client {
+            self.exchange.sync(&me)?;
+            let report = self.exchange.reports(&BwReport::default())?;
+            self.output.row(&Row::Bw(report, unit))?;
+            self.exchange.close(&me)?;
+            return Ok(self.output.line()?);
+        }
+        let mut last = BwReport::default();
+        for size in self.plan.sizes.clone() {
+            let samples = self.bw_client(size)?;
+            last = bw_report(size, unit, &samples);
+            self.output.row(&Row::Bw(last, unit))?;
+        }
+        self.output.line()?;
+        self.exchange.sync(&me)?;
+        self.exchange.reports(&last)?;
+        self.exchange.close(&me)
+    }
+
+    /// `ib_send_bw`: both sides report what they measured; the server posts its receives before
+    /// the round that starts each size, and measures from its first receive to its last.
+    fn send_bw(&mut self) -> Result<()> {
+        let unit = self.plan.unit;
+        self.output.header(Table::Bw(unit))?;
+        let me = self.mine[0];
+        for size in self.plan.sizes.clone() {
+            if !self.client {
+                for qp in 0..self.ctx.qps.len() {
+                    for k in 0..self.plan.rx_depth {
+                        self.ctx.post_recv(qp, self.ctx.cycled(size, k), size)?;
+                    }
+                }
+            }
+            self.exchange.sync(&me)?;
+            let samples = if self.client {
+                self.bw_client(size)?
+            } else {
+                self.bw_server(size)?
+            };
+            self.output
+                .row(&Row::Bw(bw_report(size, unit, &samples), unit))?;
+            // Only `-a` has a round after each size too.
+            if self.o.all_sizes {
+                self.exchange.sync(&me)?;
+            }
+        }
+        self.output.line()?;
+        self.exchange.close(&me)
+    }
+
+    /// `ib_write_lat`: both sides time the round trips. There is no closing round.
+    fn write_lat(&mut self) -> Result<()> {
+        self.output.header(self.lat_table())?;
+        for size in self.plan.sizes.clone() {
+            let run = self.write_lat_run(size)?;
+            self.lat_row(size, run)?;
+        }
+        Ok(self.output.line()?)
+    }
+
+    /// `ib_read_lat`: the client times its READs; the server only waits for it to finish.
+    fn read_lat(&mut self) -> Result<()> {
+        let me = self.mine[0];
+        if !self.client {
+            self.exchange.close(&me)?;
+            return Ok(self.output.line()?);
+        }
+        self.output.header(self.lat_table())?;
+        for size in self.plan.sizes.clone() {
+            let run = self.read_lat_run(size)?;
+            self.lat_row(size, run)?;
+        }
+        self.output.line()?;
+        self.exchange.close(&me)
+    }
+
+    /// `ib_send_lat`: both sides time the round trips; each size's receives are posted before
+    /// its round.
+    fn send_lat(&mut self) -> Result<()> {
+        self.output.header(self.lat_table())?;
+        let me = self.mine[0];
+        for size in self.plan.sizes.clone() {
+            for _ in 0..self.plan.rx_depth {
+                self.ctx.post_recv(0, 0, size)?;
+            }
+            self.exchange.sync(&me)?;
+            let run = self.send_lat_run(size)?;
+            self.lat_row(size, run)?;
+        }
+        self.output.line()?;
+        self.exchange.close(&me)
+    }
+
+    fn lat_table(&self) -> Table {
+        match self.plan.timing {
+            Some(_) => Table::LatDuration,
+            None => Table::Lat,
+        }
+    }
+
+    fn lat_row(&mut self, size: u64, run: LatRun) -> Result<()> {
+        let rtt = self.o.test.rtt_factor();
+        let row = match (run, self.plan.timing) {
+            (LatRun::Counted(iters), Some(timing)) => {
+                let (from, to) = timing.sample_ns();
+                Row::LatDuration(lat_duration_report(size, iters, to - from, rtt))
+            }
+            (LatRun::Posted(posted), _) => Row::Lat(lat_report(size, &posted, rtt)),
+            (LatRun::Counted(_), None) => unreachable!("messages are counted only with -D"),
+        };
+        Ok(self.output.row(&row)?)
+    }
+
+    /// `run_iter_bw`: keeps up to `tx_depth` messages in flight on every QP. Message `k` of a
+    /// QP asks for a completion when `k % cq_mod == cq_mod - 1`, and so does the last; each
+    /// completion counts `cq_mod` messages.
+    fn bw_client(&self, size: u64) -> Result<BwSamples> {
+        let (plan, ctx) = (&self.plan, &self.ctx);
+        let qps = ctx.qps.len();
+        let timed = plan.timing.is_some();
+        let total = plan.iters * qps as u64;
+        let stamps = if plan.no_peak { 1 } else { total as usize };
+        let mut posted = vec![0; stamps];
+        let mut completed = vec![0; stamps];
+        let (mut scnt, mut ccnt) = (vec![0u64; qps], vec![0u64; qps]);
+        let (mut totscnt, mut totccnt, mut counted) = (0u64, 0u64, 0u64);
+        let mut wcs = Vec::with_capacity(POLL_BATCH);
+        let clock = Clock::start(plan.timing);
+        while totscnt < total || totccnt < total || (timed && !clock.over()) {
+            for qp in 0..qps {
+                while (scnt[qp] < plan.iters || timed)
+                    && scnt[qp].saturating_sub(ccnt[qp]) < plan.tx_depth
+                    && !clock.over()
+                {
+                    let k = scnt[qp];
+                    let signaled =
+                        k % plan.cq_mod == plan.cq_mod - 1 || (!timed && k == plan.iters - 1);
+                    if !plan.no_peak {
+                        posted[totscnt as usize] = clock.ns();
+                    }
+                    ctx.post_send(qp, ctx.cycled(size, k), size, &self.theirs[qp], signaled)?;
+                    scnt[qp] += 1;
+                    totscnt += 1;
+                }
+            }
+            if totccnt < total || (timed && totccnt < totscnt) {
+                poll(&ctx.send_cq, &mut wcs, POLL_BATCH)?;
+                for wc in &wcs {
+                    ccnt[wc.wr_id as usize] += plan.cq_mod;
+                    totccnt += plan.cq_mod;
+                    if !plan.no_peak {
+                        completed[(totccnt.min(total) - 1) as usize] = clock.ns();
+                    }
+                    if clock.sampling() {
+                        counted += plan.cq_mod;
+                    }
+                }
+            }
+        }
+        Ok(self.bw_samples(counted, posted, completed, &clock))
+    }
+
+    /// `run_iter_bw_server`: counts receives, posting each one again while more are to come,
+    /// from the first receive to the last (or through the timed run that the first starts).
+    fn bw_server(&self, size: u64) -> Result<BwSamples> {
+        let (plan, ctx) = (&self.plan, &self.ctx);
+        let qps = ctx.qps.len();
+        let timed = plan.timing.is_some();
+        let total = plan.iters * qps as u64;
+        let mut reposted = vec![plan.rx_depth; qps];
+        let (mut received, mut counted) = (0u64, 0u64);
+        let mut wcs = Vec::with_capacity(POLL_BATCH);
+        // The clock starts with the first receive, as perftest's does.
+        let mut clock: Option<Clock> = None;
+        while received < total || (timed && !clock.as_ref().is_some_and(Clock::over)) {
+            if poll(&ctx.recv_cq, &mut wcs, POLL_BATCH)? > 0 && clock.is_none() {
+                clock = Some(Clock::start(plan.timing));
+            }
+            let Some(clock) = &clock else { continue };
+            for wc in &wcs {
+                let qp = wc.wr_id as usize;
+                received += 1;
+                if clock.sampling() {
+                    counted += 1;
+                }
+                if timed || reposted[qp] < plan.iters {
+                    ctx.post_recv(qp, ctx.cycled(size, reposted[qp]), size)?;
+                    reposted[qp] += 1;
+                }
+            }
+        }
+        let clock = clock.expect("a run ends after its first receive");
+        Ok(self.bw_samples(counted, vec![0], vec![clock.ns()], &clock))
+    }
+
+    /// The samples of a bandwidth run: as recorded, or, with `-D`, the messages counted in the
+    /// sampling period.
+    fn bw_samples(
+        &self,
+        counted: u64,
+        mut posted: Vec<u64>,
+        mut completed: Vec<u64>,
+        clock: &Clock,
+    ) -> BwSamples {
+        let iters = match self.plan.timing {
+            Some(timing) => {
+                let (from, to) = timing.sample_ns();
+                (posted[0], completed[0]) = (from, to);
+                counted
+            }
+            None => {
+                if self.plan.no_peak {
+                    completed[0] = clock.ns().max(completed[0]);
+                }
+                self.plan.iters * self.ctx.qps.len() as u64
+            }
+        };
+        BwSamples {
+            iters,
+            posted,
+            completed,
+            cq_mod: self.plan.cq_mod,
+            no_peak: self.plan.no_peak,
+        }
+    }
+
+    /// `run_iter_lat_write`: each side writes its count into the last byte of the peer's
+    /// receive slice, and waits for the peer's count in its own. The server writes first.
+    fn write_lat_run(&self, size: u64) -> Result<LatRun> {
+        let (plan, ctx) = (&self.plan, &self.ctx);
+        let timed = plan.timing.is_some();
+        let (iters, peer) = (plan.iters, &self.theirs[0]);
+        let post_byte = (ctx.send_offset(0) + size - 1) as usize;
+        let poll_byte = (ctx.recv_offset(0) + size - 1) as usize;
+        let mut posted = Vec::with_capacity(iters as usize);
+        let (mut scnt, mut ccnt, mut rcnt, mut counted) = (0u64, 0u64, 0u64, 0u64);
+        let clock = Clock::start(plan.timing);
+        while scnt < iters || ccnt < iters || rcnt < iters || (timed && !clock.over()) {
+            // The server writes first: it waits only once it has written.
+            let turn_to_wait = self.client || scnt > 0;
+            if (rcnt < iters || timed) && turn_to_wait {
+                rcnt += 1;
+                let mut byte = [0];
+                loop {
+                    ctx.mr
+                        .read(poll_byte, &mut byte)
+                        .map_err(failed("Couldn't read the buffer"))?;
+                    if byte[0] == rcnt as u8 || clock.over() {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            if scnt < iters || timed {
+                if !timed {
+                    posted.push(clock.ns());
+                }
+                scnt += 1;
+                ctx.mr
+                    .write(post_byte, &[scnt as u8])
+                    .map_err(failed("Couldn't write the buffer"))?;
+                ctx.post_send(0, 0, size, peer, true)?;
+            }
+            if clock.over() {
+                break;
+            }
+            if (ccnt < iters || timed) && wait_one(&ctx.send_cq, || clock.over())? {
+                ccnt += 1;
+                if clock.sampling() {
+                    counted += 1;
+                }
+            }
+        }
+        Ok(self.lat_run(posted, counted))
+    }
+
+    /// `run_iter_lat`: one READ (or atomic) at a time.
+    fn read_lat_run(&self, size: u64) -> Result<LatRun> {
+        let (plan, ctx) = (&self.plan, &self.ctx);
+        let timed = plan.timing.is_some();
+        let mut posted = Vec::with_capacity(plan.iters as usize);
+        let mut counted = 0;
+        let clock = Clock::start(plan.timing);
+        while (posted.len() as u64) < plan.iters || (timed && !clock.over()) {
+            if !timed {
+                posted.push(clock.ns());
+            }
+            ctx.post_send(0, 0, size, &self.theirs[0], true)?;
+            if wait_one(&ctx.send_cq, || false)? && clock.sampling() {
+                counted += 1;
+            }
+        }
+        Ok(self.lat_run(posted, counted))
+    }
+
+    /// `run_iter_lat_send`: each side waits for a message and answers it; the client sends
+    /// first. Receives are posted again while more messages are to come than are posted.
+    fn send_lat_run(&self, size: u64) -> Result<LatRun> {
+        let (plan, ctx) = (&self.plan, &self.ctx);
+        let timed = plan.timing.is_some();
+        let (iters, peer) = (plan.iters, &self.theirs[0]);
+        let mut posted = Vec::with_capacity(iters as usize);
+        let (mut scnt, mut rcnt, mut counted) = (0u64, 0u64, 0u64);
+        let clock = Clock::start(plan.timing);
+        while scnt < iters || rcnt < iters || (timed && !clock.over()) {
+            // The client sends first: it waits only once it has sent.
+            let turn_to_wait = !self.client || scnt > 0;
+            if (rcnt < iters || timed) && turn_to_wait {
+                if !wait_one(&ctx.recv_cq, || clock.over())? {
+                    break;
+                }
+                rcnt += 1;
+                if clock.sampling() {
+                    counted += 1;
+                }
+                if timed || rcnt + plan.rx_depth <= iters {
+                    ctx.post_recv(0, 0, size)?;
+                }
+            }
+            if scnt < iters || (timed && !clock.over()) {
+                if !timed {
+                    posted.push(clock.ns());
+                }
+                scnt += 1;
+                // Every send is signalled: a latency test's CQ moderation is its TX depth, 1.
+                ctx.post_send(0, 0, size, peer, true)?;
+                wait_one(&ctx.send_cq, || false)?;
+            }
+        }
+        Ok(self.lat_run(posted, counted))
+    }
+
+    fn lat_run(&self, posted: Vec<u64>, counted: u64) -> LatRun {
+        match self.plan.timing {
+            Some(_) => LatRun::Counted(counted),
+            None => LatRun::Posted(posted),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_follow_perftests_rules() {
+        let server = |test| Plan::new(&Options::new(test), false).unwrap();
+        let write = server(Test::WriteBw);
+        assert_eq!(write.sizes, [65536]);
+        assert_eq!((write.iters, write.tx_depth, write.cq_mod), (5000, 128, 1));
+        let atomic = server(Test::AtomicBw);
+        assert_eq!(
+            (atomic.sizes[0], atomic.cq_mod, atomic.out_reads),
+            (8, 100, 16)
+        );
+        let send = server(Test::SendBw);
+        assert_eq!((send.rx_depth, send.no_peak), (512, true));
+        let lat = server(Test::SendLat);
+        assert_eq!((lat.sizes[0], lat.tx_depth, lat.cq_mod), (2, 1, 1));
+
+        let mut o = Options::new(Test::SendBw);
+        o.iters = Some(5);
+        o.size = Some(64);
+        let few = Plan::new(&o, true).unwrap();
+        // rx depth: the iterations, made even.
+        assert_eq!((few.tx_depth, few.rx_depth, few.cq_mod), (5, 6, 5));
+
+        o.all_sizes = true;
+        let all = Plan::new(&o, true).unwrap();
+        assert_eq!(all.sizes.len(), 23);
+        assert_eq!((all.sizes[0], all.max_size), (2, MAX_SIZE));
+
+        let refused = |o: &Options| Plan::new(o, true).unwrap_err().to_string();
+        o.duration = Some(4);
+        assert!(refused(&o).contains("Duration mode"));
+        let mut atomic = Options::new(Test::AtomicBw);
+        atomic.size = Some(16);
+        assert!(refused(&atomic).contains("Atomic"));
+        let mut lat = Options::new(Test::WriteLat);
+        lat.qps = 2;
+        assert!(refused(&lat).contains("Multiple QPs"));
+    }
+
+    #[test]
+    fn timing_is_a_quarter_each_side() {
+        let timing = Timing::new(4);
+        assert_eq!(timing.phase(Duration::from_millis(999)), Phase::Warmup);
+        assert_eq!(timing.phase(Duration::from_millis(1000)), Phase::Sample);
+        assert_eq!(timing.phase(Duration::from_millis(3000)), Phase::Cooldown);
+        assert_eq!(timing.phase(Duration::from_millis(4000)), Phase::End);
+        assert_eq!(timing.sample_ns(), (1_000_000_000, 3_000_000_000));
+        // Under 4 s the margin is 0 s: all of it is sampled.
+        assert_eq!(Timing::new(3).phase(Duration::ZERO), Phase::Sample);
+    }
+
+    #[test]
+    fn messages_cycle_through_a_page() {
+        assert_eq!(stride(2, 64), 64);
+        assert_eq!(stride(65, 64), 128);
+        assert_eq!(stride(65536, 64), 65536);
+        // 100-byte messages 128 bytes apart: 32 fit in a page, then the first place again.
+        assert_eq!(cycled(100, 1, 4096, 64), 128);
+        assert_eq!(cycled(100, 31, 4096, 64), 31 * 128);
+        assert_eq!(cycled(100, 32, 4096, 64), 0);
+        // Over half a page: always the start.
+        assert_eq!(cycled(2049, 7, 4096, 64), 0);
+    }
+
+    #[test]
+    fn titles_are_perftests() {
+        assert_eq!(
+            title(&Options {
+                atomic: AtomicOp::CompareSwap,
+                ..Options::new(Test::AtomicBw)
+            }),
+            "Atomic CMP_AND_SWAP BW Test"
+        );
+        assert_eq!(title(&Options::new(Test::SendLat)), "Send Latency Test");
+    }
+}

@@ -1,0 +1,385 @@
+//! The out-of-band exchange of perftest's `ib_*_bw` and `ib_*_lat` (linux-rdma/perftest
+//! src/perftest_communication.c), as Debian's perftest 4.5-0.17 does it, on TCP port 18515 by
+//! default.
+//!
+//! Every exchange is a round: the client writes its message and then reads the server's, of the
+//! same size; the server reads first and then writes. The rounds, in order:
+//!
+//! - the version, 16 bytes: `"6.06"` and NULs. perftest refuses a peer older than 5.70, and from
+//!   5.33 on the numbers below have the sizes given here;
+//! - the page size and the cache-line size, 4-byte big-endian integers each; both sides go on
+//!   with the larger of the two (the "cycle buffer" their addresses cycle through);
+//! - the MTU, 2 bytes: `"%d"` of `enum ibv_mtu` (1 = 256 bytes ... 5 = 4096) and a NUL; both
+//!   go on with the smaller;
+//! - the key rounds: 108 bytes, `"%04x:%04x:%06x:%06x:%08x:%016llx:"`, 16 × `"%02x:"` and
+//!   `"%08x:"` with a NUL: LID, outstanding reads, QPN, PSN, R_Key, VA, GID (in wire order)
+//!   and SRQN ([`Keys`]). Which rounds a test has, and what happens between them, is the test's
+//!   own: see [`super::perftest`]. On RoCE perftest always sends the GID form; the 59-byte form
+//!   without it is InfiniBand's, and softroce refuses it;
+//! - at the end of the bandwidth tests that report remotely, five 8-byte rounds of the client's
+//!   report ([`BwReport`]): size and iterations as big-endian integers, peak and average
+//!   bandwidth and message rate as big-endian IEEE doubles. The server's half is whatever it
+//!   had: perftest sends an uninitialised structure, softroce zeros;
+//! - the close: one more key round, then each side writes `"done\0"` and closes. Neither
+//!   perftest side reads the other's `"done"`; softroce reads it (or the end of the stream)
+//!   before closing, so that its close never resets the connection under a `write` the peer
+//!   has not made yet.
+//!
+//! perftest reads each message with one `read()` of its size and fails on a short one, so every
+//! message here goes out in one `write()`.
+
+use std::io::{ErrorKind, Read};
+use std::net::{Ipv6Addr, Shutdown, TcpStream};
+use std::time::Duration;
+
+use super::oob::{read_exactly, write_all, DONE};
+use super::{Error, Result};
+use crate::transport::PathMtu;
+use crate::wire::{Psn, Qpn, RKey};
+
+/// The version this side announces: the packaged perftest's (`ib_write_bw --version`).
+pub const VERSION: &str = "6.06";
+/// `MAX_VERSION`: the version field's size.
+const VERSION_LEN: usize = 16;
+/// The oldest peer perftest 4.5 talks to (`check_version_compatibility`).
+const OLDEST_PEER: f64 = 5.70;
+/// `KEY_MSG_SIZE_GID`.
+pub const KEYS_LEN: usize = 108;
+/// `sizeof(char[2])`: the MTU message since perftest 5.31.
+const MTU_LEN: usize = 2;
+/// How long the closing side waits for the peer's `"done"` before it closes anyway.
+const DONE_WAIT: Duration = Duration::from_secs(5);
+
+/// One QP's keys (`struct pingpong_dest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keys {
+    /// 0 on RoCE, which addresses by GID.
+    pub lid: u16,
+    /// READs and atomics the sender answers at once (its `max_dest_rd_atomic`); 1 in the tests
+    /// that issue neither.
+    pub out_reads: u16,
+    pub qpn: Qpn,
+    pub psn: Psn,
+    pub rkey: RKey,
+    /// Where the sender's peer writes, reads or adds: the sender's receive buffer.
+    pub vaddr: u64,
+    pub gid: Ipv6Addr,
+    /// Only XRC and DC use it; 0 otherwise.
+    pub srqn: u32,
+}
+
+impl Keys {
+    /// The 108-byte message.
+    pub fn to_wire(&self) -> [u8; KEYS_LEN] {
+        let mut text = format!(
+            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
+            self.lid,
+            self.out_reads,
+            self.qpn.value(),
+            self.psn.value(),
+            self.rkey.0,
+            self.vaddr
+        );
+        for byte in self.gid.octets() {
+            text.push_str(&format!("{byte:02x}:"));
+        }
+        text.push_str(&format!("{:08x}:", self.srqn));
+        let mut msg = [0; KEYS_LEN];
+        // Every field is at its widest, so the text fills the message but its last byte, the NUL.
+        msg[..text.len()].copy_from_slice(text.as_bytes());
+        msg
+    }
+
+    /// Parses a peer's message; `who` ("client" or "server") names the peer in errors.
+    pub fn parse(msg: &[u8], who: &str) -> Result<Keys> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = String::from_utf8_lossy(&msg[..end]);
+        let bad = |why: &str| {
+            Error::Exchange(format!(
+                "the {who}'s keys {text:?} are not perftest's \
+                 LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID[16]:SRQN: {why}"
+            ))
+        };
+        let fields: Vec<&str> = text.split(':').collect();
+        // 6 fields, 16 GID bytes, the SRQN, and the empty string after the last ':'.
+        if fields.len() != 24 || !fields[23].is_empty() {
+            return Err(bad("it does not have 23 fields, each ended by ':'"));
+        }
+        let hex = |field: &str, what: &str, max: u64| {
+            u64::from_str_radix(field, 16)
+                .ok()
+                .filter(|&v| v <= max)
+                .ok_or_else(|| bad(&format!("bad {what} {field:?}")))
+        };
+        let mut gid = [0; 16];
+        for (byte, field) in gid.iter_mut().zip(&fields[6..22]) {
+            *byte = hex(field, "GID byte", 0xff)? as u8;
+        }
+        Ok(Keys {
+            lid: hex(fields[0], "LID", 0xffff)? as u16,
+            out_reads: hex(fields[1], "outstanding reads", 0xffff)? as u16,
+            qpn: Qpn::new(hex(fields[2], "QPN", Qpn::MAX.value().into())? as u32),
+            psn: Psn::new(hex(fields[3], "PSN", Psn::MAX.value().into())? as u32),
+            rkey: RKey(hex(fields[4], "R_Key", u32::MAX.into())? as u32),
+            vaddr: hex(fields[5], "VA", u64::MAX)?,
+            gid: Ipv6Addr::from(gid),
+            srqn: hex(fields[22], "SRQN", u32::MAX.into())? as u32,
+        })
+    }
+}
+
+/// What a bandwidth test's client reports to its server (`struct bw_report_data`, the fields
+/// that cross the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BwReport {
+    /// The message size in bytes.
+    pub size: u64,
+    /// Messages counted, over all QPs.
+    pub iters: u64,
+    /// In the unit the client reports in (MB/sec or Gb/sec).
+    pub bw_peak: f64,
+    pub bw_avg: f64,
+    /// Millions of messages per second.
+    pub msg_rate: f64,
+}
+
+/// `enum ibv_mtu`.
+fn mtu_enum(mtu: PathMtu) -> u8 {
+    match mtu {
+        PathMtu::Mtu256 => 1,
+        PathMtu::Mtu512 => 2,
+        PathMtu::Mtu1024 => 3,
+        PathMtu::Mtu2048 => 4,
+        PathMtu::Mtu4096 => 5,
+    }
+}
+
+fn mtu_of_enum(value: u8) -> Option<PathMtu> {
+    Some(match value {
+        1 => PathMtu::Mtu256,
+        2 => PathMtu::Mtu512,
+        3 => PathMtu::Mtu1024,
+        4 => PathMtu::Mtu2048,
+        5 => PathMtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+/// The text of a NUL-terminated field.
+fn text(msg: &[u8]) -> String {
+    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    String::from_utf8_lossy(&msg[..end]).into_owned()
+}
+
+/// C's `atof` of a version: the leading decimal number, 0 if there is none.
+fn version_number(version: &str) -> f64 {
+    let end = version
+        .char_indices()
+        .find(|&(i, c)| !(c.is_ascii_digit() || (c == '.' && !version[..i].contains('.'))))
+        .map_or(version.len(), |(i, _)| i);
+    version[..end].parse().unwrap_or(0.0)
+}
+
+/// One side of the exchange on its TCP connection.
+#[derive(Debug)]
+pub struct Exchange {
+    stream: TcpStream,
+    client: bool,
+    /// "client" or "server": the peer, for error messages.
+    peer: &'static str,
+}
+
+impl Exchange {
+    /// `client`: this side connected, and so writes first in every round.
+    pub fn new(stream: TcpStream, client: bool) -> Exchange {
+        let peer = if client { "server" } else { "client" };
+        Exchange {
+            stream,
+            client,
+            peer,
+        }
+    }
+
+    /// "client" or "server": the peer.
+    pub fn peer(&self) -> &'static str {
+        self.peer
+    }
+
+    /// One round: `mine` is computed from the peer's message when this side reads first (the
+    /// server), before the peer's is known otherwise (the client).
+    fn round<T>(
+        &mut self,
+        len: usize,
+        what: &str,
+        mine: impl FnOnce(Option<&[u8]>) -> Result<(Vec<u8>, T)>,
+    ) -> Result<(Vec<u8>, T)> {
+        if self.client {
+            let (msg, kept) = mine(None)?;
+            write_all(&mut self.stream, &msg, what)?;
+            let theirs = read_exactly(&mut self.stream, len, what)?;
+            Ok((theirs, kept))
+        } else {
+            let theirs = read_exactly(&mut self.stream, len, what)?;
+            let (msg, kept) = mine(Some(&theirs))?;
+            write_all(&mut self.stream, &msg, what)?;
+            Ok((theirs, kept))
+        }
+    }
+
+    /// A round whose message does not depend on the peer's.
+    fn swap(&mut self, msg: &[u8], what: &str) -> Result<Vec<u8>> {
+        let (theirs, ()) = self.round(msg.len(), what, |_| Ok((msg.to_vec(), ())))?;
+        Ok(theirs)
+    }
+
+    /// The version round (`exchange_versions`, `check_version_compatibility`).
+    pub fn versions(&mut self) -> Result<()> {
+        let mut msg = [0; VERSION_LEN];
+        msg[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+        let theirs = text(&self.swap(&msg, "the version")?);
+        if version_number(&theirs) < OLDEST_PEER {
+            return Err(Error::Exchange(format!(
+                "the {} runs perftest version {theirs:?}: perftest {VERSION} is not compatible \
+                 with versions older than 5.70",
+                self.peer
+            )));
+        }
+        Ok(())
+    }
+
+    /// The page- and cache-line-size rounds (`check_sys_data`): returns the larger of each.
+    pub fn sys_data(&mut self, page: u32, cache_line: u32) -> Result<(u32, u32)> {
+        let mut larger = |mine: u32, what: &str| -> Result<u32> {
+            let theirs = self.swap(&mine.to_be_bytes(), what)?;
+            let theirs = u32::from_be_bytes([theirs[0], theirs[1], theirs[2], theirs[3]]);
+            Ok(theirs.max(mine))
+        };
+        Ok((
+            larger(page, "the page size")?,
+            larger(cache_line, "the cache line size")?,
+        ))
+    }
+
+    /// The MTU round (`check_mtu`): returns the smaller MTU, or this side's if the peer's is
+    /// not an MTU.
+    pub fn mtu(&mut self, mine: PathMtu) -> Result<PathMtu> {
+        let mut msg = [0; MTU_LEN];
+        msg[0] = b'0' + mtu_enum(mine);
+        let theirs = text(&self.swap(&msg, "the MTU")?);
+        let theirs = theirs.parse().ok().and_then(mtu_of_enum);
+        Ok(theirs.map_or(mine, |theirs| theirs.min(mine)))
+    }
+
+    /// One key round (`ctx_hand_shake`): `mine` makes this side's keys, given the peer's when
+    /// this side reads first (the server). Returns the peer's keys and this side's.
+    pub fn keys(&mut self, mine: impl FnOnce(Option<&Keys>) -> Keys) -> Result<(Keys, Keys)> {
+        let peer = self.peer;
+        let (theirs, sent) = self.round(KEYS_LEN, "the keys", |theirs| {
+            let theirs = theirs.map(|msg| Keys::parse(msg, peer)).transpose()?;
+            let keys = mine(theirs.as_ref());
+            Ok((keys.to_wire().to_vec(), keys))
+        })?;
+        Ok((Keys::parse(&theirs, peer)?, sent))
+    }
+
+    /// A key round that only synchronises the two sides, with keys already exchanged.
+    pub fn sync(&mut self, mine: &Keys) -> Result<()> {
+        self.keys(|_| *mine).map(drop)
+    }
+
+    /// The report rounds (`xchg_bw_reports`): returns the peer's report.
+    pub fn reports(&mut self, mine: &BwReport) -> Result<BwReport> {
+        let mut number = |bytes: [u8; 8], what: &str| -> Result<[u8; 8]> {
+            let theirs = self.swap(&bytes, what)?;
+            Ok(theirs.try_into().expect("swap reads exactly 8 bytes"))
+        };
+        let size = number(mine.size.to_be_bytes(), "the report's size")?;
+        let iters = number(mine.iters.to_be_bytes(), "the report's iterations")?;
+        let peak = number(mine.bw_peak.to_be_bytes(), "the report's peak bandwidth")?;
+        let avg = number(mine.bw_avg.to_be_bytes(), "the report's average bandwidth")?;
+        let rate = number(mine.msg_rate.to_be_bytes(), "the report's message rate")?;
+        Ok(BwReport {
+            size: u64::from_be_bytes(size),
+            iters: u64::from_be_bytes(iters),
+            bw_peak: f64::from_be_bytes(peak),
+            bw_avg: f64::from_be_bytes(avg),
+            msg_rate: f64::from_be_bytes(rate),
+        })
+    }
+
+    /// The close (`ctx_close_connection`): a last key round and `"done"`, then the peer's
+    /// `"done"` or the end of its stream, and the connection is closed.
+    pub fn close(&mut self, mine: &Keys) -> Result<()> {
+        self.sync(mine)?;
+        write_all(&mut self.stream, DONE, "\"done\"")?;
+        // What the peer sends now is not checked: perftest does not read it at all.
+        let _ = self.stream.set_read_timeout(Some(DONE_WAIT));
+        let mut theirs = [0; DONE.len()];
+        let mut got = 0;
+        while got < theirs.len() {
+            match self.stream.read(&mut theirs[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys {
+            lid: 0,
+            out_reads: 0x80,
+            qpn: Qpn::new(0x15),
+            psn: Psn::new(0x6c0406),
+            rkey: RKey(0x663),
+            vaddr: 0x7fe0_f46c_9000,
+            gid: "::ffff:10.99.0.12".parse().unwrap(),
+            srqn: 0,
+        }
+    }
+
+    #[test]
+    fn keys_are_perftests() {
+        let msg = keys().to_wire();
+        assert_eq!(
+            &msg[..107],
+            &b"0000:0080:000015:6c0406:00000663:00007fe0f46c9000:\
+               00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:0c:00000000:"[..]
+        );
+        assert_eq!(msg[107], 0);
+        assert_eq!(Keys::parse(&msg, "server").unwrap(), keys());
+    }
+
+    #[test]
+    fn malformed_keys_are_refused_with_the_message() {
+        let mut short = keys().to_wire();
+        short[40] = 0;
+        let mut not_hex = keys().to_wire();
+        not_hex[0] = b'g';
+        for msg in [&b"hello"[..], &short[..], &not_hex[..]] {
+            let error = Keys::parse(msg, "client").unwrap_err().to_string();
+            assert!(error.contains("the client's keys"), "{error}");
+            assert!(error.contains(&text(msg)), "{error}");
+        }
+    }
+
+    #[test]
+    fn versions_read_as_atof_does() {
+        assert_eq!(version_number("6.06"), 6.06);
+        assert_eq!(version_number("5.70.1"), 5.70);
+        assert_eq!(version_number("x"), 0.0);
+        assert_eq!(
+            mtu_of_enum(mtu_enum(PathMtu::Mtu2048)),
+            Some(PathMtu::Mtu2048)
+        );
+        assert_eq!(mtu_of_enum(6), None);
+    }
+}
