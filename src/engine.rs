@@ -22,7 +22,7 @@ use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, QpAttr,
-    QpInit, RecvWr, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus,
+    QpInit, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,
 };
 use crate::wire::{LKey, Qpn};
@@ -65,7 +65,9 @@ pub(crate) enum Command {
     PostSrqRecv(SrqId, RecvWr, Reply<Result<(), VerbsError>>),
     ModifyQp(Qpn, Box<QpAttr>, Reply<Result<(), VerbsError>>),
     DestroyQp(Qpn, Reply<Result<(), VerbsError>>),
+    DestroyCq(CqId, Reply<Result<(), VerbsError>>),
     Stats(Reply<(Counters, IoCounters)>),
+    Resources(Reply<Resources>),
     Shutdown,
 }
 
@@ -115,7 +117,8 @@ struct Engine<B: Backend> {
     start: Instant,
     commands: Receiver<Command>,
     qps: HashMap<Qpn, QpPosts>,
-    cqs: Vec<Sender<WorkCompletion>>,
+    /// Indexed by CQ number; `None` where a CQ was destroyed.
+    cqs: Vec<Option<Sender<WorkCompletion>>>,
     events: Sender<AsyncEvent>,
     /// The next address handed to a registered region: regions never overlap, so an address
     /// names one region, as it does in a process's address space.
@@ -230,7 +233,13 @@ impl<B: Backend> Engine<B> {
                 Command::CreateCq { capacity, reply } => {
                     let cq = self.endpoint.create_cq(capacity);
                     let (tx, rx) = bounded(capacity.max(1));
-                    self.cqs.push(tx);
+                    // The core reuses a destroyed CQ's number, and so its slot here.
+                    let slot = cq.0 as usize;
+                    if slot == self.cqs.len() {
+                        self.cqs.push(Some(tx));
+                    } else {
+                        self.cqs[slot] = Some(tx);
+                    }
                     let _ = reply.send((cq, rx));
                 }
                 Command::CreateQp { init, srq, reply } => {
@@ -271,6 +280,16 @@ impl<B: Backend> Engine<B> {
                     self.qps.remove(&qpn);
                     let _ = reply.send(self.endpoint.destroy_qp(now, qpn));
                 }
+                Command::DestroyCq(cq, reply) => {
+                    let destroyed = self.endpoint.destroy_cq(cq);
+                    if destroyed.is_ok() {
+                        self.cqs[cq.0 as usize] = None;
+                    }
+                    let _ = reply.send(destroyed);
+                }
+                Command::Resources(reply) => {
+                    let _ = reply.send(self.endpoint.resources());
+                }
                 Command::Stats(reply) => {
                     let _ = reply.send((self.endpoint.counters().clone(), self.backend.counters()));
                 }
@@ -305,6 +324,7 @@ impl<B: Backend> Engine<B> {
         if let Some(cq) = self.endpoint.qp_cqs(qpn).and_then(|(send, recv)| {
             self.cqs
                 .get(if opcode == WcOpcode::Recv { recv } else { send }.0 as usize)
+                .and_then(Option::as_ref)
         }) {
             let _ = cq.try_send(wc);
         }
@@ -327,6 +347,7 @@ impl<B: Backend> Engine<B> {
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
         for (index, tx) in self.cqs.iter().enumerate() {
+            let Some(tx) = tx else { continue };
             let cq = CqId(index as u32);
             while !tx.is_full() {
                 let Some(wc) = self.endpoint.poll_cq(cq) else {

@@ -1,17 +1,22 @@
 //! The `softroce` command line.
 
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use softroce::decode::{decode_capture, Item};
 use softroce::demo::DemoConfig;
+use softroce::tools::daemon::{self, Service};
 use softroce::tools::perftest::{self, AtomicOp, Test};
-use softroce::tools::pingpong::{self, Options, Transport};
+use softroce::tools::pingpong::{self, Transport};
+use softroce::tools::DeviceOptions;
 use softroce::transport::PathMtu;
+use softroce::verbs::BackendKind;
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +48,25 @@ enum Command {
         /// Print one JSON object per packet instead; the counts go to standard error.
         #[arg(long)]
         json: bool,
+    },
+    /// A long-running peer for hosts with RDMA NICs or kernel rxe: serves the clients of the
+    /// pingpong and perftest tools below, one after another and several at once, on one device.
+    #[command(after_help = DAEMON_NOTES)]
+    Daemon {
+        #[command(flatten)]
+        device: DeviceArgs,
+        /// A service: a tool's command line, its server side, on a TCP port of its own (-p),
+        /// e.g. "rc-pingpong -p 18515 -n 1000" or "write-bw -p 18516 -s 65536". Clients must
+        /// run with the options the tool's server would need (-s, -n, -q, -a, ...). Repeatable.
+        #[arg(long = "serve", value_name = "TOOL OPTIONS", required = true)]
+        serve: Vec<String>,
+        /// A session that hears nothing from its client for this long fails, and its QPs are
+        /// destroyed.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+        idle_timeout: u64,
+        /// Sessions at once; a connection beyond them is closed at once.
+        #[arg(long, value_name = "N", default_value_t = 16)]
+        max_sessions: usize,
     },
     /// ibv_rc_pingpong over softroce: RC SENDs back and forth with a peer running rdma-core's
     /// ibv_rc_pingpong or softroce. Without HOST, wait for a client; with it, connect to it.
@@ -117,6 +141,18 @@ enum Command {
     },
 }
 
+const DAEMON_NOTES: &str = "\
+Each accepted connection is a session with its own PD, CQs, QPs and buffer on the one device;
+a session ends when its test does, when its client fails or goes silent (--idle-timeout), and
+its resources go with it. The log goes to standard error (RUST_LOG filters it, default info),
+the tools' result lines included, tagged by session. SIGUSR1 prints the counters (sessions,
+live QPs, CQs and regions, packets, errors) to standard output; SIGINT and SIGTERM end every
+session, print them and exit 0.
+
+Example, a host serving rdma-core's and perftest's clients on 192.0.2.10:
+  softroce daemon --bind 192.0.2.10 --serve 'rc-pingpong -p 18515' \\
+      --serve 'write-bw -p 18516' --serve 'read-lat -p 18517 -s 64'";
+
 const PINGPONG_NOTES: &str = "\
 Output, exchange (TCP, 52-byte \"LID:QPN:PSN:GID\" messages) and behaviour are rdma-core's, so
 either side may be softroce or ibv_*_pingpong (e.g. ibv_rc_pingpong -g 1 on kernel rxe).
@@ -169,14 +205,54 @@ struct PingpongArgs {
     /// Validate received buffer: the client marks each 4 KiB page, the server checks the marks.
     #[arg(short, long)]
     chk: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// softroce's own options for the device, which every tool and the daemon take.
+#[derive(Args)]
+struct DeviceArgs {
     /// softroce: the device's IP address, whose UDP port 4791 it binds and which is its GID
     /// [default: the local address of the TCP connection to the peer]
     #[arg(long, value_name = "ADDRESS")]
     bind: Option<IpAddr>,
+    /// softroce: udp (a UDP socket, no privileges) or raw (a raw IPv4 socket that verifies
+    /// every ICRC in full; needs CAP_NET_RAW).
+    #[arg(long, value_enum, default_value_t = BackendArg::Udp)]
+    backend: BackendArg,
     /// softroce: send one UDP datagram per packet instead of segmentation offload trains (a
     /// train's packets carry IPv4 IDs 0, 1, 2, ..., which its ICRCs are sealed for).
     #[arg(long)]
     no_segmentation: bool,
+    /// softroce: write every RoCE packet sent and received to this pcap file, for Wireshark
+    /// or `softroce decode`.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Udp,
+    Raw,
+}
+
+impl DeviceArgs {
+    fn options(&self) -> Result<DeviceOptions, String> {
+        let backend = match self.backend {
+            BackendArg::Udp => BackendKind::Udp {
+                segmentation: !self.no_segmentation,
+            },
+            BackendArg::Raw if self.no_segmentation => {
+                return Err("--no-segmentation is for the UDP backend".into())
+            }
+            BackendArg::Raw => BackendKind::Raw,
+        };
+        Ok(DeviceOptions {
+            bind: self.bind,
+            backend,
+            pcap: self.pcap.clone(),
+        })
+    }
 }
 
 const PERFTEST_NOTES: &str = "\
@@ -242,13 +318,8 @@ struct PerftestArgs {
     /// Report bandwidth in Gb/sec instead of MB/sec.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// softroce: the device's IP address, whose UDP port 4791 it binds and which is its GID
-    /// [default: the local address of the TCP connection to the peer]
-    #[arg(long, value_name = "ADDRESS")]
-    bind: Option<IpAddr>,
-    /// softroce: send one UDP datagram per packet instead of segmentation offload trains.
-    #[arg(long)]
-    no_segmentation: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// softroce: print one JSON document instead of perftest's text.
     #[arg(long)]
     json: bool,
@@ -452,18 +523,19 @@ fn demo(mib: u64, message_kib: usize) -> ExitCode {
     }
 }
 
-/// `mtu`: the `-m` of rc- and uc-pingpong; ud-pingpong has none.
-fn pingpong(
+/// The options of rc-, uc- or ud-pingpong. `mtu`: the `-m` of rc- and uc-pingpong;
+/// ud-pingpong has none.
+fn pingpong_options(
     transport: Transport,
-    name: &str,
     args: &PingpongArgs,
     mtu: Option<PathMtu>,
-) -> ExitCode {
+) -> Result<pingpong::Options, String> {
+    let name = transport.tool_name();
     if let Some(dev) = &args.ib_dev {
         eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
     }
-    let defaults = Options::new(transport);
-    let options = Options {
+    let defaults = pingpong::Options::new(transport);
+    Ok(pingpong::Options {
         server: args.host.clone(),
         port: args.port,
         size: args.size.unwrap_or(defaults.size),
@@ -472,25 +544,21 @@ fn pingpong(
         iters: args.iters,
         events: args.events,
         validate: args.chk,
-        bind: args.bind,
-        segmentation: !args.no_segmentation,
+        device: args.device.options()?,
         ..defaults
-    };
-    match pingpong::run(&options, &mut std::io::stdout()) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("softroce {name}: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
-fn perftest(test: Test, args: &PerftestArgs, atomic: AtomicOp) -> ExitCode {
-    let name = test.name();
+fn perftest_options(
+    test: Test,
+    args: &PerftestArgs,
+    atomic: AtomicOp,
+) -> Result<perftest::Options, String> {
     if let Some(dev) = &args.ib_dev {
+        let name = test.name();
         eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
     }
-    let options = perftest::Options {
+    Ok(perftest::Options {
         server: args.host.clone(),
         port: args.port,
         size: args.size,
@@ -502,15 +570,110 @@ fn perftest(test: Test, args: &PerftestArgs, atomic: AtomicOp) -> ExitCode {
         report_gbits: args.report_gbits,
         gid_index: args.gid_index,
         atomic,
-        bind: args.bind,
-        segmentation: !args.no_segmentation,
+        device: args.device.options()?,
         json: args.json,
         ..perftest::Options::new(test)
+    })
+}
+
+/// A tool subcommand as the daemon serves it, or as it runs from the command line.
+fn service(command: &Command) -> Option<Result<Service, String>> {
+    let pingpong =
+        |transport, args, mtu| Some(pingpong_options(transport, args, mtu).map(Service::Pingpong));
+    let perftest =
+        |test, args, atomic| Some(perftest_options(test, args, atomic).map(Service::Perftest));
+    match command {
+        Command::Decode { .. } | Command::Demo { .. } | Command::Daemon { .. } => None,
+        Command::RcPingpong { common, path } => pingpong(Transport::Rc, common, Some(path.mtu)),
+        Command::UcPingpong { common, path } => pingpong(Transport::Uc, common, Some(path.mtu)),
+        Command::UdPingpong { common } => pingpong(Transport::Ud, common, None),
+        Command::WriteBw { common } => perftest(Test::WriteBw, common, AtomicOp::FetchAdd),
+        Command::ReadBw { common } => perftest(Test::ReadBw, common, AtomicOp::FetchAdd),
+        Command::SendBw { common } => perftest(Test::SendBw, common, AtomicOp::FetchAdd),
+        Command::AtomicBw { common, atomic } => perftest(Test::AtomicBw, common, *atomic),
+        Command::WriteLat { common } => perftest(Test::WriteLat, common, AtomicOp::FetchAdd),
+        Command::ReadLat { common } => perftest(Test::ReadLat, common, AtomicOp::FetchAdd),
+        Command::SendLat { common } => perftest(Test::SendLat, common, AtomicOp::FetchAdd),
+    }
+}
+
+/// Runs a tool to the end, as one side of a test.
+fn tool(service: Result<Service, String>) -> ExitCode {
+    let service = match service {
+        Ok(service) => service,
+        Err(why) => {
+            eprintln!("softroce: {why}");
+            return ExitCode::from(2);
+        }
     };
-    match perftest::run(&options, &mut std::io::stdout()) {
+    let outcome = match &service {
+        Service::Pingpong(o) => pingpong::run(o, &mut std::io::stdout()).map(drop),
+        Service::Perftest(o) => perftest::run(o, &mut std::io::stdout()),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("softroce {name}: {e}");
+            eprintln!("softroce {}: {e}", service.name());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--serve "rc-pingpong -p 18515 -n 500"`: the tool's own command line, server side.
+fn parse_service(spec: &str) -> Result<Service, String> {
+    let words = spec.split_whitespace();
+    let cli = Cli::try_parse_from(std::iter::once("softroce").chain(words))
+        .map_err(|e| format!("--serve {spec:?}: {}", e.render().to_string().trim_end()))?;
+    let service = service(&cli.command)
+        .ok_or_else(|| format!("--serve {spec:?}: not a pingpong or perftest tool"))??;
+    let (server, device) = match &service {
+        Service::Pingpong(o) => (&o.server, &o.device),
+        Service::Perftest(o) => (&o.server, &o.device),
+    };
+    if server.is_some() {
+        return Err(format!(
+            "--serve {spec:?}: a service is a tool's server side, which takes no HOST"
+        ));
+    }
+    if *device != DeviceOptions::default() {
+        return Err(format!(
+            "--serve {spec:?}: the device options (--bind, --backend, --pcap, \
+             --no-segmentation) are the daemon's own, for all its services"
+        ));
+    }
+    Ok(service)
+}
+
+fn daemon(device: &DeviceArgs, serve: &[String], idle: u64, max_sessions: usize) -> ExitCode {
+    let options = device.options().and_then(|device| {
+        Ok(daemon::Options {
+            device,
+            services: serve
+                .iter()
+                .map(|spec| parse_service(spec))
+                .collect::<Result<_, _>>()?,
+            idle: Duration::from_secs(idle),
+            max_sessions,
+        })
+    });
+    let options = match options {
+        Ok(options) => options,
+        Err(why) => {
+            eprintln!("softroce daemon: {why}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match daemon::run(&options) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "the daemon stops");
             ExitCode::FAILURE
         }
     }
@@ -521,19 +684,12 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Decode { file, json } => decode(file, *json),
         Command::Demo { mib, message_kib } => demo(*mib, *message_kib),
-        Command::RcPingpong { common, path } => {
-            pingpong(Transport::Rc, "rc-pingpong", common, Some(path.mtu))
-        }
-        Command::UcPingpong { common, path } => {
-            pingpong(Transport::Uc, "uc-pingpong", common, Some(path.mtu))
-        }
-        Command::UdPingpong { common } => pingpong(Transport::Ud, "ud-pingpong", common, None),
-        Command::WriteBw { common } => perftest(Test::WriteBw, common, AtomicOp::FetchAdd),
-        Command::ReadBw { common } => perftest(Test::ReadBw, common, AtomicOp::FetchAdd),
-        Command::SendBw { common } => perftest(Test::SendBw, common, AtomicOp::FetchAdd),
-        Command::AtomicBw { common, atomic } => perftest(Test::AtomicBw, common, *atomic),
-        Command::WriteLat { common } => perftest(Test::WriteLat, common, AtomicOp::FetchAdd),
-        Command::ReadLat { common } => perftest(Test::ReadLat, common, AtomicOp::FetchAdd),
-        Command::SendLat { common } => perftest(Test::SendLat, common, AtomicOp::FetchAdd),
+        Command::Daemon {
+            device,
+            serve,
+            idle_timeout,
+            max_sessions,
+        } => daemon(device, serve, *idle_timeout, *max_sessions),
+        command => tool(service(command).expect("every other subcommand is a tool")),
     }
 }

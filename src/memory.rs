@@ -407,6 +407,7 @@ impl MemoryTable {
                 len: len as u64,
             });
         }
+        self.release_dropped();
         let lkey = self.fresh_key();
         let rkey = self.fresh_key();
         let region = MemoryRegion {
@@ -435,6 +436,26 @@ impl MemoryTable {
             .ok_or(MemoryError::UnknownKey { key: lkey.0 })?;
         self.rkey_to_lkey.remove(&entry.region.rkey.0);
         Ok(())
+    }
+
+    /// How many regions are registered.
+    pub fn regions(&self) -> usize {
+        self.by_lkey.len()
+    }
+
+    /// Deregisters every region that nothing but this table holds any more: no application
+    /// handle and no [`Span`] of a request in flight. A region is the application's to let go
+    /// of by dropping its last handle; the owner of the table calls this when that is likely,
+    /// and the region's keys stop working then.
+    pub fn release_dropped(&mut self) {
+        let rkey_to_lkey = &mut self.rkey_to_lkey;
+        self.by_lkey.retain(|_, entry| {
+            let held = Arc::strong_count(&entry.region.words) > 1;
+            if !held {
+                rkey_to_lkey.remove(&entry.region.rkey.0);
+            }
+            held
+        });
     }
 
     /// Invalidates a region's rkey (SEND with invalidate): the region stays registered for
@@ -607,6 +628,31 @@ mod tests {
             t.deregister(mr.lkey()),
             Err(MemoryError::UnknownKey { key: mr.lkey().0 })
         );
+    }
+
+    #[test]
+    fn a_region_no_one_holds_is_released_and_one_in_use_is_not() {
+        let (mut t, pd, mr) = table();
+        let kept = t.register(pd, 0x10_0000, 64, Access::REMOTE_WRITE).unwrap();
+        let span = t
+            .check_remote(kept.rkey(), pd, 0x10_0000, 8, Access::REMOTE_WRITE)
+            .unwrap();
+        let (rkey, kept_rkey) = (mr.rkey(), kept.rkey());
+        drop((mr, kept));
+        t.release_dropped();
+        // The first region had no handle left; the second is still reachable by its span, as
+        // a READ in flight holds the span it was granted.
+        assert_eq!(t.regions(), 1);
+        assert!(matches!(
+            t.check_remote(rkey, pd, 0x1000, 8, Access::REMOTE_WRITE),
+            Err(MemoryError::UnknownKey { .. })
+        ));
+        drop(span);
+        t.release_dropped();
+        assert_eq!(t.regions(), 0);
+        assert!(t
+            .check_remote(kept_rkey, pd, 0x10_0000, 8, Access::REMOTE_WRITE)
+            .is_err());
     }
 
     #[test]

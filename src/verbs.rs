@@ -29,12 +29,12 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
-use crate::io::{Backend, IoCounters, Recording, UdpBackend};
+use crate::io::{Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig};
 use crate::memory::{Access, MemoryError, PdId};
 pub use crate::transport::{AddressHandle, SrqModify};
 use crate::transport::{
     AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState, QpType, RecvWr,
-    SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
+    Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
 };
 use crate::wire::{Psn, QKey, Qpn, RnrTimer};
 
@@ -94,8 +94,17 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Which backend carries the device's packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
-    /// A UDP socket on port 4791: no privileges needed.
-    Udp,
+    /// A UDP socket on port 4791: no privileges needed. `segmentation` sends runs of packets
+    /// as segmentation offload trains ([`UdpConfig::segmentation`]).
+    Udp { segmentation: bool },
+    /// A raw IPv4 socket that writes and reads whole IP datagrams ([`RawBackend`]): every
+    /// received ICRC is verified in full. Needs `CAP_NET_RAW`; IPv4 only.
+    Raw,
+}
+
+impl BackendKind {
+    /// The UDP backend with segmentation offload: the default.
+    pub const UDP: BackendKind = BackendKind::Udp { segmentation: true };
 }
 
 /// How a device is opened.
@@ -115,7 +124,7 @@ impl DeviceConfig {
     pub fn udp(address: IpAddr) -> Self {
         DeviceConfig {
             address,
-            backend: BackendKind::Udp,
+            backend: BackendKind::UDP,
             seed: None,
             pcap: None,
         }
@@ -159,9 +168,32 @@ impl fmt::Debug for Device {
 impl Device {
     /// Binds the backend and starts the engine thread.
     pub fn open(config: DeviceConfig) -> Result<Device> {
-        let backend = match config.backend {
-            BackendKind::Udp => UdpBackend::bind(config.address)?,
-        };
+        match config.backend {
+            BackendKind::Udp { segmentation } => {
+                let udp = UdpConfig {
+                    segmentation,
+                    ..UdpConfig::new(config.address)
+                };
+                Self::start(UdpBackend::with_config(udp)?, &config)
+            }
+            BackendKind::Raw => {
+                let IpAddr::V4(address) = config.address else {
+                    return Err(Error::Io(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!(
+                            "the raw backend is IPv4 only, and {} is IPv6: use the UDP backend",
+                            config.address
+                        ),
+                    )));
+                };
+                let raw = RawBackend::bind(RawConfig::new(address)).map_err(io::Error::from)?;
+                Self::start(raw, &config)
+            }
+        }
+    }
+
+    /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
+    fn start<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         match &config.pcap {
             Some(path) => Self::with_backend(Recording::new(backend, path)?, config.seed),
             None => Self::with_backend(backend, config.seed),
@@ -199,15 +231,22 @@ impl Device {
             .engine()
             .call(|reply| Command::CreateCq { capacity, reply })?;
         Ok(CompletionQueue {
-            _device: self.clone(),
-            id,
-            completions,
+            inner: Arc::new(CqInner {
+                device: self.clone(),
+                id,
+                completions,
+            }),
         })
     }
 
     /// The transport's and the backend's counters.
     pub fn counters(&self) -> Result<(Counters, IoCounters)> {
         Ok(self.engine().call(Command::Stats)?)
+    }
+
+    /// How many QPs, CQs, regions, SRQs and address handles the device holds now.
+    pub fn resources(&self) -> Result<Resources> {
+        Ok(self.engine().call(Command::Resources)?)
     }
 
     /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun).
@@ -226,6 +265,10 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     /// Registers a zeroed region of `len` bytes. The application reads and writes it through
     /// the returned handle; peers address it from `iova()` with its `rkey()`.
+    ///
+    /// [`deregister`](Self::deregister) ends it at once. Dropping every handle ends it too,
+    /// lazily: its keys stop working at the device's next registration or QP destruction
+    /// (and never while a request in flight still uses it).
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         let pd = self.pd;
         Ok(self.device.engine().call(|reply| Command::RegMr {
@@ -313,8 +356,8 @@ impl SharedReceiveQueue {
 pub struct QpBuilder<'a> {
     pd: &'a ProtectionDomain,
     qp_type: QpType,
-    send_cq: Option<CqId>,
-    recv_cq: Option<CqId>,
+    send_cq: Option<CompletionQueue>,
+    recv_cq: Option<CompletionQueue>,
     srq: Option<SrqId>,
     max_send_wr: usize,
     max_recv_wr: usize,
@@ -333,12 +376,12 @@ impl QpBuilder<'_> {
     }
 
     pub fn send_cq(mut self, cq: &CompletionQueue) -> Self {
-        self.send_cq = Some(cq.id);
+        self.send_cq = Some(cq.clone());
         self
     }
 
     pub fn recv_cq(mut self, cq: &CompletionQueue) -> Self {
-        self.recv_cq = Some(cq.id);
+        self.recv_cq = Some(cq.clone());
         self
     }
 
@@ -353,12 +396,14 @@ impl QpBuilder<'_> {
     }
 
     pub fn build(self) -> Result<QueuePair> {
-        let missing = VerbsError::InvalidRequest("a QP needs a send and a receive CQ");
+        let (Some(send_cq), Some(recv_cq)) = (self.send_cq, self.recv_cq) else {
+            return Err(VerbsError::InvalidRequest("a QP needs a send and a receive CQ").into());
+        };
         let init = QpInit {
             qp_type: self.qp_type,
             pd: self.pd.pd,
-            send_cq: self.send_cq.ok_or(missing.clone())?,
-            recv_cq: self.recv_cq.ok_or(missing)?,
+            send_cq: send_cq.inner.id,
+            recv_cq: recv_cq.inner.id,
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
         };
@@ -374,6 +419,7 @@ impl QpBuilder<'_> {
             queues,
             has_srq: srq.is_some(),
             qp_type,
+            _cqs: [send_cq, recv_cq],
         })
     }
 }
@@ -424,6 +470,9 @@ pub struct QueuePair {
     queues: QpQueues,
     has_srq: bool,
     qp_type: QpType,
+    /// The send and receive CQs, kept alive until the QP is destroyed, as libibverbs refuses
+    /// to destroy a CQ that a QP uses.
+    _cqs: [CompletionQueue; 2],
 }
 
 impl QueuePair {
@@ -532,26 +581,42 @@ impl Drop for QueuePair {
     }
 }
 
-/// A completion queue.
-#[derive(Debug)]
+/// A completion queue. Clones are handles to the same queue; it is destroyed when the last
+/// handle goes, and every QP built with it holds one.
+#[derive(Debug, Clone)]
 pub struct CompletionQueue {
-    _device: Device,
+    inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+struct CqInner {
+    device: Device,
     id: CqId,
     completions: Receiver<WorkCompletion>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self
+            .device
+            .engine()
+            .call(|reply| Command::DestroyCq(id, reply));
+    }
 }
 
 impl CompletionQueue {
     /// Up to `max` completions, without blocking.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
         let before = out.len();
-        out.extend(self.completions.try_iter().take(max));
+        out.extend(self.inner.completions.try_iter().take(max));
         out.len() - before
     }
 
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
     /// that do not want to spin.
     pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
-        match self.completions.recv_timeout(timeout) {
+        match self.inner.completions.recv_timeout(timeout) {
             Ok(wc) => Ok(Some(wc)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Err(Error::DeviceClosed),

@@ -3,144 +3,17 @@
 //! own, and the server's answers to a broken exchange. The lab (tests/interop/cases/6*.sh) runs
 //! the same tools against perftest's.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::time::{Duration, Instant};
+mod tool;
 
-/// Long enough for a debug build on a busy 2-core machine; a hung tool fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(90);
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use tool::{Ended, Tool};
 /// The server's banner line that says it listens.
 const WAITING: &str = "* Waiting for client to connect... *";
 const BW_COLUMNS: &str =
     " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
 const LAT_COLUMNS: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]";
-
-/// A line a tool printed.
-enum Line {
-    Out(String),
-    Err(String),
-}
-
-/// A running tool whose standard output and standard error threads forward line by line.
-struct Tool {
-    child: Child,
-    lines: Receiver<Line>,
-    seen: Vec<Line>,
-}
-
-/// How a tool ended, and everything it printed.
-struct Ended {
-    status: ExitStatus,
-    stdout: Vec<String>,
-    stderr: String,
-}
-
-/// Forwards `from`'s lines, each made a `Line` by `wrap`, until it ends.
-fn forward(from: impl Read + Send + 'static, wrap: fn(String) -> Line, to: Sender<Line>) {
-    std::thread::spawn(move || {
-        for line in BufReader::new(from).lines().map_while(Result::ok) {
-            if to.send(wrap(line)).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-impl Tool {
-    fn start(args: &[&str]) -> Tool {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_softroce"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the softroce binary starts");
-        let (tx, lines) = mpsc::channel();
-        forward(child.stdout.take().unwrap(), Line::Out, tx.clone());
-        forward(child.stderr.take().unwrap(), Line::Err, tx);
-        Tool {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Reads lines until one (on either stream) equals `line`; false if the tool ended first.
-    fn wait_for(&mut self, line: &str) -> bool {
-        while let Ok(next) = self.lines.recv_timeout(DEADLINE) {
-            let found = matches!(&next, Line::Out(l) | Line::Err(l) if l == line);
-            self.seen.push(next);
-            if found {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Waits for the tool to end (killing it after the deadline).
-    fn end(mut self) -> Ended {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if start.elapsed() > DEADLINE {
-                self.child.kill().unwrap();
-                self.child.wait().unwrap();
-                panic!("a tool did not finish within {DEADLINE:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // The forwarding threads end with the tool's output streams.
-        self.seen.extend(self.lines.iter());
-        let (mut stdout, mut stderr) = (Vec::new(), String::new());
-        for line in self.seen {
-            match line {
-                Line::Out(line) => stdout.push(line),
-                Line::Err(line) => {
-                    stderr.push_str(&line);
-                    stderr.push('\n');
-                }
-            }
-        }
-        Ended {
-            status,
-            stdout,
-            stderr,
-        }
-    }
-}
-
-impl Ended {
-    fn has(&self, line: &str) -> bool {
-        self.stdout.iter().any(|l| l == line)
-    }
-
-    fn has_prefix(&self, prefix: &str) -> bool {
-        self.stdout.iter().any(|l| l.starts_with(prefix))
-    }
-
-    /// The result rows: lines that start with the message size, as perftest's do.
-    fn rows(&self) -> Vec<Vec<String>> {
-        self.stdout
-            .iter()
-            .filter(|l| l.starts_with(' ') && l[1..].starts_with(|c: char| c.is_ascii_digit()))
-            .map(|l| l.split_whitespace().map(str::to_string).collect())
-            .collect()
-    }
-
-    /// The GID line after the remote address line.
-    fn remote_gid(&self) -> &str {
-        let at = self
-            .stdout
-            .iter()
-            .position(|l| l.starts_with(" remote address: LID 0000 QPN 0x"))
-            .expect("a remote address line");
-        &self.stdout[at + 1]
-    }
-}
 
 /// A server on `addresses[0]` and a client on `addresses[1]`, with the same options.
 fn run_pair(test: &str, addresses: [&str; 2], port: u16, args: &[&str]) -> (Ended, Ended) {

@@ -982,3 +982,48 @@ fn deregistration_stops_a_write_in_flight() {
         "nothing after the deregistration"
     );
 }
+
+/// A requester that has asked a READ again waits while the old answer drains: each stale
+/// response, one for the request it replaced, pushes its retry timer back by an ack timeout. So
+/// does rxe_comp.c (Linux drivers/infiniband/sw/rxe): rxe_completer re-arms retrans_timer after
+/// every response it handles, whether it used it or discarded it. Here one lost response makes
+/// the requester ask again early in a 1 MiB READ over a slow link, and the new answer queues
+/// behind the rest of the old one; without the push back each ack timeout meanwhile asked
+/// again, until the retries ran out.
+#[test]
+fn stale_read_responses_push_the_retry_timer_back() {
+    let mut sim = Sim::new(2, seed(17), Faults::default());
+    // 100 Mbit/s: the answer takes 85 ms, twenty ack timeouts of 4.2 ms.
+    sim.byte_time = Duration::from_nanos(80);
+    lose_first(&mut sim, Opcode::RcReadResponseMiddle);
+    let [a, b] = connect(
+        &mut sim,
+        Options {
+            retry_cnt: 3,
+            ..Default::default()
+        },
+    );
+    let data = pattern(18, MR_LEN);
+    b.mr.write(0, &data).unwrap();
+    let read = SendOp::Read {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    let wr = SendWr::new(1, read, sge(&a, 0, MR_LEN as u32));
+    post_send(&mut sim, 0, &a, wr);
+    sim.run_idle(LIMIT);
+    let wcs = drain(&mut sim, 0, a.cq);
+    let c = sim.nodes[0].counters();
+    eprintln!("after {:?}:\n{c}", sim.now);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(read_mr(&a, 0, MR_LEN), data);
+    assert!(
+        c.stale_responses > 1000,
+        "the old answer kept arriving after the retry"
+    );
+    assert_eq!(
+        (c.retry_timeouts, c.retransmitted_packets),
+        (0, 1),
+        "asked again once, for the lost response, and never timed out"
+    );
+}

@@ -9,21 +9,31 @@
 //!   either role, with [`perftest_oob`], perftest's exchange, and [`perftest_report`], its
 //!   output.
 //!
+//! - [`daemon`]: `softroce daemon`, which serves those tools' clients, one after another and
+//!   several at once, on one device.
+//!
 //! The tools use the verbs API only, as an application would.
 
+pub mod daemon;
 pub mod oob;
 pub mod perftest;
 pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;
 
+use std::cell::Cell;
 use std::fmt;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::io::{UdpBackend, UdpConfig};
+use socket2::{SockRef, TcpKeepalive};
+
 use crate::transport::WcStatus;
-use crate::verbs::{self, Device};
+use crate::verbs::{self, BackendKind, Device, DeviceConfig};
 
 /// Why a tool stopped.
 #[derive(Debug)]
@@ -40,6 +50,10 @@ pub enum Error {
     PostRecv { posted: usize },
     /// Writing the tool's output failed.
     Output(io::Error),
+    /// A served session heard nothing from its peer for this long ([`Limits::idle`]).
+    PeerSilent(Duration),
+    /// The daemon is stopping ([`Limits::stop`]).
+    Stopped,
 }
 
 impl fmt::Display for Error {
@@ -56,6 +70,12 @@ impl fmt::Display for Error {
             ),
             Error::PostRecv { posted } => write!(f, "Couldn't post receive ({posted})"),
             Error::Output(e) => write!(f, "writing the output: {e}"),
+            Error::PeerSilent(idle) => write!(
+                f,
+                "nothing from the peer for {} s: it has gone, or stalled",
+                idle.as_secs_f32()
+            ),
+            Error::Stopped => f.write_str("stopped: the daemon is shutting down"),
         }
     }
 }
@@ -102,16 +122,37 @@ pub fn wc_status_value(status: WcStatus) -> u32 {
     }
 }
 
-/// A tool's device: a UDP backend on `address` ([`UdpConfig::segmentation`] as given) and its
-/// engine thread.
-fn open_device(address: IpAddr, segmentation: bool) -> Result<Device> {
-    let config = UdpConfig {
-        segmentation,
-        ..UdpConfig::new(address)
-    };
-    UdpBackend::with_config(config)
-        .map_err(verbs::Error::from)
-        .and_then(|backend| Device::with_backend(backend, None))
+/// How a tool opens its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// The device's address (its GID). `None`: the local address of the exchange's TCP
+    /// connection, which is the address the peer reaches this host at.
+    pub bind: Option<IpAddr>,
+    pub backend: BackendKind,
+    /// Record every RoCE packet sent and received into this pcap file.
+    pub pcap: Option<PathBuf>,
+}
+
+impl Default for DeviceOptions {
+    /// The UDP backend with segmentation offload, on the exchange's address, no capture.
+    fn default() -> Self {
+        DeviceOptions {
+            bind: None,
+            backend: BackendKind::UDP,
+            pcap: None,
+        }
+    }
+}
+
+impl DeviceOptions {
+    /// Opens the device at `address`, and its engine thread.
+    pub fn open(&self, address: IpAddr) -> Result<Device> {
+        Device::open(DeviceConfig {
+            address,
+            backend: self.backend,
+            seed: None,
+            pcap: self.pcap.clone(),
+        })
         .map_err(|error| Error::Device {
             doing: format!(
                 "Couldn't open a device on {address} (each device needs an address of its own: \
@@ -119,4 +160,78 @@ fn open_device(address: IpAddr, segmentation: bool) -> Result<Device> {
             ),
             error,
         })
+    }
+}
+
+/// What bounds a session's waits for its peer. A tool run from the command line has none and
+/// waits as long as rdma-core's and perftest's do, for ever; the daemon's sessions have both.
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// A session that hears nothing from its peer for this long fails with
+    /// [`Error::PeerSilent`]: a QP waiting on receives learns of a vanished peer no other way.
+    pub idle: Option<Duration>,
+    /// Once set, every wait ends with [`Error::Stopped`].
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl Limits {
+    /// Bounds the session's TCP connection with an idle limit: each read of the handshake
+    /// waits no longer, and keepalive probes start after that long without a byte, so that
+    /// the reads of a peer host that vanished end too. A perftest server, which can read
+    /// nothing from its client for a whole test, lifts the read timeout after the handshake.
+    fn watch_connection(&self, stream: &TcpStream) -> Result<()> {
+        let Some(idle) = self.idle else {
+            return Ok(());
+        };
+        stream
+            .set_read_timeout(Some(idle))
+            .map_err(|e| Error::Exchange(format!("the TCP connection: {e}")))?;
+        let keepalive = TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(Duration::from_secs(1))
+            .with_retries(3);
+        SockRef::from(stream)
+            .set_tcp_keepalive(&keepalive)
+            .map_err(|e| Error::Exchange(format!("the TCP connection's keepalive: {e}")))
+    }
+}
+
+/// One session's waits, checked against its [`Limits`].
+#[derive(Debug)]
+struct Watch {
+    limits: Limits,
+    /// When the peer was last heard from.
+    heard: Cell<Instant>,
+}
+
+impl Watch {
+    fn new(limits: &Limits) -> Watch {
+        Watch {
+            limits: limits.clone(),
+            heard: Cell::new(Instant::now()),
+        }
+    }
+
+    /// Something came from the peer: a completion, or data it wrote.
+    fn heard(&self) {
+        self.heard.set(Instant::now());
+    }
+
+    /// Nothing came: leaves the core to the engine threads (two per host when both sides are
+    /// softroce) instead of spinning against them, then fails if the session must end.
+    fn nothing(&self) -> Result<()> {
+        std::thread::yield_now();
+        if self
+            .limits
+            .stop
+            .as_ref()
+            .is_some_and(|stop| stop.load(Ordering::Relaxed))
+        {
+            return Err(Error::Stopped);
+        }
+        match self.limits.idle {
+            Some(idle) if self.heard.get().elapsed() > idle => Err(Error::PeerSilent(idle)),
+            _ => Ok(()),
+        }
+    }
 }

@@ -30,7 +30,7 @@
 //! nothing.
 
 use std::io::Write;
-use std::net::IpAddr;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::perftest_oob::{BwReport, Exchange, Keys};
@@ -38,8 +38,8 @@ use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
 };
-use super::pingpong::{accept, connect, failed, gid_of, listen, random_psn};
-use super::{open_device, Error, Result};
+use super::pingpong::{accept, connect, failed, gid_of, listen, local_address, random_psn};
+use super::{DeviceOptions, Error, Limits, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
@@ -202,11 +202,7 @@ pub struct Options {
     pub gid_index: u32,
     /// `-A`, for `atomic-bw`.
     pub atomic: AtomicOp,
-    /// The device's address (its GID). `None`: the local address of the exchange's TCP
-    /// connection, which is the address the peer reaches this host at.
-    pub bind: Option<IpAddr>,
-    /// UDP segmentation offload ([`crate::io::UdpConfig::segmentation`]).
-    pub segmentation: bool,
+    pub device: DeviceOptions,
     /// Print one JSON document instead of perftest's text.
     pub json: bool,
 }
@@ -228,8 +224,7 @@ impl Options {
             report_gbits: false,
             gid_index: 0,
             atomic: AtomicOp::FetchAdd,
-            bind: None,
-            segmentation: true,
+            device: DeviceOptions::default(),
             json: false,
         }
     }
@@ -386,25 +381,50 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
     let stream = match &o.server {
         Some(host) => connect(host, o.port)?,
         None => {
-            let listener = listen(o.port, o.bind)?;
+            let listener = listen(o.port, o.device.bind)?;
             output.waiting()?;
             accept(listener)?
         }
     };
-    let address = match o.bind {
+    let address = match o.device.bind {
         Some(address) => address,
-        None => stream
-            .local_addr()
-            .map_err(|e| Error::Exchange(format!("the TCP connection's address: {e}")))?
-            .ip()
-            .to_canonical(),
+        None => local_address(&stream)?,
     };
-    let device = open_device(address, o.segmentation)?;
+    let device = o.device.open(address)?;
+    session(o, plan, &device, stream, client, &Limits::default(), output)
+}
+
+/// Serves one client that `stream` has accepted, on `device`, as the server of [`run`] would:
+/// the daemon's way in. `limits` bound its waits.
+pub fn serve(
+    o: &Options,
+    device: &Device,
+    stream: TcpStream,
+    limits: &Limits,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let plan = Plan::new(o, false)?;
+    limits.watch_connection(&stream)?;
+    let output = Output::new(out, o.json);
+    session(o, plan, device, stream, false, limits, output)
+}
+
+/// From the exchange on the connected `stream` to the end of the test.
+fn session(
+    o: &Options,
+    plan: Plan,
+    device: &Device,
+    stream: TcpStream,
+    client: bool,
+    limits: &Limits,
+    mut output: Output<'_>,
+) -> Result<()> {
+    let address = device.address();
     let mut exchange = Exchange::new(stream, client);
     exchange.versions()?;
     let (page, cache_line) = exchange.sys_data(PAGE_SIZE, CACHE_LINE)?;
     let mtu = exchange.mtu(o.mtu)?;
-    let ctx = Context::open(&device, o, &plan, page.into(), cache_line.into())?;
+    let ctx = Context::open(device, o, &plan, (page.into(), cache_line.into()), limits)?;
     output.info(&TestInfo {
         title: title(o),
         device: address.to_string(),
@@ -428,6 +448,7 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
         theirs: Vec::new(),
     };
     session.handshake()?;
+    session.exchange.unbounded_reads()?;
     match o.test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => session.remote_report_bw()?,
         Test::SendBw => session.send_bw()?,
@@ -482,17 +503,19 @@ struct Context {
     gid: std::net::Ipv6Addr,
     verb: Verb,
     atomic: AtomicOp,
+    watch: Watch,
 }
 
 impl Context {
     /// `ctx_init`: the buffer (random bytes, zeros for `write-lat`, which polls it), the CQs
     /// and the QPs.
+    /// `layout`: the page messages cycle through, and the cache line they step by.
     fn open(
         device: &Device,
         o: &Options,
         plan: &Plan,
-        cycle: u64,
-        cache_line: u64,
+        (cycle, cache_line): (u64, u64),
+        limits: &Limits,
     ) -> Result<Context> {
         let verb = o.test.verb();
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
@@ -538,6 +561,7 @@ impl Context {
             gid: gid_of(device.address()),
             verb,
             atomic: o.atomic,
+            watch: Watch::new(limits),
         })
     }
 
@@ -551,6 +575,40 @@ impl Context {
 
     fn cycled(&self, size: u64, k: u64) -> u64 {
         cycled(size, k, self.cycle, self.cache_line)
+    }
+
+    /// Takes up to `max` completions from `cq` into `wcs`, failing on an error status.
+    fn poll(
+        &self,
+        cq: &CompletionQueue,
+        wcs: &mut Vec<WorkCompletion>,
+        max: usize,
+    ) -> Result<usize> {
+        wcs.clear();
+        let n = cq.poll(wcs, max);
+        if let Some(wc) = wcs.iter().find(|wc| wc.status != WcStatus::Success) {
+            return Err(Error::Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+            });
+        }
+        if n == 0 {
+            self.watch.nothing()?;
+        } else {
+            self.watch.heard();
+        }
+        Ok(n)
+    }
+
+    /// Waits for one completion on `cq`; false if `stop` says the run is over first.
+    fn wait_one(&self, cq: &CompletionQueue, stop: impl Fn() -> bool) -> Result<bool> {
+        let mut wcs = Vec::with_capacity(1);
+        while self.poll(cq, &mut wcs, 1)? == 0 {
+            if stop() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// QP `qp`'s keys (`set_up_connection`).
@@ -633,35 +691,6 @@ fn fill_random(mr: &MemoryRegion) -> Result<()> {
             .map_err(failed("Couldn't fill the buffer"))?;
     }
     Ok(())
-}
-
-/// Takes up to `max` completions from `cq` into `wcs`, failing on an error status.
-fn poll(cq: &CompletionQueue, wcs: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
-    wcs.clear();
-    let n = cq.poll(wcs, max);
-    if let Some(wc) = wcs.iter().find(|wc| wc.status != WcStatus::Success) {
-        return Err(Error::Completion {
-            wr_id: wc.wr_id,
-            status: wc.status,
-        });
-    }
-    if n == 0 {
-        // Nothing yet: leave the cores to the engine threads (two per host when both sides
-        // are softroce) instead of spinning against them.
-        std::thread::yield_now();
-    }
-    Ok(n)
-}
-
-/// Waits for one completion on `cq`; false if `stop` says the run is over first.
-fn wait_one(cq: &CompletionQueue, stop: impl Fn() -> bool) -> Result<bool> {
-    let mut wcs = Vec::with_capacity(1);
-    while poll(cq, &mut wcs, 1)? == 0 {
-        if stop() {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// The clock of one run: nanoseconds since its start, and, with `-D`, its phase.
@@ -972,7 +1001,7 @@ impl Session<'_, '_> {
                 }
             }
             if totccnt < total || (timed && totccnt < totscnt) {
-                poll(&ctx.send_cq, &mut wcs, POLL_BATCH)?;
+                ctx.poll(&ctx.send_cq, &mut wcs, POLL_BATCH)?;
                 for wc in &wcs {
                     ccnt[wc.wr_id as usize] += plan.cq_mod;
                     totccnt += plan.cq_mod;
@@ -1001,7 +1030,7 @@ impl Session<'_, '_> {
         // The clock starts with the first receive, as perftest's does.
         let mut clock: Option<Clock> = None;
         while received < total || (timed && !clock.as_ref().is_some_and(Clock::over)) {
-            if poll(&ctx.recv_cq, &mut wcs, POLL_BATCH)? > 0 && clock.is_none() {
+            if ctx.poll(&ctx.recv_cq, &mut wcs, POLL_BATCH)? > 0 && clock.is_none() {
                 clock = Some(Clock::start(plan.timing));
             }
             let Some(clock) = &clock else { continue };
@@ -1074,9 +1103,10 @@ impl Session<'_, '_> {
                         .read(poll_byte, &mut byte)
                         .map_err(failed("Couldn't read the buffer"))?;
                     if byte[0] == rcnt as u8 || clock.over() {
+                        ctx.watch.heard();
                         break;
                     }
-                    std::thread::yield_now();
+                    ctx.watch.nothing()?;
                 }
             }
             if scnt < iters || timed {
@@ -1092,7 +1122,7 @@ impl Session<'_, '_> {
             if clock.over() {
                 break;
             }
-            if (ccnt < iters || timed) && wait_one(&ctx.send_cq, || clock.over())? {
+            if (ccnt < iters || timed) && ctx.wait_one(&ctx.send_cq, || clock.over())? {
                 ccnt += 1;
                 if clock.sampling() {
                     counted += 1;
@@ -1114,7 +1144,7 @@ impl Session<'_, '_> {
                 posted.push(clock.ns());
             }
             ctx.post_send(0, 0, size, &self.theirs[0], true)?;
-            if wait_one(&ctx.send_cq, || false)? && clock.sampling() {
+            if ctx.wait_one(&ctx.send_cq, || false)? && clock.sampling() {
                 counted += 1;
             }
         }
@@ -1134,7 +1164,7 @@ impl Session<'_, '_> {
             // The client sends first: it waits only once it has sent.
             let turn_to_wait = !self.client || scnt > 0;
             if (rcnt < iters || timed) && turn_to_wait {
-                if !wait_one(&ctx.recv_cq, || clock.over())? {
+                if !ctx.wait_one(&ctx.recv_cq, || clock.over())? {
                     break;
                 }
                 rcnt += 1;
@@ -1152,7 +1182,7 @@ impl Session<'_, '_> {
                 scnt += 1;
                 // Every send is signalled: a latency test's CQ moderation is its TX depth, 1.
                 ctx.post_send(0, 0, size, peer, true)?;
-                wait_one(&ctx.send_cq, || false)?;
+                ctx.wait_one(&ctx.send_cq, || false)?;
             }
         }
         Ok(self.lat_run(posted, counted))

@@ -205,6 +205,14 @@ impl Exchange {
         self.peer
     }
 
+    /// From now on each read waits as long as the peer takes: past the handshake, a round can
+    /// wait for a whole test.
+    pub fn unbounded_reads(&self) -> Result<()> {
+        self.stream
+            .set_read_timeout(None)
+            .map_err(|e| Error::Exchange(format!("the TCP connection: {e}")))
+    }
+
     /// One round: `mine` is computed from the peer's message when this side reads first (the
     /// server), before the peer's is known otherwise (the client).
     fn round<T>(

@@ -27,13 +27,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::oob::{self, Dest, DEFAULT_PORT};
-use super::{open_device, Error, Result};
+use super::{DeviceOptions, Error, Limits, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus,
     WorkCompletion, GRH_LEN,
 };
-use crate::verbs::{self, CompletionQueue, ConnectOptions, QueuePair, Remote};
+use crate::verbs::{self, CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
 use crate::wire::{Psn, QKey, RnrTimer};
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
@@ -66,6 +66,15 @@ pub enum Transport {
 impl Transport {
     /// The message size when none is given. `ibv_ud_pingpong`'s help says 2048, but its code
     /// uses 1024.
+    /// The subcommand: `rc-pingpong`, `uc-pingpong`, `ud-pingpong`.
+    pub fn tool_name(self) -> &'static str {
+        match self {
+            Transport::Rc => "rc-pingpong",
+            Transport::Uc => "uc-pingpong",
+            Transport::Ud => "ud-pingpong",
+        }
+    }
+
     pub fn default_size(self) -> usize {
         match self {
             Transport::Rc | Transport::Uc => 4096,
@@ -111,11 +120,7 @@ pub struct Options {
     /// `-c`: the client marks the start of each page of what it sends, the server checks the
     /// marks in what it received last and prints `invalid data in page N` for each one missing.
     pub validate: bool,
-    /// The device's address (its GID). `None`: the local address of the exchange's TCP
-    /// connection, which is the address the peer reaches this host at.
-    pub bind: Option<IpAddr>,
-    /// UDP segmentation offload ([`crate::io::UdpConfig::segmentation`]).
-    pub segmentation: bool,
+    pub device: DeviceOptions,
 }
 
 impl Options {
@@ -132,8 +137,7 @@ impl Options {
             iters: 1000,
             events: false,
             validate: false,
-            bind: None,
-            segmentation: true,
+            device: DeviceOptions::default(),
         }
     }
 }
@@ -191,14 +195,7 @@ impl fmt::Display for Report {
 /// local and remote address lines, the result lines and, with `validate` on the server, a line
 /// per page whose mark is missing.
 pub fn run(o: &Options, out: &mut dyn Write) -> Result<Report> {
-    if o.transport == Transport::Ud && o.size > UD_PORT_MTU {
-        return Err(Error::Usage(format!(
-            "Requested size larger than port MTU ({UD_PORT_MTU})"
-        )));
-    }
-    if o.rx_depth == 0 {
-        return Err(Error::Usage("the receive depth must be at least 1".into()));
-    }
+    check(o)?;
     enum Role<'a> {
         Client(&'a str),
         Server(TcpListener),
@@ -207,29 +204,77 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<Report> {
     // out a client may connect.
     let role = match &o.server {
         Some(host) => Role::Client(host),
-        None => Role::Server(listen(o.port, o.bind)?),
+        None => Role::Server(listen(o.port, o.device.bind)?),
     };
+    let limits = Limits::default();
     let open = |address: IpAddr, out: &mut dyn Write| -> Result<Context> {
-        let ctx = Context::open(o, address)?;
+        let ctx = Context::open(o, &o.device.open(address)?, &limits)?;
         ctx.announce(out)?;
         Ok(ctx)
     };
     // With --bind, the device is set up first, as rdma-core does; without, the TCP connection
     // tells which local address the peer reaches.
-    let early = o.bind.map(|address| open(address, out)).transpose()?;
-    let (mut stream, client) = match role {
+    let early = o
+        .device
+        .bind
+        .map(|address| open(address, out))
+        .transpose()?;
+    let (stream, client) = match role {
         Role::Client(host) => (connect(host, o.port)?, true),
         Role::Server(listener) => (accept(listener)?, false),
     };
-    let mut ctx = match early {
+    let ctx = match early {
         Some(ctx) => ctx,
-        None => {
-            let local = stream
-                .local_addr()
-                .map_err(|e| Error::Exchange(format!("the TCP connection's address: {e}")))?;
-            open(local.ip().to_canonical(), out)?
-        }
+        None => open(local_address(&stream)?, out)?,
     };
+    session(o, ctx, stream, client, out)
+}
+
+/// Serves one client that `stream` has accepted, on `device`, as the server of [`run`] would:
+/// the daemon's way in. `limits` bound its waits.
+pub fn serve(
+    o: &Options,
+    device: &Device,
+    stream: TcpStream,
+    limits: &Limits,
+    out: &mut dyn Write,
+) -> Result<Report> {
+    check(o)?;
+    limits.watch_connection(&stream)?;
+    let ctx = Context::open(o, device, limits)?;
+    ctx.announce(out)?;
+    session(o, ctx, stream, false, out)
+}
+
+/// The options rdma-core refuses before it starts.
+fn check(o: &Options) -> Result<()> {
+    if o.transport == Transport::Ud && o.size > UD_PORT_MTU {
+        return Err(Error::Usage(format!(
+            "Requested size larger than port MTU ({UD_PORT_MTU})"
+        )));
+    }
+    if o.rx_depth == 0 {
+        return Err(Error::Usage("the receive depth must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The local address of the exchange's connection: the one the peer reaches this host at.
+pub(super) fn local_address(stream: &TcpStream) -> Result<IpAddr> {
+    let local = stream
+        .local_addr()
+        .map_err(|e| Error::Exchange(format!("the TCP connection's address: {e}")))?;
+    Ok(local.ip().to_canonical())
+}
+
+/// From the exchange on the connected `stream` to the result lines.
+fn session(
+    o: &Options,
+    mut ctx: Context,
+    mut stream: TcpStream,
+    client: bool,
+    out: &mut dyn Write,
+) -> Result<Report> {
     let me = ctx.me;
     let remote = if client {
         oob::client_exchange(&mut stream, &me)?
@@ -312,13 +357,13 @@ struct Context {
     me: Dest,
     /// Where UD sends go, once the peer is known; `None` on connected QPs.
     ud: Option<UdDest>,
+    watch: Watch,
 }
 
 impl Context {
     /// `pp_init_ctx` and the first receives: a device on `address`, the QP in INIT with
     /// `rx_depth` receives posted.
-    fn open(o: &Options, address: IpAddr) -> Result<Context> {
-        let device = open_device(address, o.segmentation)?;
+    fn open(o: &Options, device: &Device, limits: &Limits) -> Result<Context> {
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
         let len = o.transport.offset() + o.size;
         let mr = pd
@@ -353,7 +398,7 @@ impl Context {
             lid: 0,
             qpn: qp.qpn(),
             psn: random_psn(),
-            gid: gid_of(address),
+            gid: gid_of(device.address()),
         };
         let ctx = Context {
             transport: o.transport,
@@ -365,6 +410,7 @@ impl Context {
             qp,
             me,
             ud: None,
+            watch: Watch::new(limits),
         };
         let posted = ctx.post_recvs(o.rx_depth);
         if posted < o.rx_depth {
@@ -468,16 +514,17 @@ impl Context {
                 if let Some(wc) = waited.map_err(failed("Failed to get cq_event"))? {
                     break wc;
                 }
+                self.watch.nothing()?;
             };
             wcs.push(first);
             self.cq.poll(wcs, 1);
         } else {
-            // rdma-core spins on the CQ; yielding leaves the cores to the engine threads (two
-            // per host when both sides are softroce) while nothing has completed.
+            // rdma-core spins on the CQ.
             while self.cq.poll(wcs, 2) == 0 {
-                std::thread::yield_now();
+                self.watch.nothing()?;
             }
         }
+        self.watch.heard();
         Ok(())
     }
 

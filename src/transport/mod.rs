@@ -194,6 +194,8 @@ impl From<MemoryError> for VerbsError {
 pub(crate) struct CompletionQueue {
     entries: VecDeque<WorkCompletion>,
     capacity: usize,
+    /// False once destroyed: the slot waits in `free_cqs` for the next CQ.
+    live: bool,
 }
 
 /// How a QP is created.
@@ -387,6 +389,8 @@ pub struct Endpoint {
     /// The largest UD message (IBTA C10-93.1.1).
     port_mtu: PathMtu,
     cqs: Vec<CompletionQueue>,
+    /// Slots of destroyed CQs, reused first.
+    free_cqs: Vec<CqId>,
     srqs: Vec<SharedRq>,
     /// Each address handle's protection domain and destination.
     ahs: Vec<(PdId, AddressVector)>,
@@ -435,6 +439,7 @@ impl Endpoint {
             memory: MemoryTable::new(config.seed),
             port_mtu: DEFAULT_PORT_MTU,
             cqs: Vec::new(),
+            free_cqs: Vec::new(),
             srqs: Vec::new(),
             ahs: Vec::new(),
             qps: HashMap::new(),
@@ -480,11 +485,45 @@ impl Endpoint {
     }
 
     pub fn create_cq(&mut self, capacity: usize) -> CqId {
-        self.cqs.push(CompletionQueue {
+        let cq = CompletionQueue {
             entries: VecDeque::new(),
             capacity,
-        });
-        CqId(self.cqs.len() as u32 - 1)
+            live: true,
+        };
+        // A long-running process creates and destroys CQs without end: slots are reused, so
+        // that the table stays as large as the most CQs alive at once.
+        match self.free_cqs.pop() {
+            Some(id) => {
+                self.cqs[id.0 as usize] = cq;
+                id
+            }
+            None => {
+                self.cqs.push(cq);
+                CqId(self.cqs.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// `ibv_destroy_cq`: refused while a QP still completes into it, as libibverbs refuses
+    /// with EBUSY. Completions not yet polled are discarded.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if !self.cqs.get(cq.0 as usize).is_some_and(|q| q.live) {
+            return Err(VerbsError::UnknownCq(cq));
+        }
+        if self
+            .qps
+            .values()
+            .any(|qp| qp.send_cq == cq || qp.recv_cq == cq)
+        {
+            return Err(VerbsError::InvalidRequest("a QP still uses the CQ"));
+        }
+        self.cqs[cq.0 as usize] = CompletionQueue {
+            entries: VecDeque::new(),
+            capacity: 0,
+            live: false,
+        };
+        self.free_cqs.push(cq);
+        Ok(())
     }
 
     /// Creates an RC, UC or UD QP. Its number is never 0 or 1, the special QPs' (see
@@ -528,7 +567,7 @@ impl Endpoint {
 
     fn check_init(&self, init: &QpInit, srq: Option<SrqId>) -> Result<(), VerbsError> {
         for cq in [init.send_cq, init.recv_cq] {
-            if cq.0 as usize >= self.cqs.len() {
+            if !self.cqs.get(cq.0 as usize).is_some_and(|q| q.live) {
                 return Err(VerbsError::UnknownCq(cq));
             }
         }
@@ -629,6 +668,8 @@ impl Endpoint {
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
         qp.flush(&mut ctx);
         self.qps.remove(&qpn);
+        // A QP's end is when the regions it used are most likely let go of.
+        self.memory.release_dropped();
         Ok(())
     }
 
@@ -872,6 +913,38 @@ impl Endpoint {
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
+
+    /// How many objects are alive: a long-running process watches these stay level.
+    pub fn resources(&self) -> Resources {
+        Resources {
+            qps: self.qps.len(),
+            cqs: self.cqs.iter().filter(|cq| cq.live).count(),
+            regions: self.memory.regions(),
+            srqs: self.srqs.len(),
+            address_handles: self.ahs.len(),
+        }
+    }
+}
+
+/// The objects an [`Endpoint`] holds at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub qps: usize,
+    pub cqs: usize,
+    pub regions: usize,
+    /// SRQs and address handles live as long as the endpoint: they have no destroy verb yet.
+    pub srqs: usize,
+    pub address_handles: usize,
+}
+
+impl fmt::Display for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "qps {} cqs {} regions {} srqs {} address_handles {}",
+            self.qps, self.cqs, self.regions, self.srqs, self.address_handles
+        )
+    }
 }
 
 #[cfg(test)]
@@ -928,5 +1001,31 @@ mod tests {
             ep.create_qp(init),
             Err(VerbsError::OutOfResources("every QP number is taken"))
         );
+    }
+
+    #[test]
+    fn a_cq_outlives_its_qps_and_its_slot_is_reused() {
+        let (mut ep, init) = endpoint();
+        let qpn = ep.create_qp(init).unwrap();
+        // libibverbs' EBUSY: a CQ a QP completes into stays.
+        assert!(ep.destroy_cq(init.send_cq).is_err());
+        ep.destroy_qp(Duration::ZERO, qpn).unwrap();
+        ep.destroy_cq(init.send_cq).unwrap();
+        assert_eq!(
+            ep.destroy_cq(init.send_cq),
+            Err(VerbsError::UnknownCq(init.send_cq))
+        );
+        assert_eq!(
+            ep.create_qp(init),
+            Err(VerbsError::UnknownCq(init.send_cq)),
+            "a QP cannot complete into a destroyed CQ"
+        );
+        assert_eq!(ep.resources().cqs, 1);
+        assert_eq!(
+            ep.create_cq(8),
+            init.send_cq,
+            "the free slot is taken first"
+        );
+        assert_eq!(ep.resources().cqs, 2);
     }
 }

@@ -71,6 +71,11 @@ pub struct Sim {
     pub rng: Rng,
     pub stats: NetStats,
     pub filter: Option<Filter>,
+    /// How long a node's link takes to send one byte (8 ns is 1 Gbit/s). Zero, the default,
+    /// sends at once; otherwise packets queue behind each other, as on a slow or congested link.
+    pub byte_time: Duration,
+    /// When each node's link has sent everything queued on it.
+    link_free: Vec<Duration>,
     latency: Duration,
     /// (delivery time, sequence) -> (from, to, bytes)
     in_flight: BTreeMap<(Duration, u64), (usize, usize, Vec<u8>)>,
@@ -94,6 +99,7 @@ fn framing(from: usize, to: usize) -> KernelFraming {
 
 impl Sim {
     pub fn new(nodes: usize, seed: u64, faults: Faults) -> Self {
+        let link_free = vec![Duration::ZERO; nodes];
         let nodes = (0..nodes)
             .map(|n| {
                 Endpoint::new(EndpointConfig {
@@ -109,6 +115,8 @@ impl Sim {
             rng: Rng::new(seed),
             stats: NetStats::default(),
             filter: None,
+            byte_time: Duration::ZERO,
+            link_free,
             latency: Duration::from_micros(5),
             in_flight: BTreeMap::new(),
             seq: 0,
@@ -120,7 +128,9 @@ impl Sim {
     }
 
     fn enqueue(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
-        let mut at = self.now + self.latency;
+        let sent = self.now.max(self.link_free[from]) + self.byte_time * bytes.len() as u32;
+        self.link_free[from] = sent;
+        let mut at = sent + self.latency;
         if self.rng.chance(self.faults.reorder) {
             self.stats.reordered += 1;
             let jitter = self.faults.jitter.as_nanos() as u64;

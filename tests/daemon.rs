@@ -1,0 +1,227 @@
+//! `softroce daemon`: 100 clients, some killed mid-transfer, several at once, with its memory and
+//! its live objects level; SIGUSR1, SIGINT and SIGTERM; refused service specs. Every client is
+//! the softroce tool in a process of its own, as rdma-core's or perftest's would be.
+
+mod tool;
+
+use std::time::Duration;
+
+use tool::Tool;
+
+/// Where one test's daemon and clients are: the tests run at once, and each device binds UDP
+/// port 4791 on its own address.
+struct Setup {
+    daemon: &'static str,
+    clients: [&'static str; 4],
+    pingpong_port: u16,
+    write_bw_port: u16,
+}
+
+const HUNDRED: Setup = Setup {
+    daemon: "127.0.0.70",
+    clients: ["127.0.0.71", "127.0.0.72", "127.0.0.73", "127.0.0.74"],
+    pingpong_port: 19701,
+    write_bw_port: 19702,
+};
+const SIGINT: Setup = Setup {
+    daemon: "127.0.0.75",
+    clients: ["127.0.0.76", "127.0.0.77", "127.0.0.78", "127.0.0.79"],
+    pingpong_port: 19703,
+    write_bw_port: 19704,
+};
+
+/// A daemon serving rc-pingpong and write-bw, idle timeout 2 s, once it has logged "ready".
+fn daemon(setup: &Setup) -> Tool {
+    let pingpong = format!("rc-pingpong -p {} -s 4096 -n 300", setup.pingpong_port);
+    let write_bw = format!("write-bw -p {} -s 65536 -n 200", setup.write_bw_port);
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        setup.daemon,
+        "--serve",
+        &pingpong,
+        "--serve",
+        &write_bw,
+        "--idle-timeout",
+        "2",
+    ]);
+    assert!(
+        daemon.wait_for_match(|l| l.ends_with(" ready")).is_some(),
+        "the daemon never became ready"
+    );
+    daemon
+}
+
+/// A client of one of the daemon's two services, on `address`.
+fn client(setup: &Setup, address: &str, pingpong: bool) -> Tool {
+    let (tool, port, size, iters) = if pingpong {
+        ("rc-pingpong", setup.pingpong_port, "4096", "300")
+    } else {
+        ("write-bw", setup.write_bw_port, "65536", "200")
+    };
+    let port = port.to_string();
+    Tool::start(&[
+        tool,
+        "--bind",
+        address,
+        "-p",
+        &port,
+        "-s",
+        size,
+        "-n",
+        iters,
+        setup.daemon,
+    ])
+}
+
+/// Once the client has connected its QP (its remote address line is out, so the daemon's
+/// session has connected too), kills it: a peer that vanishes mid-transfer.
+fn kill_mid_transfer(mut client: Tool) {
+    assert!(client
+        .wait_for_match(|l| l.trim_start().starts_with("remote address"))
+        .is_some());
+    client.child.kill().unwrap();
+    client.child.wait().unwrap();
+}
+
+/// Asks for the counters (SIGUSR1) and returns the lines from "sessions:" to "resources:".
+fn counters(daemon: &mut Tool) -> (String, String) {
+    daemon.signal("USR1");
+    let sessions = daemon
+        .wait_for_match(|l| l.starts_with("sessions: "))
+        .expect("a sessions line");
+    let resources = daemon
+        .wait_for_match(|l| l.starts_with("resources: "))
+        .expect("a resources line");
+    (sessions, resources)
+}
+
+/// Waits until no session runs, asking every 200 ms: a killed client's session ends at the
+/// idle timeout or when its RC retries run out.
+fn settle(daemon: &mut Tool) -> (String, String) {
+    for _ in 0..100 {
+        let (sessions, resources) = counters(daemon);
+        if sessions.ends_with("running 0") {
+            return (sessions, resources);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("sessions still running after 20 s");
+}
+
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The acceptance: 100 connections in a row, some killed mid-transfer, four at a time,
+/// and afterwards the daemon still serves, holds no QP, CQ or region, and its resident memory
+/// has not grown with the sessions.
+#[test]
+fn serves_a_hundred_clients_some_killed_and_stays_level() {
+    let setup = &HUNDRED;
+    let mut daemon = daemon(setup);
+    let pid = daemon.child.id();
+    let (mut killed, mut finished) = (0, 0);
+    let mut baseline = None;
+    for round in 0..25 {
+        // One client in five vanishes once connected; it is killed first, mid-transfer.
+        let (doomed, others): (Vec<_>, Vec<_>) = setup
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(k, address)| (k, client(setup, address, (round + k) % 2 == 0)))
+            .partition(|(k, _)| (round * setup.clients.len() + k) % 5 == 4);
+        for (_, client) in doomed {
+            kill_mid_transfer(client);
+            killed += 1;
+        }
+        for (_, client) in others {
+            let ended = client.end();
+            assert!(ended.status.success(), "client: {}", ended.stderr);
+            finished += 1;
+        }
+        // The first rounds warm the allocator and the engine's pools.
+        if round == 4 {
+            settle(&mut daemon);
+            baseline = Some(resident_kib(pid));
+        }
+    }
+    let (sessions, resources) = settle(&mut daemon);
+    assert_eq!(
+        sessions,
+        format!("sessions: accepted 100 succeeded {finished} failed {killed} refused 0, running 0")
+    );
+    assert!(
+        resources.starts_with("resources: qps 0 cqs 0 regions 0 srqs 0"),
+        "{resources}"
+    );
+    let (before, after) = (baseline.unwrap(), resident_kib(pid));
+    eprintln!(
+        "the daemon's resident memory: {before} KiB after 20 sessions, {after} KiB after 100"
+    );
+    // Each session holds a few hundred KiB while it runs (write-bw's buffer and queues); 80
+    // sessions leaking even a tenth of that would pass 2 MiB.
+    assert!(
+        after <= before + 2048,
+        "resident memory grew from {before} KiB to {after} KiB"
+    );
+    // Still serving after all that.
+    let last = client(setup, setup.clients[0], true).end();
+    assert!(last.status.success(), "{}", last.stderr);
+
+    daemon.signal("TERM");
+    let ended = daemon.end();
+    assert!(ended.status.success(), "{}", ended.stderr);
+    assert!(ended.stderr.contains("stopping signal=\"SIGTERM\""));
+    assert!(ended
+        .stdout
+        .iter()
+        .any(|l| l.starts_with("softroce daemon counters at exit")));
+    assert!(ended.stdout.iter().any(|l| *l
+        == format!(
+            "sessions: accepted 101 succeeded {} failed {killed} refused 0, running 0",
+            finished + 1
+        )));
+}
+
+/// SIGINT ends a session in the middle of its test: its waits stop, its QP is destroyed, and
+/// the daemon exits 0 with its counters.
+#[test]
+fn sigint_ends_running_sessions_and_exits_cleanly() {
+    let setup = &SIGINT;
+    let daemon = daemon(setup);
+    let mut long = client(setup, setup.clients[0], true);
+    assert!(long
+        .wait_for_match(|l| l.trim_start().starts_with("remote address"))
+        .is_some());
+    daemon.signal("INT");
+    let ended = daemon.end();
+    assert!(ended.status.success(), "{}", ended.stderr);
+    assert!(ended.stderr.contains("stopping signal=\"SIGINT\""));
+    assert!(ended
+        .stdout
+        .iter()
+        .any(|l| l.starts_with("resources: qps 0 cqs 0 regions 0")));
+    long.child.kill().unwrap();
+    long.child.wait().unwrap();
+}
+
+/// A service is a tool's server side, and the device options are the daemon's.
+#[test]
+fn refuses_services_it_cannot_serve() {
+    for (spec, why) in [
+        ("rc-pingpong 10.0.0.1", "takes no HOST"),
+        ("write-bw --bind 127.0.0.9", "are the daemon's own"),
+        ("decode x.pcap", "not a pingpong or perftest tool"),
+        ("rc-pingpong --no-such-flag", "--no-such-flag"),
+    ] {
+        let ended = Tool::start(&["daemon", "--bind", "127.0.0.1", "--serve", spec]).end();
+        assert_eq!(ended.status.code(), Some(2), "{spec}");
+        assert!(ended.stderr.contains(why), "{spec}: {}", ended.stderr);
+    }
+}
