@@ -46,6 +46,12 @@ pub trait Backend: Send + 'static {
     /// will not take is dropped and counted, not returned as an error.
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()>;
 
+    /// The UDP source port [`send`](Self::send) frames `packet` with, which its ICRC covers:
+    /// the socket's, 4791, unless the backend writes its own UDP headers.
+    fn udp_source_port(&self, _packet: &[u8]) -> u16 {
+        crate::wire::ROCEV2_UDP_PORT
+    }
+
     /// Sends whatever [`send`](Self::send) queued. Call it after each burst of sends, before
     /// waiting: a queued packet leaves no sooner.
     fn flush(&mut self) -> io::Result<()>;

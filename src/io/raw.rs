@@ -201,6 +201,13 @@ fn source_port<T: AsRef<[u8]>>(packet: &RocePacket<T>) -> u16 {
     0xc000 | hash_32_14(qpn.value())
 }
 
+/// The source port of a RoCE packet's datagram, `None` if it is not one.
+fn packet_source_port(packet: &[u8]) -> Option<u16> {
+    RocePacket::new_checked(packet)
+        .ok()
+        .map(|roce| source_port(&roce))
+}
+
 fn invalid(message: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, message)
 }
@@ -261,13 +268,16 @@ impl Backend for RawBackend {
         self.local.into()
     }
 
+    fn udp_source_port(&self, packet: &[u8]) -> u16 {
+        packet_source_port(packet).unwrap_or(ROCEV2_UDP_PORT)
+    }
+
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
         let IpAddr::V4(dst) = dst else {
             return Err(invalid("the raw backend is IPv4 only"));
         };
-        let source_port = match RocePacket::new_checked(&*packet) {
-            Ok(roce) => source_port(&roce),
-            Err(_) => return Err(invalid("not a RoCE packet")),
+        let Some(source_port) = packet_source_port(packet) else {
+            return Err(invalid("not a RoCE packet"));
         };
         let udp_len = UDP_HEADER + packet.len();
         let Ok(total) = u16::try_from(IPV4_HEADER + udp_len) else {

@@ -146,11 +146,16 @@ impl<B: Backend> Backend for Recording<B> {
 
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
         self.inner.send(dst, packet)?;
-        // Sealed by now: the record shows the ICRC that goes on the wire.
-        let local = self.local();
+        // Sealed by now: the record shows the ICRC that goes on the wire, and the source port
+        // it was sealed for.
+        let local = SocketAddr::new(self.inner.local_addr(), self.inner.udp_source_port(packet));
         let dst = SocketAddr::new(dst, ROCEV2_UDP_PORT);
         self.recorder.record(local, dst, None, packet);
         Ok(())
+    }
+
+    fn udp_source_port(&self, packet: &[u8]) -> u16 {
+        self.inner.udp_source_port(packet)
     }
 
     fn flush(&mut self) -> io::Result<()> {
