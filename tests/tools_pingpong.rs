@@ -2,106 +2,32 @@
 //! client on loopback, each with an address of its own, and the server's answers to a broken
 //! exchange. The lab (tests/interop/cases/5*.sh) runs the same tools against rdma-core's.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod tool;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
 
-/// Long enough for a debug build on a busy 2-core machine; a hung tool fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(60);
-
-fn softroce(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_softroce"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the softroce binary starts")
-}
-
-/// What a finished tool printed, and how it ended.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn lines(&self) -> Vec<&str> {
-        self.stdout.lines().collect()
-    }
-}
-
-/// Waits for `child` (killing it after the deadline), then collects what it printed after
-/// `seen`, the lines already read from its standard output.
-fn finish(mut child: Child, stdout: Option<BufReader<ChildStdout>>, seen: &str) -> Finished {
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > DEADLINE {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("a tool did not finish within {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut rest = String::new();
-    match stdout {
-        Some(mut reader) => reader.read_to_string(&mut rest),
-        None => child.stdout.take().unwrap().read_to_string(&mut rest),
-    }
-    .unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    Finished {
-        status,
-        stdout: format!("{seen}{rest}"),
-        stderr,
-    }
-}
+use tool::{Ended, Tool};
 
 /// A server started with `--bind`: it listens before it prints its local address line, so once
-/// that line is read a client may connect.
-struct Server {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-    first_line: String,
-}
-
-fn start_server(tool: &str, address: &str, port: u16, args: &[&str]) -> Server {
+/// that line is out a client may connect.
+fn start_server(tool: &str, address: &str, port: u16, args: &[&str]) -> Tool {
     let port = port.to_string();
     let mut all = vec![tool, "--bind", address, "-p", &port];
     all.extend_from_slice(args);
-    let mut child = softroce(&all);
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut first_line = String::new();
-    stdout.read_line(&mut first_line).unwrap();
-    if !first_line.starts_with("  local address:") {
-        let server = finish(child, Some(stdout), &first_line);
+    let mut server = Tool::start(&all);
+    if server
+        .wait_for_match(|l| l.starts_with("  local address:"))
+        .is_none()
+    {
+        let ended = server.end();
         panic!(
-            "the server did not start: {}{}",
-            server.stdout, server.stderr
+            "the server did not start: {}\n{}",
+            ended.stdout.join("\n"),
+            ended.stderr
         );
     }
-    Server {
-        child,
-        stdout,
-        first_line,
-    }
-}
-
-impl Server {
-    fn finish(self) -> Finished {
-        finish(self.child, Some(self.stdout), &self.first_line)
-    }
+    server
 }
 
 /// `line` is `PREFIX<seconds> seconds = <value> SUFFIX` with two decimals each, as rdma-core's
@@ -121,38 +47,33 @@ fn is_result_line(line: &str, prefix: &str, suffix: &str) -> bool {
 /// result lines, and then nothing but `server_after` on the server.
 fn check_run(
     tool: &str,
-    (server, client): (&Finished, &Finished),
+    (server, client): (&Ended, &Ended),
     (size, iters): (u64, u64),
     server_after: &[&str],
 ) {
     for (who, side, after) in [("server", server, server_after), ("client", client, &[])] {
+        let printed = side.stdout.join("\n");
         assert!(
             side.status.success(),
-            "{tool} {who} failed ({}):\n{}{}",
+            "{tool} {who} failed ({}):\n{printed}\n{}",
             side.status,
-            side.stdout,
             side.stderr
         );
         assert!(side.stderr.is_empty(), "{tool} {who}: {}", side.stderr);
-        let lines = side.lines();
-        assert_eq!(
-            lines.len(),
-            4 + after.len(),
-            "{tool} {who}:\n{}",
-            side.stdout
-        );
+        let lines = &side.stdout;
+        assert_eq!(lines.len(), 4 + after.len(), "{tool} {who}:\n{printed}");
         assert_eq!(lines[4..], *after, "{tool} {who}");
         assert!(lines[0].starts_with("  local address:  LID 0x0000, QPN 0x"));
         assert!(lines[1].starts_with("  remote address: LID 0x0000, QPN 0x"));
         let bytes = format!("{} bytes in ", size * iters * 2);
         assert!(
-            is_result_line(lines[2], &bytes, " Mbit/sec"),
+            is_result_line(&lines[2], &bytes, " Mbit/sec"),
             "{tool} {who}: {}",
             lines[2]
         );
         let iters = format!("{iters} iters in ");
         assert!(
-            is_result_line(lines[3], &iters, " usec/iter"),
+            is_result_line(&lines[3], &iters, " usec/iter"),
             "{tool} {who}: {}",
             lines[3]
         );
@@ -160,19 +81,19 @@ fn check_run(
     // Each side's remote line is the other's local line; ibv_ud_pingpong's local line has a
     // colon before the GID.
     let address = |line: &str| line.split_once("LID").unwrap().1.replace(": GID", ", GID");
-    assert_eq!(address(client.lines()[1]), address(server.lines()[0]));
-    assert_eq!(address(server.lines()[1]), address(client.lines()[0]));
+    assert_eq!(address(&client.stdout[1]), address(&server.stdout[0]));
+    assert_eq!(address(&server.stdout[1]), address(&client.stdout[0]));
 }
 
 /// A server on `addresses[0]` and a client on `addresses[1]`, with the same options.
-fn run_pair(tool: &str, addresses: [&str; 2], port: u16, args: &[&str]) -> (Finished, Finished) {
+fn run_pair(tool: &str, addresses: [&str; 2], port: u16, args: &[&str]) -> (Ended, Ended) {
     let server = start_server(tool, addresses[0], port, args);
     let port = port.to_string();
     let mut all = vec![tool, "--bind", addresses[1], "-p", &port];
     all.extend_from_slice(args);
     all.push(addresses[0]);
-    let client = finish(softroce(&all), None, "");
-    (server.finish(), client)
+    let client = Tool::start(&all).end();
+    (server.end(), client)
 }
 
 #[test]
@@ -181,8 +102,8 @@ fn rc_pingpong_multi_packet_messages_checked() {
     let args = ["-s", "4096", "-m", "1024", "-n", "200", "-c"];
     let (server, client) = run_pair("rc-pingpong", ["127.0.0.71", "127.0.0.72"], 28701, &args);
     check_run("rc-pingpong", (&server, &client), (4096, 200), &[]);
-    assert!(server.lines()[1].ends_with("GID ::ffff:127.0.0.72"));
-    assert!(client.lines()[1].ends_with("GID ::ffff:127.0.0.71"));
+    assert!(server.stdout[1].ends_with("GID ::ffff:127.0.0.72"));
+    assert!(client.stdout[1].ends_with("GID ::ffff:127.0.0.71"));
 }
 
 #[test]
@@ -206,7 +127,7 @@ fn ud_pingpong() {
     let args = ["-s", "1024", "-n", "200", "-c"];
     let (server, client) = run_pair("ud-pingpong", ["127.0.0.77", "127.0.0.78"], 28704, &args);
     check_run("ud-pingpong", (&server, &client), (1024, 200), &[]);
-    assert!(client.lines()[0].contains(": GID ::ffff:127.0.0.78"));
+    assert!(client.stdout[0].contains(": GID ::ffff:127.0.0.78"));
 }
 
 #[test]
@@ -218,23 +139,20 @@ fn chk_reports_pages_the_client_did_not_mark() {
         28705,
         &["-s", "8192", "-n", "3", "-c"],
     );
-    let client = finish(
-        softroce(&[
-            "rc-pingpong",
-            "--bind",
-            "127.0.0.80",
-            "-p",
-            "28705",
-            "-s",
-            "8192",
-            "-n",
-            "3",
-            "127.0.0.79",
-        ]),
-        None,
-        "",
-    );
-    let server = server.finish();
+    let client = Tool::start(&[
+        "rc-pingpong",
+        "--bind",
+        "127.0.0.80",
+        "-p",
+        "28705",
+        "-s",
+        "8192",
+        "-n",
+        "3",
+        "127.0.0.79",
+    ])
+    .end();
+    let server = server.end();
     let unmarked = ["invalid data in page 0", "invalid data in page 1"];
     check_run("rc-pingpong", (&server, &client), (8192, 3), &unmarked);
 }
@@ -246,7 +164,7 @@ fn server_rejects_a_malformed_exchange() {
     let mut message = b"hello, this is not an address".to_vec();
     message.resize(52, 0);
     stream.write_all(&message).unwrap();
-    let server = server.finish();
+    let server = server.end();
     assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
     assert!(
         server.stderr.contains(
@@ -267,7 +185,7 @@ fn server_rejects_a_short_exchange() {
     let mut stream = TcpStream::connect(("127.0.0.82", 28707)).unwrap();
     stream.write_all(b"0000:000011").unwrap();
     drop(stream);
-    let server = server.finish();
+    let server = server.end();
     assert_eq!(server.status.code(), Some(1), "{}", server.stderr);
     assert!(
         server
@@ -280,7 +198,7 @@ fn server_rejects_a_short_exchange() {
 
 #[test]
 fn ud_refuses_messages_over_the_port_mtu() {
-    let tool = finish(softroce(&["ud-pingpong", "-s", "1025"]), None, "");
+    let tool = Tool::start(&["ud-pingpong", "-s", "1025"]).end();
     assert_eq!(tool.status.code(), Some(1));
     assert_eq!(
         tool.stderr,
