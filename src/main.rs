@@ -173,17 +173,8 @@ Usage errors exit with status 2, rdma-core's with 1; every other failure exits w
 /// work unchanged, and never read.
 #[derive(Args)]
 struct PingpongArgs {
-    /// The server to connect to; without it, start a server and wait for a connection.
-    host: Option<String>,
-    /// Listen on/connect to this TCP port.
-    #[arg(short, long, default_value_t = softroce::tools::oob::DEFAULT_PORT, value_parser = c_number::<u16>)]
-    port: u16,
-    /// Accepted and ignored (with a note): softroce's device is the address --bind gives.
-    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
-    ib_dev: Option<String>,
-    /// The device port: softroce devices have one, port 1.
-    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = only_port_one)]
-    _ib_port: u8,
+    #[command(flatten)]
+    peer: PeerArgs,
     /// Size of message to exchange [default: 4096; ud-pingpong: 1024]
     #[arg(short, long, value_parser = c_number::<usize>)]
     size: Option<usize>,
@@ -207,6 +198,33 @@ struct PingpongArgs {
     chk: bool,
     #[command(flatten)]
     device: DeviceArgs,
+}
+
+/// The role and the device options that rdma-core's and perftest's tools share. The field
+/// named with a leading underscore is parsed, so that their command lines work unchanged, and
+/// never read.
+#[derive(Args)]
+struct PeerArgs {
+    /// The server to connect to; without it, start a server and wait for a connection.
+    host: Option<String>,
+    /// Listen on/connect to this TCP port.
+    #[arg(short, long, default_value_t = softroce::tools::oob::DEFAULT_PORT, value_parser = c_number::<u16>)]
+    port: u16,
+    /// Accepted and ignored (with a note): softroce's device is the address --bind gives.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// The device port: softroce devices have one, port 1.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = only_port_one)]
+    _ib_port: u8,
+}
+
+impl PeerArgs {
+    /// `-d` names an RDMA device, which softroce does not have: say so once.
+    fn note_ignored(&self, tool: &str) {
+        if let Some(dev) = &self.ib_dev {
+            eprintln!("softroce {tool}: -d {dev} ignored: the device is the address --bind gives");
+        }
+    }
 }
 
 /// softroce's own options for the device, which every tool and the daemon take.
@@ -279,17 +297,8 @@ every other failure exit with 1.";
 /// never read.
 #[derive(Args)]
 struct PerftestArgs {
-    /// The server to connect to; without it, start a server and wait for a connection.
-    host: Option<String>,
-    /// Listen on/connect to this TCP port.
-    #[arg(short, long, default_value_t = softroce::tools::oob::DEFAULT_PORT, value_parser = c_number::<u16>)]
-    port: u16,
-    /// Accepted and ignored (with a note): softroce's device is the address --bind gives.
-    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
-    ib_dev: Option<String>,
-    /// The device port: softroce devices have one, port 1.
-    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = only_port_one)]
-    _ib_port: u8,
+    #[command(flatten)]
+    peer: PeerArgs,
     /// Size of message to exchange, with an optional K or M suffix [default: 65536 for the bw
     /// tests, 2 for the lat tests, 8 for atomic-bw (which takes no other)]
     #[arg(short, long, value_parser = message_size)]
@@ -530,14 +539,11 @@ fn pingpong_options(
     args: &PingpongArgs,
     mtu: Option<PathMtu>,
 ) -> Result<pingpong::Options, String> {
-    let name = transport.tool_name();
-    if let Some(dev) = &args.ib_dev {
-        eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
-    }
+    args.peer.note_ignored(transport.tool_name());
     let defaults = pingpong::Options::new(transport);
     Ok(pingpong::Options {
-        server: args.host.clone(),
-        port: args.port,
+        server: args.peer.host.clone(),
+        port: args.peer.port,
         size: args.size.unwrap_or(defaults.size),
         mtu: mtu.unwrap_or(defaults.mtu),
         rx_depth: args.rx_depth,
@@ -554,13 +560,10 @@ fn perftest_options(
     args: &PerftestArgs,
     atomic: AtomicOp,
 ) -> Result<perftest::Options, String> {
-    if let Some(dev) = &args.ib_dev {
-        let name = test.name();
-        eprintln!("softroce {name}: -d {dev} ignored: the device is the address --bind gives");
-    }
+    args.peer.note_ignored(test.name());
     Ok(perftest::Options {
-        server: args.host.clone(),
-        port: args.port,
+        server: args.peer.host.clone(),
+        port: args.peer.port,
         size: args.size,
         iters: args.iters,
         duration: args.duration,
