@@ -9,10 +9,10 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    AddressVector, CqId, Endpoint, EndpointConfig, PathMtu, Payload, QpAttr, QpInit, QpState,
-    QpType, SendOp, SendWr, Sge, WcStatus,
+    connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, Payload, QpInit, QpType, Remote,
+    SendOp, SendWr, Sge, WcStatus,
 };
-use softroce::wire::{KernelFraming, Psn, Qpn, RnrTimer, ROCEV2_UDP_PORT};
+use softroce::wire::{KernelFraming, Qpn, RnrTimer, ROCEV2_UDP_PORT};
 
 const MSG: usize = 1 << 20;
 
@@ -57,36 +57,17 @@ fn pair() -> Pair {
             .unwrap();
     }
     for n in 0..2 {
-        let attrs = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                access: Some(all),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(AddressVector {
-                    dest: IpAddr::V4(ip(1 - n as u8)),
-                }),
-                path_mtu: Some(PathMtu::Mtu4096),
-                dest_qpn: Some(qpn[1 - n]),
-                rq_psn: Some(Psn::new(0)),
-                max_dest_rd_atomic: Some(16),
-                min_rnr_timer: Some(RnrTimer::new(1)),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(0)),
-                timeout: Some(14),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(16),
-                ..Default::default()
-            },
-        ];
+        let remote = Remote {
+            addr: IpAddr::V4(ip(1 - n as u8)),
+            qpn: qpn[1 - n],
+            psn: 0,
+        };
+        let options = ConnectOptions {
+            access: all,
+            min_rnr_timer: RnrTimer::new(1),
+            ..ConnectOptions::default()
+        };
+        let attrs = connect_steps(QpType::Rc, &remote, 0, &options);
         for attr in &attrs {
             ends[n].modify_qp(Duration::ZERO, qpn[n], attr).unwrap();
         }

@@ -31,12 +31,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig};
 use crate::memory::{Access, MemoryError, PdId};
-pub use crate::transport::{AddressHandle, SrqModify};
 use crate::transport::{
-    AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState, QpType, RecvWr,
-    Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
+    connect_steps, AddressVector, AsyncEvent, Counters, CqId, QpAttr, QpInit, QpState, QpType,
+    RecvWr, Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
 };
-use crate::wire::{Psn, QKey, Qpn, RnrTimer};
+pub use crate::transport::{AddressHandle, ConnectOptions, Remote, SrqModify};
+use crate::wire::{Psn, QKey, Qpn};
 
 pub use crate::memory::MemoryRegion;
 
@@ -424,44 +424,6 @@ impl QpBuilder<'_> {
     }
 }
 
-/// What the peer of a connected QP told us out of band.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remote {
-    pub addr: IpAddr,
-    pub qpn: Qpn,
-    pub psn: u32,
-}
-
-/// The attributes `connect` uses, with the values ibv_rc_pingpong and perftest use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectOptions {
-    pub mtu: PathMtu,
-    pub access: Access,
-    /// 4.096 µs × 2^timeout.
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub min_rnr_timer: RnrTimer,
-    pub max_rd_atomic: u8,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        ConnectOptions {
-            mtu: PathMtu::Mtu4096,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: RnrTimer::new(12),
-            max_rd_atomic: 16,
-        }
-    }
-}
-
 /// A queue pair.
 #[derive(Debug)]
 pub struct QueuePair {
@@ -493,33 +455,10 @@ impl QueuePair {
     /// sending from `sq_psn`. A UC QP gets only the attributes UC takes: the timeouts, retry
     /// counts and READ/atomic depths are RC's alone, and `ibv_modify_qp` refuses them on UC.
     pub fn connect(&self, remote: &Remote, sq_psn: u32, o: &ConnectOptions) -> Result<()> {
-        let rc = self.qp_type == QpType::Rc;
-        self.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(o.access),
-            ..Default::default()
-        })?;
-        self.modify(&QpAttr {
-            state: Some(QpState::Rtr),
-            av: Some(AddressVector { dest: remote.addr }),
-            path_mtu: Some(o.mtu),
-            dest_qpn: Some(remote.qpn),
-            rq_psn: Some(Psn::new(remote.psn)),
-            max_dest_rd_atomic: rc.then_some(o.max_rd_atomic),
-            min_rnr_timer: rc.then_some(o.min_rnr_timer),
-            ..Default::default()
-        })?;
-        self.modify(&QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(sq_psn)),
-            timeout: rc.then_some(o.timeout),
-            retry_cnt: rc.then_some(o.retry_cnt),
-            rnr_retry: rc.then_some(o.rnr_retry),
-            max_rd_atomic: rc.then_some(o.max_rd_atomic),
-            ..Default::default()
-        })
+        for step in connect_steps(self.qp_type, remote, sq_psn, o) {
+            self.modify(&step)?;
+        }
+        Ok(())
     }
 
     fn post<T>(&self, queue: &crossbeam_channel::Sender<T>, wr: T) -> Result<()> {

@@ -15,10 +15,10 @@ use proptest::prelude::*;
 use sim::{addr, Faults, Sim};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    AddressVector, CqId, PathMtu, Payload, QpAttr, QpInit, QpState, QpType, RecvWr, SendOp, SendWr,
-    Sge, WcStatus,
+    connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpType, RecvWr, Remote, SendOp,
+    SendWr, Sge, WcStatus,
 };
-use softroce::wire::{Psn, Qpn, RnrTimer};
+use softroce::wire::{Qpn, RnrTimer};
 
 const IOVA: u64 = 0x4000_0000;
 /// The remote region: WRITE targets, READ sources, atomic words.
@@ -97,34 +97,19 @@ fn connect(sim: &mut Sim) -> [Peer; 2] {
         let ep = &mut sim.nodes[n];
         let (qpn, peer) = (peers[n].qpn, peers[1 - n].qpn);
         let now = Duration::ZERO;
-        let steps = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                access: Some(all),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(AddressVector { dest: addr(1 - n) }),
-                path_mtu: Some(PathMtu::Mtu1024),
-                dest_qpn: Some(peer),
-                rq_psn: Some(Psn::new(0xfff000)),
-                max_dest_rd_atomic: Some(16),
-                min_rnr_timer: Some(RnrTimer::new(1)),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(0xfff000)),
-                timeout: Some(8),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(16),
-                ..Default::default()
-            },
-        ];
+        let remote = Remote {
+            addr: addr(1 - n),
+            qpn: peer,
+            psn: 0xfff000,
+        };
+        let options = ConnectOptions {
+            mtu: PathMtu::Mtu1024,
+            access: all,
+            timeout: 8,
+            min_rnr_timer: RnrTimer::new(1),
+            ..ConnectOptions::default()
+        };
+        let steps = connect_steps(QpType::Rc, &remote, 0xfff000, &options);
         for attr in &steps {
             ep.modify_qp(now, qpn, attr).unwrap();
         }

@@ -29,8 +29,8 @@ use std::time::Duration;
 
 pub use datagram::{Datagram, GRH_LEN};
 pub use qp::{
-    check_modify, AddressVector, AttrName, ModifyError, PathMtu, QpAttr, QpSettings, QpState,
-    QpType, MAX_RD_ATOMIC,
+    check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
+    QpAttr, QpSettings, QpState, QpType, Remote, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
 pub use srq::{SrqAttr, SrqId, SrqModify};

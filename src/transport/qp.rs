@@ -441,6 +441,84 @@ impl QpSettings {
     }
 }
 
+/// What the peer of a connected QP told us out of band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub addr: IpAddr,
+    pub qpn: Qpn,
+    pub psn: u32,
+}
+
+/// The attributes [`connect_steps`] sets, with the values ibv_rc_pingpong and perftest use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    pub mtu: PathMtu,
+    pub access: Access,
+    /// 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: RnrTimer,
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mtu: PathMtu::Mtu4096,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::new(12),
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// `ibv_modify_qp` to INIT, RTR and RTS: what connects a QP of type `qp_type` to `remote`,
+/// sending from `sq_psn`. UC gets only the attributes UC takes: the timeouts, retry counts and
+/// READ/atomic depths are RC's alone, and `check_modify` refuses them on UC.
+pub fn connect_steps(
+    qp_type: QpType,
+    remote: &Remote,
+    sq_psn: u32,
+    o: &ConnectOptions,
+) -> [QpAttr; 3] {
+    let rc = qp_type == QpType::Rc;
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(o.access),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(AddressVector { dest: remote.addr }),
+            path_mtu: Some(o.mtu),
+            dest_qpn: Some(remote.qpn),
+            rq_psn: Some(Psn::new(remote.psn)),
+            max_dest_rd_atomic: rc.then_some(o.max_rd_atomic),
+            min_rnr_timer: rc.then_some(o.min_rnr_timer),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(sq_psn)),
+            timeout: rc.then_some(o.timeout),
+            retry_cnt: rc.then_some(o.retry_cnt),
+            rnr_retry: rc.then_some(o.rnr_retry),
+            max_rd_atomic: rc.then_some(o.max_rd_atomic),
+            ..Default::default()
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
