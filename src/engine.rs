@@ -66,6 +66,7 @@ pub(crate) enum Command {
     ModifyQp(Qpn, Box<QpAttr>, Reply<Result<(), VerbsError>>),
     DestroyQp(Qpn, Reply<Result<(), VerbsError>>),
     DestroyCq(CqId, Reply<Result<(), VerbsError>>),
+    DestroyAh(AddressHandle, Reply<Result<(), VerbsError>>),
     Stats(Reply<(Counters, IoCounters)>),
     Resources(Reply<Resources>),
     Shutdown,
@@ -286,6 +287,9 @@ impl<B: Backend> Engine<B> {
                         self.cqs[cq.0 as usize] = None;
                     }
                     let _ = reply.send(destroyed);
+                }
+                Command::DestroyAh(ah, reply) => {
+                    let _ = reply.send(self.endpoint.destroy_ah(ah));
                 }
                 Command::Resources(reply) => {
                     let _ = reply.send(self.endpoint.resources());

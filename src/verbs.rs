@@ -310,6 +310,15 @@ impl ProtectionDomain {
             .call(|reply| Command::CreateAh(pd, av, reply))?)
     }
 
+    /// `ibv_destroy_ah`: the handle no longer names a destination; sends already posted with
+    /// it still go where it said.
+    pub fn destroy_ah(&self, ah: AddressHandle) -> Result<()> {
+        Ok(self
+            .device
+            .engine()
+            .call(|reply| Command::DestroyAh(ah, reply))??)
+    }
+
     /// A shared receive queue of up to `max_wr` requests; a non-zero `srq_limit` arms the
     /// limit event (`AsyncEvent::SrqLimitReached`, from `Device::poll_event`).
     pub fn create_srq(&self, max_wr: usize, srq_limit: u32) -> Result<SharedReceiveQueue> {

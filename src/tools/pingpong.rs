@@ -360,6 +360,16 @@ struct Context {
     watch: Watch,
 }
 
+impl Drop for Context {
+    /// The address handle goes with the run: a daemon serves many (the rest of the context
+    /// frees itself with its handles).
+    fn drop(&mut self) {
+        if let Some(ud) = &self.ud {
+            let _ = self.pd.destroy_ah(ud.ah);
+        }
+    }
+}
+
 impl Context {
     /// `pp_init_ctx` and the first receives: a device on `address`, the QP in INIT with
     /// `rx_depth` receives posted.

@@ -393,7 +393,9 @@ pub struct Endpoint {
     free_cqs: Vec<CqId>,
     srqs: Vec<SharedRq>,
     /// Each address handle's protection domain and destination.
-    ahs: Vec<(PdId, AddressVector)>,
+    /// Indexed by handle; `None` where one was destroyed, its slot in `free_ahs`.
+    ahs: Vec<Option<(PdId, AddressVector)>>,
+    free_ahs: Vec<AddressHandle>,
     qps: HashMap<Qpn, Qp>,
     next_qpn: u32,
     out: VecDeque<Transmit>,
@@ -442,6 +444,7 @@ impl Endpoint {
             free_cqs: Vec::new(),
             srqs: Vec::new(),
             ahs: Vec::new(),
+            free_ahs: Vec::new(),
             qps: HashMap::new(),
             next_qpn: FIRST_QPN,
             out: VecDeque::new(),
@@ -643,8 +646,28 @@ impl Endpoint {
 
     /// `ibv_create_ah`: a destination for UD sends from QPs of `pd`.
     pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> AddressHandle {
-        self.ahs.push((pd, av));
-        AddressHandle(self.ahs.len() as u32 - 1)
+        match self.free_ahs.pop() {
+            Some(ah) => {
+                self.ahs[ah.0 as usize] = Some((pd, av));
+                ah
+            }
+            None => {
+                self.ahs.push(Some((pd, av)));
+                AddressHandle(self.ahs.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// `ibv_destroy_ah`. A UD send already posted keeps its destination: it was copied then.
+    pub fn destroy_ah(&mut self, ah: AddressHandle) -> Result<(), VerbsError> {
+        let slot = self
+            .ahs
+            .get_mut(ah.0 as usize)
+            .filter(|slot| slot.is_some())
+            .ok_or(VerbsError::UnknownAh(ah))?;
+        *slot = None;
+        self.free_ahs.push(ah);
+        Ok(())
     }
 
     /// How many more send requests the QP takes now, so that a caller queueing posts can hand
@@ -726,6 +749,7 @@ impl Endpoint {
                 let &(pd, av) = self
                     .ahs
                     .get(ud.ah.0 as usize)
+                    .and_then(Option::as_ref)
                     .ok_or(VerbsError::UnknownAh(ud.ah))?;
                 if pd != qp.pd {
                     return Err(VerbsError::InvalidRequest(
@@ -921,7 +945,7 @@ impl Endpoint {
             cqs: self.cqs.iter().filter(|cq| cq.live).count(),
             regions: self.memory.regions(),
             srqs: self.srqs.len(),
-            address_handles: self.ahs.len(),
+            address_handles: self.ahs.iter().flatten().count(),
         }
     }
 }
@@ -932,7 +956,7 @@ pub struct Resources {
     pub qps: usize,
     pub cqs: usize,
     pub regions: usize,
-    /// SRQs and address handles live as long as the endpoint: they have no destroy verb yet.
+    /// SRQs live as long as the endpoint: they have no destroy verb yet.
     pub srqs: usize,
     pub address_handles: usize,
 }
@@ -1027,5 +1051,23 @@ mod tests {
             "the free slot is taken first"
         );
         assert_eq!(ep.resources().cqs, 2);
+    }
+
+    #[test]
+    fn a_destroyed_address_handle_names_nothing_and_its_slot_is_reused() {
+        let (mut ep, init) = endpoint();
+        let av = AddressVector {
+            dest: Ipv4Addr::new(10, 0, 0, 2).into(),
+        };
+        let ah = ep.create_ah(init.pd, av);
+        ep.destroy_ah(ah).unwrap();
+        assert_eq!(ep.destroy_ah(ah), Err(VerbsError::UnknownAh(ah)));
+        assert_eq!(ep.resources().address_handles, 0);
+        assert_eq!(
+            ep.create_ah(init.pd, av),
+            ah,
+            "the free slot is taken first"
+        );
+        assert_eq!(ep.resources().address_handles, 1);
     }
 }
