@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{setsockopt, sockopt};
 use softroce::memory::Access;
 use softroce::transport::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
-use softroce::verbs::{CompletionQueue, ConnectOptions, Device, DeviceConfig, QueuePair, Remote};
+use softroce::verbs::{
+    CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair, Remote,
+};
 
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
 const MTU: usize = 4096;
@@ -43,9 +45,15 @@ struct Pair {
 }
 
 /// Two devices on fresh loopback addresses, `n` connected RC QPs between them.
-fn pair(n: usize, region: usize, id: u8) -> Pair {
+fn pair(n: usize, region: usize, id: u8, progress: Progress) -> Pair {
     let addr = |k: u8| -> std::net::IpAddr { Ipv4Addr::new(127, 0, 1 + id, 1 + k).into() };
-    let devices = [0, 1].map(|k| Device::open(DeviceConfig::udp(addr(k))).unwrap());
+    let devices = [0, 1].map(|k| {
+        Device::open(DeviceConfig {
+            progress,
+            ..DeviceConfig::udp(addr(k))
+        })
+        .unwrap()
+    });
     let pds = [0, 1].map(|k| devices[k].alloc_pd().unwrap());
     let cqs = [0, 1].map(|k| devices[k].create_cq(8192).unwrap());
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
@@ -94,7 +102,7 @@ fn pair(n: usize, region: usize, id: u8) -> Pair {
 fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
     let count = ((256usize << 20) / size).clamp(256, 100_000);
     let depth = ((4usize << 20) / size).clamp(4, 256);
-    let p = pair(nqp, size.max(4096) * depth.min(64), id);
+    let p = pair(nqp, size.max(4096) * depth.min(64), id, Progress::Thread);
     let slot = |i: usize| (i % depth.min(64)) * size;
     let post = |q: usize, i: usize| {
         let op = SendOp::Write {
@@ -143,8 +151,8 @@ fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
 }
 
 /// Half the round trip of an 8-byte SEND ping-pong, in seconds.
-fn softroce_pingpong(id: u8) -> f64 {
-    let p = pair(1, 4096, id);
+fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
+    let p = pair(1, 4096, id, progress);
     let (a, b) = &p.qps[0];
     let iters = 20_000;
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
@@ -312,22 +320,27 @@ fn main() {
             );
         }
     }
-    let soft = median(
-        (0..runs)
-            .map(|_| {
-                id = id.wrapping_add(1) % 200;
-                softroce_pingpong(id)
-            })
-            .collect(),
-    );
     let udp = median((0..runs).map(|_| udp_pingpong()).collect());
     println!("\n8-byte ping-pong, half round trip, median of {runs} runs\n");
-    println!("| softroce RC SEND | UDP datagrams | ratio |");
-    println!("|---|---|---|");
-    println!(
-        "| {:.1} µs | {:.1} µs | {:.2} |",
-        soft * 1e6,
-        udp * 1e6,
-        soft / udp
-    );
+    println!("| engine progress | softroce RC SEND | UDP datagrams | ratio |");
+    println!("|---|---|---|---|");
+    for (progress, name) in [
+        (Progress::Thread, "its own thread"),
+        (Progress::Inline, "inline (the application's thread)"),
+    ] {
+        let soft = median(
+            (0..runs)
+                .map(|_| {
+                    id = id.wrapping_add(1) % 200;
+                    softroce_pingpong(id, progress)
+                })
+                .collect(),
+        );
+        println!(
+            "| {name} | {:.1} µs | {:.1} µs | {:.2} |",
+            soft * 1e6,
+            udp * 1e6,
+            soft / udp
+        );
+    }
 }

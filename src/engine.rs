@@ -1,5 +1,10 @@
-//! The engine: one progress thread per device, driving the sans-IO core from a [`Backend`] and
-//! the clock. With the io layer, it is the only code that makes syscalls or reads the clock.
+//! The engine: what drives the sans-IO core of a device from a [`Backend`] and the clock. With
+//! the io layer, it is the only code that makes syscalls or reads the clock.
+//!
+//! It runs in one of two ways ([`Progress`]): on a thread of its own, or inline, a turn at a
+//! time, in the application's verbs calls. The first keeps the protocol going whatever the
+//! application does; the second saves the two thread hand-offs of every message (application
+//! to engine, engine to application), which dominate small-message latency.
 //!
 //! The application talks to it through lock-free crossbeam channels and wakes it with a mio
 //! [`Waker`]: commands (create, modify, register) carry a one-shot reply channel; posted work
@@ -11,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -85,19 +90,91 @@ struct QpPosts {
     recv: Receiver<RecvWr>,
 }
 
+/// Who drives a device's engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// A thread of its own: ACKs, retransmissions and READ responses go on whether or not the
+    /// application calls anything.
+    #[default]
+    Thread,
+    /// The application's threads, inside their verbs calls: every post, command, CQ poll and
+    /// CQ wait runs the engine for a turn, so a message crosses no thread. Nothing progresses
+    /// while the application calls nothing: a peer's requests wait unanswered (and may be
+    /// retransmitted) until it polls or waits again. For applications that keep polling, such
+    /// as latency tests.
+    Inline,
+}
+
 /// The application's side of a running engine.
 pub(crate) struct EngineHandle {
     pub commands: Sender<Command>,
-    pub waker: Arc<Waker>,
     pub events: Receiver<AsyncEvent>,
-    pub thread: Option<JoinHandle<io::Result<()>>>,
+    /// Interrupts the engine's wait for the socket: the thread's, or an inline turn another
+    /// application thread is blocked in.
+    waker: Arc<Waker>,
+    driver: Driver,
+}
+
+enum Driver {
+    Thread(Option<JoinHandle<io::Result<()>>>),
+    Inline(Mutex<Box<dyn Turn>>),
+}
+
+/// An engine the application drives: one turn of its loop at a time.
+trait Turn: Send {
+    /// Waits up to `wait` for the socket (less if a timer is due sooner, not at all if work is
+    /// waiting), then does everything that is due. False once the engine has shut down.
+    fn turn(&mut self, wait: Duration) -> io::Result<bool>;
 }
 
 impl EngineHandle {
-    /// Sends a command and wakes the engine.
+    /// Sends a command and has the engine run it.
     pub fn command(&self, command: Command) -> Result<(), EngineGone> {
         self.commands.send(command).map_err(|_| EngineGone)?;
-        self.waker.wake().map_err(|_| EngineGone)
+        self.wake()
+    }
+
+    /// Has the engine look at its channels: wakes the thread, or runs an inline turn.
+    pub fn wake(&self) -> Result<(), EngineGone> {
+        match &self.driver {
+            Driver::Thread(_) => self.waker.wake().map_err(|_| EngineGone),
+            Driver::Inline(_) => self.drive(Duration::ZERO),
+        }
+    }
+
+    /// Inline: runs a turn, waiting up to `wait` for the socket. A thread-driven engine needs
+    /// no help: nothing happens.
+    pub fn drive(&self, wait: Duration) -> Result<(), EngineGone> {
+        let Driver::Inline(engine) = &self.driver else {
+            return Ok(());
+        };
+        // Another thread may hold the engine in a wait: interrupt it rather than wait it out.
+        let mut engine = match engine.try_lock() {
+            Ok(engine) => engine,
+            Err(_) => {
+                self.waker.wake().map_err(|_| EngineGone)?;
+                engine.lock().map_err(|_| EngineGone)?
+            }
+        };
+        match engine.turn(wait) {
+            Ok(true) => Ok(()),
+            Ok(false) | Err(_) => Err(EngineGone),
+        }
+    }
+
+    /// Whether the application's calls drive the engine.
+    pub fn inline(&self) -> bool {
+        matches!(self.driver, Driver::Inline(_))
+    }
+
+    /// Asks the engine to shut down, and waits until it has.
+    pub fn shut_down(&mut self) {
+        let _ = self.command(Command::Shutdown);
+        if let Driver::Thread(thread) = &mut self.driver {
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
     }
 
     /// Sends a command built around a reply channel, and waits for the reply.
@@ -124,12 +201,25 @@ struct Engine<B: Backend> {
     /// The next address handed to a registered region: regions never overlap, so an address
     /// names one region, as it does in a process's address space.
     next_iova: u64,
+    poll: Poll,
+    readiness: Events,
+    /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
+    /// sleep.
+    backlog: bool,
+    /// Shut down: an inline turn does nothing more.
+    stopped: bool,
 }
 
-/// Starts the engine thread of a device.
-pub(crate) fn spawn<B: Backend>(backend: B, seed: u64) -> io::Result<EngineHandle> {
+/// Starts the engine of a device: on a thread of its own, or for the application to drive.
+pub(crate) fn start<B: Backend>(
+    mut backend: B,
+    seed: u64,
+    progress: Progress,
+) -> io::Result<EngineHandle> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    poll.registry()
+        .register(backend.source(), SOCKET, Interest::READABLE)?;
     let (commands, command_rx) = crossbeam_channel::unbounded();
     let (event_tx, events) = bounded(EVENT_QUEUE);
     let local_addr = backend.local_addr();
@@ -142,16 +232,34 @@ pub(crate) fn spawn<B: Backend>(backend: B, seed: u64) -> io::Result<EngineHandl
         cqs: Vec::new(),
         events: event_tx,
         next_iova: 0x1000_0000,
+        poll,
+        readiness: Events::with_capacity(64),
+        backlog: false,
+        stopped: false,
     };
-    let thread = std::thread::Builder::new()
-        .name(format!("softroce {local_addr}"))
-        .spawn(move || engine.run(poll))?;
+    let driver = match progress {
+        Progress::Thread => Driver::Thread(Some(
+            std::thread::Builder::new()
+                .name(format!("softroce {local_addr}"))
+                .spawn(move || engine.run())?,
+        )),
+        Progress::Inline => Driver::Inline(Mutex::new(Box::new(engine))),
+    };
     Ok(EngineHandle {
         commands,
-        waker,
         events,
-        thread: Some(thread),
+        waker,
+        driver,
     })
+}
+
+impl<B: Backend> Turn for Engine<B> {
+    fn turn(&mut self, wait: Duration) -> io::Result<bool> {
+        if self.stopped {
+            return Ok(false);
+        }
+        self.step(Some(wait))
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -159,44 +267,54 @@ impl<B: Backend> Engine<B> {
         self.start.elapsed()
     }
 
-    fn run(mut self, mut poll: Poll) -> io::Result<()> {
-        poll.registry()
-            .register(self.backend.source(), SOCKET, Interest::READABLE)?;
-        let mut events = Events::with_capacity(64);
-        // Whether the socket may still hold datagrams (readiness is edge-triggered) or packets
-        // are still waiting to be sent: then the engine must not sleep.
-        let mut backlog = false;
-        loop {
-            let timeout = if backlog {
-                Some(Duration::ZERO)
-            } else {
-                self.endpoint
-                    .next_deadline()
-                    .map(|deadline| deadline.saturating_sub(self.now()))
-            };
-            match poll.poll(&mut events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    fn run(mut self) -> io::Result<()> {
+        while self.step(None)? {}
+        Ok(())
+    }
+
+    /// One turn: waits for the socket up to `cap` (`None`: no cap), less if a timer is due
+    /// sooner, not at all if work is waiting; then runs the commands, takes the posted work
+    /// requests, receives, fires the timers, transmits and hands out completions. False once
+    /// the engine has shut down.
+    fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
+        let timeout = if self.backlog {
+            Some(Duration::ZERO)
+        } else {
+            let deadline = self
+                .endpoint
+                .next_deadline()
+                .map(|deadline| deadline.saturating_sub(self.now()));
+            match (deadline, cap) {
+                (Some(d), Some(c)) => Some(d.min(c)),
+                (d, c) => d.or(c),
             }
-            if !self.commands()? {
-                self.shut_down();
-                return Ok(());
-            }
-            self.posts();
-            let now = self.now();
-            let endpoint = &mut self.endpoint;
-            let received = self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
-                endpoint.handle_received(now, datagram)
-            })?;
-            backlog = received == RECEIVE_BUDGET;
-            if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
-                self.endpoint.handle_timeout(now);
-            }
-            let more_to_send = self.transmit()?;
-            backlog |= more_to_send;
-            self.completions();
+        };
+        match self.poll.poll(&mut self.readiness, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
+        if !self.commands()? {
+            self.shut_down();
+            self.stopped = true;
+            return Ok(false);
+        }
+        self.posts();
+        let now = self.now();
+        let endpoint = &mut self.endpoint;
+        let received = self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
+            endpoint.handle_received(now, datagram)
+        })?;
+        // The socket may still hold datagrams (readiness is edge-triggered) or packets may be
+        // waiting to be sent: then the next turn must not sleep.
+        self.backlog = received == RECEIVE_BUDGET;
+        if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
+            self.endpoint.handle_timeout(now);
+        }
+        let more_to_send = self.transmit()?;
+        self.backlog |= more_to_send;
+        self.completions();
+        Ok(true)
     }
 
     /// Runs the queued commands; false once shutdown is asked for.

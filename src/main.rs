@@ -15,7 +15,7 @@ use softroce::tools::perftest::{self, AtomicOp, Test};
 use softroce::tools::pingpong::{self, Transport};
 use softroce::tools::DeviceOptions;
 use softroce::transport::PathMtu;
-use softroce::verbs::BackendKind;
+use softroce::verbs::{BackendKind, Progress};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -198,6 +198,12 @@ struct PingpongArgs {
     chk: bool,
     #[command(flatten)]
     device: DeviceArgs,
+    /// softroce: run the engine in this tool's own thread, inside its CQ polls and waits,
+    /// instead of a thread of its own: no thread hand-off per message, so lower latency. Best
+    /// with -e: polling then spins through the socket, which on a small host competes with the
+    /// peer for the cores.
+    #[arg(long)]
+    inline_progress: bool,
 }
 
 /// The role and the device options that rdma-core's and perftest's tools share. The field
@@ -269,6 +275,7 @@ impl DeviceArgs {
             bind: self.bind,
             backend,
             pcap: self.pcap.clone(),
+            progress: Progress::Thread,
         })
     }
 }
@@ -550,7 +557,14 @@ fn pingpong_options(
         iters: args.iters,
         events: args.events,
         validate: args.chk,
-        device: args.device.options()?,
+        device: DeviceOptions {
+            progress: if args.inline_progress {
+                Progress::Inline
+            } else {
+                Progress::Thread
+            },
+            ..args.device.options()?
+        },
         ..defaults
     })
 }

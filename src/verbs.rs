@@ -24,10 +24,11 @@ use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
+pub use crate::engine::Progress;
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig};
 use crate::memory::{Access, MemoryError, PdId};
@@ -117,6 +118,8 @@ pub struct DeviceConfig {
     pub seed: Option<u64>,
     /// Records every RoCE packet sent and received into this pcap file (`--pcap`).
     pub pcap: Option<PathBuf>,
+    /// Who drives the engine: a thread of its own (the default), or the application's calls.
+    pub progress: Progress,
 }
 
 impl DeviceConfig {
@@ -127,6 +130,7 @@ impl DeviceConfig {
             backend: BackendKind::UDP,
             seed: None,
             pcap: None,
+            progress: Progress::Thread,
         }
     }
 }
@@ -146,10 +150,7 @@ struct DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        let _ = self.engine.command(Command::Shutdown);
-        if let Some(thread) = self.engine.thread.take() {
-            let _ = thread.join();
-        }
+        self.engine.shut_down();
     }
 }
 
@@ -195,15 +196,26 @@ impl Device {
     /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
     fn start<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         match &config.pcap {
-            Some(path) => Self::with_backend(Recording::new(backend, path)?, config.seed),
-            None => Self::with_backend(backend, config.seed),
+            Some(path) => Self::start_engine(Recording::new(backend, path)?, config),
+            None => Self::start_engine(backend, config),
         }
     }
 
-    /// Starts a device on a backend the caller built: a test hook, or a backend of its own.
+    /// Starts a device on a backend the caller built, with an engine thread: a test hook, or a
+    /// backend of its own.
     pub fn with_backend<B: Backend>(backend: B, seed: Option<u64>) -> Result<Device> {
+        let config = DeviceConfig {
+            seed,
+            ..DeviceConfig::udp(backend.local_addr())
+        };
+        Self::start_engine(backend, &config)
+    }
+
+    /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
+    fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         let address = backend.local_addr();
-        let engine = engine::spawn(backend, seed.unwrap_or_else(random_seed))?;
+        let seed = config.seed.unwrap_or_else(random_seed);
+        let engine = engine::start(backend, seed, config.progress)?;
         Ok(Device {
             inner: Arc::new(DeviceInner { engine, address }),
         })
@@ -476,7 +488,7 @@ impl QueuePair {
             Err(TrySendError::Full(_)) => return Err(Error::QueueFull),
             Err(TrySendError::Disconnected(_)) => return Err(Error::DeviceClosed),
         }
-        self.device.engine().waker.wake()?;
+        self.device.engine().wake()?;
         Ok(())
     }
 
@@ -554,8 +566,11 @@ impl Drop for CqInner {
 }
 
 impl CompletionQueue {
-    /// Up to `max` completions, without blocking.
+    /// Up to `max` completions, without blocking. With inline progress, the engine runs a turn
+    /// first.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        // An engine that has stopped has no completions to add: the channel says the rest.
+        let _ = self.inner.device.engine().drive(Duration::ZERO);
         let before = out.len();
         out.extend(self.inner.completions.try_iter().take(max));
         out.len() - before
@@ -564,6 +579,24 @@ impl CompletionQueue {
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
     /// that do not want to spin.
     pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
+        let engine = self.inner.device.engine();
+        if engine.inline() {
+            // Run the engine, waiting on its socket, until a completion comes or time is up.
+            let deadline = Instant::now() + timeout;
+            engine.drive(Duration::ZERO)?;
+            loop {
+                match self.inner.completions.try_recv() {
+                    Ok(wc) => return Ok(Some(wc)),
+                    Err(TryRecvError::Disconnected) => return Err(Error::DeviceClosed),
+                    Err(TryRecvError::Empty) => {}
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                engine.drive(left)?;
+            }
+        }
         match self.inner.completions.recv_timeout(timeout) {
             Ok(wc) => Ok(Some(wc)),
             Err(RecvTimeoutError::Timeout) => Ok(None),

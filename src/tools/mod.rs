@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use socket2::{SockRef, TcpKeepalive};
 
 use crate::transport::WcStatus;
-use crate::verbs::{self, BackendKind, Device, DeviceConfig};
+use crate::verbs::{self, BackendKind, Device, DeviceConfig, Progress};
 
 /// Why a tool stopped.
 #[derive(Debug)]
@@ -131,6 +131,8 @@ pub struct DeviceOptions {
     pub backend: BackendKind,
     /// Record every RoCE packet sent and received into this pcap file.
     pub pcap: Option<PathBuf>,
+    /// Who drives the engine; inline only suits a tool that polls its CQ throughout.
+    pub progress: Progress,
 }
 
 impl Default for DeviceOptions {
@@ -140,6 +142,7 @@ impl Default for DeviceOptions {
             bind: None,
             backend: BackendKind::UDP,
             pcap: None,
+            progress: Progress::Thread,
         }
     }
 }
@@ -152,6 +155,7 @@ impl DeviceOptions {
             backend: self.backend,
             seed: None,
             pcap: self.pcap.clone(),
+            progress: self.progress,
         })
         .map_err(|error| Error::Device {
             doing: format!(
