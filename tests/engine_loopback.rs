@@ -9,11 +9,16 @@ use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{Datagram, Payload, SendOp, SendWr, Sge, WcStatus};
 use softroce::verbs::{CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
 
-/// A test hook: a UDP backend that drops one sent packet in `every`.
+/// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
+/// from a seeded generator. Not every `every`th: go-back-N's answer to a retry can be a multiple
+/// of that many packets long, and then the one packet awaited is dropped every time, until the
+/// retries run out (tests/transport_sim.rs,
+/// periodic_loss_in_step_with_go_back_n_exhausts_the_retries).
 struct Lossy {
     inner: UdpBackend,
     every: u64,
-    count: u64,
+    /// xorshift64 state.
+    state: u64,
 }
 
 impl Backend for Lossy {
@@ -21,8 +26,10 @@ impl Backend for Lossy {
         self.inner.local_addr()
     }
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
-        self.count += 1;
-        if self.count % self.every == 0 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        if self.state % self.every == 0 {
             return Ok(());
         }
         self.inner.send(dst, packet)
@@ -59,7 +66,7 @@ fn open(address: &str, loss_every: Option<u64>) -> End {
             Lossy {
                 inner: backend,
                 every,
-                count: 0,
+                state: 0x9e37_79b9_7f4a_7c15,
             },
             Some(1),
         ),
@@ -145,7 +152,7 @@ fn rc_over_udp_on_loopback() {
 
 #[test]
 fn rc_recovers_from_loss_injected_in_the_io_layer() {
-    // Both directions lose one packet in 50: requests, ACKs and READ responses.
+    // Both directions lose one packet in 50, at random: requests, ACKs and READ responses.
     let (a, b) = (open("127.0.0.23", Some(50)), open("127.0.0.24", Some(50)));
     connect(&a, &b);
     round_trip(&a, &b);

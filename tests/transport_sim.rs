@@ -1027,3 +1027,89 @@ fn stale_read_responses_push_the_retry_timer_back() {
         "asked again once, for the lost response, and never timed out"
     );
 }
+
+/// A loss pattern in step with go-back-N defeats any finite retry count (IBTA 9.7.6.1.3: 7
+/// retries, counted, as `retry` in requester.rs does), which is why tests/engine_loopback.rs
+/// drops packets at random rather than every 50th. Pipelined 64-PSN READs keep two or three READs
+/// outstanding. When a response is lost with 150 PSNs left (the rest of one READ and the two
+/// behind it), each retry asks for those 150 responses again and the responder sends
+/// exactly those: 3 × 50 packets, so the first, the one the requester waits for, falls on a
+/// dropped slot every time and no retry makes progress. rxe's "7 retries for ever" only hides
+/// this until a dropped re-request shifts the phase. Under random loss each retry is an
+/// independent chance, and the same budget suffices. retry_cnt 3 is counted whatever 7 means.
+#[test]
+fn periodic_loss_in_step_with_go_back_n_exhausts_the_retries() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    const READ: usize = 64 * 1024;
+    let run = |sim: &mut Sim| {
+        let [a, b] = connect(
+            sim,
+            Options {
+                retry_cnt: 3,
+                ..Default::default()
+            },
+        );
+        let data = pattern(19, MR_LEN);
+        b.mr.write(0, &data).unwrap();
+        for i in 0..MR_LEN / READ {
+            let at = (i * READ) as u64;
+            let read = SendOp::Read {
+                remote_addr: IOVA + at,
+                rkey: b.mr.rkey(),
+            };
+            post_send(
+                sim,
+                0,
+                &a,
+                SendWr::new(i as u64, read, sge(&a, at, READ as u32)),
+            );
+        }
+        sim.run_idle(LIMIT);
+        drain(sim, 0, a.cq)
+    };
+
+    let mut sim = Sim::new(2, seed(19), Faults::default());
+    let lost_responses = Rc::new(RefCell::new(Vec::new()));
+    let lost = lost_responses.clone();
+    let mut sent = [0u64; 2];
+    sim.filter = Some(Box::new(move |from, bytes| {
+        sent[from] += 1;
+        if sent[from] % 50 != 0 {
+            return true;
+        }
+        if from == 1 {
+            let psn = RocePacket::new_checked(bytes).map(|p| p.bth().psn().value());
+            lost.borrow_mut().extend(psn.ok());
+        }
+        false
+    }));
+    let wcs = run(&mut sim);
+    let failed = wcs.iter().find(|wc| wc.status != WcStatus::Success);
+    assert_eq!(failed.map(|wc| wc.status), Some(WcStatus::RetryExcErr));
+    let c = sim.nodes[0].counters();
+    // The awaited response was lost in the first answer and in the answers to all three
+    // retries: a gap started the first retry, timeouts the other two, and the timeout after
+    // the third failed the READ.
+    let lost = lost_responses.borrow();
+    let stuck = *lost.last().unwrap();
+    assert_eq!(
+        lost.iter().filter(|&&psn| psn == stuck).count(),
+        4,
+        "{lost:?}"
+    );
+    assert_eq!(c.retry_timeouts, 3);
+
+    let random = Faults {
+        loss: 0.02,
+        ..Default::default()
+    };
+    let mut sim = Sim::new(2, seed(19), random);
+    let wcs = run(&mut sim);
+    assert!(
+        wcs.iter().all(|wc| wc.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+    assert!(sim.stats.dropped > 0);
+}

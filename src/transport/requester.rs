@@ -693,14 +693,12 @@ impl Qp {
             self.fail_at(una, WcStatus::RetryExcErr, ctx);
             return;
         }
-        // A retry_cnt of 7 retries for ever, as rxe_comp.c has it, though IBTA 9.7.6.1.3 and
-        // ConnectX count 7 retries: the rdma-core and perftest tools all ask for 7, and so a
-        // QP whose peer vanishes never completes in error. (Counting them made a pipelined
-        // 8 MiB READ under 2% loss exhaust 7 retries in tests/engine_loopback.rs: to look into
-        // before following the specification here.)
-        if self.settings.retry_cnt != 7 {
-            self.req.retry_left -= 1;
-        }
+        // IBTA 9.7.6.1.3: retry_cnt counts retries, 7 as well; only an rnr_retry of 7 means
+        // "for ever". rxe_comp.c retries for ever at 7, so that its QPs, and those of the
+        // rdma-core and perftest tools, which all ask for 7, never notice a vanished peer;
+        // ConnectX gives up after 7, and so does softroce. A gap, a sequence NAK and a timeout
+        // each count one, as hfi1/qib's restart_rc counts them.
+        self.req.retry_left -= 1;
         self.req.rewound = true;
         let una = self.req.una;
         self.go_back(una);
