@@ -8,8 +8,8 @@ use std::time::Duration;
 use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    AddressVector, AsyncEvent, CqId, PathMtu, Payload, QpAttr, QpInit, QpState, QpType, RecvWr,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
+    connect_steps, AsyncEvent, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpState, QpType,
+    RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
 };
 use softroce::wire::{Opcode, Psn, Qpn, RKey, RnrTimer, RocePacket};
 
@@ -75,51 +75,25 @@ fn connect(sim: &mut Sim, o: Options) -> [Side; 2] {
         sides.push(Side { qpn, cq, mr });
     }
     for n in 0..2 {
-        let peer = sides[1 - n].qpn;
-        let ep = &mut sim.nodes[n];
-        let qpn = sides[n].qpn;
-        let now = Duration::ZERO;
-        ep.modify_qp(
-            now,
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                access: Some(o.qp_access),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        ep.modify_qp(
-            now,
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(AddressVector { dest: addr(1 - n) }),
-                path_mtu: Some(o.mtu),
-                dest_qpn: Some(peer),
-                rq_psn: Some(Psn::new(o.psn[1 - n])),
-                max_dest_rd_atomic: Some(16),
-                min_rnr_timer: Some(RnrTimer::new(o.min_rnr_timer)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        ep.modify_qp(
-            now,
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(o.psn[n])),
-                timeout: Some(o.timeout),
-                retry_cnt: Some(o.retry_cnt),
-                rnr_retry: Some(o.rnr_retry),
-                max_rd_atomic: Some(16),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let remote = Remote {
+            addr: addr(1 - n),
+            qpn: sides[1 - n].qpn,
+            psn: o.psn[1 - n],
+        };
+        let options = ConnectOptions {
+            mtu: o.mtu,
+            access: o.qp_access,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            min_rnr_timer: RnrTimer::new(o.min_rnr_timer),
+            max_rd_atomic: 16,
+        };
+        for step in connect_steps(QpType::Rc, &remote, o.psn[n], &options) {
+            sim.nodes[n]
+                .modify_qp(Duration::ZERO, sides[n].qpn, &step)
+                .unwrap();
+        }
     }
     [sides[0].clone(), sides[1].clone()]
 }
