@@ -1,10 +1,11 @@
-//! Shared by the integration tests: the fixture manifests, and a minimal pcap writer.
+//! Shared by the integration tests: the fixture manifests, a minimal pcap writer, and a reader
+//! of softroce's own recordings. Each test binary uses a different subset.
+#![allow(dead_code)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// One line of a fixture directory's `MANIFEST.tsv`.
-#[allow(dead_code)] // each test binary uses a different subset
 pub struct Entry {
     pub file: String,
     pub mtu: usize,
@@ -53,7 +54,6 @@ pub fn manifest(dir: &Path) -> Vec<Entry> {
 }
 
 /// A classic little-endian pcap file of Ethernet frames, all stamped with time zero.
-#[allow(dead_code)]
 pub fn pcap_of(frames: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
@@ -70,4 +70,28 @@ pub fn pcap_of(frames: &[&[u8]]) -> Vec<u8> {
         out.extend_from_slice(frame);
     }
     out
+}
+
+/// Reads the pcap file softroce recorded at `path`, deletes it, checks that every frame is RoCE
+/// with a good ICRC, and returns the frames' UDP source ports, in order.
+pub fn recorded_source_ports(path: &Path) -> Vec<u16> {
+    use softroce::capture::Capture;
+    use softroce::wire::IcrcStatus;
+
+    let bytes = std::fs::read(path).unwrap();
+    std::fs::remove_file(path).unwrap();
+    Capture::new(&bytes)
+        .unwrap()
+        .map(|record| {
+            let record = record.unwrap();
+            let frame = record.frame().unwrap();
+            assert_eq!(
+                frame.icrc_status(),
+                IcrcStatus::Ok,
+                "frame {}",
+                record.number
+            );
+            frame.repr.udp.src_port
+        })
+        .collect()
 }
