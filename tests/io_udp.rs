@@ -3,7 +3,7 @@
 //! trains or one by one, and whatever the receive budget; corrupt ones are reported bad. IPv6
 //! on ::1 when the machine has it. Each test binds its own addresses, so they run in parallel.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::time::{Duration, Instant};
 
 use softroce::io::{Backend, UdpBackend, UdpConfig};
@@ -232,4 +232,38 @@ fn ipv6_on_the_loopback() {
         assert_eq!(*icrc, IcrcStatus::Ok);
         assert_eq!(bytes, sealed);
     }
+    zero_checksum_datagrams_arrive(&mut a);
+}
+
+/// rxe sends RoCE over IPv6 with a UDP checksum of 0 (rxe_net.c, `prepare_udp_hdr`), which
+/// Linux drops unless the socket sets `UDP_NO_CHECK6_RX`: the backend must take them. Sent
+/// through a raw socket, which writes the UDP header as given; skipped without CAP_NET_RAW.
+fn zero_checksum_datagrams_arrive(backend: &mut UdpBackend) {
+    use socket2::{Domain, Protocol, Socket, Type};
+
+    let raw = match Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::UDP)) {
+        Ok(raw) => raw,
+        Err(e) => {
+            println!("skipped the zero-checksum half: {e}");
+            return;
+        }
+    };
+    let source_port = 0xc011;
+    let mut roce = packet(Opcode::RcSendOnly, 99, ExtHeaders::default(), 64);
+    let framing = KernelFraming::V6 {
+        src: SocketAddrV6::new(Ipv6Addr::LOCALHOST, source_port, 0, 0),
+        dst: SocketAddrV6::new(Ipv6Addr::LOCALHOST, ROCEV2_UDP_PORT, 0, 0),
+    };
+    framing.seal(&mut roce);
+    let mut datagram = Vec::new();
+    datagram.extend_from_slice(&source_port.to_be_bytes());
+    datagram.extend_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
+    datagram.extend_from_slice(&(8 + roce.len() as u16).to_be_bytes());
+    datagram.extend_from_slice(&[0, 0]);
+    datagram.extend_from_slice(&roce);
+    let to = SocketAddr::from((Ipv6Addr::LOCALHOST, 0));
+    raw.send_to(&datagram, &to.into()).unwrap();
+    let got = receive(backend, 1, 7);
+    assert_eq!(got.len(), 1, "the zero-checksum datagram was dropped");
+    assert_eq!((got[0].2, &got[0].3), (IcrcStatus::Ok, &roce));
 }

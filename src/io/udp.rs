@@ -60,9 +60,11 @@ use std::os::fd::AsRawFd;
 
 use mio::net::UdpSocket;
 use nix::errno::Errno;
+// `sockopt_impl!` expands to `setsockopt_impl!`, which calls `libc::setsockopt` by that path.
 use nix::sys::socket::{
     recvmsg, setsockopt, sockopt as nix_sockopt, ControlMessageOwned, MsgFlags, SockaddrStorage,
 };
+use nix::{libc, setsockopt_impl, sockopt_impl};
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -81,6 +83,19 @@ const MAX_SEGMENTS: usize = 64;
 const QUEUE_BYTES: usize = 128 * (4096 + 64);
 /// Queued trains before `send` flushes by itself (small packets to many peers).
 const MAX_TRAINS: usize = 64;
+
+sockopt_impl!(
+    /// `UDP_NO_CHECK6_RX` (RFC 6936): take UDPv6 datagrams whose checksum is zero. rxe sends
+    /// RoCE over IPv6 with a zero UDP checksum (`prepare_udp_hdr` in rxe_net.c), which Linux
+    /// otherwise drops as a checksum error (`Udp6InCsumErrors`); the ICRC covers the datagram
+    /// instead. nix has no wrapper for it; its macro does the `setsockopt` call, with an `int`
+    /// for the `bool`, as the kernel reads the option.
+    UdpNoCheck6Rx,
+    SetOnly,
+    libc::IPPROTO_UDP,
+    libc::UDP_NO_CHECK6_RX,
+    bool
+);
 
 /// How a [`UdpBackend`] is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -199,6 +214,7 @@ impl UdpBackend {
                 socket.set_only_v6(true)?;
                 sockopt::set_ipv6_mtu_discover(&socket, sockopt::Ipv6PathMtuDiscovery::DO)?;
                 socket.set_tclass_v6(class.into())?;
+                setsockopt(&socket, UdpNoCheck6Rx, &true)?;
             }
         }
         // Best effort: without privileges the kernel caps these at its limits.
