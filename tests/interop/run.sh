@@ -1,7 +1,8 @@
 #!/bin/bash
 # run.sh: the kernel-rxe interop lab. Boots two QEMU guests running the stock Debian kernel's
-# rdma_rxe in a private network namespace, runs the cases in cases/*.sh against them (and, with
-# --fixtures, regenerates packet-fixtures/rxe/), prints a result table and tears everything down.
+# rdma_rxe in a private network namespace, runs the cases in cases/*.sh and the cells of the
+# interop matrix (matrix.sh) against them (and, with --fixtures, regenerates packet-fixtures/rxe/),
+# prints a result table and the matrix's table, and tears everything down.
 # See README.md next to this file.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -12,7 +13,10 @@ usage() {
 usage: $0 [options]      (as root)
 
   --fixtures      also regenerate packet-fixtures/rxe/*.pcap and MANIFEST.tsv
-  --only REGEX    run only the cases whose name matches REGEX (grep -E), e.g. 'gids|fixture:ud_'
+  --only REGEX    run only the cases whose name matches REGEX (grep -E), e.g. 'gids|fixture:ud_';
+                  matrix cells are cases named matrix:TOOL:ROLE:COLUMN, e.g. 'matrix:.*:ipv6'
+  --matrix-md FILE  write the matrix's table as markdown to FILE
+                  (default \$SOFTROCE_LAB_CACHE/matrix.md)
   --keep          leave the lab running afterwards (guests, namespace) for debugging;
                   tear it down later with: $0 --down
   --build-only    install packages and build/cache the guest, then exit (no lab)
@@ -22,15 +26,17 @@ usage: $0 [options]      (as root)
 environment:
   SOFTROCE_LAB_CACHE   cache and run-state directory (default /var/cache/softroce-rxe-lab)
   SOFTROCE_LAB_NS      network namespace name (default softroce-lab)
+  SOFTROCE_LAB_BIN     a softroce binary to use instead of building target/release/softroce
 EOF
 }
 
-OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0
+OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0 OPT_MATRIX_MD=$LAB_CACHE/matrix.md
 while [ $# -gt 0 ]; do
   case $1 in
     --fixtures) OPT_FIXTURES=1;;
     --keep) OPT_KEEP=1;;
     --only) [ $# -ge 2 ] || die "--only needs a regex"; OPT_ONLY=$2; shift;;
+    --matrix-md) [ $# -ge 2 ] || die "--matrix-md needs a file"; OPT_MATRIX_MD=$2; shift;;
     --build-only) OPT_BUILD_ONLY=1;;
     --down) OPT_DOWN=1;;
     -h|--help) usage; exit 0;;
@@ -140,6 +146,13 @@ for f in "$HERE"/cases/*.sh; do
 done
 stage_done "self-test cases" "$t0"
 
+# The interop matrix: one case per cell, in matrix.sh's order. Each cell leaves vmB as it found it.
+t0=$(now)
+for cell in $(bash "$HERE/matrix.sh" list); do
+  run_case "matrix:$cell" 150 bash "$HERE/matrix.sh" run "$cell" || true
+done
+stage_done "interop matrix cells" "$t0"
+
 if [ "$OPT_FIXTURES" = 1 ]; then
   t0=$(now)
   fx_failed=0 fx_ran=0
@@ -171,8 +184,16 @@ echo
 for i in "${!STAGE_NAMES[@]}"; do
   printf '  stage %-40s %7s s\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"
 done
-printf '  %-46s %7s s\n' "total (before teardown)" "$(elapsed "$T_START")"
+T_TOTAL=$(elapsed "$T_START")
+printf '  %-46s %7s s\n' "total (before teardown)" "$T_TOTAL"
 echo "  case logs: $LAB_RUN/cases/"
+# The matrix's table, from the results of its cells and of the softroce cases it starts from.
+if printf '%s\n' "${RES_NAME[@]}" | grep -qE '^(matrix:|[0-9]+-softroce-)'; then
+  for i in "${!RES_NAME[@]}"; do printf '%s\t%s\t%s\n' "${RES_NAME[$i]}" "${RES_STATUS[$i]}" "${RES_SECS[$i]}"; done >"$LAB_RUN/results.tsv"
+  mkdir -p "$(dirname "$OPT_MATRIX_MD")"
+  bash "$HERE/matrix.sh" table "$LAB_RUN/results.tsv" "$OPT_MATRIX_MD" \
+    "$(awk -v t="$T_TOTAL" 'BEGIN { printf "%d min %02d s", t / 60, t % 60 }')" || log "cannot write the matrix table"
+fi
 [ ${#RES_NAME[@]} -gt 0 ] || { log "no case matched --only '$OPT_ONLY'"; exit 1; }
 [ "$FAILED" = 0 ] || { log "some cases FAILED"; exit 1; }
 log "all cases passed"

@@ -36,8 +36,10 @@ for a in $("$R/bin/busybox" --list); do
 done
 
 # ---- kernel modules and their dependency closure (modules.dep lists the full closure) --------
+# sch_netem/sch_prio/cls_u32: loss on a guest's egress; ifb/act_mirred/act_gact/sch_ingress: the same
+# netem on its ingress, through an ifb device (lib.sh: guest_netem)
 MODS="virtio_pci virtio_net rdma_rxe ib_uverbs ib_core rdma_ucm rdma_cm ib_cm iw_cm
-crc32_generic crc32-pclmul sch_netem sch_prio cls_u32"
+crc32_generic crc32-pclmul sch_netem sch_prio cls_u32 sch_ingress act_mirred act_gact ifb"
 MD=/lib/modules/$KVER
 need=""
 for m in $MODS; do

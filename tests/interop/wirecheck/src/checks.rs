@@ -1,7 +1,7 @@
 //! The checks: each sets up against its guest tool, drives the exchange and returns a summary
 //! of what it verified, or the first thing that did not hold.
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv6Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use softroce::wire::{
@@ -64,7 +64,7 @@ fn pingpong_setup(args: &Args) -> Result<(Link, PingpongDest, PingpongDest)> {
 
 /// rxe only accepts RC packets whose IP addresses are the GIDs of the QP's path, so the guest
 /// must have sent the IPv4-mapped GID of the address we talk to (GID index 1: `-g 1`/`-x 1`).
-fn check_gid(gid: &[u8; 16], args: &Args) -> Result<()> {
+fn check_gid(gid: &Ipv6Addr, args: &Args) -> Result<()> {
     if *gid != oob::mapped_gid(args.server) {
         bail!(
             "the server's GID is not ::ffff:{}: run it with GID index 1",
@@ -199,11 +199,13 @@ fn perftest_setup(args: &Args) -> Result<(RcQp, oob::Perftest, PerftestDest)> {
 /// the server prints it as its result line and exits.
 fn perftest_finish(session: oob::Perftest, size: usize, ops: usize, start: Instant) -> Result<()> {
     let secs = start.elapsed().as_secs_f64().max(1e-6);
+    let bw = (size * ops) as f64 / secs / (1 << 20) as f64;
     session.finish(Report {
         size: size as u64,
         iters: ops as u64,
-        bw_mb_per_s: (size * ops) as f64 / secs / (1 << 20) as f64,
-        msg_rate_mpps: ops as f64 / secs / 1e6,
+        bw_peak: bw,
+        bw_avg: bw,
+        msg_rate: ops as f64 / secs / 1e6,
     })
 }
 
