@@ -248,3 +248,58 @@ fn refuses_services_it_cannot_serve() {
         assert!(ended.stderr.contains(why), "{spec}: {}", ended.stderr);
     }
 }
+
+/// The CPU time, user and system, the process `pid` has used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses: utime and stime are the
+    // 12th and 13th of them.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// A send-bw session whose client is killed mid-transfer waits for the idle limit with nothing
+/// to read on its TCP connection, polling its receive CQ: past the gaps of a running test it
+/// naps instead of spinning, so a vanished client does not cost the daemon a core.
+#[test]
+fn a_vanished_clients_session_does_not_spin() {
+    let (daemon_at, client_at) = ("127.0.0.90", "127.0.0.91");
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        daemon_at,
+        "--idle-timeout",
+        "30",
+        "--serve",
+        "send-bw -p 19707 -s 4096 -n 100000",
+    ]);
+    assert!(daemon.wait_for_match(|l| l.ends_with(" ready")).is_some());
+    let mut client = Tool::start(&[
+        "send-bw", "--bind", client_at, "-p", "19707", "-s", "4096", "-n", "100000", daemon_at,
+    ]);
+    // Killed once the SENDs flow: by then the server has passed the exchange's last round
+    // before the test, and reads nothing more from the connection until the test's end.
+    assert!(client
+        .wait_for_match(|l| l.trim_start().starts_with("remote address"))
+        .is_some());
+    std::thread::sleep(Duration::from_secs(1));
+    client.child.kill().unwrap();
+    client.child.wait().unwrap();
+    // The session's spin phase is over within milliseconds; then two seconds of waiting.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_ticks(daemon.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(daemon.child.id()) - before;
+    // A spinning session takes about 200 ticks (two seconds at 100 Hz) of these two seconds.
+    assert!(
+        used < 50,
+        "the daemon used {used} ticks while its session waited"
+    );
+    daemon.signal("TERM");
+    assert!(daemon.end().status.success());
+}

@@ -200,6 +200,10 @@ impl Limits {
     }
 }
 
+/// How long a wait spins before it naps, and for how long each nap.
+const SPIN_FOR: Duration = Duration::from_millis(10);
+const NAP: Duration = Duration::from_millis(1);
+
 /// One session's waits, checked against its [`Limits`].
 #[derive(Debug)]
 struct Watch {
@@ -222,9 +226,15 @@ impl Watch {
     }
 
     /// Nothing came: leaves the core to the engine threads (two per host when both sides are
-    /// softroce) instead of spinning against them, then fails if the session must end.
+    /// softroce) instead of spinning against them, then fails if the session must end. A peer
+    /// silent for longer than any gap of a running test is waited for in naps, not spins: a
+    /// daemon session whose client vanished would otherwise burn a core until its idle limit.
     fn nothing(&self) -> Result<()> {
-        std::thread::yield_now();
+        if self.heard.get().elapsed() < SPIN_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(NAP);
+        }
         if self
             .limits
             .stop
