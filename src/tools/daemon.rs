@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -133,20 +133,13 @@ pub fn run(o: &Options) -> io::Result<Tally> {
         .device
         .open(address)
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let any: IpAddr = match address {
-        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
-        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
-    };
     let listeners = o
         .services
         .iter()
         .map(|service| {
-            let listener = TcpListener::bind((any, service.port())).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("{} on TCP port {}: {e}", service.name(), service.port()),
-                )
-            })?;
+            // As the tool's own server listens: on every address of the device's family.
+            let listener = pingpong::listen(service.port(), Some(address))
+                .map_err(|e| io::Error::other(format!("{}: {e}", service.name())))?;
             listener.set_nonblocking(true)?;
             Ok(listener)
         })

@@ -11,6 +11,7 @@
 //! in one `write()`. rdma-core parses with `sscanf` and checks nothing; this side refuses a
 //! message that is not in the format above, with the message in the error.
 
+use std::borrow::Cow;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv6Addr, TcpStream};
 
@@ -57,8 +58,7 @@ impl Dest {
 
     /// Parses a peer's message; `who` ("client" or "server") names the peer in errors.
     pub fn parse(msg: &[u8], who: &str) -> Result<Dest> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = String::from_utf8_lossy(&msg[..end]);
+        let text = nul_terminated(msg);
         let bad = |why: &str| {
             Error::Exchange(format!(
                 "the {who}'s address message {text:?} is not LID:QPN:PSN:GID \
@@ -86,6 +86,12 @@ impl Dest {
             gid: Ipv6Addr::from(gid),
         })
     }
+}
+
+/// The text of a NUL-terminated message or field, as C reads it.
+pub(super) fn nul_terminated(msg: &[u8]) -> Cow<'_, str> {
+    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    String::from_utf8_lossy(&msg[..end])
 }
 
 pub(super) fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>> {

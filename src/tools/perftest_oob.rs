@@ -32,7 +32,7 @@ use std::io::{ErrorKind, Read};
 use std::net::{Ipv6Addr, Shutdown, TcpStream};
 use std::time::Duration;
 
-use super::oob::{read_exactly, write_all, DONE};
+use super::oob::{nul_terminated, read_exactly, write_all, DONE};
 use super::{Error, Result};
 use crate::transport::PathMtu;
 use crate::wire::{Psn, Qpn, RKey};
@@ -92,8 +92,7 @@ impl Keys {
 
     /// Parses a peer's message; `who` ("client" or "server") names the peer in errors.
     pub fn parse(msg: &[u8], who: &str) -> Result<Keys> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = String::from_utf8_lossy(&msg[..end]);
+        let text = nul_terminated(msg);
         let bad = |why: &str| {
             Error::Exchange(format!(
                 "the {who}'s keys {text:?} are not perftest's \
@@ -163,12 +162,6 @@ fn mtu_of_enum(value: u8) -> Option<PathMtu> {
         5 => PathMtu::Mtu4096,
         _ => return None,
     })
-}
-
-/// The text of a NUL-terminated field.
-fn text(msg: &[u8]) -> String {
-    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-    String::from_utf8_lossy(&msg[..end]).into_owned()
 }
 
 /// C's `atof` of a version: the leading decimal number, 0 if there is none.
@@ -244,7 +237,7 @@ impl Exchange {
     pub fn versions(&mut self) -> Result<()> {
         let mut msg = [0; VERSION_LEN];
         msg[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
-        let theirs = text(&self.swap(&msg, "the version")?);
+        let theirs = nul_terminated(&self.swap(&msg, "the version")?).into_owned();
         if version_number(&theirs) < OLDEST_PEER {
             return Err(Error::Exchange(format!(
                 "the {} runs perftest version {theirs:?}: perftest {VERSION} is not compatible \
@@ -273,7 +266,7 @@ impl Exchange {
     pub fn mtu(&mut self, mine: PathMtu) -> Result<PathMtu> {
         let mut msg = [0; MTU_LEN];
         msg[0] = b'0' + mtu_enum(mine);
-        let theirs = text(&self.swap(&msg, "the MTU")?);
+        let theirs = nul_terminated(&self.swap(&msg, "the MTU")?).into_owned();
         let theirs = theirs.parse().ok().and_then(mtu_of_enum);
         Ok(theirs.map_or(mine, |theirs| theirs.min(mine)))
     }
@@ -375,7 +368,7 @@ mod tests {
         for msg in [&b"hello"[..], &short[..], &not_hex[..]] {
             let error = Keys::parse(msg, "client").unwrap_err().to_string();
             assert!(error.contains("the client's keys"), "{error}");
-            assert!(error.contains(&text(msg)), "{error}");
+            assert!(error.contains(&*nul_terminated(msg)), "{error}");
         }
     }
 
