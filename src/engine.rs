@@ -26,9 +26,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, PdId};
 use crate::transport::{
-    AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, QpAttr,
-    QpInit, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus,
-    WorkCompletion,
+    AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
+    QpAttr, QpInit, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn};
 
@@ -214,6 +214,7 @@ struct Engine<B: Backend> {
 pub(crate) fn start<B: Backend>(
     mut backend: B,
     seed: u64,
+    port_mtu: PathMtu,
     progress: Progress,
 ) -> io::Result<EngineHandle> {
     let poll = Poll::new()?;
@@ -223,8 +224,10 @@ pub(crate) fn start<B: Backend>(
     let (commands, command_rx) = crossbeam_channel::unbounded();
     let (event_tx, events) = bounded(EVENT_QUEUE);
     let local_addr = backend.local_addr();
+    let mut endpoint = Endpoint::new(EndpointConfig { local_addr, seed });
+    endpoint.set_port_mtu(port_mtu);
     let engine = Engine {
-        endpoint: Endpoint::new(EndpointConfig { local_addr, seed }),
+        endpoint,
         backend,
         start: Instant::now(),
         commands: command_rx,

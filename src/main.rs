@@ -87,7 +87,8 @@ enum Command {
         path: PathMtuArg,
     },
     /// ibv_ud_pingpong over softroce: UD SENDs (Q_Key 0x11111111) of at most the port MTU,
-    /// 1024 bytes.
+    /// which follows the MTU of the link under the device's address, as rxe's does (1024 on a
+    /// 1500-byte Ethernet link, 4096 on jumbo frames or loopback).
     #[command(after_help = PINGPONG_NOTES)]
     UdPingpong {
         #[command(flatten)]
@@ -294,8 +295,10 @@ instead of the text.
 
 Accepted for compatibility: -x (every index means the device's address; the header shows the
 index given), -F (softroce times with the monotonic clock, not CPU cycles), -d (ignored, with a
-note: --bind chooses the device), -i (must be 1). The path MTU defaults to 1024, a softroce
-port's, as rxe's on a 1500-byte Ethernet link. Command-line errors exit with status 2; what
+note: --bind chooses the device), -i (must be 1). The path MTU defaults to the port's active
+MTU, which follows the MTU of the link under the device's address as rxe's does (1024 on a
+1500-byte Ethernet link, 4096 on jumbo frames or loopback); a larger -m is lowered to it, with
+perftest's message. Command-line errors exit with status 2; what
 perftest refuses once its options are read (e.g. -s with atomic-bw, -q with a latency test) and
 every other failure exit with 1.";
 
@@ -316,9 +319,10 @@ struct PerftestArgs {
     /// Run for this many seconds instead of -n exchanges, timing the middle half.
     #[arg(short = 'D', long, value_name = "SECONDS", value_parser = duration)]
     duration: Option<u32>,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096; the two sides use the smaller of theirs.
-    #[arg(short, long, value_name = "SIZE", default_value = "1024", value_parser = path_mtu)]
-    mtu: PathMtu,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096, at most the port's; the two sides use the
+    /// smaller of theirs [default: the port's active MTU]
+    #[arg(short, long, value_name = "SIZE", value_parser = path_mtu)]
+    mtu: Option<PathMtu>,
     /// Number of QPs (bw tests only).
     #[arg(short, long = "qp", value_name = "NUM", default_value_t = 1, value_parser = qp_count)]
     qp: usize,

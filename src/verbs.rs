@@ -30,11 +30,14 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 pub use crate::engine::Progress;
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
-use crate::io::{Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig};
+use crate::io::{
+    link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
+};
 use crate::memory::{Access, MemoryError, PdId};
 use crate::transport::{
-    connect_steps, AddressVector, AsyncEvent, Counters, CqId, QpAttr, QpInit, QpState, QpType,
-    RecvWr, Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
+    connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState,
+    QpType, RecvWr, Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
+    DEFAULT_PORT_MTU,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, Remote, SrqModify};
 use crate::wire::{Psn, QKey, Qpn};
@@ -120,6 +123,11 @@ pub struct DeviceConfig {
     pub pcap: Option<PathBuf>,
     /// Who drives the engine: a thread of its own (the default), or the application's calls.
     pub progress: Progress,
+    /// The port's active MTU, which bounds UD messages and is perftest's default path MTU.
+    /// `None` (the default): the MTU of the link that holds `address`, by rxe's rule
+    /// ([`PathMtu::of_link`]: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames or
+    /// loopback), or 1024 if that link cannot be read.
+    pub port_mtu: Option<PathMtu>,
 }
 
 impl DeviceConfig {
@@ -131,6 +139,7 @@ impl DeviceConfig {
             seed: None,
             pcap: None,
             progress: Progress::Thread,
+            port_mtu: None,
         }
     }
 }
@@ -146,6 +155,7 @@ fn random_seed() -> u64 {
 struct DeviceInner {
     engine: EngineHandle,
     address: IpAddr,
+    port_mtu: PathMtu,
 }
 
 impl Drop for DeviceInner {
@@ -215,14 +225,27 @@ impl Device {
     fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         let address = backend.local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
-        let engine = engine::start(backend, seed, config.progress)?;
+        let port_mtu = config.port_mtu.unwrap_or_else(|| {
+            link_of(address).map_or(DEFAULT_PORT_MTU, |link| PathMtu::of_link(link.mtu))
+        });
+        let engine = engine::start(backend, seed, port_mtu, config.progress)?;
         Ok(Device {
-            inner: Arc::new(DeviceInner { engine, address }),
+            inner: Arc::new(DeviceInner {
+                engine,
+                address,
+                port_mtu,
+            }),
         })
     }
 
     pub fn address(&self) -> IpAddr {
         self.inner.address
+    }
+
+    /// The port's active MTU (`ibv_query_port`'s `active_mtu`): the largest UD message, and
+    /// the path MTU perftest uses unless told otherwise.
+    pub fn port_mtu(&self) -> PathMtu {
+        self.inner.port_mtu
     }
 
     fn engine(&self) -> &EngineHandle {

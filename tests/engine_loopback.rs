@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::{Access, MemoryRegion};
-use softroce::transport::{Datagram, Payload, SendOp, SendWr, Sge, WcStatus};
+use softroce::transport::{Datagram, Payload, SendOp, SendWr, Sge, UdDest, WcStatus};
 use softroce::verbs::{CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
 
 /// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
@@ -174,9 +174,66 @@ fn shutdown_closes_the_socket() {
     assert!(again.is_ok(), "{again:?}");
 }
 
+/// Posts a UD SEND of `sge` to `dest`.
+fn post_ud_send(qp: &QueuePair, wr_id: u64, sge: Sge, dest: UdDest) {
+    let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(vec![sge]));
+    wr.ud = Some(dest);
+    qp.post_send(wr).unwrap();
+}
+
+/// A device's port MTU is its link's by rxe's rule unless its configuration sets one, and it
+/// bounds UD messages: a UD send over it fails locally (LOC_LEN_ERR, IBTA C10-93.1.1).
+#[test]
+fn the_port_mtu_follows_the_link_unless_configured() {
+    use softroce::io::link_of;
+    use softroce::transport::{PathMtu, QpType};
+    use softroce::verbs::DeviceConfig;
+    use softroce::wire::QKey;
+
+    let address = "127.0.0.32".parse().unwrap();
+    let lo = link_of(address).unwrap();
+    let device = Device::open(DeviceConfig::udp(address)).unwrap();
+    assert_eq!(device.port_mtu(), PathMtu::of_link(lo.mtu));
+    drop(device);
+
+    let device = Device::open(DeviceConfig {
+        port_mtu: Some(PathMtu::Mtu1024),
+        ..DeviceConfig::udp("127.0.0.33".parse().unwrap())
+    })
+    .unwrap();
+    assert_eq!(device.port_mtu(), PathMtu::Mtu1024);
+    let pd = device.alloc_pd().unwrap();
+    let cq = device.create_cq(4).unwrap();
+    let mr = pd.register(2048, Access::LOCAL_WRITE).unwrap();
+    let qp = pd
+        .create_qp()
+        .qp_type(QpType::Ud)
+        .send_cq(&cq)
+        .recv_cq(&cq)
+        .build()
+        .unwrap();
+    let qkey = QKey(0x1111_1111);
+    qp.ready_datagram(qkey, 0).unwrap();
+    // To itself: it has no receive posted, so the message that fits is sent and then dropped.
+    let ah = pd.create_ah(device.address()).unwrap();
+    let to_itself = UdDest {
+        ah,
+        remote_qpn: qp.qpn(),
+        remote_qkey: qkey,
+    };
+    for (wr_id, len, status) in [(1, 1024, WcStatus::Success), (2, 1025, WcStatus::LocLenErr)] {
+        post_ud_send(&qp, wr_id, Sge::new(&mr, 0, len), to_itself);
+        let done = cq
+            .wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("completion");
+        assert_eq!((done.wr_id, done.status), (wr_id, status), "{len} bytes");
+    }
+}
+
 #[test]
 fn ud_and_a_shared_receive_queue_over_real_sockets() {
-    use softroce::transport::{QpType, RecvWr, UdDest, GRH_LEN};
+    use softroce::transport::{QpType, RecvWr, GRH_LEN};
     use softroce::wire::QKey;
 
     let qkey = QKey(0x1111_1111);
@@ -218,13 +275,12 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
 
     a_mr.write(0, b"a datagram over a real socket").unwrap();
     let ah = a_pd.create_ah(b_dev.address()).unwrap();
-    let mut wr = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(&a_mr, 0, 29)]));
-    wr.ud = Some(UdDest {
+    let to_b = UdDest {
         ah,
         remote_qpn: b_qp.qpn(),
         remote_qkey: qkey,
-    });
-    a_qp.post_send(wr).unwrap();
+    };
+    post_ud_send(&a_qp, 1, Sge::new(&a_mr, 0, 29), to_b);
 
     let sent = a_cq
         .wait(Duration::from_secs(5))

@@ -96,7 +96,9 @@ fn check_lat_row(row: &[String], size: u64, iters: u64) {
 fn write_bw_on_several_qps() {
     // 4 KiB at MTU 1024 on three QPs: multi-packet WRITEs cycling through a page per QP.
     let addresses = ["127.0.0.91", "127.0.0.92"];
-    let args = ["-q", "3", "-s", "4K", "-n", "300", "-F", "-x", "1"];
+    let args = [
+        "-q", "3", "-s", "4K", "-n", "300", "-m", "1024", "-F", "-x", "1",
+    ];
     let (server, client) = run_pair("write-bw", addresses, 28901, &args);
     check_pair("RDMA_Write BW Test", (&server, &client), addresses);
     // The server prints the client's report, so the rows are the same.
@@ -108,6 +110,7 @@ fn write_bw_on_several_qps() {
     assert_eq!(server.rows(), client.rows());
     assert!(client.has(" TX depth        : 128"));
     assert!(client.has(" CQ Moderation   : 100"));
+    assert!(client.has(" Mtu             : 1024[B]"));
     assert!(!server.has(" TX depth        : 128"));
 }
 
@@ -191,8 +194,9 @@ fn write_lat() {
     let args = ["-s", "64", "-n", "200"];
     let (server, client) = run_pair("write-lat", addresses, 28906, &args);
     check_pair("RDMA_Write Latency Test", (&server, &client), addresses);
-    // Both sides time the round trips.
+    // Both sides time the round trips. Without -m, the path MTU is the port's: 4096 on lo.
     for side in [&server, &client] {
+        assert!(side.has(" Mtu             : 4096[B]"));
         assert!(side.has_prefix(LAT_COLUMNS));
         check_lat_row(&side.rows()[0], 64, 200);
     }

@@ -123,10 +123,11 @@ fn uc_pingpong() {
 
 #[test]
 fn ud_pingpong() {
-    // The largest UD message, with the 40-byte GRH area in front of it in every receive.
-    let args = ["-s", "1024", "-n", "200", "-c"];
+    // The largest UD message, with the 40-byte GRH area in front of it in every receive: the
+    // port MTU, 4096 on loopback (lo's MTU is 65536).
+    let args = ["-s", "4096", "-n", "200", "-c"];
     let (server, client) = run_pair("ud-pingpong", ["127.0.0.77", "127.0.0.78"], 28704, &args);
-    check_run("ud-pingpong", (&server, &client), (1024, 200), &[]);
+    check_run("ud-pingpong", (&server, &client), (4096, 200), &[]);
     assert!(client.stdout[0].contains(": GID ::ffff:127.0.0.78"));
 }
 
@@ -198,10 +199,21 @@ fn server_rejects_a_short_exchange() {
 
 #[test]
 fn ud_refuses_messages_over_the_port_mtu() {
-    let tool = Tool::start(&["ud-pingpong", "-s", "1025"]).end();
+    // Refused once the device is open, before the exchange, as ibv_ud_pingpong refuses it
+    // once it has queried its port.
+    let args = [
+        "ud-pingpong",
+        "--bind",
+        "127.0.0.83",
+        "-p",
+        "28708",
+        "-s",
+        "4097",
+    ];
+    let tool = Tool::start(&args).end();
     assert_eq!(tool.status.code(), Some(1));
     assert_eq!(
         tool.stderr,
-        "softroce ud-pingpong: Requested size larger than port MTU (1024)\n"
+        "softroce ud-pingpong: Requested size larger than port MTU (4096)\n"
     );
 }

@@ -11,6 +11,7 @@
 //!   (DSCP, ECN, the IP ID, the per-QP UDP source port) and sees every received header, so it
 //!   verifies every ICRC fully.
 
+mod link;
 mod raw;
 mod recording;
 mod udp;
@@ -18,6 +19,7 @@ mod udp;
 use std::io;
 use std::net::IpAddr;
 
+pub use link::{link_of, Link};
 pub use raw::{IpIdMode, RawBackend, RawConfig, RawError};
 pub use recording::Recording;
 pub use udp::{UdpBackend, UdpConfig};

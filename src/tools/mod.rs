@@ -151,11 +151,10 @@ impl DeviceOptions {
     /// Opens the device at `address`, and its engine thread.
     pub fn open(&self, address: IpAddr) -> Result<Device> {
         Device::open(DeviceConfig {
-            address,
             backend: self.backend,
-            seed: None,
             pcap: self.pcap.clone(),
             progress: self.progress,
+            ..DeviceConfig::udp(address)
         })
         .map_err(|error| Error::Device {
             doing: format!(

@@ -33,7 +33,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use super::perftest_oob::{BwReport, Exchange, Keys};
+use super::perftest_oob::{mtu_enum, BwReport, Exchange, Keys};
 use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
@@ -190,8 +190,9 @@ pub struct Options {
     pub iters: Option<u64>,
     /// `-D`: run for this many seconds instead of `-n` messages, timing the middle half.
     pub duration: Option<u32>,
-    /// `-m`: the path MTU this side offers; the two sides use the smaller.
-    pub mtu: PathMtu,
+    /// `-m`: the path MTU this side offers, at most the port's; the two sides use the
+    /// smaller. `None`: the port's active MTU ([`Device::port_mtu`]), as perftest has it.
+    pub mtu: Option<PathMtu>,
     /// `-q`: QPs, in the bandwidth tests.
     pub qps: usize,
     /// `-a`: every size from 2 bytes to 8 MiB.
@@ -208,8 +209,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// perftest's defaults: a server on port 18515, the test's size and iterations, path MTU
-    /// 1024 (what a softroce device's port has, as rxe on a 1500-byte Ethernet link), one QP.
+    /// perftest's defaults: a server on port 18515, the test's size and iterations, the port's
+    /// MTU, one QP.
     pub fn new(test: Test) -> Self {
         Options {
             test,
@@ -218,7 +219,7 @@ impl Options {
             size: None,
             iters: None,
             duration: None,
-            mtu: PathMtu::Mtu1024,
+            mtu: None,
             qps: 1,
             all_sizes: false,
             report_gbits: false,
@@ -409,6 +410,23 @@ pub fn serve(
     session(o, plan, device, stream, false, limits, output)
 }
 
+/// The path MTU this side offers in the exchange (perftest's `set_mtu`): `-m`, or the port's
+/// active MTU without it. A `-m` above the port's is lowered to it, and perftest says so in two
+/// lines that show the MTU as its `enum ibv_mtu` value (3 for 1024).
+fn offered_mtu(asked: Option<PathMtu>, port: PathMtu, output: &mut Output<'_>) -> Result<PathMtu> {
+    match asked {
+        Some(mtu) if mtu > port => {
+            output.notice(&format!(
+                "Requested mtu is higher than active mtu \nChanging to active mtu - {}",
+                mtu_enum(port)
+            ))?;
+            Ok(port)
+        }
+        Some(mtu) => Ok(mtu),
+        None => Ok(port),
+    }
+}
+
 /// From the exchange on the connected `stream` to the end of the test.
 fn session(
     o: &Options,
@@ -423,7 +441,7 @@ fn session(
     let mut exchange = Exchange::new(stream, client);
     exchange.versions()?;
     let (page, cache_line) = exchange.sys_data(PAGE_SIZE, CACHE_LINE)?;
-    let mtu = exchange.mtu(o.mtu)?;
+    let mtu = exchange.mtu(offered_mtu(o.mtu, device.port_mtu(), &mut output)?)?;
     let ctx = Context::open(device, o, &plan, (page.into(), cache_line.into()), limits)?;
     output.info(&TestInfo {
         title: title(o),
@@ -1199,6 +1217,22 @@ impl Session<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// perftest's `set_mtu`: `-m` up to the port's active MTU, the port's without `-m`.
+    #[test]
+    fn offered_mtu_is_at_most_the_ports() {
+        let mut text = Vec::new();
+        let mut output = Output::new(&mut text, false);
+        let mut offer = |asked| offered_mtu(asked, PathMtu::Mtu1024, &mut output).unwrap();
+        assert_eq!(offer(None), PathMtu::Mtu1024);
+        assert_eq!(offer(Some(PathMtu::Mtu512)), PathMtu::Mtu512);
+        assert_eq!(offer(Some(PathMtu::Mtu1024)), PathMtu::Mtu1024);
+        assert_eq!(offer(Some(PathMtu::Mtu4096)), PathMtu::Mtu1024);
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "Requested mtu is higher than active mtu \nChanging to active mtu - 3\n"
+        );
+    }
 
     #[test]
     fn plans_follow_perftests_rules() {

@@ -143,7 +143,7 @@ pub struct BwReport {
 }
 
 /// `enum ibv_mtu`.
-fn mtu_enum(mtu: PathMtu) -> u8 {
+pub(super) fn mtu_enum(mtu: PathMtu) -> u8 {
     match mtu {
         PathMtu::Mtu256 => 1,
         PathMtu::Mtu512 => 2,

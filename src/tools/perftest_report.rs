@@ -265,18 +265,23 @@ impl<'a> Output<'a> {
         }
     }
 
-    /// The server's banner, once it listens: on standard error with `--json`, which keeps
-    /// standard output for the document.
+    /// The server's banner, once it listens. A client waits for it before it connects.
     pub fn waiting(&mut self) -> io::Result<()> {
-        let banner = "\n************************************\n\
-                      * Waiting for client to connect... *\n\
-                      ************************************";
+        self.notice(
+            "\n************************************\n\
+             * Waiting for client to connect... *\n\
+             ************************************",
+        )
+    }
+
+    /// Lines perftest prints outside its tables, at once: on standard error with `--json`,
+    /// which keeps standard output for the document.
+    pub fn notice(&mut self, text: &str) -> io::Result<()> {
         if self.json.is_some() {
-            eprintln!("{banner}");
+            eprintln!("{text}");
             return Ok(());
         }
-        writeln!(self.out, "{banner}")?;
-        // A client waits for this line before it connects, so it must not sit in a buffer.
+        writeln!(self.out, "{text}")?;
         self.out.flush()
     }
 

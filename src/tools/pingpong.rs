@@ -38,10 +38,6 @@ use crate::wire::{Psn, QKey, RnrTimer};
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
 pub const UD_QKEY: QKey = QKey(0x1111_1111);
-/// The largest UD message: the port MTU, which softroce leaves at 1024, what rxe has on a
-/// 1500-byte Ethernet link. `ibv_ud_pingpong` refuses larger sizes before it starts.
-pub const UD_PORT_MTU: usize = 1024;
-
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 /// What rdma-core fills its buffer with before the test.
@@ -109,7 +105,7 @@ pub struct Options {
     pub port: u16,
     /// The message size in bytes.
     pub size: usize,
-    /// The path MTU of RC and UC (UD messages are bounded by [`UD_PORT_MTU`] instead).
+    /// The path MTU of RC and UC (UD messages are bounded by the device's port MTU instead).
     pub mtu: PathMtu,
     /// Receives kept posted.
     pub rx_depth: usize,
@@ -248,11 +244,6 @@ pub fn serve(
 
 /// The options rdma-core refuses before it starts.
 fn check(o: &Options) -> Result<()> {
-    if o.transport == Transport::Ud && o.size > UD_PORT_MTU {
-        return Err(Error::Usage(format!(
-            "Requested size larger than port MTU ({UD_PORT_MTU})"
-        )));
-    }
     if o.rx_depth == 0 {
         return Err(Error::Usage("the receive depth must be at least 1".into()));
     }
@@ -374,6 +365,14 @@ impl Context {
     /// `pp_init_ctx` and the first receives: a device on `address`, the QP in INIT with
     /// `rx_depth` receives posted.
     fn open(o: &Options, device: &Device, limits: &Limits) -> Result<Context> {
+        // A UD message is one packet: ibv_ud_pingpong refuses a larger size once it has
+        // queried its port, before it creates anything.
+        let port_mtu = device.port_mtu().bytes();
+        if o.transport == Transport::Ud && o.size > port_mtu {
+            return Err(Error::Usage(format!(
+                "Requested size larger than port MTU ({port_mtu})"
+            )));
+        }
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
         let len = o.transport.offset() + o.size;
         let mr = pd

@@ -369,8 +369,9 @@ pub struct EndpointConfig {
     pub seed: u64,
 }
 
-/// rxe's active MTU on a 1500-byte Ethernet link, the MTU of every UD fixture here.
-const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
+/// A port's MTU until [`Endpoint::set_port_mtu`]: rxe's active MTU on a 1500-byte Ethernet
+/// link, the MTU of every UD fixture here.
+pub const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 
 /// The first QP number handed out, as in rxe (its fixtures here show QPs 0x11 and 0x12). QPNs 0
 /// and 1 belong to the special QPs and 0xFFFFFF means multicast, so regular QPs never get them;
@@ -459,8 +460,9 @@ impl Endpoint {
         self.config.local_addr
     }
 
-    /// Sets the port's MTU, which bounds UD messages; 1024 until set. The io layer derives it
-    /// from the link, as rxe follows its netdev's MTU (rxe_net.c, `NETDEV_CHANGEMTU`).
+    /// Sets the port's MTU, which bounds UD messages; 1024 until set. The engine sets it when
+    /// the device opens, from the link under its address by default (`PathMtu::of_link`), as
+    /// rxe follows its netdev's MTU (rxe_net.c, `NETDEV_CHANGEMTU`).
     pub fn set_port_mtu(&mut self, mtu: PathMtu) {
         self.port_mtu = mtu;
         for qp in self.qps.values_mut().filter(|qp| qp.qp_type == QpType::Ud) {

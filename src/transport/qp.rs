@@ -51,6 +51,21 @@ impl PathMtu {
             PathMtu::Mtu4096 => 4096,
         }
     }
+
+    /// The active MTU of a port on a link whose IP MTU is `link_mtu`, by rxe's rule
+    /// (`rxe_set_mtu` in rxe.c, `eth_mtu_int_to_enum` in rxe_param.h): the largest path MTU
+    /// that fits once 80 bytes of headers (`RXE_MAX_HDR_LENGTH`) are set aside, at most 4096
+    /// and never below 256. So 1500 gives 1024 and 9000 gives 4096, as `ibv_devinfo` shows.
+    pub const fn of_link(link_mtu: u32) -> PathMtu {
+        const HEADERS: u32 = 80;
+        match link_mtu.saturating_sub(HEADERS) {
+            4096.. => PathMtu::Mtu4096,
+            2048.. => PathMtu::Mtu2048,
+            1024.. => PathMtu::Mtu1024,
+            512.. => PathMtu::Mtu512,
+            _ => PathMtu::Mtu256,
+        }
+    }
 }
 
 /// Where a connected QP's peer is: the IP address its GID maps to.
@@ -629,5 +644,24 @@ mod tests {
         ud.qkey = Some(QKey(0x11111111));
         assert!(check_modify(QpType::Ud, Reset, &ud).is_ok());
         assert!(check_modify(QpType::Rc, Reset, &ud).is_err());
+    }
+
+    /// rxe's active MTU for a link MTU (rxe_param.h): 80 bytes set aside, then rounded down.
+    #[test]
+    fn port_mtu_of_a_link_as_rxe_has_it() {
+        for (link, port) in [
+            (0, PathMtu::Mtu256),
+            (576, PathMtu::Mtu256),
+            (1023 + 80, PathMtu::Mtu512),
+            (1024 + 80, PathMtu::Mtu1024),
+            (1500, PathMtu::Mtu1024),
+            (2048 + 80, PathMtu::Mtu2048),
+            (4095 + 80, PathMtu::Mtu2048),
+            (4096 + 80, PathMtu::Mtu4096),
+            (9000, PathMtu::Mtu4096),
+            (65536, PathMtu::Mtu4096),
+        ] {
+            assert_eq!(PathMtu::of_link(link), port, "link MTU {link}");
+        }
     }
 }

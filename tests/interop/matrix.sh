@@ -4,7 +4,7 @@
 # are its first column (MTU 1024, IPv4, UDP backend, no loss); each other column changes one or
 # more of these (a column "raw+mtu4096" both):
 #
-#   mtu4096  vmB's eth0 at MTU 9000, so that rxe's active_mtu is 4096; both sides -m 4096
+#   mtu4096  vmB's eth0 at MTU 9000, so that rxe's active_mtu is 4096; both sides -m 4096 (ud-pingpong, which has no -m: -s 4096)
 #   ipv6     the RoCE addresses (GIDs) are fd99::1 and vmB's fd99::12 (its GID index 2)
 #   raw      softroce --backend raw: the raw IPv4 socket backend
 #   loss     1% netem loss of the RoCE packets vmB sends and of those it receives
@@ -44,9 +44,7 @@ mx_title() {
 
 # mx_na TOOL COLUMN: why the cell does not exist (exit 1 if it does).
 mx_na() {
-  if [ "$1" = ud-pingpong ] && mx_has mtu4096 "$2"; then
-    echo "softroce's ud-pingpong has a fixed port MTU of 1024 (src/tools/pingpong.rs, UD_PORT_MTU) and no -m; a UD message is one packet"
-  elif [ "$1" != rc-pingpong ] && [ "${1%-pingpong}" != "$1" ] && mx_has loss "$2"; then
+  if [ "$1" != rc-pingpong ] && [ "${1%-pingpong}" != "$1" ] && mx_has loss "$2"; then
     echo "UC and UD do not retransmit (IBTA 9.8, unreliable service): a lost packet is a lost message, which the pingpong tools wait for forever"
   else
     return 1
@@ -79,7 +77,9 @@ mx_def() {
       MX_KIND=pingpong MX_SIZE=$((big / 2)) MX_ITERS=200
       MX_ARGS="-s $MX_SIZE -m $m -n $MX_ITERS -c" MX_MSGS=$((2 * MX_ITERS));;
     ud-pingpong)
-      MX_KIND=pingpong MX_SIZE=1024 MX_ITERS=200
+      # a UD message is one packet of at most the port MTU, and neither side takes -m: the
+      # ports follow their links (vmB's eth0, the namespace's br0 at 9000 for softroce)
+      MX_KIND=pingpong MX_SIZE=$m MX_ITERS=200
       MX_ARGS="-s $MX_SIZE -n $MX_ITERS -c" MX_MSGS=$((2 * MX_ITERS));;
     write-bw|read-bw|send-bw)
       MX_KIND=perftest MX_SIZE=$((big * 4)) MX_ITERS=100
