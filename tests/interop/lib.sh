@@ -40,9 +40,10 @@ LAB_MEM_MB=${SOFTROCE_LAB_MEM:-768}
 # built that way), and busybox has a "tc" applet without netem: call iproute2's tc by full path.
 GUEST_TC=/sbin/tc
 
-# Packages the lab needs on the host (the guest initramfs is assembled from the host's files).
+# Packages the lab needs on the host (the guest initramfs is assembled from the host's files);
+# tshark reads softroce's recordings in the matrix, as Wireshark would.
 LAB_PACKAGES="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers perftest
-rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3"
+rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3 tshark"
 
 # ---------------------------------------------------------------------------------------------
 # small helpers

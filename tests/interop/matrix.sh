@@ -146,16 +146,23 @@ mx_prepare() {
 }
 
 # mx_pcap_check: what softroce recorded (--pcap) of the cell's traffic: some packets, none with a
-# bad ICRC or malformed; for ipv6 all between the two IPv6 GIDs; for mtu4096 some packet with
-# 4096 bytes of payload.
+# bad ICRC or malformed, and Wireshark's dissector (tshark) takes every frame for RoCEv2; for
+# ipv6 all between the two IPv6 GIDs; for mtu4096 some packet with 4096 bytes of payload.
 mx_pcap_check() {
-  local dec frames
+  local dec frames ws
   [ -n "$MX_PCAP" ] || return 0
   dec=$("$SOFTROCE_BIN" decode "$MX_PCAP") || { echo "FAIL: softroce decode $MX_PCAP failed"; exit 1; }
   frames=$(grep -E '^ *[0-9]+ +[0-9.]+ [0-9a-f.:]+ -> ' <<<"$dec" || true)
   echo "---- softroce's recording ($MX_PCAP): $(grep -c . <<<"$frames") RoCE packets, ICRC" \
     "$(sed -n '/^ICRC:/,/^[^ ]/p' <<<"$dec" | awk 'NF == 2 { printf "%s %s ", $1, $2 }')"
   wirecheck_expect "softroce recorded no packet" [ -n "$frames" ]
+  ws=$(tshark -r "$MX_PCAP" -T fields -e frame.protocols 2>/dev/null) \
+    || { echo "FAIL: tshark could not read $MX_PCAP"; exit 1; }
+  echo "---- tshark: $(grep -c . <<<"$ws") frames, $(grep -c ':udp:infiniband' <<<"$ws") of them RoCEv2 (udp:infiniband)"
+  wirecheck_expect "tshark does not take every frame softroce recorded for RoCEv2 (udp:infiniband)" \
+    _all_match ':udp:infiniband(:|$)' "$ws"
+  wirecheck_expect "tshark read $(grep -c . <<<"$ws") frames where softroce decode read $(grep -c . <<<"$frames")" \
+    [ "$(grep -c . <<<"$ws")" = "$(grep -c . <<<"$frames")" ]
   wirecheck_expect "softroce recorded packets with a bad ICRC" grep -qE '^  bad +0$' <<<"$dec"
   wirecheck_expect "softroce recorded malformed RoCE frames" grep -qx 'malformed RoCE frames: 0' <<<"$dec"
   if mx_has ipv6; then
