@@ -618,6 +618,18 @@ fn service(command: &Command) -> Option<Result<Service, String>> {
     }
 }
 
+/// The log, on standard error: `RUST_LOG` filters it, `default` where it is unset. The daemon
+/// logs its sessions; a tool logs only the library's warnings (e.g. a port MTU it had to guess).
+fn init_log(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 /// Runs a tool to the end, as one side of a test.
 fn tool(service: Result<Service, String>) -> ExitCode {
     let service = match service {
@@ -627,6 +639,7 @@ fn tool(service: Result<Service, String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_log("warn");
     let outcome = match &service {
         Service::Pingpong(o) => pingpong::run(o, &mut std::io::stdout()).map(drop),
         Service::Perftest(o) => perftest::run(o, &mut std::io::stdout()),
@@ -684,13 +697,7 @@ fn daemon(device: &DeviceArgs, serve: &[String], idle: u64, max_sessions: usize)
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_log("info");
     match daemon::run(&options) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {

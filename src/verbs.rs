@@ -126,7 +126,7 @@ pub struct DeviceConfig {
     /// The port's active MTU, which bounds UD messages and is perftest's default path MTU.
     /// `None` (the default): the MTU of the link that holds `address`, by rxe's rule
     /// ([`PathMtu::of_link`]: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames or
-    /// loopback), or 1024 if that link cannot be read.
+    /// loopback), or 1024, with a `tracing` warning, if that link cannot be read.
     pub port_mtu: Option<PathMtu>,
 }
 
@@ -225,8 +225,12 @@ impl Device {
     fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         let address = backend.local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
-        let port_mtu = config.port_mtu.unwrap_or_else(|| {
-            link_of(address).map_or(DEFAULT_PORT_MTU, |link| PathMtu::of_link(link.mtu))
+        let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
+            Ok(link) => PathMtu::of_link(link.mtu),
+            Err(error) => {
+                tracing::warn!(%address, %error, "port MTU 1024: the device's link cannot be read");
+                DEFAULT_PORT_MTU
+            }
         });
         let engine = engine::start(backend, seed, port_mtu, config.progress)?;
         Ok(Device {

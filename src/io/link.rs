@@ -14,28 +14,63 @@ pub struct Link {
 }
 
 /// The interface that holds `address`, or whose IPv4 network holds it (127.0.0.2 is on `lo`
-/// through 127.0.0.1/8), with its MTU from `/sys/class/net/NAME/mtu`. `ip netns exec` mounts a
-/// sysfs of the namespace, so that file is the namespace's own interface.
+/// through 127.0.0.1/8), with its MTU from `/sys/class/net/NAME/mtu`.
+///
+/// sysfs shows the network namespace it was mounted in, which `ip netns exec` makes the
+/// process's own, but `nsenter --net` or `unshare -n` do not: there `NAME` can be another
+/// namespace's interface. So the MTU is taken only if sysfs's `NAME` has the index and MAC
+/// address that this namespace's kernel reports for it (getifaddrs, through netlink). An ioctl
+/// (`SIOCGIFMTU`) would ask the namespace directly, but needs `unsafe`.
 pub fn link_of(address: IpAddr) -> io::Result<Link> {
+    let address = address.to_canonical();
     let interfaces: Vec<InterfaceAddress> = getifaddrs().map_err(io::Error::from)?.collect();
-    let name = interfaces
+    let label = interfaces
         .iter()
         .find(|i| interface_ip(i) == Some(address))
         .or_else(|| interfaces.iter().find(|i| ipv4_network_holds(i, address)))
-        .map(|i| i.interface_name.clone())
+        .map(|i| i.interface_name.as_str())
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::AddrNotAvailable,
                 format!("no network interface has the address {address}"),
             )
         })?;
-    let path = format!("/sys/class/net/{name}/mtu");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
-    let mtu = text.trim().parse().map_err(|_| {
+    // glibc names an IPv4 alias by its label, "eth0:1"; the device is "eth0".
+    let name = label.split(':').next().unwrap_or(label).to_string();
+    let sysfs = |file: &str| {
+        let path = format!("/sys/class/net/{name}/{file}");
+        std::fs::read_to_string(&path)
+            .map(|text| text.trim().to_string())
+            .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+    };
+    // This namespace's index and (for 6-byte link addresses) MAC of the interface.
+    let (index, mac) = interfaces
+        .iter()
+        .filter(|i| i.interface_name == name)
+        .find_map(|i| {
+            let link = i.address.as_ref()?.as_link_addr()?;
+            Some((
+                link.ifindex().to_string(),
+                (link.halen() == 6).then(|| link.to_string()),
+            ))
+        })
+        .ok_or_else(|| io::Error::other(format!("interface {name}: no link-layer entry")))?;
+    let seen = (
+        sysfs("ifindex")?,
+        mac.as_ref().map(|_| sysfs("address")).transpose()?,
+    );
+    if seen != (index.clone(), mac.clone()) {
+        return Err(io::Error::other(format!(
+            "/sys/class/net/{name} is another network namespace's {name} (index and address \
+             {seen:?} there, {:?} here): mount this namespace's sysfs, as `ip netns exec` does",
+            (index, mac)
+        )));
+    }
+    let mtu = sysfs("mtu")?;
+    let mtu = mtu.parse().map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{path}: not an MTU: {:?}", text.trim()),
+            format!("/sys/class/net/{name}/mtu: not an MTU: {mtu:?}"),
         )
     })?;
     Ok(Link { name, mtu })
@@ -80,6 +115,12 @@ mod tests {
             assert_eq!(link.name, "lo", "{address}");
             assert_eq!(link.mtu, loopback_mtu());
         }
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_is_its_ipv4_address() {
+        let mapped = Ipv4Addr::LOCALHOST.to_ipv6_mapped();
+        assert_eq!(link_of(mapped.into()).unwrap().name, "lo");
     }
 
     #[test]

@@ -244,8 +244,23 @@ pub fn serve(
 
 /// The options rdma-core refuses before it starts.
 fn check(o: &Options) -> Result<()> {
+    // No port carries a larger UD message. Refused here, before any TCP, since without --bind
+    // the device, and so its own port MTU (checked in `Context::open`), comes after it.
+    check_ud_size(o, PathMtu::Mtu4096)?;
     if o.rx_depth == 0 {
         return Err(Error::Usage("the receive depth must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// A UD message is one packet: ibv_ud_pingpong refuses a size over its port's MTU once it has
+/// queried the port, before it creates anything.
+fn check_ud_size(o: &Options, port_mtu: PathMtu) -> Result<()> {
+    let mtu = port_mtu.bytes();
+    if o.transport == Transport::Ud && o.size > mtu {
+        return Err(Error::Usage(format!(
+            "Requested size larger than port MTU ({mtu})"
+        )));
     }
     Ok(())
 }
@@ -365,14 +380,7 @@ impl Context {
     /// `pp_init_ctx` and the first receives: a device on `address`, the QP in INIT with
     /// `rx_depth` receives posted.
     fn open(o: &Options, device: &Device, limits: &Limits) -> Result<Context> {
-        // A UD message is one packet: ibv_ud_pingpong refuses a larger size once it has
-        // queried its port, before it creates anything.
-        let port_mtu = device.port_mtu().bytes();
-        if o.transport == Transport::Ud && o.size > port_mtu {
-            return Err(Error::Usage(format!(
-                "Requested size larger than port MTU ({port_mtu})"
-            )));
-        }
+        check_ud_size(o, device.port_mtu())?;
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
         let len = o.transport.offset() + o.size;
         let mr = pd
@@ -603,6 +611,28 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::DeviceConfig;
+
+    /// The device's own port MTU bounds a UD message: 1024 here, below what any check made
+    /// before the device opens allows.
+    #[test]
+    fn ud_sizes_over_the_devices_port_mtu_are_refused() {
+        let device = Device::open(DeviceConfig {
+            port_mtu: Some(PathMtu::Mtu1024),
+            ..DeviceConfig::udp("127.0.0.34".parse().unwrap())
+        })
+        .unwrap();
+        let mut o = Options::new(Transport::Ud);
+        o.size = 1025;
+        let limits = Limits::default();
+        let refused = Context::open(&o, &device, &limits).err().unwrap();
+        assert_eq!(
+            refused.to_string(),
+            "Requested size larger than port MTU (1024)"
+        );
+        o.size = 1024;
+        assert!(Context::open(&o, &device, &limits).is_ok());
+    }
 
     #[test]
     fn result_lines_are_rdma_cores() {
