@@ -43,8 +43,8 @@ pub fn link_of(address: IpAddr) -> io::Result<Link> {
             .map(|text| text.trim().to_string())
             .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
     };
-    // This namespace's index and (for 6-byte link addresses) MAC of the interface.
-    let (index, mac) = interfaces
+    // This namespace's index and (for 6-byte link addresses) MAC of the interface, and sysfs's.
+    let here = interfaces
         .iter()
         .filter(|i| i.interface_name == name)
         .find_map(|i| {
@@ -55,15 +55,14 @@ pub fn link_of(address: IpAddr) -> io::Result<Link> {
             ))
         })
         .ok_or_else(|| io::Error::other(format!("interface {name}: no link-layer entry")))?;
-    let seen = (
+    let there = (
         sysfs("ifindex")?,
-        mac.as_ref().map(|_| sysfs("address")).transpose()?,
+        here.1.as_ref().map(|_| sysfs("address")).transpose()?,
     );
-    if seen != (index.clone(), mac.clone()) {
+    if there != here {
         return Err(io::Error::other(format!(
             "/sys/class/net/{name} is another network namespace's {name} (index and address \
-             {seen:?} there, {:?} here): mount this namespace's sysfs, as `ip netns exec` does",
-            (index, mac)
+             {there:?} there, {here:?} here): mount this namespace's sysfs, as `ip netns exec` does"
         )));
     }
     let mtu = sysfs("mtu")?;

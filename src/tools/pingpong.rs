@@ -60,8 +60,6 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// The message size when none is given. `ibv_ud_pingpong`'s help says 2048, but its code
-    /// uses 1024.
     /// The subcommand: `rc-pingpong`, `uc-pingpong`, `ud-pingpong`.
     pub fn tool_name(self) -> &'static str {
         match self {
@@ -71,6 +69,8 @@ impl Transport {
         }
     }
 
+    /// The message size when none is given. `ibv_ud_pingpong`'s help says 2048, but its code
+    /// uses 1024.
     pub fn default_size(self) -> usize {
         match self {
             Transport::Rc | Transport::Uc => 4096,
