@@ -64,7 +64,11 @@ pub(crate) enum Command {
         srq: Option<SrqId>,
         reply: Reply<Result<(Qpn, QpQueues), VerbsError>>,
     },
-    CreateAh(PdId, AddressVector, Reply<AddressHandle>),
+    CreateAh(
+        PdId,
+        AddressVector,
+        Reply<Result<AddressHandle, VerbsError>>,
+    ),
     CreateSrq(PdId, SrqAttr, Reply<Result<SrqId, VerbsError>>),
     ModifySrq(SrqId, SrqModify, Reply<Result<(), VerbsError>>),
     PostSrqRecv(SrqId, RecvWr, Reply<Result<(), VerbsError>>),
@@ -208,6 +212,13 @@ struct Engine<B: Backend> {
     backlog: bool,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
+}
+
+/// A request the core refused after `post_send` or `post_recv` returned: it completes with
+/// LOC_QP_OP_ERR, through the QP's CQ like any other completion.
+fn refused(endpoint: &mut Endpoint, qpn: Qpn, wr_id: u64, opcode: WcOpcode) {
+    let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, opcode, qpn);
+    endpoint.complete_refused(qpn, wc);
 }
 
 /// Starts the engine of a device: on a thread of its own, or for the application to drive.
@@ -427,31 +438,22 @@ impl<B: Backend> Engine<B> {
     /// core refuses completes with LOC_QP_OP_ERR, since `post_send` has already returned.
     fn posts(&mut self) {
         let now = self.now();
+        let endpoint = &mut self.endpoint;
         for (&qpn, posts) in &self.qps {
-            for _ in 0..self.endpoint.recv_queue_room(qpn) {
+            for _ in 0..endpoint.recv_queue_room(qpn) {
                 let Ok(wr) = posts.recv.try_recv() else { break };
-                if self.endpoint.post_recv(qpn, wr.clone()).is_err() {
-                    self.refused(qpn, wr.wr_id, WcOpcode::Recv);
+                let wr_id = wr.wr_id;
+                if endpoint.post_recv(qpn, wr).is_err() {
+                    refused(endpoint, qpn, wr_id, WcOpcode::Recv);
                 }
             }
-            for _ in 0..self.endpoint.send_queue_room(qpn) {
+            for _ in 0..endpoint.send_queue_room(qpn) {
                 let Ok(wr) = posts.send.try_recv() else { break };
                 let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-                if self.endpoint.post_send(now, qpn, wr).is_err() {
-                    self.refused(qpn, wr_id, opcode);
+                if endpoint.post_send(now, qpn, wr).is_err() {
+                    refused(endpoint, qpn, wr_id, opcode);
                 }
             }
-        }
-    }
-
-    fn refused(&self, qpn: Qpn, wr_id: u64, opcode: WcOpcode) {
-        let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, opcode, qpn);
-        if let Some(cq) = self.endpoint.qp_cqs(qpn).and_then(|(send, recv)| {
-            self.cqs
-                .get(if opcode == WcOpcode::Recv { recv } else { send }.0 as usize)
-                .and_then(Option::as_ref)
-        }) {
-            let _ = cq.try_send(wc);
         }
     }
 

@@ -346,7 +346,7 @@ impl ProtectionDomain {
         Ok(self
             .device
             .engine()
-            .call(|reply| Command::CreateAh(pd, av, reply))?)
+            .call(|reply| Command::CreateAh(pd, av, reply))??)
     }
 
     /// `ibv_destroy_ah`: the handle no longer names a destination; sends already posted with

@@ -181,7 +181,7 @@ fn serves_a_hundred_clients_some_killed_and_stays_level() {
     );
     assert_eq!(
         resources,
-        "resources: qps 0 cqs 0 regions 0 srqs 0 address_handles 0"
+        "resources: qps 0 cqs 0 regions 0 windows 0 srqs 0 address_handles 0"
     );
     let (before, after) = (baseline.unwrap(), resident_kib(pid));
     eprintln!(

@@ -5,144 +5,16 @@ mod sim;
 
 use std::time::Duration;
 
-use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
-use softroce::memory::{Access, MemoryRegion};
-use softroce::transport::{
-    connect_steps, AsyncEvent, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpState, QpType,
-    RecvWr, Remote, SendOp, SendWr, Sge, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
+use sim::rc::{
+    bind_type2_window, connect, lose_first, post_recv, post_send, read_mr, sge, Options, Side,
+    IOVA, LIMIT, MR_LEN,
 };
-use softroce::wire::{Opcode, Psn, Qpn, RKey, RnrTimer, RocePacket};
-
-const IOVA: u64 = 0x10_0000;
-const MR_LEN: usize = 1 << 20;
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
-
-#[derive(Debug, Clone)]
-struct Side {
-    qpn: Qpn,
-    cq: CqId,
-    mr: MemoryRegion,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Options {
-    mtu: PathMtu,
-    psn: [u32; 2],
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    min_rnr_timer: u8,
-    qp_access: Access,
-    mr_access: Access,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            mtu: PathMtu::Mtu1024,
-            psn: [100, 5000],
-            timeout: 10, // 4.2 ms
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 1, // 10 µs
-            qp_access: ALL,
-            mr_access: ALL,
-        }
-    }
-}
-
-/// Two endpoints with one connected RC QP each, taken through INIT, RTR and RTS.
-fn connect(sim: &mut Sim, o: Options) -> [Side; 2] {
-    let mut sides = Vec::new();
-    for n in 0..2 {
-        let ep = &mut sim.nodes[n];
-        let pd = ep.alloc_pd();
-        let cq = ep.create_cq(1 << 20);
-        let mr = ep.reg_mr(pd, IOVA, MR_LEN, o.mr_access).unwrap();
-        let qpn = ep
-            .create_qp(QpInit {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                max_send_wr: 1 << 16,
-                max_recv_wr: 1 << 16,
-            })
-            .unwrap();
-        sides.push(Side { qpn, cq, mr });
-    }
-    for n in 0..2 {
-        let remote = Remote {
-            addr: addr(1 - n),
-            qpn: sides[1 - n].qpn,
-            psn: o.psn[1 - n],
-        };
-        let options = ConnectOptions {
-            mtu: o.mtu,
-            access: o.qp_access,
-            timeout: o.timeout,
-            retry_cnt: o.retry_cnt,
-            rnr_retry: o.rnr_retry,
-            min_rnr_timer: RnrTimer::new(o.min_rnr_timer),
-            max_rd_atomic: 16,
-        };
-        for step in connect_steps(QpType::Rc, &remote, o.psn[n], &options) {
-            sim.nodes[n]
-                .modify_qp(Duration::ZERO, sides[n].qpn, &step)
-                .unwrap();
-        }
-    }
-    [sides[0].clone(), sides[1].clone()]
-}
-
-fn sge(side: &Side, offset: u64, len: u32) -> Payload {
-    Payload::Sges(vec![Sge {
-        addr: IOVA + offset,
-        len,
-        lkey: side.mr.lkey(),
-    }])
-}
-
-fn post_recv(sim: &mut Sim, node: usize, side: &Side, wr_id: u64, offset: u64, len: u32) {
-    let wr = RecvWr {
-        wr_id,
-        sges: vec![Sge {
-            addr: IOVA + offset,
-            len,
-            lkey: side.mr.lkey(),
-        }],
-    };
-    sim.nodes[node].post_recv(side.qpn, wr).unwrap();
-}
-
-fn post_send(sim: &mut Sim, node: usize, side: &Side, wr: SendWr) {
-    let now = sim.now;
-    sim.nodes[node].post_send(now, side.qpn, wr).unwrap();
-}
-
-fn read_mr(side: &Side, offset: usize, len: usize) -> Vec<u8> {
-    let mut out = vec![0; len];
-    side.mr.read(offset, &mut out).unwrap();
-    out
-}
-
-/// Loses the first packet with `opcode` on the wire, once.
-fn lose_first(sim: &mut Sim, opcode: Opcode) {
-    let mut lost = false;
-    sim.filter = Some(Box::new(move |_, bytes| {
-        let hit = RocePacket::new_checked(bytes).is_ok_and(|p| p.bth().opcode() == opcode);
-        if hit && !lost {
-            lost = true;
-            return false;
-        }
-        true
-    }));
-}
-
-const LIMIT: Duration = Duration::from_secs(600);
+use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
+use softroce::memory::Access;
+use softroce::transport::{
+    AsyncEvent, Payload, QpState, SendOp, SendWr, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
+};
+use softroce::wire::{Opcode, Psn, Qpn, RKey, RocePacket};
 
 #[test]
 fn every_operation_without_loss() {
@@ -163,7 +35,9 @@ fn every_operation_without_loss() {
     ] {
         post_recv(&mut sim, 1, &b, id, offset, 4096);
     }
-    let inv_target = b.mr.rkey();
+    // SEND with invalidate needs something invalidatable: a type 2 window over B's region,
+    // bound through B's QP (rxe_resp.c `invalidate_rkey`).
+    let inv_target = bind_type2_window(&mut sim, 1, &b, 0x60000, 4096);
     let ops = [
         (10, SendOp::Send, sge(&a, 0, 3000)),
         (
@@ -254,7 +128,22 @@ fn every_operation_without_loss() {
     );
     assert_eq!(recv[3].byte_len, 12);
     assert_eq!(recv[4].invalidated_rkey, Some(inv_target));
-    // The invalidated rkey no longer reaches the region.
+    // The invalidated rkey no longer reaches the region; the region's own rkey still does.
+    post_send(
+        &mut sim,
+        0,
+        &a,
+        SendWr::new(
+            20,
+            SendOp::Write {
+                remote_addr: IOVA + 0x60000,
+                rkey: b.mr.rkey(),
+            },
+            sge(&a, 0, 8),
+        ),
+    );
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 0, a.cq)[0].status, WcStatus::Success);
     post_send(
         &mut sim,
         0,
@@ -262,7 +151,7 @@ fn every_operation_without_loss() {
         SendWr::new(
             19,
             SendOp::Write {
-                remote_addr: IOVA,
+                remote_addr: IOVA + 0x60000,
                 rkey: inv_target,
             },
             sge(&a, 0, 8),
@@ -301,6 +190,21 @@ struct Model {
     local: Vec<u8>,
 }
 
+/// What one operation of a batch must have left behind, checked once the batch has settled.
+enum Expect {
+    /// A SEND's bytes, in its own receive slot on node 1.
+    Received { slot: usize, bytes: Vec<u8> },
+    /// A READ's bytes, as node 1's memory held them at its place in posting order, in node
+    /// 0's READ area.
+    Read { slot: usize, bytes: Vec<u8> },
+}
+
+/// Per batch of operations: each SEND lands in a receive slot of its own, each READ in a slot
+/// of its own, so every payload can be checked.
+const SLOT: usize = 4096;
+const RECV_AREA: usize = 0xa0000;
+const READ_AREA: usize = 0x40000;
+
 #[test]
 fn ten_thousand_mixed_operations_under_loss_reordering_and_duplication() {
     let seed = seed(0x5eed);
@@ -321,49 +225,71 @@ fn ten_thousand_mixed_operations_under_loss_reordering_and_duplication() {
     );
     let mut rng = Rng::new(seed);
     const REGION: usize = 64 * 1024;
+    const BATCH: usize = 64;
     let mut model = Model {
         remote: vec![0; REGION],
         local: pattern(seed, REGION),
     };
     a.mr.write(0, &model.local).unwrap();
     let mut expected_ids = Vec::new();
-    let mut fetch_adds = 0u64;
+    let (mut fetch_adds, mut sends, mut reads) = (0u64, 0u64, 0u64);
     let mut posted = 0u64;
     let mut recv_id = 0u64;
     while posted < 10_000 {
         // Keep a bounded number of requests in flight, as an application would.
-        for _ in 0..64 {
+        let mut expect = Vec::new();
+        // IBTA 9.5 (transaction ordering): an RDMA WRITE posted after a READ may execute before
+        // the READ's data is read, on first execution or on a retried READ. An application that
+        // needs the READ to see the older bytes fences the WRITE, and so does this test, for
+        // the WRITEs that overlap a READ of the batch.
+        let mut read_ranges: Vec<std::ops::Range<usize>> = Vec::new();
+        for slot in 0..BATCH {
             posted += 1;
             let len = rng.below(3000) as usize + 1;
             let at = rng.below((REGION - len) as u64) as usize;
             let src = rng.below((REGION - len) as u64) as usize;
-            let op = match rng.below(4) {
+            let (op, payload) = match rng.below(5) {
                 0 => {
-                    post_recv(&mut sim, 1, &b, recv_id, 0x80000, 4096);
+                    let recv_at = (RECV_AREA + slot * SLOT) as u64;
+                    post_recv(&mut sim, 1, &b, recv_id, recv_at, SLOT as u32);
                     recv_id += 1;
-                    SendOp::Send
+                    sends += 1;
+                    let bytes = model.local[src..src + len].to_vec();
+                    expect.push(Expect::Received { slot, bytes });
+                    (SendOp::Send, sge(&a, src as u64, len as u32))
                 }
                 1 | 2 => {
                     model.remote[at..at + len].copy_from_slice(&model.local[src..src + len]);
-                    SendOp::Write {
+                    let op = SendOp::Write {
                         remote_addr: IOVA + at as u64,
                         rkey: b.mr.rkey(),
-                    }
+                    };
+                    (op, sge(&a, src as u64, len as u32))
+                }
+                3 => {
+                    reads += 1;
+                    read_ranges.push(at..at + len);
+                    let bytes = model.remote[at..at + len].to_vec();
+                    expect.push(Expect::Read { slot, bytes });
+                    let op = SendOp::Read {
+                        remote_addr: IOVA + at as u64,
+                        rkey: b.mr.rkey(),
+                    };
+                    (op, sge(&a, (READ_AREA + slot * SLOT) as u64, len as u32))
                 }
                 _ => {
                     fetch_adds += 1;
-                    SendOp::FetchAdd {
+                    let op = SendOp::FetchAdd {
                         remote_addr: IOVA + 0x90000,
                         rkey: b.mr.rkey(),
                         add: 1,
-                    }
+                    };
+                    (op, sge(&a, 0x90000 + (posted % 64) * 8, 8))
                 }
             };
-            let payload = match op {
-                SendOp::FetchAdd { .. } => sge(&a, 0x90000 + (posted % 64) * 8, 8),
-                _ => sge(&a, src as u64, len as u32),
-            };
             let mut wr = SendWr::new(posted, op, payload);
+            wr.fence = matches!(op, SendOp::Write { .. })
+                && read_ranges.iter().any(|r| r.start < at + len && at < r.end);
             wr.signaled = posted % 3 != 0;
             if wr.signaled {
                 expected_ids.push(posted);
@@ -371,7 +297,22 @@ fn ten_thousand_mixed_operations_under_loss_reordering_and_duplication() {
             post_send(&mut sim, 0, &a, wr);
         }
         sim.run_idle(LIMIT);
+        for e in expect {
+            match e {
+                Expect::Received { slot, bytes } => assert_eq!(
+                    read_mr(&b, RECV_AREA + slot * SLOT, bytes.len()),
+                    bytes,
+                    "seed {seed}: the SEND of slot {slot} before operation {posted}"
+                ),
+                Expect::Read { slot, bytes } => assert_eq!(
+                    read_mr(&a, READ_AREA + slot * SLOT, bytes.len()),
+                    bytes,
+                    "seed {seed}: the READ of slot {slot} before operation {posted}"
+                ),
+            }
+        }
     }
+    assert!(sends > 1000 && reads > 1000, "{sends} SENDs, {reads} READs");
     let completions = drain(&mut sim, 0, a.cq);
     let failures: Vec<_> = completions
         .iter()

@@ -166,7 +166,9 @@ fn post_send(sim: &mut Sim, n: usize, qpn: Qpn, wr: SendWr) {
 
 /// A UD destination on node `to`, through an address handle of node `n`'s protection domain.
 fn ud_dest(sim: &mut Sim, n: usize, pd: PdId, to: usize, qpn: Qpn, qkey: QKey) -> UdDest {
-    let ah = sim.nodes[n].create_ah(pd, AddressVector { dest: addr(to) });
+    let ah = sim.nodes[n]
+        .create_ah(pd, AddressVector { dest: addr(to) })
+        .unwrap();
     UdDest {
         ah,
         remote_qpn: qpn,

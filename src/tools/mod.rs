@@ -103,6 +103,7 @@ pub fn wc_status_str(status: WcStatus) -> &'static str {
         WcStatus::RemOpErr => "remote operation error",
         WcStatus::RetryExcErr => "transport retry counter exceeded",
         WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+        WcStatus::MwBindErr => "memory management operation error",
     }
 }
 
@@ -119,6 +120,7 @@ pub fn wc_status_value(status: WcStatus) -> u32 {
         WcStatus::RemOpErr => 11,
         WcStatus::RetryExcErr => 12,
         WcStatus::RnrRetryExcErr => 13,
+        WcStatus::MwBindErr => 6,
     }
 }
 

@@ -15,6 +15,8 @@
 //! framing the io layer chooses), `poll_cq(cq)` (completions) and `poll_event()` (asynchronous
 //! events). `now` is a `Duration` since any epoch the caller likes; only differences matter.
 
+mod counters;
+mod cq;
 mod datagram;
 mod qp;
 mod requester;
@@ -27,6 +29,10 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
 pub use qp::{
     check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
@@ -36,10 +42,12 @@ pub use requester::MAX_UNACKED_PSNS;
 pub use srq::{SrqAttr, SrqId, SrqModify};
 pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, PdId};
+use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, MwType, PdId};
 use crate::wire::{
-    BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn, RocePacket, Transport,
+    BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn, RKey, RocePacket,
+    Transport,
 };
+use cq::{CompletionQueue, Pushed};
 use requester::Requester;
 use responder::Responder;
 use srq::SharedRq;
@@ -67,76 +75,12 @@ pub enum AsyncEvent {
     QpFatal { qpn: Qpn },
     /// A remote request broke the QP's or a region's access rules.
     QpAccessError { qpn: Qpn },
-    /// A completion was lost because its queue was full.
-    CqOverrun { cq: CqId },
+    /// A completion did not fit its CQ: that completion (of work request `wr_id` on QP `qpn`)
+    /// is lost, the CQ is in error, and so is every QP that completes into it.
+    CqOverrun { cq: CqId, qpn: Qpn, wr_id: u64 },
     /// Fewer requests than its armed limit are left on a shared receive queue; the limit is
     /// now disarmed.
     SrqLimitReached { srq: SrqId },
-}
-
-/// Like rxe's hw_counters: what happened on the wire, including what was dropped and why.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub sent_packets: u64,
-    pub received_packets: u64,
-    pub retransmitted_packets: u64,
-    pub retry_timeouts: u64,
-    pub naks_sent: u64,
-    pub naks_received: u64,
-    pub sequence_errors: u64,
-    pub rnr_naks_sent: u64,
-    pub rnr_waits: u64,
-    pub duplicate_requests: u64,
-    pub icrc_errors: u64,
-    pub rkey_violations: u64,
-    /// Responses for PSNs never sent.
-    pub ghost_acks: u64,
-    /// Responses for PSNs already acknowledged (duplicates, late arrivals).
-    pub stale_responses: u64,
-    pub dropped_malformed: u64,
-    pub dropped_unknown_qp: u64,
-    pub dropped_wrong_source: u64,
-    pub dropped_wrong_state: u64,
-    pub dropped_bad_pkey: u64,
-    /// UD packets whose DETH Q_Key is not the QP's (rxe: the port's qkey_viol_cntr).
-    pub qkey_violations: u64,
-    pub dropped_unexpected: u64,
-    /// UC and UD messages the responder dropped without a word, having no NAK: a PSN gap, no
-    /// receive request, or a failed length, rkey or access check.
-    pub dropped_messages: u64,
-}
-
-impl fmt::Display for Counters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rows = [
-            ("sent_packets", self.sent_packets),
-            ("received_packets", self.received_packets),
-            ("retransmitted_packets", self.retransmitted_packets),
-            ("retry_timeouts", self.retry_timeouts),
-            ("naks_sent", self.naks_sent),
-            ("naks_received", self.naks_received),
-            ("sequence_errors", self.sequence_errors),
-            ("rnr_naks_sent", self.rnr_naks_sent),
-            ("rnr_waits", self.rnr_waits),
-            ("duplicate_requests", self.duplicate_requests),
-            ("icrc_errors", self.icrc_errors),
-            ("rkey_violations", self.rkey_violations),
-            ("ghost_acks", self.ghost_acks),
-            ("stale_responses", self.stale_responses),
-            ("dropped_malformed", self.dropped_malformed),
-            ("dropped_unknown_qp", self.dropped_unknown_qp),
-            ("dropped_wrong_source", self.dropped_wrong_source),
-            ("dropped_wrong_state", self.dropped_wrong_state),
-            ("dropped_bad_pkey", self.dropped_bad_pkey),
-            ("qkey_violations", self.qkey_violations),
-            ("dropped_unexpected", self.dropped_unexpected),
-            ("dropped_messages", self.dropped_messages),
-        ];
-        for (name, value) in rows {
-            writeln!(f, "{name:<24}{value}")?;
-        }
-        Ok(())
-    }
 }
 
 /// Why a verb was refused.
@@ -189,15 +133,6 @@ impl From<MemoryError> for VerbsError {
     }
 }
 
-/// A completion queue with a fixed capacity.
-#[derive(Debug)]
-pub(crate) struct CompletionQueue {
-    entries: VecDeque<WorkCompletion>,
-    capacity: usize,
-    /// False once destroyed: the slot waits in `free_cqs` for the next CQ.
-    live: bool,
-}
-
 /// How a QP is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInit {
@@ -221,6 +156,8 @@ pub(crate) struct Ctx<'a> {
     pub srqs: &'a mut [SharedRq],
     pub events: &'a mut VecDeque<AsyncEvent>,
     pub counters: &'a mut Counters,
+    /// CQs that overran since the endpoint last put their QPs in error.
+    pub overrun: &'a mut Vec<CqId>,
 }
 
 impl Ctx<'_> {
@@ -250,13 +187,22 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Queues a completion; an overrun errs the CQ (see [`cq`]) and raises its event, naming
+    /// the completion lost, and the endpoint then errs the CQ's QPs.
     pub fn complete(&mut self, cq: CqId, wc: WorkCompletion) {
-        let queue = &mut self.cqs[cq.0 as usize];
-        if queue.entries.len() >= queue.capacity {
-            self.events.push_back(AsyncEvent::CqOverrun { cq });
-            return;
+        match self.cqs[cq.0 as usize].push(wc) {
+            Pushed::Queued => {}
+            Pushed::Overran(lost) => {
+                self.counters.dropped_completions += 1;
+                self.events.push_back(AsyncEvent::CqOverrun {
+                    cq,
+                    qpn: lost.qp_num,
+                    wr_id: lost.wr_id,
+                });
+                self.overrun.push(cq);
+            }
+            Pushed::Dropped => self.counters.dropped_completions += 1,
         }
-        queue.entries.push_back(wc);
     }
 }
 
@@ -373,10 +319,14 @@ pub struct EndpointConfig {
 /// link, the MTU of every UD fixture here.
 pub const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 
-/// The first QP number handed out, as in rxe (its fixtures here show QPs 0x11 and 0x12). QPNs 0
-/// and 1 belong to the special QPs and 0xFFFFFF means multicast, so regular QPs never get them;
-/// numbers are not reused, as no QP is destroyed yet.
-const FIRST_QPN: u32 = 0x11;
+/// QP numbers are drawn at random from 2 to 0xFFFFFE: 0 and 1 belong to the special QPs and
+/// 0xFFFFFF means multicast. A number is free again once its QP is destroyed, so a long-running
+/// process never runs out, and a peer cannot guess the next QP's number from its own. A stale
+/// packet for a destroyed QP reaches a new one only if the draw repeats its number, one chance
+/// in 16 million, and then still needs that QP's peer address, P_Key and expected PSN.
+const QPN_RANGE: std::ops::RangeInclusive<u32> = 2..=0xff_fffe;
+/// At most this many draws find a free QP number before the table counts as full.
+const QPN_DRAWS: usize = 64;
 /// Responses (READ response packets and the replies queued behind them) built per QP each
 /// time the transmit queue runs dry.
 const READ_RESPONSE_BATCH: usize = 64;
@@ -398,13 +348,16 @@ pub struct Endpoint {
     ahs: Vec<Option<(PdId, AddressVector)>>,
     free_ahs: Vec<AddressHandle>,
     qps: HashMap<Qpn, Qp>,
-    next_qpn: u32,
+    /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
+    rng: ChaCha20Rng,
     out: VecDeque<Transmit>,
     pool: Vec<Vec<u8>>,
     /// The latest time seen, for work done while the io layer drains transmits.
     last_now: Duration,
     events: VecDeque<AsyncEvent>,
     counters: Counters,
+    /// CQs that overran, whose QPs are yet to be put in error.
+    overrun: Vec<CqId>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -430,6 +383,7 @@ macro_rules! qp_and_ctx {
             srqs: &mut $self.srqs,
             events: &mut $self.events,
             counters: &mut $self.counters,
+            overrun: &mut $self.overrun,
         };
         (qp, ctx)
     }};
@@ -447,12 +401,13 @@ impl Endpoint {
             ahs: Vec::new(),
             free_ahs: Vec::new(),
             qps: HashMap::new(),
-            next_qpn: FIRST_QPN,
+            rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
             pool: Vec::new(),
             last_now: Duration::ZERO,
             events: VecDeque::new(),
             counters: Counters::default(),
+            overrun: Vec::new(),
         }
     }
 
@@ -489,12 +444,19 @@ impl Endpoint {
         self.memory.deregister(lkey)
     }
 
+    /// `ibv_alloc_mw`: a memory window of `pd`, by its rkey; bound by a
+    /// [`SendOp::BindMw`] work request.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> RKey {
+        self.memory.alloc_mw(pd, kind)
+    }
+
+    /// `ibv_dealloc_mw`: the window's rkey reaches nothing from now on.
+    pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MemoryError> {
+        self.memory.dealloc_mw(rkey)
+    }
+
     pub fn create_cq(&mut self, capacity: usize) -> CqId {
-        let cq = CompletionQueue {
-            entries: VecDeque::new(),
-            capacity,
-            live: true,
-        };
+        let cq = CompletionQueue::new(capacity);
         // A long-running process creates and destroys CQs without end: slots are reused, so
         // that the table stays as large as the most CQs alive at once.
         match self.free_cqs.pop() {
@@ -522,11 +484,7 @@ impl Endpoint {
         {
             return Err(VerbsError::InvalidRequest("a QP still uses the CQ"));
         }
-        self.cqs[cq.0 as usize] = CompletionQueue {
-            entries: VecDeque::new(),
-            capacity: 0,
-            live: false,
-        };
+        self.cqs[cq.0 as usize] = CompletionQueue::destroyed();
         self.free_cqs.push(cq);
         Ok(())
     }
@@ -545,11 +503,11 @@ impl Endpoint {
 
     fn create(&mut self, init: QpInit, srq: Option<SrqId>) -> Result<Qpn, VerbsError> {
         self.check_init(&init, srq)?;
-        let qpn = Qpn::try_new(self.next_qpn)
-            .ok()
-            .filter(|&q| q != Qpn::MULTICAST)
+        let span = QPN_RANGE.end() - QPN_RANGE.start() + 1;
+        let qpn = (0..QPN_DRAWS)
+            .map(|_| Qpn::new(QPN_RANGE.start() + self.rng.next_u32() % span))
+            .find(|qpn| !self.qps.contains_key(qpn))
             .ok_or(VerbsError::OutOfResources("every QP number is taken"))?;
-        self.next_qpn += 1;
         self.insert_qp(qpn, init, srq);
         Ok(qpn)
     }
@@ -646,9 +604,14 @@ impl Endpoint {
             .ok_or(VerbsError::UnknownSrq(srq))
     }
 
-    /// `ibv_create_ah`: a destination for UD sends from QPs of `pd`.
-    pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> AddressHandle {
-        match self.free_ahs.pop() {
+    /// `ibv_create_ah`: a destination for UD sends from QPs of `pd`. Refused for a destination
+    /// the device cannot send to (see [`AddressVector::resolve`]), as the kernel's
+    /// `ib_create_ah` refuses one it cannot resolve.
+    pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> Result<AddressHandle, VerbsError> {
+        let av = av
+            .resolve(self.config.local_addr)
+            .map_err(VerbsError::InvalidRequest)?;
+        Ok(match self.free_ahs.pop() {
             Some(ah) => {
                 self.ahs[ah.0 as usize] = Some((pd, av));
                 ah
@@ -657,7 +620,7 @@ impl Endpoint {
                 self.ahs.push(Some((pd, av)));
                 AddressHandle(self.ahs.len() as u32 - 1)
             }
-        }
+        })
     }
 
     /// `ibv_destroy_ah`. A UD send already posted keeps its destination: it was copied then.
@@ -693,8 +656,11 @@ impl Endpoint {
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
         qp.flush(&mut ctx);
         self.qps.remove(&qpn);
+        // Its number may be drawn again: windows bound through it must not serve the next QP.
+        self.memory.release_qp_windows(qpn);
         // A QP's end is when the regions it used are most likely let go of.
         self.memory.release_dropped();
+        self.err_overrun_qps(now);
         Ok(())
     }
 
@@ -708,10 +674,27 @@ impl Endpoint {
     }
 
     /// `ibv_modify_qp`: checks the transition and its attributes, then applies them.
+    ///
+    /// An address vector must be one the device can send to (see [`AddressVector::resolve`]).
+    /// A path MTU above the port's is lowered to it: the link carries no more, so a QP that
+    /// asked for 4096 on a 1500-byte link would have every full packet refused by the kernel.
     pub fn modify_qp(&mut self, now: Duration, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
+        let (local, port_mtu) = (self.config.local_addr, self.port_mtu);
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
         let to = check_modify(qp.qp_type, qp.state, attr)?;
+        let mut attr = attr.clone();
+        if let Some(av) = attr.av {
+            attr.av = Some(
+                av.resolve(local)
+                    .map_err(|reason| ModifyError::InvalidValue {
+                        name: AttrName::Av,
+                        reason,
+                    })?,
+            );
+        }
+        attr.path_mtu = attr.path_mtu.map(|mtu| mtu.min(port_mtu));
+        let attr = &attr;
         qp.settings.apply(attr);
         if let Some(psn) = attr.rq_psn {
             qp.resp.start(psn);
@@ -732,6 +715,7 @@ impl Endpoint {
                 }
             }
         }
+        self.err_overrun_qps(now);
         Ok(())
     }
 
@@ -739,7 +723,9 @@ impl Endpoint {
         let ud_dest = self.resolve_ud(qpn, &wr)?;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
-        qp.post_send(wr, ud_dest, &mut ctx)
+        let posted = qp.post_send(wr, ud_dest, &mut ctx);
+        self.err_overrun_qps(now);
+        posted
     }
 
     /// The destination address of a UD send, copied from its address handle when it is posted
@@ -771,7 +757,9 @@ impl Endpoint {
     }
 
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        let now = self.last_now;
+        let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+        let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
         if qp.srq.is_some() {
             return Err(VerbsError::InvalidRequest(
                 "the QP takes its receive requests from an SRQ",
@@ -781,8 +769,8 @@ impl Endpoint {
             QpState::Reset => return Err(VerbsError::WrongState(qp.state)),
             QpState::Error => {
                 let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-                let queue = &mut self.cqs[qp.recv_cq.0 as usize];
-                queue.entries.push_back(wc);
+                ctx.complete(qp.recv_cq, wc);
+                self.err_overrun_qps(now);
                 return Ok(());
             }
             _ => {}
@@ -792,6 +780,41 @@ impl Endpoint {
         }
         qp.rq.push_back(wr);
         Ok(())
+    }
+
+    /// Completes a work request that could not be posted, with `status`, on the CQ its QP
+    /// completes such requests into: the engine's way to report a post it had already
+    /// accepted from the application.
+    pub fn complete_refused(&mut self, qpn: Qpn, wc: WorkCompletion) {
+        let now = self.last_now;
+        let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+        let Some(qp) = qp else { return };
+        let cq = match wc.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => qp.recv_cq,
+            _ => qp.send_cq,
+        };
+        ctx.complete(cq, wc);
+        self.err_overrun_qps(now);
+    }
+
+    /// Puts every QP that completes into an overrun CQ in the error state (IBTA 11.4.2.1). Their
+    /// flushed requests may overrun another CQ in turn, whose QPs follow.
+    fn err_overrun_qps(&mut self, now: Duration) {
+        while !self.overrun.is_empty() {
+            let overrun = std::mem::take(&mut self.overrun);
+            let qpns: Vec<Qpn> = self
+                .qps
+                .values()
+                .filter(|qp| cq::uses(qp.send_cq, qp.recv_cq, &overrun))
+                .map(|qp| qp.qpn)
+                .collect();
+            for qpn in qpns {
+                let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+                if let Some(qp) = qp {
+                    qp.enter_error(&mut ctx);
+                }
+            }
+        }
     }
 
     /// A RoCE packet (the UDP payload) from `src`, received on a UDP socket bound to
@@ -845,7 +868,7 @@ impl Endpoint {
             ctx.counters.dropped_unexpected += 1;
             return;
         }
-        if repr.bth.pkey != qp.settings.pkey {
+        if !repr.bth.pkey.matches(qp.settings.pkey) {
             ctx.counters.dropped_bad_pkey += 1;
             return;
         }
@@ -876,6 +899,7 @@ impl Endpoint {
             qp.on_request(&datagram, &repr, packet.info().position, payload, &mut ctx);
         }
         qp.pump(&mut ctx);
+        self.err_overrun_qps(now);
     }
 
     /// Runs the timers that are due at `now`.
@@ -888,6 +912,7 @@ impl Endpoint {
                 qp.pump(&mut ctx);
             }
         }
+        self.err_overrun_qps(now);
     }
 
     /// The earliest time `handle_timeout` has work to do.
@@ -929,7 +954,7 @@ impl Endpoint {
     }
 
     pub fn poll_cq(&mut self, cq: CqId) -> Option<WorkCompletion> {
-        self.cqs.get_mut(cq.0 as usize)?.entries.pop_front()
+        self.cqs.get_mut(cq.0 as usize)?.pop()
     }
 
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
@@ -946,6 +971,7 @@ impl Endpoint {
             qps: self.qps.len(),
             cqs: self.cqs.iter().filter(|cq| cq.live).count(),
             regions: self.memory.regions(),
+            windows: self.memory.window_count(),
             srqs: self.srqs.len(),
             address_handles: self.ahs.iter().flatten().count(),
         }
@@ -958,6 +984,7 @@ pub struct Resources {
     pub qps: usize,
     pub cqs: usize,
     pub regions: usize,
+    pub windows: usize,
     /// SRQs live as long as the endpoint: they have no destroy verb yet.
     pub srqs: usize,
     pub address_handles: usize,
@@ -967,8 +994,8 @@ impl fmt::Display for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "qps {} cqs {} regions {} srqs {} address_handles {}",
-            self.qps, self.cqs, self.regions, self.srqs, self.address_handles
+            "qps {} cqs {} regions {} windows {} srqs {} address_handles {}",
+            self.qps, self.cqs, self.regions, self.windows, self.srqs, self.address_handles
         )
     }
 }
@@ -1010,10 +1037,16 @@ mod tests {
     }
 
     #[test]
-    fn qp_numbers_skip_the_special_qps_and_run_out_before_multicast() {
+    fn qp_numbers_are_random_never_special_and_reused() {
         let (mut ep, init) = endpoint();
-        let first = ep.create_qp(init).unwrap();
-        assert!(first.value() > 1, "{first}");
+        let qpns: Vec<Qpn> = (0..256).map(|_| ep.create_qp(init).unwrap()).collect();
+        assert!(qpns.iter().all(|q| QPN_RANGE.contains(&q.value())));
+        // Sequential numbers would give a peer the next QP's number.
+        let neighbours = qpns
+            .windows(2)
+            .filter(|w| w[1].value().abs_diff(w[0].value()) < 256)
+            .count();
+        assert!(neighbours <= 2, "{neighbours} of 255 pairs are neighbours");
         assert_eq!(ep.create_gsi_qp(init), Ok(Qpn::GSI));
         assert!(ep.create_gsi_qp(init).is_err(), "one GSI QP per device");
         let rc = QpInit {
@@ -1021,12 +1054,12 @@ mod tests {
             ..init
         };
         assert!(ep.create_gsi_qp(rc).is_err(), "the GSI QP is a UD QP");
-        ep.next_qpn = Qpn::MULTICAST.value() - 1;
-        assert_eq!(ep.create_qp(init), Ok(Qpn::new(0xff_fffe)));
-        assert_eq!(
-            ep.create_qp(init),
-            Err(VerbsError::OutOfResources("every QP number is taken"))
-        );
+        // A long-running process creates and destroys QPs without end: numbers come back.
+        for _ in 0..20_000 {
+            let qpn = ep.create_qp(init).unwrap();
+            ep.destroy_qp(Duration::ZERO, qpn).unwrap();
+        }
+        assert_eq!(ep.resources().qps, 257);
     }
 
     #[test]
@@ -1061,13 +1094,13 @@ mod tests {
         let av = AddressVector {
             dest: Ipv4Addr::new(10, 0, 0, 2).into(),
         };
-        let ah = ep.create_ah(init.pd, av);
+        let ah = ep.create_ah(init.pd, av).unwrap();
         ep.destroy_ah(ah).unwrap();
         assert_eq!(ep.destroy_ah(ah), Err(VerbsError::UnknownAh(ah)));
         assert_eq!(ep.resources().address_handles, 0);
         assert_eq!(
             ep.create_ah(init.pd, av),
-            ah,
+            Ok(ah),
             "the free slot is taken first"
         );
         assert_eq!(ep.resources().address_handles, 1);

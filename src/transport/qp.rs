@@ -74,6 +74,29 @@ pub struct AddressVector {
     pub dest: IpAddr,
 }
 
+impl AddressVector {
+    /// The address vector as a device at `local` sends to it: an IPv4-mapped IPv6 destination
+    /// becomes its IPv4 address. Refused, with the reason, where no RoCE packet could go: an
+    /// unspecified, multicast (softroce has no multicast groups) or IPv4 broadcast address,
+    /// and an address of the other family than the device's, which its socket cannot reach.
+    pub fn resolve(self, local: IpAddr) -> Result<AddressVector, &'static str> {
+        let dest = self.dest.to_canonical();
+        if dest.is_unspecified() {
+            return Err("the destination is an unspecified address (0.0.0.0 or ::)");
+        }
+        if dest.is_multicast() {
+            return Err("the destination is a multicast address: softroce has no multicast");
+        }
+        if dest == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
+            return Err("the destination is the IPv4 broadcast address");
+        }
+        if dest.is_ipv4() != local.to_canonical().is_ipv4() {
+            return Err("the destination and the device are of different address families");
+        }
+        Ok(AddressVector { dest })
+    }
+}
+
 /// The attributes of a modify call; `None` means "not in the mask".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QpAttr {
@@ -561,6 +584,34 @@ mod tests {
             max_dest_rd_atomic: Some(1),
             min_rnr_timer: Some(RnrTimer::new(12)),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn address_vectors_a_device_cannot_send_to_are_refused() {
+        let v4: IpAddr = Ipv4Addr::new(10, 0, 0, 1).into();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let av = |dest: &str| AddressVector {
+            dest: dest.parse().unwrap(),
+        };
+        assert_eq!(
+            av("::ffff:10.0.0.2").resolve(v4),
+            Ok(av("10.0.0.2")),
+            "an IPv4-mapped GID is its IPv4 address"
+        );
+        assert_eq!(av("fd00::2").resolve(v6), Ok(av("fd00::2")));
+        for (dest, local, why) in [
+            ("0.0.0.0", v4, "unspecified"),
+            ("::", v6, "unspecified"),
+            ("224.0.0.1", v4, "multicast"),
+            ("ff02::1", v6, "multicast"),
+            ("::ffff:255.255.255.255", v4, "broadcast"),
+            ("fd00::2", v4, "families"),
+            ("10.0.0.2", v6, "families"),
+            ("::ffff:10.0.0.2", v6, "families"),
+        ] {
+            let err = av(dest).resolve(local).unwrap_err();
+            assert!(err.contains(why), "{dest} from {local}: {err}");
         }
     }
 

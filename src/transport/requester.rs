@@ -53,7 +53,8 @@ impl SendWqe {
     }
 
     fn last_psn(&self) -> Psn {
-        self.first_psn + (self.npsn - 1)
+        // A local operation takes no PSN: its "last" is the one before its place.
+        self.first_psn + self.npsn.wrapping_sub(1)
     }
 }
 
@@ -175,10 +176,11 @@ pub(crate) fn scatter(
     Ok(done == data.len())
 }
 
-/// The RC opcode of packet `position` of `op`; [`on_transport`] gives the UC or UD one.
-fn opcode_for(op: SendOp, position: Position) -> Opcode {
+/// The RC opcode of packet `position` of `op`; [`on_transport`] gives the UC or UD one. `None`
+/// for a local operation, which sends nothing.
+fn opcode_for(op: SendOp, position: Position) -> Option<Opcode> {
     use Position::*;
-    match (op, position) {
+    Some(match (op, position) {
         (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, First) => {
             Opcode::RcSendFirst
         }
@@ -200,7 +202,8 @@ fn opcode_for(op: SendOp, position: Position) -> Opcode {
         (SendOp::Read { .. }, _) => Opcode::RcReadRequest,
         (SendOp::CompareSwap { .. }, _) => Opcode::RcCompareSwap,
         (SendOp::FetchAdd { .. }, _) => Opcode::RcFetchAdd,
-    }
+        (SendOp::BindMw(_) | SendOp::LocalInv { .. }, _) => return None,
+    })
 }
 
 fn position(k: u32, n: u32) -> Position {
@@ -227,13 +230,16 @@ impl Qp {
                     | SendOp::SendWithImm { .. }
                     | SendOp::Write { .. }
                     | SendOp::WriteWithImm { .. }
+                    | SendOp::BindMw(_)
+                    | SendOp::LocalInv { .. }
             ),
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         };
         if !carried {
-            // IBTA 9.2, table 38: UC has no READ, atomics or invalidate; UD only SEND.
+            // IBTA 9.2, table 38: UC has no READ, atomics or invalidate; UD only SEND. Windows
+            // are bound and invalidated on RC and UC QPs (rxe_opcode.c, `IB_WR_BIND_MW`).
             return Err(VerbsError::InvalidRequest(
-                "UC carries SEND and RDMA WRITE (with immediate) only, UD SEND only",
+                "UC carries SEND, RDMA WRITE (with immediate) and window binds only, UD SEND only",
             ));
         }
         match self.state {
@@ -269,7 +275,9 @@ impl Qp {
             ));
         }
         let mtu = self.mtu() as u64;
-        let npsn = if wr.op.is_atomic() {
+        let npsn = if wr.op.is_local() {
+            0
+        } else if wr.op.is_atomic() {
             1
         } else {
             len.div_ceil(mtu).max(1) as u32
@@ -301,6 +309,22 @@ impl Qp {
                 break;
             }
             let idx = self.req.send_idx;
+            if self.req.sq[idx].wr.op.is_local() {
+                // Executed once, when first reached; a go-back passes over it.
+                if self.req.sq[idx].done.is_none() {
+                    let status = self.local_op(idx, ctx);
+                    let wqe = &mut self.req.sq[idx];
+                    wqe.started = true;
+                    wqe.first_psn = self.req.send_psn;
+                    if status != WcStatus::Success {
+                        self.fail_wqe(idx, status, ctx);
+                        return;
+                    }
+                    wqe.done = Some(status);
+                }
+                self.req.send_idx += 1;
+                continue;
+            }
             if !self.req.sq[idx].started {
                 let op = self.req.sq[idx].wr.op;
                 let rd_atomic_in_flight = self
@@ -351,8 +375,24 @@ impl Qp {
                 self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
             }
         }
-        if !reliable {
-            self.complete_in_order(ctx);
+        // UC and UD requests, and local operations on any QP, are done once reached.
+        self.complete_in_order(ctx);
+    }
+
+    /// Runs the bind or local invalidate of `sq[idx]` against memory, through this QP.
+    fn local_op(&self, idx: usize, ctx: &mut Ctx<'_>) -> WcStatus {
+        let me = (self.pd, self.qpn);
+        match self.req.sq[idx].wr.op {
+            SendOp::BindMw(bind) => match ctx.memory.bind_mw(&bind, me) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::MwBindErr,
+            },
+            // rxe_req.c: a failed local invalidate completes with LOC_QP_OP_ERR.
+            SendOp::LocalInv { rkey } => match ctx.memory.invalidate(rkey, me, false) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocQpOpErr,
+            },
+            _ => WcStatus::LocQpOpErr,
         }
     }
 
@@ -386,7 +426,8 @@ impl Qp {
             position(k, wqe.npsn)
         };
         let last = matches!(pos, Position::Last | Position::Only);
-        let opcode = on_transport(opcode_for(op, pos), self.qp_type);
+        let opcode = opcode_for(op, pos).ok_or(WcStatus::LocQpOpErr)?;
+        let opcode = on_transport(opcode, self.qp_type);
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
         bth.solicited = last && wqe.wr.solicited;
@@ -471,6 +512,8 @@ impl Qp {
                     compare: 0,
                 });
             }
+            // Refused by `opcode_for` above.
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => return Err(WcStatus::LocQpOpErr),
         }
         let pd = self.pd;
         let payload = &self.req.sq[idx].wr.payload;
@@ -532,6 +575,11 @@ impl Qp {
                     self.req.rnr_left -= 1;
                 }
                 self.req.rnr_until = Some(ctx.now + Duration::from_micros(timer.micros().into()));
+                // The peer answered: its receive queue is empty, the connection is fine. The
+                // transport timer stops for the wait (IBTA 9.7.5.2.8: an RNR NAK is not a
+                // retry), and starts again with the resend; otherwise waits longer than the
+                // ACK timeout would use up retry_cnt and end in RETRY_EXC_ERR.
+                self.req.retry_timer = None;
                 self.go_back(psn);
             }
             (Opcode::RcAck, AckSyndrome::Nak(NakCode::PsnSequenceError)) => {

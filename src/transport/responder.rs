@@ -6,6 +6,16 @@
 //! starts over whatever its PSN (rxe_resp.c `check_psn`, `drop_msg`). UD checks no PSN. Only a
 //! fault in this side's own receive buffers moves a UC or UD QP to the error state.
 //!
+//! READs and atomics take a responder resource (IBTA 9.7.5.1.3, rxe_resp.c `resources`): a ring
+//! of the last `max_dest_rd_atomic` of them, each with the span its request was granted. A
+//! duplicate is answered from that ring only, within its original span and rights; one that
+//! matches nothing is dropped and counted. A new READ or atomic beyond the negotiated depth
+//! (more than `max_dest_rd_atomic` still being answered) gets NAK invalid request. RESET and
+//! ERROR clear the whole responder, and only a QP in a state that responds builds responses.
+//!
+//! A zero-length RDMA WRITE or READ is executed without looking at its address or rkey (IBTA
+//! C9-88, rxe_resp.c `check_rkey`): a zero-byte WRITE with immediate is a common notification.
+//!
 //! Facts from IBTA 9.7 and 9.8 and the kernel's rxe_resp.c; the code is our own.
 
 use std::collections::VecDeque;
@@ -18,10 +28,6 @@ use crate::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, PacketRepr,
     Position, Psn, Qpn, RethRepr,
 };
-
-/// How many atomic results the responder keeps to answer duplicates (IBTA 9.7.5.1.3 asks for
-/// at least max_dest_rd_atomic of them).
-const ATOMIC_CACHE: usize = 32;
 
 /// The message being received, between its first and last packets.
 #[derive(Debug)]
@@ -50,10 +56,73 @@ pub(crate) struct Responder {
     /// UC: the message in progress was dropped; so is every packet up to the next FIRST or ONLY.
     dropping: bool,
     message: Option<InMessage>,
-    atomics: VecDeque<(Psn, u64)>,
+    /// The responder resources: the last `max_dest_rd_atomic` READs and atomics executed, which
+    /// duplicates are answered from.
+    resources: VecDeque<Resource>,
     /// Responses not yet sent, in PSN order. RC requires responses in the order of their
     /// requests; a READ's responses are built lazily, so anything decided after it waits here.
     queue: VecDeque<Response>,
+}
+
+/// A READ or atomic the responder executed, kept for its duplicates.
+#[derive(Debug, Clone)]
+enum Resource {
+    Read(ReadResource),
+    Atomic { psn: Psn, original: u64 },
+}
+
+/// A READ as it was granted.
+#[derive(Debug, Clone)]
+struct ReadResource {
+    first: Psn,
+    /// Its response packets, cut at `mtu`.
+    count: u32,
+    mtu: usize,
+    /// The request: address, rkey and length.
+    reth: RethRepr,
+    /// The memory it was granted; `None` for zero bytes.
+    span: Option<Span>,
+    msn: Msn,
+}
+
+impl ReadResource {
+    fn contains(&self, psn: Psn) -> bool {
+        let k = psn - self.first;
+        k >= 0 && (k as u32) < self.count
+    }
+
+    /// The responses to `repeated`, a duplicate of this READ from `psn`: if it names this
+    /// READ's rkey, lies within its range, and its responses end within its PSNs.
+    fn replay(&self, psn: Psn, repeated: &RethRepr) -> Option<ReadStream> {
+        if repeated.rkey != self.reth.rkey {
+            return None;
+        }
+        let offset = repeated
+            .virtual_address
+            .checked_sub(self.reth.virtual_address)?;
+        let end = offset.checked_add(repeated.dma_len.into())?;
+        if end > self.reth.dma_len.into() {
+            return None;
+        }
+        let count = repeated.dma_len.div_ceil(self.mtu as u32).max(1);
+        let k = (psn - self.first) as u32;
+        if k + count > self.count {
+            return None;
+        }
+        let span = match repeated.dma_len {
+            0 => None,
+            len => Some(self.span.as_ref()?.slice(offset as usize, len as usize)?),
+        };
+        Some(ReadStream {
+            first: psn,
+            span,
+            mtu: self.mtu,
+            next: 0,
+            count,
+            msn: self.msn,
+            fresh: false,
+        })
+    }
 }
 
 /// A response the responder has decided on.
@@ -65,27 +134,45 @@ enum Response {
         psn: Psn,
         aeth: AethRepr,
         atomic: Option<u64>,
+        /// See [`ReadStream::fresh`].
+        fresh: bool,
     },
     /// A READ's response stream.
-    Read(PendingRead),
+    Read(ReadStream),
+}
+
+impl Response {
+    /// Whether it answers the first execution of a READ or an atomic, and so holds one of the
+    /// `max_dest_rd_atomic` responder resources until it is sent.
+    fn holds_resource(&self) -> bool {
+        match self {
+            Response::Read(read) => read.fresh,
+            Response::Reply { atomic, fresh, .. } => atomic.is_some() && *fresh,
+        }
+    }
 }
 
 /// A READ being answered: its responses are built as the transmit queue drains, from the span
-/// its request was granted. The READ executes in request order: a later SEND with invalidate
-/// or a deregistration does not cut it short, and the span keeps the memory alive meanwhile.
+/// its request was granted, at the MTU of that moment. The READ executes in request order: a
+/// later SEND with invalidate or a deregistration does not cut it short, and the span keeps the
+/// memory alive meanwhile.
 #[derive(Debug, Clone)]
-struct PendingRead {
+struct ReadStream {
     first: Psn,
-    span: Span,
+    span: Option<Span>,
+    mtu: usize,
     /// The next response packet to build, and how many there are.
-    next: usize,
-    count: usize,
+    next: u32,
+    count: u32,
     /// The MSN the responses carry.
     msn: Msn,
+    /// The request's first execution, not the replay of a duplicate: a requester that re-asks
+    /// for responses it lost still counts the request as one of its outstanding READs, while a
+    /// network duplicate of a request it has completed is not outstanding at all, so only first
+    /// executions count against the negotiated depth.
+    fresh: bool,
 }
 
-/// READs a responder answers at once (IBTA max_dest_rd_atomic; softroce accepts at most 16).
-const MAX_PENDING_READS: usize = super::MAX_RD_ATOMIC as usize;
 /// Replies queued behind READ responses. A peer that keeps asking for ACKs while a long READ is
 /// answered loses the excess; ACKs are cumulative, so the next one covers it.
 const MAX_QUEUED_REPLIES: usize = 1024;
@@ -99,11 +186,11 @@ impl Responder {
         self.epsn = rq_psn;
     }
 
-    /// Forgets the message in progress; returns its receive request, if it had taken one.
+    /// Forgets everything: the message in progress, the expected PSN and MSN, the responder
+    /// resources and the responses not yet sent (RESET and ERROR, IBTA 10.3.1). Returns the
+    /// receive request of a message half received, if it had taken one.
     pub fn reset(&mut self) -> Option<RecvWr> {
-        self.nak_sent = false;
-        self.dropping = false;
-        match self.message.take() {
+        match std::mem::take(self).message {
             Some(InMessage::Send { wr, .. }) => Some(wr),
             _ => None,
         }
@@ -200,6 +287,7 @@ impl Qp {
         psn: Psn,
         syndrome: AckSyndrome,
         atomic: Option<u64>,
+        fresh: bool,
     ) {
         let aeth = AethRepr {
             syndrome,
@@ -207,12 +295,13 @@ impl Qp {
         };
         if self.resp.queue.is_empty() {
             self.emit_reply(ctx, opcode, psn, aeth, atomic);
-        } else if self.resp.queue.len() < MAX_QUEUED_REPLIES + MAX_PENDING_READS {
+        } else if self.resp.queue.len() < MAX_QUEUED_REPLIES + usize::from(super::MAX_RD_ATOMIC) {
             self.resp.queue.push_back(Response::Reply {
                 opcode,
                 psn,
                 aeth,
                 atomic,
+                fresh,
             });
         }
     }
@@ -237,12 +326,19 @@ impl Qp {
     }
 
     fn ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
-        self.reply(ctx, Opcode::RcAck, psn, AckSyndrome::ACK_NO_CREDITS, None);
+        self.reply(
+            ctx,
+            Opcode::RcAck,
+            psn,
+            AckSyndrome::ACK_NO_CREDITS,
+            None,
+            false,
+        );
     }
 
     fn nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, syndrome: AckSyndrome) {
         ctx.counters.naks_sent += 1;
-        self.reply(ctx, Opcode::RcAck, psn, syndrome, None);
+        self.reply(ctx, Opcode::RcAck, psn, syndrome, None, false);
     }
 
     /// A request packet.
@@ -425,7 +521,11 @@ impl Qp {
                 wc.byte_len = received as u32;
                 wc.imm_data = repr.ext.immdt.map(|i| i.data);
                 if let Some(ieth) = repr.ext.ieth {
-                    if ctx.memory.invalidate_rkey(self.pd, ieth.rkey).is_err() {
+                    // Only a type 2 window bound through this QP can be invalidated by its peer
+                    // (rxe_resp.c `invalidate_rkey`): a region, or another QP's window, gets
+                    // NAK invalid request and stays as it was.
+                    let me = (self.pd, self.qpn);
+                    if ctx.memory.invalidate(ieth.rkey, me, true).is_err() {
                         self.resp.message = Some(InMessage::Send { wr, received });
                         return Err(invalid_request());
                     }
@@ -442,8 +542,11 @@ impl Qp {
         if is_write(op) {
             needs(Access::REMOTE_WRITE)?;
             if let Some(reth) = repr.ext.reth {
-                // The whole range is checked when the message starts...
-                self.check_write(ctx, &reth, 0, reth.dma_len as usize)?;
+                // The whole range is checked when the message starts; a zero-length WRITE
+                // names no memory, so neither its address nor its rkey is looked at (C9-88)...
+                if reth.dma_len > 0 {
+                    self.check_write(ctx, &reth, 0, reth.dma_len as usize)?;
+                }
                 self.resp.message = Some(InMessage::Write { reth, received: 0 });
             }
             let Some(InMessage::Write { reth, received }) = self.resp.message else {
@@ -454,8 +557,10 @@ impl Qp {
             }
             // ...and each packet's part again, so that deregistering the region (or
             // invalidating its rkey) stops a message already in flight.
-            self.check_write(ctx, &reth, received, payload.len())?
-                .write(0, payload);
+            if !payload.is_empty() {
+                self.check_write(ctx, &reth, received, payload.len())?
+                    .write(0, payload);
+            }
             let received = received + payload.len();
             self.resp.message = Some(InMessage::Write { reth, received });
             if matches!(pos, Position::Last | Position::Only) {
@@ -489,35 +594,83 @@ impl Qp {
             Opcode::RcReadRequest => {
                 needs(Access::REMOTE_READ)?;
                 let reth = repr.ext.reth.ok_or_else(invalid_request)?;
+                self.rd_atomic_room()?;
+                let span = match reth.dma_len {
+                    0 => None,
+                    _ => Some(self.check_read(ctx, &reth)?),
+                };
                 self.finish_message();
-                self.read_responses(psn, reth, ctx)?;
-                self.resp.epsn = psn + reth.dma_len.div_ceil(mtu as u32).max(1);
+                let count = reth.dma_len.div_ceil(mtu as u32).max(1);
+                let read = ReadResource {
+                    first: psn,
+                    count,
+                    mtu,
+                    reth,
+                    span,
+                    msn: self.resp.msn,
+                };
+                self.resp.queue.push_back(Response::Read(ReadStream {
+                    first: psn,
+                    span: read.span.clone(),
+                    mtu,
+                    next: 0,
+                    count,
+                    msn: read.msn,
+                    fresh: true,
+                }));
+                self.remember(Resource::Read(read));
+                self.resp.epsn = psn + count;
                 Ok(())
             }
             Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
                 needs(Access::REMOTE_ATOMIC)?;
                 let eth = repr.ext.atomic_eth.ok_or_else(invalid_request)?;
+                self.rd_atomic_room()?;
                 let span = ctx
                     .memory
-                    .check_atomic(eth.rkey, self.pd, eth.virtual_address)
+                    .check_atomic(eth.rkey, (self.pd, self.qpn), eth.virtual_address)
                     .inspect_err(|_| ctx.counters.rkey_violations += 1)
                     .map_err(from_memory)?;
-                let orig = if op == Opcode::RcFetchAdd {
+                let original = if op == Opcode::RcFetchAdd {
                     span.fetch_add(eth.swap_add)
                 } else {
                     span.compare_swap(eth.compare, eth.swap_add)
                 };
-                if self.resp.atomics.len() == ATOMIC_CACHE {
-                    self.resp.atomics.pop_front();
-                }
-                self.resp.atomics.push_back((psn, orig));
+                self.remember(Resource::Atomic { psn, original });
                 self.finish_message();
-                self.atomic_ack(psn, orig, ctx);
+                self.atomic_ack(psn, original, true, ctx);
                 self.resp.epsn = psn + 1;
                 Ok(())
             }
             _ => Err(invalid_request()),
         }
+    }
+
+    /// Whether a new READ or atomic may start: fewer than `max_dest_rd_atomic` are still being
+    /// answered. A requester keeps at most its `max_rd_atomic` outstanding, which may not exceed
+    /// the responder's, so one that sends more breaks the negotiated depth: NAK invalid request
+    /// (IBTA 9.7.5.1.3; rxe_resp.c `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`).
+    fn rd_atomic_room(&self) -> Result<(), Failure> {
+        let depth = usize::from(self.settings.max_dest_rd_atomic);
+        let answering = self
+            .resp
+            .queue
+            .iter()
+            .filter(|r| r.holds_resource())
+            .count();
+        if answering >= depth {
+            return Err(invalid_request());
+        }
+        Ok(())
+    }
+
+    /// Keeps a READ or atomic in the resource ring, forgetting the oldest beyond its depth.
+    fn remember(&mut self, resource: Resource) {
+        let depth = usize::from(self.settings.max_dest_rd_atomic.max(1));
+        while self.resp.resources.len() >= depth {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(resource);
     }
 
     /// Checks `len` bytes at `offset` into a WRITE's RETH range for remote write.
@@ -530,7 +683,13 @@ impl Qp {
     ) -> Result<Span, Failure> {
         let addr = reth.virtual_address.wrapping_add(offset as u64);
         ctx.memory
-            .check_remote(reth.rkey, self.pd, addr, len, Access::REMOTE_WRITE)
+            .check_remote(
+                reth.rkey,
+                (self.pd, self.qpn),
+                addr,
+                len,
+                Access::REMOTE_WRITE,
+            )
             .inspect_err(|_| ctx.counters.rkey_violations += 1)
             .map_err(from_memory)
     }
@@ -562,76 +721,47 @@ impl Qp {
         }
     }
 
-    fn atomic_ack(&mut self, psn: Psn, orig: u64, ctx: &mut Ctx<'_>) {
+    fn atomic_ack(&mut self, psn: Psn, orig: u64, fresh: bool, ctx: &mut Ctx<'_>) {
         let ack = AckSyndrome::ACK_NO_CREDITS;
-        self.reply(ctx, Opcode::RcAtomicAck, psn, ack, Some(orig));
-    }
-
-    /// Accepts a READ from `psn` on: checks the whole range now, so that a bad one is NAKed at
-    /// once, and queues its responses, which `continue_reads` builds as the link drains.
-    fn read_responses(
-        &mut self,
-        psn: Psn,
-        reth: RethRepr,
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), Failure> {
-        let span = self.check_read(ctx, &reth)?;
-        // A READ asked again from `psn` replaces the response streams from there on.
-        self.resp.queue.retain(|r| match r {
-            Response::Read(read) => {
-                let distance = psn - read.first;
-                distance >= 0 && distance as usize >= read.count
-            }
-            Response::Reply { .. } => true,
-        });
-        let reads =
-            |q: &VecDeque<Response>| q.iter().filter(|r| matches!(r, Response::Read(_))).count();
-        if reads(&self.resp.queue) >= MAX_PENDING_READS {
-            // More READs at once than the responder answers: the requester broke its
-            // max_rd_atomic, or duplicates flood in. The oldest goes; its requester retries.
-            if let Some(at) = self
-                .resp
-                .queue
-                .iter()
-                .position(|r| matches!(r, Response::Read(_)))
-            {
-                self.resp.queue.remove(at);
-            }
-        }
-        let count = (reth.dma_len as usize).div_ceil(self.mtu()).max(1);
-        self.resp.queue.push_back(Response::Read(PendingRead {
-            first: psn,
-            span,
-            next: 0,
-            count,
-            msn: self.resp.msn,
-        }));
-        Ok(())
+        self.reply(ctx, Opcode::RcAtomicAck, psn, ack, Some(orig), fresh);
     }
 
     fn check_read(&self, ctx: &mut Ctx<'_>, reth: &RethRepr) -> Result<Span, Failure> {
-        let len = reth.dma_len as usize;
         ctx.memory
             .check_remote(
                 reth.rkey,
-                self.pd,
+                (self.pd, self.qpn),
                 reth.virtual_address,
-                len,
+                reth.dma_len as usize,
                 Access::REMOTE_READ,
             )
             .inspect_err(|_| ctx.counters.rkey_violations += 1)
             .map_err(from_memory)
     }
 
+    /// Whether the QP's state lets its responder send: RTR on, through SQD and SQE (IBTA
+    /// 10.3.1). In RESET and ERROR nothing is answered, and nothing queued goes out.
+    fn responds(&self) -> bool {
+        matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    }
+
     /// Sends up to `budget` queued responses, in order: replies as they were decided, and READ
     /// response packets built now.
     pub(crate) fn continue_responses(&mut self, budget: usize, ctx: &mut Ctx<'_>) {
+        if !self.responds() {
+            self.resp.queue.clear();
+            return;
+        }
         for _ in 0..budget {
             match self.resp.queue.front_mut() {
                 None => return,
                 Some(Response::Read(read)) if read.next + 1 < read.count => {
+                    let k = read.next;
                     read.next += 1;
-                    let (read, k) = (read.clone(), read.next - 1);
+                    let read = read.clone();
                     self.read_response(&read, k, ctx);
                 }
                 Some(_) => match self.resp.queue.pop_front() {
@@ -644,6 +774,7 @@ impl Qp {
                         psn,
                         aeth,
                         atomic,
+                        ..
                     }) => self.emit_reply(ctx, opcode, psn, aeth, atomic),
                     None => return,
                 },
@@ -651,14 +782,13 @@ impl Qp {
         }
     }
 
-    /// Builds response packet `k` of `read`.
-    fn read_response(&self, read: &PendingRead, k: usize, ctx: &mut Ctx<'_>) {
+    /// Builds response packet `k` of `read`, cut at the MTU the READ was accepted at.
+    fn read_response(&self, read: &ReadStream, k: u32, ctx: &mut Ctx<'_>) {
         let Some(dst) = self.peer() else { return };
-        let mtu = self.mtu();
-        let at = k * mtu;
-        let chunk = (read.span.len() - at).min(mtu);
-        let n = read.count;
-        let opcode = match (k == 0, k + 1 == n) {
+        let at = k as usize * read.mtu;
+        let len = read.span.as_ref().map_or(0, Span::len);
+        let chunk = len.saturating_sub(at).min(read.mtu);
+        let opcode = match (k == 0, k + 1 == read.count) {
             (true, true) => Opcode::RcReadResponseOnly,
             (true, false) => Opcode::RcReadResponseFirst,
             (false, true) => Opcode::RcReadResponseLast,
@@ -671,10 +801,12 @@ impl Qp {
             }),
             ..Default::default()
         };
-        let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, read.first + k as u32);
+        let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, read.first + k);
         bth.pkey = self.settings.pkey;
         let _ = ctx.send::<()>(dst, bth, ext, chunk, |_, out| {
-            read.span.read(at, out);
+            if let Some(span) = &read.span {
+                span.read(at, out);
+            }
             Ok(())
         });
     }
@@ -683,17 +815,21 @@ impl Qp {
     fn on_duplicate(&mut self, repr: &PacketRepr, ctx: &mut Ctx<'_>) {
         let psn = repr.bth.psn;
         match repr.bth.opcode {
-            // Read memory again, as if new: the first response went missing.
+            // Read the memory again, as granted the first time: the response went missing.
             Opcode::RcReadRequest => {
                 if let Some(reth) = repr.ext.reth {
-                    let _ = self.read_responses(psn, reth, ctx);
+                    self.duplicate_read(psn, reth, ctx);
                 }
             }
-            // Never execute an atomic twice: answer from the cache.
+            // Never execute an atomic twice: answer with its first result.
             Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
-                match self.resp.atomics.iter().find(|(p, _)| *p == psn) {
-                    Some(&(_, orig)) => self.atomic_ack(psn, orig, ctx),
-                    None => ctx.counters.dropped_unexpected += 1,
+                let original = self.resp.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic { psn: p, original } if p == psn => Some(original),
+                    _ => None,
+                });
+                match original {
+                    Some(original) => self.atomic_ack(psn, original, false, ctx),
+                    None => ctx.counters.unmatched_duplicates += 1,
                 }
             }
             // SEND and WRITE: acknowledge everything received so far.
@@ -704,11 +840,47 @@ impl Qp {
         }
     }
 
+    /// A duplicate READ from `psn`: answered only if a READ in the resource ring holds `psn`,
+    /// the QP still grants remote read, and the repeated request asks for part of what the
+    /// original was granted, with its rkey (rxe_resp.c `duplicate_request`). Its responses
+    /// replace whatever was queued from `psn` on. Anything else is dropped and counted: a
+    /// "duplicate" may not reach memory its original did not.
+    fn duplicate_read(&mut self, psn: Psn, reth: RethRepr, ctx: &mut Ctx<'_>) {
+        let stream = self
+            .settings
+            .access
+            .contains(Access::REMOTE_READ)
+            .then(|| {
+                self.resp.resources.iter().find_map(|r| match r {
+                    Resource::Read(read) if read.contains(psn) => read.replay(psn, &reth),
+                    _ => None,
+                })
+            })
+            .flatten();
+        let Some(stream) = stream else {
+            ctx.counters.unmatched_duplicates += 1;
+            return;
+        };
+        self.resp.queue.retain(|r| match r {
+            Response::Read(read) => {
+                let distance = psn - read.first;
+                distance >= 0 && distance as u32 >= read.count
+            }
+            Response::Reply { .. } => true,
+        });
+        self.resp.queue.push_back(Response::Read(stream));
+    }
+
     /// NAKs a failed request (RC only: UC and UD have no NAK), completes its receive request in
     /// error, and moves to the error state (IBTA 9.7.5.2.3 onwards: these errors are fatal to
     /// the QP).
+    ///
+    /// The NAK goes out at once: the QP is about to stop answering, and responses still queued
+    /// for earlier READs and atomics are dropped with it. The requester then sees the NAK
+    /// acknowledge those requests without their data, and its QP fails in turn.
     fn fail_request(&mut self, psn: Psn, failure: Failure, ctx: &mut Ctx<'_>) {
         if self.qp_type == QpType::Rc {
+            self.resp.queue.clear();
             self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
         }
         if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {

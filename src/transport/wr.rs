@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 
 use super::AddressHandle;
+use crate::memory::BindMw;
 use crate::wire::{LKey, QKey, Qpn, RKey};
 
 /// A scatter/gather element: `len` bytes at `addr` in the region `lkey` names.
@@ -59,6 +60,13 @@ pub enum SendOp {
         rkey: RKey,
         add: u64,
     },
+    /// Binds a memory window (`IBV_WR_BIND_MW`; `ibv_bind_mw` for a type 1 window). A local
+    /// operation: no packet, no payload; RC and UC only.
+    BindMw(BindMw),
+    /// Invalidates a type 2 memory window (`IBV_WR_LOCAL_INV`). Local, RC and UC only.
+    LocalInv {
+        rkey: RKey,
+    },
 }
 
 impl SendOp {
@@ -74,6 +82,12 @@ impl SendOp {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// A local operation: executed by this side when the send queue reaches it, with no packet
+    /// (rxe_req.c `rxe_do_local_ops`).
+    pub fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv { .. })
+    }
+
     pub(crate) fn wc_opcode(self) -> WcOpcode {
         match self {
             SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
@@ -83,6 +97,8 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 }
@@ -172,6 +188,8 @@ pub enum WcStatus {
     RemOpErr,
     RetryExcErr,
     RnrRetryExcErr,
+    /// A memory window bind broke a rule (`IBV_WC_MW_BIND_ERR`).
+    MwBindErr,
 }
 
 /// `ibv_wc_opcode`.
@@ -184,6 +202,8 @@ pub enum WcOpcode {
     FetchAdd,
     Recv,
     RecvRdmaWithImm,
+    BindMw,
+    LocalInv,
 }
 
 /// A work completion.

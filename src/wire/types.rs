@@ -183,6 +183,16 @@ impl PKey {
     pub const fn partition(self) -> u16 {
         self.0 & 0x7fff
     }
+
+    /// Whether a packet carrying `self` may reach a QP whose P_Key is `own` (IBTA 10.9.3,
+    /// C10-117, rxe_recv.c `pkey_match`): the same partition, neither of them the invalid
+    /// partition 0, and at least one of the two a full member. Two limited members may not
+    /// talk; a limited and a full member may, so 0x7FFF reaches a QP of the default 0xFFFF.
+    pub const fn matches(self, own: PKey) -> bool {
+        self.partition() != 0
+            && self.partition() == own.partition()
+            && (self.is_full_member() || own.is_full_member())
+    }
 }
 
 impl Default for PKey {
@@ -278,5 +288,24 @@ mod tests {
         assert!(PKey::DEFAULT.is_full_member());
         assert_eq!(PKey(0x7fff).partition(), 0x7fff);
         assert!(!PKey(0x7fff).is_full_member());
+    }
+
+    /// IBTA 10.9.3: the partition must match and one side must be a full member.
+    #[test]
+    fn pkeys_match_by_partition_and_membership() {
+        let full = PKey::DEFAULT;
+        assert!(
+            PKey(0x7fff).matches(full),
+            "a limited member reaches a full one"
+        );
+        assert!(full.matches(PKey(0x7fff)));
+        assert!(full.matches(full));
+        assert!(!PKey(0x7fff).matches(PKey(0x7fff)), "two limited members");
+        assert!(!PKey(0x8001).matches(full), "another partition");
+        assert!(
+            !PKey(0x8000).matches(PKey(0x8000)),
+            "partition 0 is invalid"
+        );
+        assert!(!PKey(0).matches(full));
     }
 }

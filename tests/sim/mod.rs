@@ -7,12 +7,18 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod rc;
+
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::rc::Rc;
 use std::time::Duration;
 
 use softroce::transport::{Datagram, Endpoint, EndpointConfig};
-use softroce::wire::{KernelFraming, ROCEV2_UDP_PORT};
+use softroce::wire::{
+    BthRepr, ExtHeaders, KernelFraming, Opcode, PacketRepr, Psn, RocePacket, ROCEV2_UDP_PORT,
+};
 
 /// xorshift64*: small, seedable, good enough to draw network faults.
 #[derive(Debug, Clone)]
@@ -55,6 +61,9 @@ pub struct Faults {
 /// packet it wants to lose.
 pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 
+/// Changes a packet a node sends before it is sealed: a peer that misbehaves on purpose.
+pub type Rewrite = Box<dyn FnMut(usize, &mut Vec<u8>)>;
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NetStats {
     pub sent: u64,
@@ -71,6 +80,7 @@ pub struct Sim {
     pub rng: Rng,
     pub stats: NetStats,
     pub filter: Option<Filter>,
+    pub rewrite: Option<Rewrite>,
     /// How long a node's link takes to send one byte (8 ns is 1 Gbit/s). Zero, the default,
     /// sends at once; otherwise packets queue behind each other, as on a slow or congested link.
     pub byte_time: Duration,
@@ -104,7 +114,7 @@ impl Sim {
             .map(|n| {
                 Endpoint::new(EndpointConfig {
                     local_addr: addr(n),
-                    seed: seed ^ ((n as u64 + 1) * 0x5851_f42d_4c95_7f2d),
+                    seed: seed ^ (n as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
                 })
             })
             .collect();
@@ -115,6 +125,7 @@ impl Sim {
             rng: Rng::new(seed),
             stats: NetStats::default(),
             filter: None,
+            rewrite: None,
             byte_time: Duration::ZERO,
             link_free,
             latency: Duration::from_micros(5),
@@ -148,6 +159,9 @@ impl Sim {
                     continue;
                 };
                 let mut bytes = t.packet;
+                if let Some(rewrite) = &mut self.rewrite {
+                    rewrite(from, &mut bytes);
+                }
                 framing(from, to).seal(&mut bytes);
                 self.stats.sent += 1;
                 if let Some(filter) = &mut self.filter {
@@ -174,6 +188,47 @@ impl Sim {
         }
     }
 
+    /// Puts a packet (its ICRC left zero) on the wire from `from` to node `to`, now, sealed as
+    /// the kernel would frame it. `from` need not be a node: any index names an address
+    /// (`addr`), so a test can forge packets from a stranger.
+    pub fn inject(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
+        framing(from, to).seal(&mut packet);
+        self.seq += 1;
+        self.in_flight
+            .insert((self.now, self.seq), (from, to, packet));
+    }
+
+    /// Takes up to `limit` packets node `from` has to send and delivers them to node `to` at
+    /// once, bypassing the network: a test that wants a responder's lazily built responses to
+    /// stay unbuilt drains them a few at a time. Returns how many it moved.
+    pub fn hand_over(&mut self, from: usize, to: usize, limit: usize) -> usize {
+        let mut moved = 0;
+        while moved < limit {
+            let Some(t) = self.nodes[from].poll_transmit() else {
+                break;
+            };
+            let mut bytes = t.packet;
+            framing(from, to).seal(&mut bytes);
+            self.deliver(from, to, &bytes);
+            moved += 1;
+        }
+        moved
+    }
+
+    /// Hands a sealed packet to node `to` now, as a UDP socket with IP_PKTINFO reports it:
+    /// addresses, no IP header, and the ICRC as far as the kernel's framing lets it be checked.
+    fn deliver(&mut self, from: usize, to: usize, bytes: &[u8]) {
+        let datagram = Datagram {
+            src: addr(from),
+            src_port: ROCEV2_UDP_PORT,
+            dst: addr(to),
+            ip_header: None,
+            icrc: framing(from, to).verify(bytes),
+            packet: bytes,
+        };
+        self.nodes[to].handle_received(self.now, datagram);
+    }
+
     /// Advances to the next event and handles it. Returns false when nothing is left to do.
     pub fn step(&mut self) -> bool {
         self.collect();
@@ -188,16 +243,7 @@ impl Sim {
                 break;
             }
             let (from, to, bytes) = entry.remove();
-            // What a UDP socket with IP_PKTINFO reports: addresses, no IP header.
-            let datagram = Datagram {
-                src: addr(from),
-                src_port: softroce::wire::ROCEV2_UDP_PORT,
-                dst: addr(to),
-                ip_header: None,
-                icrc: framing(from, to).verify(&bytes),
-                packet: &bytes,
-            };
-            self.nodes[to].handle_received(self.now, datagram);
+            self.deliver(from, to, &bytes);
         }
         for node in &mut self.nodes {
             if node.next_deadline().is_some_and(|d| d <= self.now) {
@@ -250,4 +296,41 @@ pub fn drain(
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// One packet seen on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub from: usize,
+    pub opcode: Opcode,
+    pub psn: Psn,
+    pub payload_len: usize,
+}
+
+/// Records every packet any node sends from now on (it replaces the filter).
+pub fn record(sim: &mut Sim) -> Rc<RefCell<Vec<Seen>>> {
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = seen.clone();
+    sim.filter = Some(Box::new(move |from, bytes| {
+        if let Ok(p) = RocePacket::new_checked(bytes) {
+            log.borrow_mut().push(Seen {
+                from,
+                opcode: p.bth().opcode(),
+                psn: p.bth().psn(),
+                payload_len: p.payload().len(),
+            });
+        }
+        true
+    }));
+    seen
+}
+
+/// A RoCE packet with these headers and payload, its ICRC left zero as `poll_transmit`'s are:
+/// what a test forges and [`Sim::inject`]s.
+pub fn forge(bth: BthRepr, ext: ExtHeaders, payload: &[u8]) -> Vec<u8> {
+    let repr = PacketRepr::new(bth, ext, payload.len());
+    let mut packet = vec![0; repr.buffer_len()];
+    repr.emit_with_payload(&mut packet, payload)
+        .expect("a test forges only packets its opcode allows");
+    packet
 }

@@ -64,7 +64,7 @@ done
 echo "---- the daemon's counters"; tail -n 40 "$out"
 tail -n 40 "$out" | grep -qx 'sessions: accepted 5 succeeded 4 failed 1 refused 0, running 0' \
   || { echo "FAIL: the sessions are not 4 succeeded and 1 failed"; fails=$((fails + 1)); }
-tail -n 40 "$out" | grep -qx 'resources: qps 0 cqs 0 regions 0 srqs 0 address_handles 0' \
+tail -n 40 "$out" | grep -qx 'resources: qps 0 cqs 0 regions 0 windows 0 srqs 0 address_handles 0' \
   || { echo "FAIL: the daemon still holds objects"; fails=$((fails + 1)); }
 
 trap - EXIT

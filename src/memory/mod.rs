@@ -1,0 +1,132 @@
+//! Protection domains, memory regions and memory windows, with the one check every memory
+//! access goes through.
+//!
+//! - [`region`]: a region's storage and the two handles onto it, [`MemoryRegion`] for the
+//!   application and [`Span`] for the transport, and why concurrent remote writes are sound;
+//! - [`table`]: [`MemoryTable`], every region and window of a device by its keys, and the
+//!   checks of remote and local access;
+//! - [`window`]: memory windows (IBTA 10.6.7), type 1 and type 2, bound over a region and
+//!   invalidated locally or by a peer's SEND with Invalidate.
+//!
+//! # Keys
+//!
+//! A key is 32 bits: all of them random, drawn from a ChaCha20 stream seeded by the caller. One
+//! valid rkey says nothing about any other (rxe keeps 24 bits of index and 8 random ones). A
+//! window's rkey keeps its upper 24 bits for life; each bind chooses the low 8, as
+//! `ibv_inc_rkey` does, so that a peer holding an rkey of an earlier binding reaches nothing.
+
+mod region;
+mod table;
+mod window;
+
+use std::fmt;
+
+pub use region::{MemoryRegion, Span};
+pub use table::MemoryTable;
+pub use window::{inc_rkey, BindMw, MwType};
+
+/// Access rights of a memory region or window (the `ibv_access_flags` that matter on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u8);
+
+impl Access {
+    pub const NONE: Access = Access(0);
+    /// The local side may write: receive buffers, READ responses, atomic results.
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Memory windows may be bound over the region (`IBV_ACCESS_MW_BIND`, IBTA C10-73).
+    pub const MW_BIND: Access = Access(16);
+
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether any of `other`'s rights is here.
+    pub const fn intersects(self, other: Access) -> bool {
+        self.0 & other.0 != 0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, other: Access) -> Access {
+        self.union(other)
+    }
+}
+
+/// A protection domain: regions and queue pairs of one PD may be used together only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PdId(pub u32);
+
+/// Why a memory access or a memory verb was refused. Each failure has its own variant, so the
+/// transport can choose the right NAK or completion status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryError {
+    /// No registered region or bound window has this key (never had one, it was
+    /// deregistered, or the window was invalidated).
+    UnknownKey { key: u32 },
+    /// The key belongs to a region or window of another protection domain.
+    WrongPd { key: u32 },
+    /// The key is a type 2 window bound to another queue pair (IBTA 10.6.7.2.2).
+    WrongQp { key: u32 },
+    /// The range leaves the region or window, or its end overflows 64 bits.
+    OutOfBounds { addr: u64, len: u64 },
+    /// The region or window does not grant the access asked for.
+    AccessDenied { needed: Access },
+    /// An atomic's address is not 8-byte aligned.
+    Misaligned { addr: u64 },
+    /// The host could not allocate a region this large: an error, not an abort.
+    NoMemory { len: u64 },
+    /// A region with windows bound over it cannot be deregistered (rxe: `num_mw`).
+    WindowsBound { lkey: u32 },
+    /// The key cannot be invalidated: a plain region, or a type 1 window (rxe_mw.c,
+    /// `rxe_invalidate_mr`: only windows and fast-register regions can).
+    NotInvalidatable { key: u32 },
+    /// A window bind broke one of IBTA's rules; the text names it.
+    Bind(&'static str),
+}
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MemoryError::UnknownKey { key } => write!(f, "key {key:#010x}: no such region"),
+            MemoryError::WrongPd { key } => {
+                write!(
+                    f,
+                    "key {key:#010x}: the region belongs to another protection domain"
+                )
+            }
+            MemoryError::WrongQp { key } => {
+                write!(f, "key {key:#010x}: the window is bound to another QP")
+            }
+            MemoryError::OutOfBounds { addr, len } => {
+                write!(f, "{len} bytes at {addr:#x} leave the region")
+            }
+            MemoryError::AccessDenied { needed } => {
+                write!(f, "the region does not grant access {:#x}", needed.0)
+            }
+            MemoryError::Misaligned { addr } => {
+                write!(f, "atomic at {addr:#x} is not 8-byte aligned")
+            }
+            MemoryError::NoMemory { len } => {
+                write!(f, "cannot allocate {len} bytes for a region")
+            }
+            MemoryError::WindowsBound { lkey } => {
+                write!(f, "region {lkey:#010x} has memory windows bound over it")
+            }
+            MemoryError::NotInvalidatable { key } => write!(
+                f,
+                "key {key:#010x}: only a type 2 memory window can be invalidated"
+            ),
+            MemoryError::Bind(why) => write!(f, "memory window bind: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for MemoryError {}

@@ -1,0 +1,414 @@
+//! A region's storage, and the two handles onto it: [`MemoryRegion`] for the application and
+//! [`Span`] for the transport.
+//!
+//! # Soundness: remote writes while the application reads
+//!
+//! A peer's RDMA WRITE or atomic may land in a region while the application reads it. If the
+//! region were plain `[u8]`, that would be a data race, undefined behaviour in Rust's memory
+//! model. So a region owns its storage as `AtomicU64` words, and every access, by the transport
+//! or by the application through [`MemoryRegion`], is an atomic load or store:
+//!
+//! - whole words are copied with relaxed loads and stores;
+//! - a write that covers part of a word merges its bytes with a compare-and-swap loop, so that two
+//!   writers of neighbouring bytes never lose each other's update;
+//! - the remote atomics (FETCH_ADD, CMP_SWAP) are `fetch_add` and `compare_exchange` on the word,
+//!   so they are atomic against the application too (IBTA o9-38: atomicity against local access).
+//!
+//! Relaxed ordering is enough: RDMA gives no ordering between a remote write and local reads
+//! except through a completion, and the completion path synchronises through the queues that
+//! carry it. The price is a copy in and out instead of the application writing into the
+//! registered memory in place; `benches/memory.rs` measures it. No `unsafe` is needed.
+//!
+//! The storage is allocated with `try_reserve_exact`: a region the host cannot hold is a
+//! [`MemoryError::NoMemory`], never an abort of the process.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::{Access, MemoryError, PdId};
+use crate::wire::{LKey, RKey};
+
+const WORD: usize = 8;
+
+/// Splits `len` bytes at `offset` into a head up to the first word boundary and whole words;
+/// what is left is the tail. A range inside one word is all head.
+fn split(offset: usize, len: usize) -> (usize, usize) {
+    let head = ((WORD - offset % WORD) % WORD).min(len);
+    (head, (len - head) / WORD * WORD)
+}
+
+/// The storage of a region: atomic words, so that concurrent access is never a data race.
+pub(super) struct Words {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl Words {
+    /// `len` zero bytes, or `NoMemory` if the host cannot allocate them.
+    fn zeroed(len: usize) -> Result<Self, MemoryError> {
+        let count = len.div_ceil(WORD);
+        let mut words = Vec::new();
+        words
+            .try_reserve_exact(count)
+            .map_err(|_| MemoryError::NoMemory { len: len as u64 })?;
+        words.resize_with(count, || AtomicU64::new(0));
+        Ok(Words {
+            words: words.into_boxed_slice(),
+            len,
+        })
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the region.
+    /// The caller has checked that the range lies inside the region.
+    fn read(&self, offset: usize, out: &mut [u8]) {
+        let (head, bulk) = split(offset, out.len());
+        let (out_head, rest) = out.split_at_mut(head);
+        let (out_bulk, out_tail) = rest.split_at_mut(bulk);
+        self.read_partial(offset, out_head);
+        // Whole words: relaxed loads are plain moves on x86-64 and aarch64.
+        let first = (offset + head) / WORD;
+        for (word, chunk) in self.words[first..]
+            .iter()
+            .zip(out_bulk.chunks_exact_mut(WORD))
+        {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        self.read_partial(offset + head + bulk, out_tail);
+    }
+
+    /// Reads less than a word, within one word.
+    fn read_partial(&self, at: usize, out: &mut [u8]) {
+        if out.is_empty() {
+            return;
+        }
+        let lane = at % WORD;
+        let bytes = self.words[at / WORD].load(Ordering::Relaxed).to_ne_bytes();
+        out.copy_from_slice(&bytes[lane..lane + out.len()]);
+    }
+
+    /// Copies `data` into the region at `offset`. The caller has checked the range.
+    fn write(&self, offset: usize, data: &[u8]) {
+        let (head, bulk) = split(offset, data.len());
+        let (data_head, rest) = data.split_at(head);
+        let (data_bulk, data_tail) = rest.split_at(bulk);
+        self.write_partial(offset, data_head);
+        let first = (offset + head) / WORD;
+        for (word, chunk) in self.words[first..].iter().zip(data_bulk.chunks_exact(WORD)) {
+            let mut bytes = [0u8; WORD];
+            bytes.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
+        self.write_partial(offset + head + bulk, data_tail);
+    }
+
+    /// Writes less than a word, within one word: merged with a compare-and-swap loop, so a
+    /// neighbour's concurrent write to the same word survives.
+    fn write_partial(&self, at: usize, part: &[u8]) {
+        if part.is_empty() {
+            return;
+        }
+        let lane = at % WORD;
+        let _ = self.words[at / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            let mut bytes = old.to_ne_bytes();
+            bytes[lane..lane + part.len()].copy_from_slice(part);
+            Some(u64::from_ne_bytes(bytes))
+        });
+    }
+
+    /// The word holding the 8-byte-aligned `offset`.
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        &self.words[offset / WORD]
+    }
+}
+
+/// A registered memory region, as the application holds it.
+///
+/// Cloning gives another handle to the same memory. The handle stays usable after
+/// deregistration, but the keys no longer reach it.
+#[derive(Clone)]
+pub struct MemoryRegion {
+    pd: PdId,
+    iova: u64,
+    access: Access,
+    lkey: LKey,
+    rkey: RKey,
+    words: Arc<Words>,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("pd", &self.pd)
+            .field("iova", &format_args!("{:#x}", self.iova))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// A zeroed region with these keys, or `NoMemory`.
+    pub(super) fn allocate(
+        pd: PdId,
+        iova: u64,
+        len: usize,
+        access: Access,
+        (lkey, rkey): (LKey, RKey),
+    ) -> Result<Self, MemoryError> {
+        Ok(MemoryRegion {
+            pd,
+            iova,
+            access,
+            lkey,
+            rkey,
+            words: Arc::new(Words::zeroed(len)?),
+        })
+    }
+
+    /// The span of `len` bytes at `offset` from the region's start, which the caller checked.
+    pub(super) fn span(&self, offset: usize, len: usize) -> Span {
+        debug_assert!(offset + len <= self.len());
+        Span {
+            words: self.words.clone(),
+            offset,
+            len,
+        }
+    }
+
+    /// How many handles and spans hold the memory, this one included.
+    pub(super) fn holders(&self) -> usize {
+        Arc::strong_count(&self.words)
+    }
+
+    pub fn lkey(&self) -> LKey {
+        self.lkey
+    }
+
+    pub fn rkey(&self) -> RKey {
+        self.rkey
+    }
+
+    /// The address the region starts at, for peers and for scatter/gather lists.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    pub fn len(&self) -> usize {
+        self.words.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.len == 0
+    }
+
+    pub fn pd(&self) -> PdId {
+        self.pd
+    }
+
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    fn range(&self, offset: usize, len: usize) -> Result<(), MemoryError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(MemoryError::OutOfBounds {
+                addr: self.iova.wrapping_add(offset as u64),
+                len: len as u64,
+            }),
+        }
+    }
+
+    /// Reads bytes at `offset` (from the region's start) into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MemoryError> {
+        self.range(offset, out.len())?;
+        self.words.read(offset, out);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (from the region's start).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemoryError> {
+        self.range(offset, data.len())?;
+        self.words.write(offset, data);
+        Ok(())
+    }
+
+    /// A copy of the whole region.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len()];
+        self.words.read(0, &mut out);
+        out
+    }
+}
+
+/// A checked window into a region: what the transport may touch for one packet.
+#[derive(Clone)]
+pub struct Span {
+    words: Arc<Words>,
+    offset: usize,
+    len: usize,
+}
+
+impl fmt::Debug for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Span {{ offset: {}, len: {} }}", self.offset, self.len)
+    }
+}
+
+impl Span {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The part of the span `len` bytes long at `at`, if it lies inside.
+    pub fn slice(&self, at: usize, len: usize) -> Option<Span> {
+        let end = at.checked_add(len)?;
+        (end <= self.len).then(|| Span {
+            words: self.words.clone(),
+            offset: self.offset + at,
+            len,
+        })
+    }
+
+    /// Copies `out.len()` bytes from `at` within the span. Panics past the span: the core
+    /// sizes every copy from the checked length.
+    pub fn read(&self, at: usize, out: &mut [u8]) {
+        assert!(at + out.len() <= self.len, "read past a checked span");
+        self.words.read(self.offset + at, out);
+    }
+
+    /// Copies `data` to `at` within the span.
+    pub fn write(&self, at: usize, data: &[u8]) {
+        assert!(at + data.len() <= self.len, "write past a checked span");
+        self.words.write(self.offset + at, data);
+    }
+
+    /// The 64-bit word of an atomic span (8 bytes, 8-aligned), as the host holds it.
+    fn atomic_word(&self) -> &AtomicU64 {
+        assert!(
+            self.len == WORD && self.offset % WORD == 0,
+            "not an atomic span"
+        );
+        self.words.word(self.offset)
+    }
+
+    /// FETCH_ADD: adds `add` and returns the value before.
+    pub fn fetch_add(&self, add: u64) -> u64 {
+        self.atomic_word().fetch_add(add, Ordering::Relaxed)
+    }
+
+    /// CMP_SWAP: stores `swap` if the word equals `compare`; returns the value before.
+    pub fn compare_swap(&self, compare: u64, swap: u64) -> u64 {
+        match self.atomic_word().compare_exchange(
+            compare,
+            swap,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(old) | Err(old) => old,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::table::tests::table;
+    use super::super::MemoryTable;
+    use super::*;
+    use crate::wire::Qpn;
+
+    #[test]
+    fn unaligned_reads_and_writes() {
+        let (t, pd, mr) = table();
+        mr.write(3, b"hello, region").unwrap();
+        let mut out = [0u8; 13];
+        mr.read(3, &mut out).unwrap();
+        assert_eq!(&out, b"hello, region");
+        let span = t
+            .check_local(mr.lkey(), pd, 0x1000 + 5, 20, Access::LOCAL_WRITE)
+            .unwrap();
+        let mut got = [0u8; 4];
+        span.read(0, &mut got);
+        assert_eq!(&got, b"llo,");
+        assert_eq!(
+            mr.read(60, &mut [0u8; 5]),
+            Err(MemoryError::OutOfBounds {
+                addr: 0x1000 + 60,
+                len: 5
+            })
+        );
+    }
+
+    #[test]
+    fn every_small_offset_and_length_matches_a_plain_buffer() {
+        // Head, whole words and tail: every split the copy loops make.
+        let (_, _, mr) = table();
+        let mut model = vec![0u8; 64];
+        for offset in 0..24 {
+            for len in 0..=(40 - offset % 8) {
+                let data: Vec<u8> = (0..len)
+                    .map(|i| (offset * 31 + len * 7 + i) as u8)
+                    .collect();
+                mr.write(offset, &data).unwrap();
+                model[offset..offset + len].copy_from_slice(&data);
+                assert_eq!(mr.to_vec(), model, "write {len} at {offset}");
+                let mut out = vec![0u8; len];
+                mr.read(offset, &mut out).unwrap();
+                assert_eq!(out, data, "read {len} at {offset}");
+            }
+        }
+    }
+
+    #[test]
+    fn atomics_act_on_the_word() {
+        let mut t = MemoryTable::new(3);
+        let pd = t.alloc_pd();
+        let mr = t.register(pd, 0x2000, 16, Access::REMOTE_ATOMIC).unwrap();
+        mr.write(8, &41u64.to_ne_bytes()).unwrap();
+        let span = t
+            .check_atomic(mr.rkey(), (pd, Qpn::new(2)), 0x2008)
+            .unwrap();
+        assert_eq!(span.fetch_add(1), 41);
+        assert_eq!(span.compare_swap(42, 7), 42);
+        assert_eq!(span.compare_swap(42, 9), 7);
+        let mut word = [0u8; 8];
+        mr.read(8, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 7);
+    }
+
+    #[test]
+    fn concurrent_partial_writes_to_one_word_are_not_lost() {
+        let (_, _, mr) = table();
+        let writers: Vec<_> = (0..8)
+            .map(|lane| {
+                let mr = mr.clone();
+                std::thread::spawn(move || {
+                    for round in 0..200u8 {
+                        mr.write(lane, &[round]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let mr = mr.clone();
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    let _ = mr.to_vec();
+                }
+            })
+        };
+        for w in writers {
+            w.join().unwrap();
+        }
+        reader.join().unwrap();
+        let mut word = [0u8; 8];
+        mr.read(0, &mut word).unwrap();
+        assert_eq!(word, [199; 8], "every lane keeps its last write");
+    }
+}

@@ -1,0 +1,383 @@
+//! [`MemoryTable`]: every protection domain, region and window of one device, and the checks
+//! behind every access.
+//!
+//! A remote key names either a region or a window ([`Target`]); a local key names a region.
+//! The remote check runs in one order for both, so a peer learns from a NAK only what the
+//! first failing rule says: the key, the protection domain (and for a type 2 window the QP),
+//! the bounds, then the rights.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
+
+use super::window::Window;
+use super::{Access, MemoryError, MemoryRegion, PdId, Span};
+use crate::wire::{LKey, Qpn, RKey};
+
+const WORD: u64 = 8;
+
+/// What a remote key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Target {
+    /// The region with this lkey.
+    Region(u32),
+    /// The window in this slot of `windows`.
+    Window(usize),
+}
+
+/// Every protection domain, registered region and memory window of one device.
+pub struct MemoryTable {
+    next_pd: u32,
+    /// Regions by lkey.
+    pub(super) regions: HashMap<u32, MemoryRegion>,
+    /// What each remote key names.
+    pub(super) rkeys: HashMap<u32, Target>,
+    /// Windows by slot; `None` where one was deallocated, its slot in `free_windows`.
+    pub(super) windows: Vec<Option<Window>>,
+    pub(super) free_windows: Vec<usize>,
+    pub(super) rng: ChaCha20Rng,
+}
+
+impl fmt::Debug for MemoryTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryTable")
+            .field("regions", &self.regions.len())
+            .field("windows", &self.windows().count())
+            .finish()
+    }
+}
+
+/// Checks `len` bytes at `addr` against the range `[start, start + size)`.
+pub(super) fn within(addr: u64, len: usize, start: u64, size: u64) -> Result<(), MemoryError> {
+    let out_of_bounds = MemoryError::OutOfBounds {
+        addr,
+        len: len as u64,
+    };
+    let end = addr.checked_add(len as u64).ok_or(out_of_bounds)?;
+    if addr < start || end > start.saturating_add(size) {
+        return Err(out_of_bounds);
+    }
+    Ok(())
+}
+
+impl MemoryTable {
+    /// A table whose keys are drawn from a ChaCha20 stream seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        MemoryTable {
+            next_pd: 1,
+            regions: HashMap::new(),
+            rkeys: HashMap::new(),
+            windows: Vec::new(),
+            free_windows: Vec::new(),
+            rng: ChaCha20Rng::seed_from_u64(seed),
+        }
+    }
+
+    pub fn alloc_pd(&mut self) -> PdId {
+        let pd = PdId(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Whether a new key may be `key`: no region uses it as either key, and no window's rkey
+    /// shares its upper 24 bits, which a window keeps across binds.
+    pub(super) fn key_is_free(&self, key: u32) -> bool {
+        key != 0
+            && !self.regions.contains_key(&key)
+            && !self.rkeys.contains_key(&key)
+            && !self.windows().any(|w| w.rkey.0 >> 8 == key >> 8)
+    }
+
+    /// A random key that [`key_is_free`](Self::key_is_free).
+    fn fresh_key(&mut self) -> u32 {
+        loop {
+            let key = self.rng.next_u32();
+            if self.key_is_free(key) {
+                return key;
+            }
+        }
+    }
+
+    /// Registers a zeroed region of `len` bytes at address `iova`, which must be 8-aligned so
+    /// that atomics fall on whole words. A region the host cannot allocate is `NoMemory`.
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, MemoryError> {
+        if iova % WORD != 0 {
+            return Err(MemoryError::Misaligned { addr: iova });
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(MemoryError::OutOfBounds {
+                addr: iova,
+                len: len as u64,
+            });
+        }
+        self.release_dropped();
+        let lkey = self.fresh_key();
+        let rkey = self.fresh_key();
+        let region = MemoryRegion::allocate(pd, iova, len, access, (LKey(lkey), RKey(rkey)))?;
+        self.rkeys.insert(rkey, Target::Region(lkey));
+        self.regions.insert(lkey, region.clone());
+        Ok(region)
+    }
+
+    /// Deregisters a region: both its keys stop working at once. Refused while windows are
+    /// bound over it, as rxe refuses (IBTA C10-11).
+    pub fn deregister(&mut self, lkey: LKey) -> Result<(), MemoryError> {
+        if !self.regions.contains_key(&lkey.0) {
+            return Err(MemoryError::UnknownKey { key: lkey.0 });
+        }
+        if self.windows().any(|w| w.is_bound_over(lkey)) {
+            return Err(MemoryError::WindowsBound { lkey: lkey.0 });
+        }
+        if let Some(region) = self.regions.remove(&lkey.0) {
+            self.rkeys.remove(&region.rkey().0);
+        }
+        Ok(())
+    }
+
+    /// How many regions are registered.
+    pub fn regions(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Deregisters every region that nothing but this table holds any more: no application
+    /// handle, no [`Span`] of a request in flight and no window bound over it. A region is the
+    /// application's to let go of by dropping its last handle; the owner of the table calls
+    /// this when that is likely, and the region's keys stop working then.
+    pub fn release_dropped(&mut self) {
+        let rkeys = &mut self.rkeys;
+        self.regions.retain(|_, region| {
+            let held = region.holders() > 1;
+            if !held {
+                rkeys.remove(&region.rkey().0);
+            }
+            held
+        });
+    }
+
+    /// A checked span of `region`.
+    fn region_span(
+        region: &MemoryRegion,
+        key: u32,
+        pd: PdId,
+        addr: u64,
+        len: usize,
+        needed: Access,
+    ) -> Result<Span, MemoryError> {
+        if region.pd() != pd {
+            return Err(MemoryError::WrongPd { key });
+        }
+        within(addr, len, region.iova(), region.len() as u64)?;
+        if !region.access().contains(needed) {
+            return Err(MemoryError::AccessDenied { needed });
+        }
+        Ok(region.span((addr - region.iova()) as usize, len))
+    }
+
+    /// The check behind every remote access by QP `qpn` of `pd`: key, protection domain (and
+    /// for a type 2 window, QP), bounds, then rights. The key may name a region or a window.
+    pub fn check_remote(
+        &self,
+        rkey: RKey,
+        (pd, qpn): (PdId, Qpn),
+        addr: u64,
+        len: usize,
+        needed: Access,
+    ) -> Result<Span, MemoryError> {
+        let unknown = MemoryError::UnknownKey { key: rkey.0 };
+        match *self.rkeys.get(&rkey.0).ok_or(unknown)? {
+            Target::Region(lkey) => {
+                let region = self.regions.get(&lkey).ok_or(unknown)?;
+                Self::region_span(region, rkey.0, pd, addr, len, needed)
+            }
+            Target::Window(slot) => {
+                let window = self.windows[slot].as_ref().ok_or(unknown)?;
+                window.check(rkey, (pd, qpn), addr, len, needed)
+            }
+        }
+    }
+
+    /// The same check for a local scatter/gather element.
+    pub fn check_local(
+        &self,
+        lkey: LKey,
+        pd: PdId,
+        addr: u64,
+        len: usize,
+        needed: Access,
+    ) -> Result<Span, MemoryError> {
+        let region = self
+            .regions
+            .get(&lkey.0)
+            .ok_or(MemoryError::UnknownKey { key: lkey.0 })?;
+        Self::region_span(region, lkey.0, pd, addr, len, needed)
+    }
+
+    /// An atomic target: 8 bytes, 8-aligned, with remote atomic access.
+    pub fn check_atomic(
+        &self,
+        rkey: RKey,
+        requester: (PdId, Qpn),
+        addr: u64,
+    ) -> Result<Span, MemoryError> {
+        if addr % WORD != 0 {
+            return Err(MemoryError::Misaligned { addr });
+        }
+        self.check_remote(rkey, requester, addr, WORD as usize, Access::REMOTE_ATOMIC)
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    const QP: Qpn = Qpn::new(0x20);
+
+    /// A table with one region of 64 bytes at 0x1000, local and remote write.
+    pub(in crate::memory) fn table() -> (MemoryTable, PdId, MemoryRegion) {
+        let mut t = MemoryTable::new(7);
+        let pd = t.alloc_pd();
+        let mr = t
+            .register(pd, 0x1000, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        (t, pd, mr)
+    }
+
+    #[test]
+    fn each_failure_has_its_own_error() {
+        let (mut t, pd, mr) = table();
+        let other = t.alloc_pd();
+        let rkey = mr.rkey();
+        let me = (pd, QP);
+        assert!(t
+            .check_remote(rkey, me, 0x1000, 64, Access::REMOTE_WRITE)
+            .is_ok());
+        assert_eq!(
+            t.check_remote(RKey(rkey.0 ^ 1), me, 0x1000, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemoryError::UnknownKey { key: rkey.0 ^ 1 }
+        );
+        assert_eq!(
+            t.check_remote(rkey, (other, QP), 0x1000, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemoryError::WrongPd { key: rkey.0 }
+        );
+        assert_eq!(
+            t.check_remote(rkey, me, 0x1001, 64, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemoryError::OutOfBounds {
+                addr: 0x1001,
+                len: 64
+            }
+        );
+        assert_eq!(
+            t.check_remote(rkey, me, 0xfff, 2, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemoryError::OutOfBounds {
+                addr: 0xfff,
+                len: 2
+            }
+        );
+        // An address plus length that overflows 64 bits.
+        assert!(matches!(
+            t.check_remote(rkey, me, u64::MAX - 2, 8, Access::REMOTE_WRITE),
+            Err(MemoryError::OutOfBounds { .. })
+        ));
+        assert_eq!(
+            t.check_remote(rkey, me, 0x1000, 8, Access::REMOTE_READ)
+                .unwrap_err(),
+            MemoryError::AccessDenied {
+                needed: Access::REMOTE_READ
+            }
+        );
+        assert_eq!(
+            t.check_atomic(rkey, me, 0x1004).unwrap_err(),
+            MemoryError::Misaligned { addr: 0x1004 }
+        );
+    }
+
+    #[test]
+    fn deregistration_invalidates_both_keys_at_once() {
+        let (mut t, pd, mr) = table();
+        let span = t
+            .check_local(mr.lkey(), pd, 0x1000, 8, Access::LOCAL_WRITE)
+            .unwrap();
+        t.deregister(mr.lkey()).unwrap();
+        assert!(matches!(
+            t.check_remote(mr.rkey(), (pd, QP), 0x1000, 8, Access::REMOTE_WRITE),
+            Err(MemoryError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            t.check_local(mr.lkey(), pd, 0x1000, 8, Access::LOCAL_WRITE),
+            Err(MemoryError::UnknownKey { .. })
+        ));
+        // A span checked before stays memory-safe: the words live as long as any handle.
+        span.write(0, b"late");
+        assert_eq!(
+            t.deregister(mr.lkey()),
+            Err(MemoryError::UnknownKey { key: mr.lkey().0 })
+        );
+    }
+
+    #[test]
+    fn a_region_no_one_holds_is_released_and_one_in_use_is_not() {
+        let (mut t, pd, mr) = table();
+        let kept = t.register(pd, 0x10_0000, 64, Access::REMOTE_WRITE).unwrap();
+        let span = t
+            .check_remote(kept.rkey(), (pd, QP), 0x10_0000, 8, Access::REMOTE_WRITE)
+            .unwrap();
+        let (rkey, kept_rkey) = (mr.rkey(), kept.rkey());
+        drop((mr, kept));
+        t.release_dropped();
+        // The first region had no handle left; the second is still reachable by its span, as
+        // a READ in flight holds the span it was granted.
+        assert_eq!(t.regions(), 1);
+        assert!(matches!(
+            t.check_remote(rkey, (pd, QP), 0x1000, 8, Access::REMOTE_WRITE),
+            Err(MemoryError::UnknownKey { .. })
+        ));
+        drop(span);
+        t.release_dropped();
+        assert_eq!(t.regions(), 0);
+        assert!(t
+            .check_remote(kept_rkey, (pd, QP), 0x10_0000, 8, Access::REMOTE_WRITE)
+            .is_err());
+    }
+
+    #[test]
+    fn keys_are_random_and_distinct() {
+        let mut t = MemoryTable::new(1);
+        let pd = t.alloc_pd();
+        let keys: Vec<u32> = (0..64)
+            .map(|_| t.register(pd, 0, 8, Access::NONE).unwrap().rkey().0)
+            .collect();
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+        // Neighbouring registrations do not give neighbouring keys: their high 24 bits differ.
+        let sequential = keys.windows(2).filter(|w| w[0] >> 8 == w[1] >> 8).count();
+        assert_eq!(sequential, 0);
+    }
+
+    /// `register(1 << 46)` aborted the process in `Words::zeroed` ("memory allocation of
+    /// 70368744177664 bytes failed"); the host's refusal is now an error.
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri's allocator is not the host's")]
+    fn a_region_the_host_cannot_hold_is_an_error_not_an_abort() {
+        let (mut t, pd, _kept) = table();
+        for len in [1usize << 46, usize::MAX - 7] {
+            assert_eq!(
+                t.register(pd, 0, len, Access::LOCAL_WRITE).unwrap_err(),
+                MemoryError::NoMemory { len: len as u64 },
+                "{len}"
+            );
+        }
+        assert_eq!(t.regions(), 1, "nothing was registered");
+    }
+}
