@@ -129,7 +129,7 @@ fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
     let mut wcs = Vec::with_capacity(256);
     while done < count {
         wcs.clear();
-        if p.cqs[0].poll(&mut wcs, 256) == 0 {
+        if p.cqs[0].poll(&mut wcs, 256).unwrap() == 0 {
             let wc = p.cqs[0]
                 .wait(Duration::from_secs(30))
                 .unwrap()

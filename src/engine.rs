@@ -16,7 +16,8 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -109,6 +110,9 @@ pub enum Progress {
     Inline,
 }
 
+/// Why an engine stopped on its own: the socket's error, once set.
+type Failure = Arc<OnceLock<Arc<io::Error>>>;
+
 /// The application's side of a running engine.
 pub(crate) struct EngineHandle {
     pub commands: Sender<Command>,
@@ -117,31 +121,37 @@ pub(crate) struct EngineHandle {
     /// application thread is blocked in.
     waker: Arc<Waker>,
     driver: Driver,
+    failure: Failure,
 }
 
 enum Driver {
-    Thread(Option<JoinHandle<io::Result<()>>>),
+    Thread(Option<JoinHandle<()>>),
     Inline(Mutex<Box<dyn Turn>>),
 }
 
 /// An engine the application drives: one turn of its loop at a time.
 trait Turn: Send {
     /// Waits up to `wait` for the socket (less if a timer is due sooner, not at all if work is
-    /// waiting), then does everything that is due. False once the engine has shut down.
-    fn turn(&mut self, wait: Duration) -> io::Result<bool>;
+    /// waiting), then does everything that is due. False once the engine has stopped.
+    fn turn(&mut self, wait: Duration) -> bool;
 }
 
 impl EngineHandle {
+    /// The engine has stopped: why, if it stopped on its own.
+    pub fn gone(&self) -> EngineGone {
+        EngineGone(self.failure.get().cloned())
+    }
+
     /// Sends a command and has the engine run it.
     pub fn command(&self, command: Command) -> Result<(), EngineGone> {
-        self.commands.send(command).map_err(|_| EngineGone)?;
+        self.commands.send(command).map_err(|_| self.gone())?;
         self.wake()
     }
 
     /// Has the engine look at its channels: wakes the thread, or runs an inline turn.
     pub fn wake(&self) -> Result<(), EngineGone> {
         match &self.driver {
-            Driver::Thread(_) => self.waker.wake().map_err(|_| EngineGone),
+            Driver::Thread(_) => self.waker.wake().map_err(|_| self.gone()),
             Driver::Inline(_) => self.drive(Duration::ZERO),
         }
     }
@@ -156,13 +166,14 @@ impl EngineHandle {
         let mut engine = match engine.try_lock() {
             Ok(engine) => engine,
             Err(_) => {
-                self.waker.wake().map_err(|_| EngineGone)?;
-                engine.lock().map_err(|_| EngineGone)?
+                self.waker.wake().map_err(|_| self.gone())?;
+                engine.lock().map_err(|_| self.gone())?
             }
         };
-        match engine.turn(wait) {
-            Ok(true) => Ok(()),
-            Ok(false) | Err(_) => Err(EngineGone),
+        if engine.turn(wait) {
+            Ok(())
+        } else {
+            Err(self.gone())
         }
     }
 
@@ -185,13 +196,14 @@ impl EngineHandle {
     pub fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineGone> {
         let (reply, answer) = bounded(1);
         self.command(make(reply))?;
-        answer.recv().map_err(|_| EngineGone)
+        answer.recv().map_err(|_| self.gone())
     }
 }
 
-/// The engine thread has stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineGone;
+/// The engine has stopped: shut down by the application (`None`), or by the error that killed
+/// its socket.
+#[derive(Debug, Clone)]
+pub struct EngineGone(pub Option<Arc<io::Error>>);
 
 struct Engine<B: Backend> {
     endpoint: Endpoint,
@@ -212,6 +224,9 @@ struct Engine<B: Backend> {
     backlog: bool,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
+    failure: Failure,
+    /// Destinations the backend could not reach, handed to the core after each flush.
+    unreachable: Vec<IpAddr>,
 }
 
 /// A request the core refused after `post_send` or `post_recv` returned: it completes with
@@ -250,7 +265,10 @@ pub(crate) fn start<B: Backend>(
         readiness: Events::with_capacity(64),
         backlog: false,
         stopped: false,
+        failure: Failure::default(),
+        unreachable: Vec::new(),
     };
+    let failure = engine.failure.clone();
     let driver = match progress {
         Progress::Thread => Driver::Thread(Some(
             std::thread::Builder::new()
@@ -264,15 +282,13 @@ pub(crate) fn start<B: Backend>(
         events,
         waker,
         driver,
+        failure,
     })
 }
 
 impl<B: Backend> Turn for Engine<B> {
-    fn turn(&mut self, wait: Duration) -> io::Result<bool> {
-        if self.stopped {
-            return Ok(false);
-        }
-        self.step(Some(wait))
+    fn turn(&mut self, wait: Duration) -> bool {
+        !self.stopped && self.step_or_stop(Some(wait))
     }
 }
 
@@ -281,9 +297,24 @@ impl<B: Backend> Engine<B> {
         self.start.elapsed()
     }
 
-    fn run(mut self) -> io::Result<()> {
-        while self.step(None)? {}
-        Ok(())
+    fn run(mut self) {
+        while self.step_or_stop(None) {}
+    }
+
+    /// A turn; false once the engine has stopped. A dead socket stops it here: every QP is
+    /// flushed, the completions delivered, and the error kept for the application's calls.
+    fn step_or_stop(&mut self, cap: Option<Duration>) -> bool {
+        match self.step(cap) {
+            Ok(running) => running,
+            Err(error) => {
+                tracing::error!(%error, address = %self.backend.local_addr(),
+                                "the device's socket failed; the device stops");
+                let _ = self.failure.set(Arc::new(error));
+                self.shut_down();
+                self.stopped = true;
+                false
+            }
+        }
     }
 
     /// One turn: waits for the socket up to `cap` (`None`: no cap), less if a timer is due
@@ -327,6 +358,7 @@ impl<B: Backend> Engine<B> {
         }
         let more_to_send = self.transmit()?;
         self.backlog |= more_to_send;
+        self.unreachable_peers(now);
         self.completions();
         Ok(true)
     }
@@ -471,6 +503,16 @@ impl<B: Backend> Engine<B> {
         Ok(self.endpoint.has_transmits())
     }
 
+    /// Fails the QPs connected to destinations the backend could not reach.
+    fn unreachable_peers(&mut self, now: Duration) {
+        let unreachable = &mut self.unreachable;
+        self.backend
+            .drain_unreachable(&mut |dst| unreachable.push(dst));
+        for dst in self.unreachable.drain(..) {
+            self.endpoint.handle_unreachable(now, dst);
+        }
+    }
+
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
         for (index, tx) in self.cqs.iter().enumerate() {
@@ -491,8 +533,10 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Clean shutdown: every QP is flushed, the completions delivered, the socket closed when
-    /// the backend drops.
+    /// Shutdown, clean or not: every QP is flushed and the completions delivered; then the
+    /// engine lets go of its channels, so that the application's posts and polls, once the
+    /// completions are drained, learn that the device is gone. The socket closes when the
+    /// backend drops.
     fn shut_down(&mut self) {
         let now = self.now();
         let qpns: Vec<Qpn> = self.qps.keys().copied().collect();
@@ -500,5 +544,10 @@ impl<B: Backend> Engine<B> {
             let _ = self.endpoint.destroy_qp(now, qpn);
         }
         self.completions();
+        self.qps.clear();
+        self.cqs.clear();
+        // Commands still queued, and any sent later, get no answer: their callers see the
+        // engine gone.
+        while self.commands.try_recv().is_ok() {}
     }
 }

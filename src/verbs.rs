@@ -54,8 +54,11 @@ pub enum Error {
     Memory(MemoryError),
     /// The queue holds as many requests as it was created for.
     QueueFull,
-    /// The device's engine thread has stopped.
+    /// The device was closed: every handle to it was dropped.
     DeviceClosed,
+    /// The device stopped because its socket failed, with this error. Its outstanding work
+    /// requests were flushed (WR_FLUSH_ERR) before it stopped.
+    DeviceFailed(Arc<io::Error>),
 }
 
 impl fmt::Display for Error {
@@ -66,11 +69,22 @@ impl fmt::Display for Error {
             Error::Memory(e) => e.fmt(f),
             Error::QueueFull => f.write_str("the queue is full"),
             Error::DeviceClosed => f.write_str("the device is closed"),
+            Error::DeviceFailed(e) => write!(f, "the device stopped: its socket failed: {e}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            Error::Verbs(e) => Some(e),
+            Error::Memory(e) => Some(e),
+            Error::DeviceFailed(e) => Some(e.as_ref()),
+            Error::QueueFull | Error::DeviceClosed => None,
+        }
+    }
+}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
@@ -88,8 +102,11 @@ impl From<MemoryError> for Error {
     }
 }
 impl From<EngineGone> for Error {
-    fn from(_: EngineGone) -> Self {
-        Error::DeviceClosed
+    fn from(gone: EngineGone) -> Self {
+        match gone.0 {
+            Some(failure) => Error::DeviceFailed(failure),
+            None => Error::DeviceClosed,
+        }
     }
 }
 
@@ -513,7 +530,7 @@ impl QueuePair {
         match queue.try_send(wr) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(Error::QueueFull),
-            Err(TrySendError::Disconnected(_)) => return Err(Error::DeviceClosed),
+            Err(TrySendError::Disconnected(_)) => return Err(self.device.engine().gone().into()),
         }
         self.device.engine().wake()?;
         Ok(())
@@ -593,14 +610,28 @@ impl Drop for CqInner {
 }
 
 impl CompletionQueue {
-    /// Up to `max` completions, without blocking. With inline progress, the engine runs a turn
-    /// first.
-    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+    /// Up to `max` completions, without blocking, appended to `out`; returns how many. With
+    /// inline progress, the engine runs a turn first.
+    ///
+    /// Once the device has stopped, the completions it flushed are still returned; after the
+    /// last of them, `poll` fails with why the device stopped ([`Error::DeviceFailed`] or
+    /// [`Error::DeviceClosed`]), so that a poll loop learns it instead of spinning on zero.
+    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        let engine = self.inner.device.engine();
         // An engine that has stopped has no completions to add: the channel says the rest.
-        let _ = self.inner.device.engine().drive(Duration::ZERO);
+        let _ = engine.drive(Duration::ZERO);
         let before = out.len();
-        out.extend(self.inner.completions.try_iter().take(max));
-        out.len() - before
+        while out.len() - before < max {
+            match self.inner.completions.try_recv() {
+                Ok(wc) => out.push(wc),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if out.len() == before => {
+                    return Err(engine.gone().into());
+                }
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        Ok(out.len() - before)
     }
 
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
@@ -614,7 +645,7 @@ impl CompletionQueue {
             loop {
                 match self.inner.completions.try_recv() {
                     Ok(wc) => return Ok(Some(wc)),
-                    Err(TryRecvError::Disconnected) => return Err(Error::DeviceClosed),
+                    Err(TryRecvError::Disconnected) => return Err(engine.gone().into()),
                     Err(TryRecvError::Empty) => {}
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -627,7 +658,7 @@ impl CompletionQueue {
         match self.inner.completions.recv_timeout(timeout) {
             Ok(wc) => Ok(Some(wc)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(Error::DeviceClosed),
+            Err(RecvTimeoutError::Disconnected) => Err(engine.gone().into()),
         }
     }
 }

@@ -39,6 +39,9 @@ impl Backend for Lossy {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.inner.drain_unreachable(each)
+    }
     fn receive(
         &mut self,
         budget: usize,

@@ -26,26 +26,119 @@ pub use udp::{UdpBackend, UdpConfig};
 
 use crate::transport::Datagram;
 
-/// Packets moved and dropped by a backend.
+/// Packets moved and dropped by a backend, each drop by its cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoCounters {
     pub sent: u64,
     pub received: u64,
-    /// Packets the kernel would not take (its send buffer was full). RC retransmits them.
+    /// Packets the kernel would not take for now: its send buffer was full (EAGAIN, ENOBUFS,
+    /// ENOMEM). RC retransmits them.
     pub send_dropped: u64,
-    /// Received datagrams that are not RoCE packets for this endpoint.
+    /// Packets larger than the link allows (EMSGSIZE): the link's MTU shrank under the
+    /// device's port MTU.
+    pub send_too_big: u64,
+    /// Packets to a destination the host cannot reach (no route, host or network down) or may
+    /// not send to (a broadcast address, a firewall's EPERM, the other address family).
+    pub send_unreachable: u64,
+    /// Packets lost to any other send error.
+    pub send_failed: u64,
+    /// Receive calls that failed with an error that leaves the socket usable.
+    pub receive_errors: u64,
+    /// Received datagrams that are not RoCE packets for this endpoint: empty, cut short, of
+    /// another family, or (raw backend) not RoCEv2.
     pub foreign: u64,
 }
 
+/// What a failed send or receive means for the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The socket itself is gone (EBADF, ENOTSOCK, EFAULT): the device stops, and its
+    /// application gets this error.
+    Dead,
+    /// This packet is lost and nothing more; RC retransmits it.
+    Dropped,
+    /// Too large for the link: lost.
+    TooBig,
+    /// Nothing can reach the destination: lost, and the transport fails the connected QPs
+    /// whose peer it is ([`crate::transport::Endpoint::handle_unreachable`]).
+    Unreachable,
+}
+
+impl Failure {
+    /// What a failed `sendto` or `recvmsg` means, by its errno.
+    pub(crate) fn of(error: &io::Error) -> Failure {
+        use nix::libc::*;
+        match error.raw_os_error() {
+            Some(EBADF | ENOTSOCK | EFAULT) => Failure::Dead,
+            Some(EMSGSIZE) => Failure::TooBig,
+            Some(
+                EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENETDOWN | EADDRNOTAVAIL | EACCES | EPERM
+                | EAFNOSUPPORT | EINVAL | EDESTADDRREQ | ECONNREFUSED,
+            ) => Failure::Unreachable,
+            _ => Failure::Dropped,
+        }
+    }
+}
+
+impl IoCounters {
+    /// Counts a packet that could not be sent for `failure` (which is not `Dead`).
+    pub(crate) fn count_send_failure(&mut self, failure: Failure, error: &io::Error) {
+        match failure {
+            Failure::TooBig => self.send_too_big += 1,
+            Failure::Unreachable => self.send_unreachable += 1,
+            Failure::Dropped if is_congestion(error) => self.send_dropped += 1,
+            Failure::Dropped | Failure::Dead => self.send_failed += 1,
+        }
+    }
+}
+
+/// The kernel is out of room for now, as opposed to refusing the packet.
+fn is_congestion(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::WouldBlock
+        || matches!(
+            error.raw_os_error(),
+            Some(nix::libc::ENOBUFS | nix::libc::ENOMEM)
+        )
+}
+
+/// Destinations the last sends could not reach, each once, for the engine to hand to the
+/// transport. Bounded: a flood of failures to many addresses keeps the first few.
+#[derive(Debug, Default)]
+pub(crate) struct Unreachable {
+    destinations: Vec<IpAddr>,
+}
+
+/// Destinations kept between two drains.
+const UNREACHABLE_KEPT: usize = 64;
+
+impl Unreachable {
+    pub fn note(&mut self, dst: IpAddr) {
+        if self.destinations.len() < UNREACHABLE_KEPT && !self.destinations.contains(&dst) {
+            self.destinations.push(dst);
+        }
+    }
+
+    pub fn drain(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        for dst in self.destinations.drain(..) {
+            each(dst);
+        }
+    }
+}
+
 /// A way onto the network.
+///
+/// One packet costs one packet: a backend never returns an error for a packet it could not
+/// send or a datagram it could not read. It counts them ([`IoCounters`], by cause) and drops
+/// them, and remembers destinations nothing can reach for
+/// [`drain_unreachable`](Backend::drain_unreachable). Its methods return an error only when
+/// the socket itself is gone, which ends the device.
 pub trait Backend: Send + 'static {
     /// The address peers reach this backend at.
     fn local_addr(&self) -> IpAddr;
 
     /// Frames `packet` (a RoCE packet whose last four bytes are a zero ICRC) for `dst` and seals
     /// its ICRC for that framing. It may then send it, or queue it for [`flush`](Self::flush),
-    /// which a backend does by itself when its queue is full; either way a packet the kernel
-    /// will not take is dropped and counted, not returned as an error.
+    /// which a backend does by itself when its queue is full.
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()>;
 
     /// The UDP source port [`send`](Self::send) frames `packet` with, which its ICRC covers:
@@ -58,10 +151,15 @@ pub trait Backend: Send + 'static {
     /// waiting: a queued packet leaves no sooner.
     fn flush(&mut self) -> io::Result<()>;
 
-    /// Hands up to `budget` waiting datagrams to `deliver`, without blocking, and returns how
-    /// many it handed over. The budget keeps a flood of arrivals from starving transmission: a
-    /// caller that gets `budget` back must call again before it sleeps, since readiness is
-    /// edge-triggered.
+    /// Hands each destination that a send since the last call could not reach at all (no
+    /// route, refused, the wrong family) to `each`, once.
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr));
+
+    /// Takes up to `budget` datagrams off the socket without blocking, hands those that are
+    /// RoCE packets to `deliver`, and returns how many it took, dropped ones (foreign, cut
+    /// short, a failed read) included. The budget keeps a flood of arrivals, whatever they
+    /// are, from starving transmission: a caller that gets `budget` back must call again
+    /// before it sleeps, since readiness is edge-triggered.
     fn receive(
         &mut self,
         budget: usize,

@@ -42,7 +42,7 @@ use mio::unix::SourceFd;
 use mio::{event, Interest, Registry, Token};
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 
-use super::{traffic_class, Backend, IoCounters};
+use super::{traffic_class, Backend, Failure, IoCounters, Unreachable};
 use crate::transport::Datagram;
 use crate::wire::icrc::{icrc_ipv4, ICRC_LEN};
 use crate::wire::{DethRepr, Frame, IpRepr, RocePacket, ROCEV2_UDP_PORT};
@@ -185,6 +185,7 @@ pub struct RawBackend {
     next_id: u16,
     buffer: Box<[u8]>,
     counters: IoCounters,
+    unreachable: Unreachable,
 }
 
 /// The kernel's `hash_32(value, 14)` (include/linux/hash.h), which rxe spreads source ports with.
@@ -248,6 +249,7 @@ impl RawBackend {
             next_id: 1,
             buffer: vec![0u8; MAX_DATAGRAM].into_boxed_slice(),
             counters: IoCounters::default(),
+            unreachable: Unreachable::default(),
         })
     }
 
@@ -273,15 +275,21 @@ impl Backend for RawBackend {
     }
 
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
-        let IpAddr::V4(dst) = dst else {
-            return Err(invalid("the raw backend is IPv4 only"));
+        let IpAddr::V4(dst) = dst.to_canonical() else {
+            // IPv4 only: the transport refuses IPv6 destinations on an IPv4 device.
+            self.counters.send_unreachable += 1;
+            self.unreachable.note(dst);
+            return Ok(());
         };
         let Some(source_port) = packet_source_port(packet) else {
-            return Err(invalid("not a RoCE packet"));
+            // The core emits only RoCE packets; a caller's other bytes are not sent.
+            self.counters.send_failed += 1;
+            return Ok(());
         };
         let udp_len = UDP_HEADER + packet.len();
         let Ok(total) = u16::try_from(IPV4_HEADER + udp_len) else {
-            return Err(invalid("the packet does not fit an IPv4 datagram"));
+            self.counters.send_too_big += 1;
+            return Ok(());
         };
         let mut headers = [0u8; IPV4_HEADER + UDP_HEADER];
         let (ip, udp) = headers.split_at_mut(IPV4_HEADER);
@@ -304,10 +312,20 @@ impl Backend for RawBackend {
 
         let to = SocketAddr::from(SocketAddrV4::new(dst, 0));
         let pieces = [IoSlice::new(&headers), IoSlice::new(packet)];
-        match self.raw.0.send_to_vectored(&pieces, &to.into()) {
-            Ok(_) => self.counters.sent += 1,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.counters.send_dropped += 1,
-            Err(e) => return Err(e),
+        let error = match self.raw.0.send_to_vectored(&pieces, &to.into()) {
+            Ok(_) => {
+                self.counters.sent += 1;
+                return Ok(());
+            }
+            Err(error) => error,
+        };
+        match Failure::of(&error) {
+            Failure::Dead => return Err(error),
+            Failure::Unreachable => {
+                self.counters.send_unreachable += 1;
+                self.unreachable.note(dst.into());
+            }
+            failure => self.counters.count_send_failure(failure, &error),
         }
         Ok(())
     }
@@ -316,19 +334,30 @@ impl Backend for RawBackend {
         Ok(())
     }
 
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.unreachable.drain(each);
+    }
+
     fn receive(
         &mut self,
         budget: usize,
         deliver: &mut dyn FnMut(Datagram<'_>),
     ) -> io::Result<usize> {
-        let mut handed = 0;
-        while handed < budget {
+        // Every datagram taken counts against the budget, whether delivered or dropped.
+        let mut taken = 0;
+        while taken < budget {
             let len = match (&self.raw.0).read(&mut self.buffer) {
                 Ok(len) => len,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) if Failure::of(&e) == Failure::Dead => return Err(e),
+                Err(_) => {
+                    self.counters.receive_errors += 1;
+                    taken += 1;
+                    continue;
+                }
             };
+            taken += 1;
             self.counters.received += 1;
             let bytes = &self.buffer[..len];
             let frame = match Frame::parse_ip(bytes) {
@@ -352,9 +381,8 @@ impl Backend for RawBackend {
                 icrc: frame.icrc_status(),
                 packet: frame.packet.as_bytes(),
             });
-            handed += 1;
         }
-        Ok(handed)
+        Ok(taken)
     }
 
     fn source(&mut self) -> &mut dyn mio::event::Source {

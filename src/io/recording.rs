@@ -162,6 +162,10 @@ impl<B: Backend> Backend for Recording<B> {
         self.inner.flush()
     }
 
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.inner.drain_unreachable(each);
+    }
+
     fn receive(
         &mut self,
         budget: usize,

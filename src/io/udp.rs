@@ -2,10 +2,19 @@
 //!
 //! # Framing and the ICRC
 //!
-//! It sets `IP_PMTUDISC_DO` and sends on an unconnected socket, so the kernel frames every IPv4
-//! datagram with DF and IP ID 0, and segment `i` of a segmented send (below) with ID `i`; the
-//! ICRC is sealed in advance for exactly that (see `wire::icrc`). The datagrams leave from port
+//! It sets `IP_PMTUDISC_PROBE` and sends on an unconnected socket, so the kernel frames every
+//! IPv4 datagram with DF and IP ID 0, and segment `i` of a segmented send (below) with ID `i`;
+//! the ICRC is sealed in advance for exactly that (see `wire::icrc`). PROBE, unlike DO, sizes
+//! datagrams by the interface's MTU and ignores the route's learned path MTU, so a forged ICMP
+//! "fragmentation needed" cannot shrink what the device may send: the transport's port MTU,
+//! taken from the same interface, already bounds every packet. The datagrams leave from port
 //! 4791; rxe and ConnectX take any source port.
+//!
+//! # Errors
+//!
+//! A send the kernel refuses costs that packet: it is counted by cause (`IoCounters`) and
+//! dropped, and a destination nothing can reach is noted for the transport, which fails the
+//! QPs connected to it. A failed receive costs that read. Only a dead socket is an error.
 //!
 //! A UDP socket does not deliver the IP header. What a received packet's
 //! [`IcrcStatus`](crate::wire::IcrcStatus) then means:
@@ -68,7 +77,7 @@ use nix::{libc, setsockopt_impl, sockopt_impl};
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::{traffic_class, Backend, IoCounters};
+use super::{traffic_class, Backend, Failure, IoCounters, Unreachable};
 use crate::transport::Datagram;
 use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
 
@@ -171,6 +180,7 @@ pub struct UdpBackend {
     control: Box<[u8]>,
     arrival: Arrival,
     counters: IoCounters,
+    unreachable: Unreachable,
 }
 
 fn framing(src: SocketAddr, dst: SocketAddr) -> Option<KernelFraming> {
@@ -207,12 +217,12 @@ impl UdpBackend {
         let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP))?;
         match address {
             IpAddr::V4(_) => {
-                sockopt::set_ip_mtu_discover(&socket, sockopt::Ipv4PathMtuDiscovery::DO)?;
+                sockopt::set_ip_mtu_discover(&socket, sockopt::Ipv4PathMtuDiscovery::PROBE)?;
                 socket.set_tos_v4(class.into())?;
             }
             IpAddr::V6(_) => {
                 socket.set_only_v6(true)?;
-                sockopt::set_ipv6_mtu_discover(&socket, sockopt::Ipv6PathMtuDiscovery::DO)?;
+                sockopt::set_ipv6_mtu_discover(&socket, sockopt::Ipv6PathMtuDiscovery::PROBE)?;
                 socket.set_tclass_v6(class.into())?;
                 setsockopt(&socket, UdpNoCheck6Rx, &true)?;
             }
@@ -247,10 +257,12 @@ impl UdpBackend {
                 segment: 1,
             },
             counters: IoCounters::default(),
+            unreachable: Unreachable::default(),
         })
     }
 
-    /// Sends the queued trains, each with the `UDP_SEGMENT` size it needs.
+    /// Sends the queued trains, each with the `UDP_SEGMENT` size it needs. A train the kernel
+    /// refuses is counted and dropped; only a dead socket is an error.
     fn send_trains(&mut self) -> io::Result<()> {
         for train in &self.trains {
             // A lone datagram goes out whole if it fits the current size; a run needs its own.
@@ -259,26 +271,39 @@ impl UdpBackend {
             } else {
                 self.segment_size != 0 && train.len > self.segment_size
             };
-            if resize {
-                let size = train.segment as i32;
-                setsockopt(&self.socket, nix_sockopt::UdpGsoSegment, &size)?;
-                self.segment_size = train.segment;
-            }
             let bytes = &self.queue[train.start..train.start + train.len];
-            match self.socket.send_to(bytes, train.dst) {
-                Ok(_) => self.counters.sent += train.count as u64,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.counters.send_dropped += train.count as u64
+            let sent = if resize {
+                let size = train.segment as i32;
+                setsockopt(&self.socket, nix_sockopt::UdpGsoSegment, &size)
+                    .map_err(io::Error::from)
+                    .inspect(|()| self.segment_size = train.segment)
+                    .and_then(|()| self.socket.send_to(bytes, train.dst))
+            } else {
+                self.socket.send_to(bytes, train.dst)
+            };
+            let error = match sent {
+                Ok(_) => {
+                    self.counters.sent += train.count as u64;
+                    continue;
                 }
-                Err(e) => return Err(e),
+                Err(error) => error,
+            };
+            let failure = Failure::of(&error);
+            if failure == Failure::Dead {
+                return Err(error);
+            }
+            for _ in 0..train.count {
+                self.counters.count_send_failure(failure, &error);
+            }
+            if failure == Failure::Unreachable {
+                self.unreachable.note(train.dst.ip());
             }
         }
         Ok(())
     }
 
-    /// Receives the next datagram, or coalesced run of them, into the buffer; false when none
-    /// is waiting.
-    fn next_arrival(&mut self) -> io::Result<bool> {
+    /// Receives the next datagram, or coalesced run of them, into the buffer.
+    fn next_arrival(&mut self) -> io::Result<Taken> {
         let mut iov = [IoSliceMut::new(&mut self.buffer)];
         let fd = self.socket.as_raw_fd();
         let msg = loop {
@@ -290,8 +315,15 @@ impl UdpBackend {
             ) {
                 Ok(msg) => break msg,
                 Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Ok(false),
-                Err(e) => return Err(e.into()),
+                Err(Errno::EAGAIN) => return Ok(Taken::Nothing),
+                Err(e) => {
+                    let error = io::Error::from(e);
+                    if Failure::of(&error) == Failure::Dead {
+                        return Err(error);
+                    }
+                    self.counters.receive_errors += 1;
+                    return Ok(Taken::Dropped);
+                }
             }
         };
         let len = msg.bytes;
@@ -314,13 +346,26 @@ impl UdpBackend {
                     at: 0,
                     len,
                     segment,
-                }
+                };
+                Ok(Taken::Arrived)
             }
             // Empty, cut short or from nowhere: not a RoCE packet.
-            _ => self.counters.foreign += 1,
+            _ => {
+                self.counters.foreign += 1;
+                Ok(Taken::Dropped)
+            }
         }
-        Ok(true)
     }
+}
+
+/// What one read of the socket gave.
+enum Taken {
+    /// Nothing was waiting.
+    Nothing,
+    /// A datagram that is lost: foreign, cut short, or a failed read.
+    Dropped,
+    /// A datagram, or a coalesced run of them, now in the buffer.
+    Arrived,
 }
 
 impl Backend for UdpBackend {
@@ -330,18 +375,16 @@ impl Backend for UdpBackend {
 
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
         let dst = SocketAddr::new(dst, ROCEV2_UDP_PORT);
-        let Some(framing) = framing(self.local, dst) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "IPv4 and IPv6 mixed",
-            ));
-        };
         let len = packet.len();
+        let Some(framing) = framing(self.local, dst) else {
+            // The transport refuses such destinations; one that slips through costs a packet.
+            self.counters.send_unreachable += 1;
+            self.unreachable.note(dst.ip());
+            return Ok(());
+        };
         if len > MAX_UDP_PAYLOAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a {len}-byte packet does not fit a UDP datagram"),
-            ));
+            self.counters.send_too_big += 1;
+            return Ok(());
         }
         let max_segments = self.max_segments;
         let joins = |trains: &[Train]| {
@@ -384,13 +427,18 @@ impl Backend for UdpBackend {
         sent
     }
 
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.unreachable.drain(each);
+    }
+
     fn receive(
         &mut self,
         budget: usize,
         deliver: &mut dyn FnMut(Datagram<'_>),
     ) -> io::Result<usize> {
-        let mut handed = 0;
-        while handed < budget {
+        // Every datagram taken counts against the budget, whether delivered or dropped.
+        let mut taken = 0;
+        while taken < budget {
             let Arrival {
                 src,
                 at,
@@ -398,14 +446,17 @@ impl Backend for UdpBackend {
                 segment,
             } = self.arrival;
             if at == len {
-                if self.next_arrival()? {
-                    continue;
+                match self.next_arrival()? {
+                    Taken::Nothing => break,
+                    Taken::Dropped => taken += 1,
+                    Taken::Arrived => {}
                 }
-                break;
+                continue;
             }
             let end = len.min(at + segment);
             self.arrival.at = end;
             self.counters.received += 1;
+            taken += 1;
             let Some(framing) = framing(src, self.local) else {
                 self.counters.foreign += 1;
                 continue;
@@ -419,9 +470,8 @@ impl Backend for UdpBackend {
                 icrc: framing.verify_received(packet),
                 packet,
             });
-            handed += 1;
         }
-        Ok(handed)
+        Ok(taken)
     }
 
     fn source(&mut self) -> &mut dyn mio::event::Source {

@@ -603,7 +603,9 @@ impl Context {
         max: usize,
     ) -> Result<usize> {
         wcs.clear();
-        let n = cq.poll(wcs, max);
+        let n = cq
+            .poll(wcs, max)
+            .map_err(failed("Failed to poll completions"))?;
         if let Some(wc) = wcs.iter().find(|wc| wc.status != WcStatus::Success) {
             return Err(Error::Completion {
                 wr_id: wc.wr_id,

@@ -534,10 +534,17 @@ impl Context {
                 self.watch.nothing()?;
             };
             wcs.push(first);
-            self.cq.poll(wcs, 1);
+            self.cq
+                .poll(wcs, 1)
+                .map_err(failed("Failed to poll completions"))?;
         } else {
             // rdma-core spins on the CQ.
-            while self.cq.poll(wcs, 2) == 0 {
+            while self
+                .cq
+                .poll(wcs, 2)
+                .map_err(failed("Failed to poll completions"))?
+                == 0
+            {
                 self.watch.nothing()?;
             }
         }

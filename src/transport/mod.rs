@@ -902,6 +902,32 @@ impl Endpoint {
         self.err_overrun_qps(now);
     }
 
+    /// The io layer could not send to `dst` at all: no route, the host refused (a broadcast
+    /// address, a firewall), the wrong family. Each RC or UC QP connected to `dst` that has
+    /// requests of its own in flight fails them, as rxe fails a request it cannot route
+    /// (rxe_req.c: LOC_QP_OP_ERR), and so only those QPs: the device and its other QPs carry
+    /// on. Responses that could not be sent are only lost: the peer's requester retries or
+    /// fails by itself. UD requests, and UC ones already handed to the network, completed when
+    /// their packets were sent (IBTA 9.8): their loss is counted by the io layer.
+    pub fn handle_unreachable(&mut self, now: Duration, dst: IpAddr) {
+        let dst = dst.to_canonical();
+        let qpns: Vec<Qpn> = self
+            .qps
+            .values()
+            .filter(|qp| qp.qp_type != QpType::Ud && qp.peer() == Some(dst))
+            .filter(|qp| qp.req.outstanding_wrs() > 0)
+            .map(|qp| qp.qpn)
+            .collect();
+        for qpn in qpns {
+            let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+            if let Some(qp) = qp {
+                ctx.counters.unreachable_peers += 1;
+                qp.fail_unreachable(&mut ctx);
+            }
+        }
+        self.err_overrun_qps(now);
+    }
+
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
         let qpns: Vec<Qpn> = self.qps.keys().copied().collect();

@@ -790,6 +790,15 @@ impl Qp {
         }
     }
 
+    /// The peer cannot be reached: the oldest request still outstanding fails with
+    /// LOC_QP_OP_ERR, and the QP (RC) or its send queue (UC) stops.
+    pub(crate) fn fail_unreachable(&mut self, ctx: &mut Ctx<'_>) {
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            let una = self.req.una;
+            self.fail_at(una, WcStatus::LocQpOpErr, ctx);
+        }
+    }
+
     /// The request holding `psn` failed with `status`.
     fn fail_at(&mut self, psn: Psn, status: WcStatus, ctx: &mut Ctx<'_>) {
         let idx = self

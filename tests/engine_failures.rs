@@ -1,0 +1,265 @@
+//! What a device does when the network or its socket fails, over real sockets on loopback
+//! (127.0.7.0/24). One packet the kernel refuses costs that packet, and a destination nothing
+//! can reach costs the QPs connected to it; only a dead socket stops the device, and then every
+//! call says why. Each test is a way the device used to die, or a poll loop used to spin.
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softroce::io::{Backend, IoCounters, UdpBackend};
+use softroce::memory::Access;
+use softroce::transport::{
+    Datagram, Payload, Remote, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+};
+use softroce::verbs::{
+    CompletionQueue, ConnectOptions, Device, DeviceConfig, Error, MemoryRegion, QueuePair,
+};
+use softroce::wire::{QKey, Qpn};
+
+fn ip(last: u8) -> IpAddr {
+    format!("127.0.7.{last}").parse().unwrap()
+}
+
+/// A UDP backend whose socket can be made to fail as a closed descriptor does (EBADF).
+struct Breakable {
+    inner: UdpBackend,
+    dead: Arc<AtomicBool>,
+}
+
+impl Breakable {
+    fn check(&self) -> io::Result<()> {
+        if self.dead.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(nix::libc::EBADF));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Breakable {
+    fn local_addr(&self) -> IpAddr {
+        self.inner.local_addr()
+    }
+    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+        self.check()?;
+        self.inner.send(dst, packet)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.check()?;
+        self.inner.flush()
+    }
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.inner.drain_unreachable(each)
+    }
+    fn receive(
+        &mut self,
+        budget: usize,
+        deliver: &mut dyn FnMut(Datagram<'_>),
+    ) -> io::Result<usize> {
+        self.check()?;
+        self.inner.receive(budget, deliver)
+    }
+    fn source(&mut self) -> &mut dyn mio::event::Source {
+        self.inner.source()
+    }
+    fn counters(&self) -> IoCounters {
+        self.inner.counters()
+    }
+}
+
+/// A device's RC QP with its CQ and a 64 KiB region.
+struct End {
+    device: Device,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    qp: QueuePair,
+}
+
+fn end_on(device: Device) -> End {
+    let pd = device.alloc_pd().unwrap();
+    let cq = device.create_cq(64).unwrap();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = pd.register(64 * 1024, all).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    End { device, cq, mr, qp }
+}
+
+fn open(address: IpAddr) -> End {
+    end_on(Device::open(DeviceConfig::udp(address)).unwrap())
+}
+
+/// Connects `a`'s QP to `peer` (a device address and QPN), with a short ACK timeout.
+fn connect_to(a: &End, addr: IpAddr, qpn: Qpn) {
+    let options = ConnectOptions {
+        timeout: 10,
+        ..Default::default()
+    };
+    let remote = Remote { addr, qpn, psn: 0 };
+    a.qp.connect(&remote, 0, &options).unwrap();
+}
+
+fn connect(a: &End, b: &End) {
+    connect_to(a, b.device.address(), b.qp.qpn());
+    connect_to(b, a.device.address(), a.qp.qpn());
+}
+
+fn write(a: &End, b: &End, wr_id: u64) -> SendWr {
+    let op = SendOp::Write {
+        remote_addr: b.mr.iova(),
+        rkey: b.mr.rkey(),
+    };
+    SendWr::new(wr_id, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 64)]))
+}
+
+fn next(cq: &CompletionQueue) -> WorkCompletion {
+    cq.wait(Duration::from_secs(10))
+        .unwrap()
+        .expect("a completion within 10 s")
+}
+
+/// A socket error that is not about one packet ended the engine thread with `?`, and the
+/// application saw only `DeviceClosed`: its outstanding work never completed and `poll`
+/// returned 0 for ever. Now the work is flushed, and every call, `poll` included once the
+/// flushed completions are taken, returns the socket's error.
+#[test]
+fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
+    let dead = Arc::new(AtomicBool::new(false));
+    let backend = Breakable {
+        inner: UdpBackend::bind(ip(1)).unwrap(),
+        dead: dead.clone(),
+    };
+    let a = end_on(Device::with_backend(backend, None).unwrap());
+    let b = open(ip(2));
+    connect(&a, &b);
+    // SENDs that B has no receives for: they wait in RNR retries, outstanding.
+    for wr_id in 1..=3 {
+        let sge = Sge::new(&a.mr, 0, 8);
+        let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(vec![sge]));
+        a.qp.post_send(wr).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    dead.store(true, Ordering::Relaxed);
+
+    let mut flushed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let error = loop {
+        assert!(Instant::now() < deadline, "poll never reported the failure");
+        match a.cq.poll(&mut flushed, 16) {
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(error) => break error,
+        }
+    };
+    let statuses: Vec<_> = flushed.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(statuses, [1, 2, 3].map(|id| (id, WcStatus::WrFlushErr)));
+    let is_ebadf = |e: &Error| match e {
+        Error::DeviceFailed(io) => io.raw_os_error() == Some(nix::libc::EBADF),
+        _ => false,
+    };
+    assert!(is_ebadf(&error), "{error}");
+    assert!(error.to_string().contains("socket failed"), "{error}");
+    assert!(is_ebadf(&a.qp.post_send(write(&a, &b, 9)).unwrap_err()));
+    assert!(is_ebadf(&a.cq.wait(Duration::from_millis(10)).unwrap_err()));
+    assert!(is_ebadf(&a.device.counters().unwrap_err()));
+    assert!(is_ebadf(&a.device.alloc_pd().unwrap_err()));
+}
+
+/// A destination the host cannot send to at all (here the kernel's EINVAL for a
+/// non-loopback address from a loopback one; without a route, ENETUNREACH) killed the whole
+/// device. Now the QP connected to it fails its work with LOC_QP_OP_ERR, as rxe fails a
+/// request it cannot route, and the device's other QPs carry on.
+#[test]
+fn an_unreachable_peer_fails_only_the_qps_connected_to_it() {
+    let a = open(ip(3));
+    let b = open(ip(4));
+    connect(&a, &b);
+    let lost = end_on(a.device.clone());
+    // TEST-NET-3 (RFC 5737): never assigned; unreachable from a loopback source.
+    connect_to(&lost, "203.0.113.9".parse().unwrap(), Qpn::new(0x42));
+
+    lost.qp.post_send(write(&lost, &b, 1)).unwrap();
+    let wc = next(&lost.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LocQpOpErr));
+
+    a.qp.post_send(write(&a, &b, 2)).unwrap();
+    let wc = next(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    let (core, io) = a.device.counters().unwrap();
+    assert!(io.send_unreachable >= 1, "{io:?}");
+    assert_eq!(core.unreachable_peers, 1, "{core}");
+}
+
+/// A UD send to an address the kernel refuses (EACCES for 127.255.255.255, the broadcast
+/// address of lo's 127.0.0.0/8) killed the device, and with it every session of a daemon.
+/// Now that datagram is counted and lost, as UD loses datagrams, and the next send goes.
+#[test]
+fn a_refused_ud_destination_costs_one_datagram() {
+    let a = Device::open(DeviceConfig::udp(ip(5))).unwrap();
+    let b = Device::open(DeviceConfig::udp(ip(6))).unwrap();
+    let ud = |device: &Device| {
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(16).unwrap();
+        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+        let qp = pd
+            .create_qp()
+            .qp_type(softroce::transport::QpType::Ud)
+            .send_cq(&cq)
+            .recv_cq(&cq)
+            .build()
+            .unwrap();
+        qp.ready_datagram(QKey(0x1111), 0).unwrap();
+        (pd, cq, mr, qp)
+    };
+    let (a_pd, a_cq, a_mr, a_qp) = ud(&a);
+    let (_b_pd, b_cq, b_mr, b_qp) = ud(&b);
+    let recv = softroce::transport::RecvWr {
+        wr_id: 7,
+        sges: vec![Sge::new(&b_mr, 0, 4096)],
+    };
+    b_qp.post_recv(recv).unwrap();
+    let send = |ah, wr_id| {
+        let mut wr = SendWr::new(
+            wr_id,
+            SendOp::Send,
+            Payload::Sges(vec![Sge::new(&a_mr, 0, 32)]),
+        );
+        wr.ud = Some(UdDest {
+            ah,
+            remote_qpn: b_qp.qpn(),
+            remote_qkey: QKey(0x1111),
+        });
+        a_qp.post_send(wr).unwrap();
+        next(&a_cq)
+    };
+    let refused = a_pd.create_ah("127.255.255.255".parse().unwrap()).unwrap();
+    assert_eq!(
+        send(refused, 1).status,
+        WcStatus::Success,
+        "UD: done when sent"
+    );
+    let good = a_pd.create_ah(b.address()).unwrap();
+    assert_eq!(send(good, 2).status, WcStatus::Success);
+    let got = next(&b_cq);
+    assert_eq!((got.wr_id, got.status), (7, WcStatus::Success));
+    let (_, io) = a.counters().unwrap();
+    assert_eq!((io.send_unreachable, io.sent), (1, 1), "{io:?}");
+}
+
+/// Address handles for destinations no packet could reach are refused when they are made, with
+/// the reason, as `ibv_create_ah` refuses a destination it cannot resolve.
+#[test]
+fn address_handles_that_could_reach_nothing_are_refused() {
+    let a = Device::open(DeviceConfig::udp(ip(8))).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    for (dest, why) in [
+        ("255.255.255.255", "broadcast"),
+        ("::ffff:255.255.255.255", "broadcast"),
+        ("224.0.0.1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("fd00::1", "families"),
+    ] {
+        let error = pd.create_ah(dest.parse().unwrap()).unwrap_err();
+        assert!(error.to_string().contains(why), "{dest}: {error}");
+    }
+}
