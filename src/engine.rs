@@ -79,6 +79,7 @@ pub(crate) enum Command {
     DestroyAh(AddressHandle, Reply<Result<(), VerbsError>>),
     Stats(Reply<(Counters, IoCounters)>),
     Resources(Reply<Resources>),
+    QpReceived(Qpn, Reply<Option<u64>>),
     Shutdown,
 }
 
@@ -454,6 +455,9 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::DestroyAh(ah, reply) => {
                     let _ = reply.send(self.endpoint.destroy_ah(ah));
+                }
+                Command::QpReceived(qpn, reply) => {
+                    let _ = reply.send(self.endpoint.qp_received(qpn));
                 }
                 Command::Resources(reply) => {
                     let _ = reply.send(self.endpoint.resources());

@@ -55,18 +55,8 @@ enum Command {
     Daemon {
         #[command(flatten)]
         device: DeviceArgs,
-        /// A service: a tool's command line, its server side, on a TCP port of its own (-p),
-        /// e.g. "rc-pingpong -p 18515 -n 1000" or "write-bw -p 18516 -s 65536". Clients must
-        /// run with the options the tool's server would need (-s, -n, -q, -a, ...). Repeatable.
-        #[arg(long = "serve", value_name = "TOOL OPTIONS", required = true)]
-        serve: Vec<String>,
-        /// A session that hears nothing from its client for this long fails, and its QPs are
-        /// destroyed.
-        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
-        idle_timeout: u64,
-        /// Sessions at once; a connection beyond them is closed at once.
-        #[arg(long, value_name = "N", default_value_t = 16)]
-        max_sessions: usize,
+        #[command(flatten)]
+        daemon: DaemonArgs,
     },
     /// ibv_rc_pingpong over softroce: RC SENDs back and forth with a peer running rdma-core's
     /// ibv_rc_pingpong or softroce. Without HOST, wait for a client; with it, connect to it.
@@ -234,6 +224,42 @@ impl PeerArgs {
     }
 }
 
+/// The daemon's own options.
+#[derive(Debug, clap::Args)]
+struct DaemonArgs {
+    /// A service: a tool's command line, its server side, on a TCP port of its own (-p),
+    /// e.g. "rc-pingpong -p 18515 -n 1000" or "write-bw -p 18516 -s 65536". Clients must
+    /// run with the options the tool's server would need (-s, -n, -q, -a, ...). Repeatable.
+    #[arg(long = "serve", value_name = "TOOL OPTIONS", required = true)]
+    serve: Vec<String>,
+    /// A session that hears nothing from its client for this long fails, and its QPs are
+    /// destroyed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    idle_timeout: u64,
+    /// Sessions at once; a connection beyond them is closed at once.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_sessions: usize,
+    /// The most memory one session may register for its buffer (K, M or G: binary units). A
+    /// client whose test would need more is refused, and the log says which cap refused it.
+    #[arg(long, value_name = "BYTES", default_value = "256M", value_parser = byte_count)]
+    max_session_memory: u64,
+    /// The most memory all sessions together may register.
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = byte_count)]
+    max_memory: u64,
+}
+
+/// A number of bytes, with an optional binary unit: 65536, 64K, 256M, 2G.
+fn byte_count(s: &str) -> Result<u64, String> {
+    let units = [('K', 10), ('M', 20), ('G', 30)];
+    let (number, shift) = units
+        .iter()
+        .find_map(|&(unit, shift)| s.strip_suffix(unit).map(|n| (n, shift)))
+        .unwrap_or((s, 0));
+    c_number::<u64>(number)?
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s}: more bytes than 64 bits count"))
+}
+
 /// softroce's own options for the device, which every tool and the daemon take.
 #[derive(Args)]
 struct DeviceArgs {
@@ -343,6 +369,10 @@ struct PerftestArgs {
     /// softroce: print one JSON document instead of perftest's text.
     #[arg(long)]
     json: bool,
+    /// softroce, between two softroce sides, bw tests: fill the buffers with a known pattern,
+    /// and check on the side the data lands on that every byte landed in its place as sent.
+    #[arg(long = "check-data")]
+    check_data: bool,
 }
 
 /// `-s`: perftest's `strtol(s, NULL, 0)`, times 1024 with a K suffix or 2^20 with M, from 1 to
@@ -593,6 +623,7 @@ fn perftest_options(
         atomic,
         device: args.device.options()?,
         json: args.json,
+        check_data: args.check_data,
         ..perftest::Options::new(test)
     })
 }
@@ -678,16 +709,19 @@ fn parse_service(spec: &str) -> Result<Service, String> {
     Ok(service)
 }
 
-fn daemon(device: &DeviceArgs, serve: &[String], idle: u64, max_sessions: usize) -> ExitCode {
+fn daemon(device: &DeviceArgs, args: &DaemonArgs) -> ExitCode {
     let options = device.options().and_then(|device| {
         Ok(daemon::Options {
             device,
-            services: serve
+            services: args
+                .serve
                 .iter()
                 .map(|spec| parse_service(spec))
                 .collect::<Result<_, _>>()?,
-            idle: Duration::from_secs(idle),
-            max_sessions,
+            idle: Duration::from_secs(args.idle_timeout),
+            max_sessions: args.max_sessions,
+            max_session_memory: args.max_session_memory,
+            max_memory: args.max_memory,
         })
     });
     let options = match options {
@@ -714,10 +748,8 @@ fn main() -> ExitCode {
         Command::Demo { mib, message_kib } => demo(*mib, *message_kib),
         Command::Daemon {
             device,
-            serve,
-            idle_timeout,
-            max_sessions,
-        } => daemon(device, serve, *idle_timeout, *max_sessions),
+            daemon: args,
+        } => daemon(device, args),
         command => tool(service(command).expect("every other subcommand is a tool")),
     }
 }

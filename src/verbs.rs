@@ -300,6 +300,14 @@ impl Device {
         Ok(self.engine().call(Command::Stats)?)
     }
 
+    /// How many packets QP `qpn` has accepted from its peer: a sign that the peer is alive
+    /// even where no completion says so (the target of RDMA WRITEs and READs has none).
+    pub fn received_packets(&self, qpn: Qpn) -> Result<u64> {
+        self.engine()
+            .call(|reply| Command::QpReceived(qpn, reply))?
+            .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
+    }
+
     /// How many QPs, CQs, regions, SRQs and address handles the device holds now.
     pub fn resources(&self) -> Result<Resources> {
         Ok(self.engine().call(Command::Resources)?)

@@ -4,8 +4,12 @@
 
 mod tool;
 
+use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
+use softroce::tools::perftest_oob::{Exchange, Keys};
+use softroce::transport::PathMtu;
+use softroce::wire::{Psn, Qpn, RKey};
 use tool::Tool;
 
 /// Where one test's daemon and clients are: the tests run at once, and each device binds UDP
@@ -300,6 +304,196 @@ fn a_vanished_clients_session_does_not_spin() {
         used < 50,
         "the daemon used {used} ticks while its session waited"
     );
+    daemon.signal("TERM");
+    assert!(daemon.end().status.success());
+}
+
+/// A perftest client as the network sees it: softroce's side of perftest's exchange, driven by
+/// hand so that it can lie, or stop talking, wherever a hostile client would.
+fn perftest_client(daemon_at: &str, port: u16) -> Exchange {
+    let stream = TcpStream::connect((daemon_at, port)).expect("the daemon listens");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    Exchange::new(stream, true)
+}
+
+/// Keys a client at `address` could send for one QP.
+fn keys(address: &str) -> Keys {
+    Keys {
+        lid: 0,
+        out_reads: 1,
+        qpn: Qpn::new(0x123),
+        psn: Psn::new(0x456),
+        rkey: RKey(0x789),
+        vaddr: 0x1000,
+        gid: address.parse::<Ipv4Addr>().unwrap().to_ipv6_mapped(),
+        srqn: 0,
+    }
+}
+
+/// Waits for the daemon's log line about the session that failed with `why`.
+fn session_failed(daemon: &mut Tool, why: &str) -> String {
+    daemon
+        .wait_for_match(|l| l.contains("session failed") && l.contains(why))
+        .unwrap_or_else(|| panic!("no session failed with {why:?}"))
+}
+
+/// Clients that abuse the exchange cost their own session and nothing more: one claiming a
+/// 2 GiB page (the daemon allocated and filled 4 GiB for it, or aborted under a memory limit),
+/// one that never speaks, one that finishes the handshake and then never speaks (perftest's
+/// server read on without a timeout: sixteen of them held every session for ever), and one
+/// that the total memory cap refuses while another holds the memory. Afterwards a real client
+/// is served and the daemon's memory is where it was.
+#[test]
+fn abusive_clients_cost_only_their_own_sessions() {
+    let (daemon_at, client_at, port) = ("127.0.8.1", "127.0.8.2", 19710);
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        daemon_at,
+        "--idle-timeout",
+        "2",
+        "--max-session-memory",
+        "4M",
+        "--max-memory",
+        "5M",
+        "--serve",
+        "write-bw -p 19710 -s 2M -n 20",
+    ]);
+    assert!(daemon.wait_for_match(|l| l.ends_with(" ready")).is_some());
+    let real_client = || {
+        Tool::start(&[
+            "write-bw", "--bind", client_at, "-p", "19710", "-s", "2M", "-n", "20", daemon_at,
+        ])
+    };
+    let first = real_client().end();
+    assert!(first.status.success(), "{}", first.stderr);
+    let abuse = |daemon: &mut Tool| {
+        // Page and cache-line sizes the exchange refuses, each before anything is allocated.
+        for (page, cache_line, what) in [
+            (1u32 << 31, 64, "page size 2147483648"),
+            (4096, 0, "cache line size 0"),
+            (12288, 64, "page size 12288"),
+            (4096, 8192, "cache line size 8192"),
+        ] {
+            let mut liar = perftest_client(daemon_at, port);
+            liar.versions().unwrap();
+            // The server answers each round before it looks at the client's value.
+            let _ = liar.sys_data(page, cache_line);
+            session_failed(daemon, what);
+        }
+
+        // Silent from the start: the handshake's reads time out at the idle limit.
+        let silent = TcpStream::connect((daemon_at, port)).unwrap();
+        session_failed(daemon, "nothing from the peer for 2 s");
+        drop(silent);
+
+        // Silent once the handshake is over, while holding its 4 MiB buffer: a second client
+        // meanwhile does not fit the 5 MiB total, and says so.
+        let mut quiet = perftest_client(daemon_at, port);
+        quiet.versions().unwrap();
+        quiet.sys_data(4096, 64).unwrap();
+        quiet.mtu(PathMtu::Mtu1024).unwrap();
+        let mine = keys(client_at);
+        for _ in 0..2 {
+            quiet.keys(|_| mine).unwrap();
+        }
+        quiet.sync(&mine).unwrap();
+        let refused = real_client().end();
+        assert!(!refused.status.success());
+        session_failed(daemon, "total memory cap of 5.0 MiB (--max-memory)");
+        session_failed(daemon, "nothing from the peer for 2 s");
+        drop(quiet);
+    };
+    // Twice: the first round warms the allocator's arenas of the session threads; the second
+    // must leave the daemon's memory where the first did.
+    abuse(&mut daemon);
+    settle(&mut daemon);
+    let before = resident_kib(daemon.child.id());
+    abuse(&mut daemon);
+    // Still serving, with nothing left over.
+    let last = real_client().end();
+    assert!(last.status.success(), "{}", last.stderr);
+    let (sessions, resources) = settle(&mut daemon);
+    assert_eq!(
+        sessions,
+        "sessions: accepted 16 succeeded 2 failed 14 refused 0, running 0"
+    );
+    assert_eq!(
+        resources,
+        "resources: qps 0 cqs 0 regions 0 windows 0 srqs 0 address_handles 0"
+    );
+    let after = resident_kib(daemon.child.id());
+    eprintln!("the daemon's resident memory: {before} KiB after one round, {after} KiB after two");
+    assert!(after <= before + 2048, "{before} KiB grew to {after} KiB");
+    daemon.signal("TERM");
+    assert!(daemon.end().status.success());
+}
+
+/// A service whose every session would break the per-session cap is refused at start, with
+/// the cap's flag named, rather than failing each client.
+#[test]
+fn a_service_over_the_memory_cap_is_refused_at_start() {
+    let ended = Tool::start(&[
+        "daemon",
+        "--bind",
+        "127.0.8.5",
+        "--max-session-memory",
+        "64K",
+        "--serve",
+        "write-bw -p 19711 -s 65536",
+    ])
+    .end();
+    assert!(!ended.status.success());
+    assert!(
+        ended.stderr.contains("--max-session-memory"),
+        "{}",
+        ended.stderr
+    );
+}
+
+/// A ud-pingpong client claiming the GID `::ffff:255.255.255.255`: the daemon's answer failed
+/// with EACCES, which ended the device's engine and every session on it. Now the GID is
+/// refused at the exchange, that session alone fails saying why, and the next client is served.
+#[test]
+fn a_broadcast_gid_costs_one_session() {
+    use softroce::tools::oob::{client_exchange, Dest};
+
+    let (daemon_at, client_at) = ("127.0.8.6", "127.0.8.7");
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        daemon_at,
+        "--serve",
+        "ud-pingpong -p 19712 -s 1024 -n 50",
+    ]);
+    assert!(daemon.wait_for_match(|l| l.ends_with(" ready")).is_some());
+    for gid in ["::ffff:255.255.255.255", "ff02::1", "::"] {
+        let mut stream = TcpStream::connect((daemon_at, 19712)).unwrap();
+        let liar = Dest {
+            lid: 0,
+            qpn: Qpn::new(0x77),
+            psn: Psn::new(1),
+            gid: gid.parse().unwrap(),
+        };
+        let _ = client_exchange(&mut stream, &liar);
+        session_failed(&mut daemon, "is no address to send to");
+    }
+    let honest = Tool::start(&[
+        "ud-pingpong",
+        "--bind",
+        client_at,
+        "-p",
+        "19712",
+        "-s",
+        "1024",
+        "-n",
+        "50",
+        daemon_at,
+    ])
+    .end();
+    assert!(honest.status.success(), "{}", honest.stderr);
     daemon.signal("TERM");
     assert!(daemon.end().status.success());
 }

@@ -73,6 +73,20 @@ fn check_pair(title: &str, (server, client): (&Ended, &Ended), addresses: [&str;
     }
 }
 
+/// `--check-data`: the bytes the side the data landed on found in their places, as sent; the
+/// other side prints no such line.
+fn landed(receiver: &Ended, sender: &Ended) -> u64 {
+    let line = |side: &Ended| {
+        side.stdout
+            .iter()
+            .find(|l| l.starts_with("data check: "))
+            .cloned()
+    };
+    assert_eq!(line(sender), None);
+    let line = line(receiver).expect("a data check line");
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
 /// One bandwidth row: size, iterations, and three numbers, the average positive.
 fn check_bw_row(row: &[String], size: u64, iters: u64) {
     assert_eq!(row.len(), 5, "{row:?}");
@@ -97,10 +111,23 @@ fn write_bw_on_several_qps() {
     // 4 KiB at MTU 1024 on three QPs: multi-packet WRITEs cycling through a page per QP.
     let addresses = ["127.0.0.91", "127.0.0.92"];
     let args = [
-        "-q", "3", "-s", "4K", "-n", "300", "-m", "1024", "-F", "-x", "1",
+        "-q",
+        "3",
+        "-s",
+        "4K",
+        "-n",
+        "300",
+        "-m",
+        "1024",
+        "-F",
+        "-x",
+        "1",
+        "--check-data",
     ];
     let (server, client) = run_pair("write-bw", addresses, 28901, &args);
     check_pair("RDMA_Write BW Test", (&server, &client), addresses);
+    // A page per QP, every byte of it written, as sent.
+    assert_eq!(landed(&server, &client), 3 * 4096);
     // The server prints the client's report, so the rows are the same.
     for side in [&server, &client] {
         assert!(side.has(BW_COLUMNS));
@@ -117,9 +144,11 @@ fn write_bw_on_several_qps() {
 #[test]
 fn read_bw_in_gigabits() {
     let addresses = ["127.0.0.93", "127.0.0.94"];
-    let args = ["-n", "100", "-m", "4096", "--report_gbits"];
+    let args = ["-n", "100", "-m", "4096", "--report_gbits", "--check-data"];
     let (server, client) = run_pair("read-bw", addresses, 28902, &args);
     check_pair("RDMA_Read BW Test", (&server, &client), addresses);
+    // READ: the client's buffer holds what the server's held.
+    assert_eq!(landed(&client, &server), 65536);
     for side in [&server, &client] {
         assert!(side.has(" Mtu             : 4096[B]"));
         assert!(side.has(" Outstand reads  : 16"));
@@ -138,8 +167,10 @@ fn read_bw_in_gigabits() {
 fn send_bw_every_size() {
     // -a: 2 bytes to 8 MiB, with a round before and after each size; both sides measure.
     let addresses = ["127.0.0.95", "127.0.0.96"];
-    let (server, client) = run_pair("send-bw", addresses, 28903, &["-a", "-n", "5"]);
+    let args = ["-a", "-n", "5", "--check-data"];
+    let (server, client) = run_pair("send-bw", addresses, 28903, &args);
     check_pair("Send BW Test", (&server, &client), addresses);
+    assert_eq!(landed(&server, &client), 1 << 23);
     for side in [&server, &client] {
         let rows = side.rows();
         assert_eq!(rows.len(), 23);

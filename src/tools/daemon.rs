@@ -32,7 +32,7 @@ use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook_mio::v1_0::Signals;
 use tracing::{info, warn};
 
-use super::{perftest, pingpong, DeviceOptions, Limits};
+use super::{perftest, pingpong, DeviceOptions, Limits, MemoryBudget};
 use crate::verbs::Device;
 
 /// A tool the daemon serves, with the options its clients must match (size, iterations, QPs).
@@ -55,6 +55,14 @@ impl Service {
         match self {
             Service::Pingpong(o) => o.port,
             Service::Perftest(o) => o.port,
+        }
+    }
+
+    /// The least a session registers, whatever its client says.
+    fn least_memory(&self) -> super::Result<u64> {
+        match self {
+            Service::Pingpong(o) => Ok(pingpong::buffer_len(o) as u64),
+            Service::Perftest(o) => perftest::least_buffer_len(o),
         }
     }
 
@@ -83,6 +91,9 @@ pub struct Options {
     pub idle: Duration,
     /// Sessions at once; a connection beyond them is closed at once, and logged.
     pub max_sessions: usize,
+    /// The most memory one session, and all of them together, may register ([`MemoryBudget`]).
+    pub max_session_memory: u64,
+    pub max_memory: u64,
 }
 
 /// What the daemon has done since it started.
@@ -129,6 +140,20 @@ pub fn run(o: &Options) -> io::Result<Tally> {
     let Some(address) = o.device.bind else {
         return usage("the daemon's device needs an address: give --bind");
     };
+    let memory = Arc::new(MemoryBudget::new(o.max_session_memory, o.max_memory));
+    for service in &o.services {
+        let refused = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+        let least = service
+            .least_memory()
+            .map_err(|e| refused(format!("{}: {e}", service.name())))?;
+        memory.check_session(least).map_err(|e| {
+            refused(format!(
+                "{} on port {}: {e}",
+                service.name(),
+                service.port()
+            ))
+        })?;
+    }
     let device = o
         .device
         .open(address)
@@ -169,6 +194,7 @@ pub fn run(o: &Options) -> io::Result<Tally> {
         limits: Limits {
             idle: Some(o.idle),
             stop: Some(Arc::new(AtomicBool::new(false))),
+            memory: Some(memory),
         },
         waker,
         ended: unbounded(),
@@ -331,6 +357,12 @@ impl Daemon<'_> {
             self.started.elapsed().as_secs_f64(),
             self.tally,
             self.running.len()
+        );
+        let memory = self.limits.memory.as_ref().map_or(0, |m| m.used());
+        let _ = writeln!(
+            out,
+            "memory: {memory} bytes held by sessions, of {} (--max-memory)",
+            self.o.max_memory
         );
         match (self.device.resources(), self.device.counters()) {
             (Ok(resources), Ok((core, io))) => {

@@ -24,16 +24,17 @@ pub mod pingpong;
 use std::cell::Cell;
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, TcpStream};
+use std::net::{IpAddr, Ipv6Addr, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use socket2::{SockRef, TcpKeepalive};
 
-use crate::transport::WcStatus;
+use crate::transport::{AddressVector, WcStatus};
 use crate::verbs::{self, BackendKind, Device, DeviceConfig, Progress};
+use crate::wire::Qpn;
 
 /// Why a tool stopped.
 #[derive(Debug)]
@@ -54,6 +55,11 @@ pub enum Error {
     PeerSilent(Duration),
     /// The daemon is stopping ([`Limits::stop`]).
     Stopped,
+    /// A served session would take more memory than the daemon allows; the text says which
+    /// cap refused it ([`MemoryBudget`]).
+    OverMemoryCap(String),
+    /// `--check-data` found a byte that did not land as it was sent; the text says where.
+    DataCheck(String),
 }
 
 impl fmt::Display for Error {
@@ -76,6 +82,8 @@ impl fmt::Display for Error {
                 idle.as_secs_f32()
             ),
             Error::Stopped => f.write_str("stopped: the daemon is shutting down"),
+            Error::OverMemoryCap(why) => f.write_str(why),
+            Error::DataCheck(why) => write!(f, "data check failed: {why}"),
         }
     }
 }
@@ -168,8 +176,29 @@ impl DeviceOptions {
     }
 }
 
-/// What bounds a session's waits for its peer. A tool run from the command line has none and
-/// waits as long as rdma-core's and perftest's do, for ever; the daemon's sessions have both.
+/// The address a peer's GID names, as a device at `device` reaches it. Refused, with the
+/// reason, where no RoCE packet could go (the rules of [`AddressVector::resolve`]): the zero GID
+/// that rdma-core's tools send without `-g`, a multicast or broadcast GID, or one of the other
+/// IP version. A peer's exchange is the network's, so this is checked before anything is made
+/// from it.
+pub(crate) fn peer_address(gid: Ipv6Addr, device: IpAddr, peer: &str) -> Result<IpAddr> {
+    let av = AddressVector { dest: gid.into() };
+    av.resolve(device).map(|av| av.dest).map_err(|why| {
+        let hint = if gid.is_unspecified() {
+            ": run rdma-core's tools with -g and perftest's with -x, and the index of an \
+             IPv4-mapped or IPv6 GID (rxe's IPv4-mapped GID is usually index 1)"
+        } else {
+            ""
+        };
+        Error::Exchange(format!(
+            "the {peer}'s GID {gid} is no address to send to: {why}{hint}"
+        ))
+    })
+}
+
+/// What bounds a session's waits for its peer and its memory. A tool run from the command line
+/// has none and waits as long as rdma-core's and perftest's do, for ever; the daemon's
+/// sessions have all three.
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     /// A session that hears nothing from its peer for this long fails with
@@ -177,9 +206,99 @@ pub struct Limits {
     pub idle: Option<Duration>,
     /// Once set, every wait ends with [`Error::Stopped`].
     pub stop: Option<Arc<AtomicBool>>,
+    /// The memory the daemon's sessions may take, each and together.
+    pub memory: Option<Arc<MemoryBudget>>,
+}
+
+/// The memory a daemon's sessions may register: each at most `per_session` bytes, all of them
+/// together at most `total`. A session reserves its buffer before registering it, and gives it
+/// back when it ends; one that does not fit is refused, saying which cap refused it.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    per_session: u64,
+    total: u64,
+    used: AtomicU64,
+}
+
+/// Memory reserved from a [`MemoryBudget`], given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// `bytes` with a binary unit, for messages.
+fn in_units(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / f64::from(1 << 30)),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
+        b => format!("{b} bytes"),
+    }
+}
+
+impl MemoryBudget {
+    pub fn new(per_session: u64, total: u64) -> Self {
+        MemoryBudget {
+            per_session,
+            total,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes reserved by the sessions running now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether one session's `bytes` are within the per-session cap.
+    pub fn check_session(&self, bytes: u64) -> Result<()> {
+        if bytes > self.per_session {
+            return Err(Error::OverMemoryCap(format!(
+                "the session needs {} for its buffer, over the daemon's per-session memory cap \
+                 of {} (--max-session-memory)",
+                in_units(bytes),
+                in_units(self.per_session)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reserves `bytes` for one session, or says which cap refuses them.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation> {
+        self.check_session(bytes)?;
+        let reserved = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&after| after <= self.total)
+            });
+        match reserved {
+            Ok(_) => Ok(Reservation {
+                budget: self.clone(),
+                bytes,
+            }),
+            Err(used) => Err(Error::OverMemoryCap(format!(
+                "the session needs {} for its buffer, and the sessions running hold {} of the \
+                 daemon's total memory cap of {} (--max-memory)",
+                in_units(bytes),
+                in_units(used),
+                in_units(self.total)
+            ))),
+        }
+    }
 }
 
 impl Limits {
+    /// Reserves a session's `bytes` from the daemon's memory budget, if it has one.
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<Option<Reservation>> {
+        self.memory.as_ref().map(|m| m.reserve(bytes)).transpose()
+    }
+
     /// Bounds the session's TCP connection with an idle limit: each read of the handshake
     /// waits no longer, and keepalive probes start after that long without a byte, so that
     /// the reads of a peer host that vanished end too. A perftest server, which can read
@@ -236,6 +355,12 @@ impl Watch {
         } else {
             std::thread::sleep(NAP);
         }
+        self.expired()
+    }
+
+    /// Fails if the session must end: the daemon is stopping, or the peer has been silent for
+    /// longer than the idle limit.
+    fn expired(&self) -> Result<()> {
         if self
             .limits
             .stop
@@ -248,5 +373,96 @@ impl Watch {
             Some(idle) if self.heard.get().elapsed() > idle => Err(Error::PeerSilent(idle)),
             _ => Ok(()),
         }
+    }
+}
+
+/// Whether the peer of a session's QPs is still there, asked while the session waits on its TCP
+/// connection: a perftest server waits there for a whole test, in which its QPs see the
+/// client's WRITEs or READs but complete nothing. Packets its QPs accept count as hearing from
+/// the peer; a client that finishes the handshake and then says nothing on either path is
+/// dropped after the idle limit, instead of holding a session for ever.
+pub(crate) struct PeerActivity {
+    device: Device,
+    qpns: Vec<Qpn>,
+    /// The packets the QPs had accepted at the last look.
+    seen: u64,
+    watch: Watch,
+}
+
+impl PeerActivity {
+    /// `None` for a tool run from the command line, which waits for ever as perftest does.
+    pub fn new(device: &Device, qpns: Vec<Qpn>, limits: &Limits) -> Option<PeerActivity> {
+        (limits.idle.is_some() || limits.stop.is_some()).then(|| PeerActivity {
+            device: device.clone(),
+            qpns,
+            seen: 0,
+            watch: Watch::new(limits),
+        })
+    }
+
+    /// How long a read waits before it asks again.
+    pub const TICK: Duration = Duration::from_secs(1);
+
+    /// Fails if the session must end; anything the QPs accepted since the last look counts as
+    /// hearing from the peer.
+    pub fn check(&mut self) -> Result<()> {
+        let mut packets = 0;
+        for &qpn in &self.qpns {
+            packets += self
+                .device
+                .received_packets(qpn)
+                .map_err(|error| Error::Device {
+                    doing: "Couldn't read the QP's counters".into(),
+                    error,
+                })?;
+        }
+        if packets != self.seen {
+            self.seen = packets;
+            self.watch.heard();
+        }
+        self.watch.expired()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_gid_must_name_an_address_to_send_to() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped = |a: &str| a.parse::<std::net::Ipv4Addr>().unwrap().to_ipv6_mapped();
+        assert_eq!(
+            peer_address(mapped("10.0.0.2"), v4, "client").unwrap(),
+            "10.0.0.2".parse::<IpAddr>().unwrap()
+        );
+        for (gid, why) in [
+            (mapped("255.255.255.255"), "broadcast"),
+            (mapped("224.0.0.5"), "multicast"),
+            (Ipv6Addr::UNSPECIFIED, "-g"),
+            ("fd00::2".parse().unwrap(), "families"),
+        ] {
+            let error = peer_address(gid, v4, "client").unwrap_err().to_string();
+            assert!(error.contains(why), "{gid}: {error}");
+            assert!(error.contains("the client's GID"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_memory_budget_says_which_cap_refused() {
+        let budget = Arc::new(MemoryBudget::new(4 << 20, 5 << 20));
+        let per_session = budget.reserve(5 << 20).unwrap_err().to_string();
+        assert!(
+            per_session.contains("--max-session-memory"),
+            "{per_session}"
+        );
+        let held = budget.reserve(4 << 20).unwrap();
+        let total = budget.reserve(2 << 20).unwrap_err().to_string();
+        assert!(total.contains("--max-memory"), "{total}");
+        assert!(total.contains("hold 4.0 MiB"), "{total}");
+        drop(held);
+        assert_eq!(budget.used(), 0);
+        let _again = budget.reserve(4 << 20).unwrap();
+        assert_eq!(budget.used(), 4 << 20);
     }
 }

@@ -94,7 +94,14 @@ pub(super) fn nul_terminated(msg: &[u8]) -> Cow<'_, str> {
     String::from_utf8_lossy(&msg[..end])
 }
 
-pub(super) fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Result<Vec<u8>> {
+/// Reads exactly `len` bytes of `what`. A read that times out (the stream's read timeout, which
+/// the daemon sets) asks `waited`: an error ends the read with it, `Ok` reads on.
+pub(super) fn read_exactly(
+    stream: &mut TcpStream,
+    len: usize,
+    what: &str,
+    waited: &mut dyn FnMut() -> Result<()>,
+) -> Result<Vec<u8>> {
     let mut msg = vec![0; len];
     let mut got = 0;
     while got < len {
@@ -106,6 +113,9 @@ pub(super) fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Re
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                waited()?;
+            }
             Err(e) => {
                 return Err(Error::Exchange(format!(
                     "{got}/{len}: Couldn't read {what}: {e}"
@@ -114,6 +124,17 @@ pub(super) fn read_exactly(stream: &mut TcpStream, len: usize, what: &str) -> Re
         }
     }
     Ok(msg)
+}
+
+/// For [`read_exactly`]: a read that times out ends the exchange. The pingpong exchange is
+/// short, and the daemon sets its timeout to the idle limit.
+pub(super) fn give_up(idle: Option<std::time::Duration>) -> impl FnMut() -> Result<()> {
+    move || {
+        Err(match idle {
+            Some(idle) => Error::PeerSilent(idle),
+            None => Error::Exchange("the TCP connection's read timed out".into()),
+        })
+    }
 }
 
 pub(super) fn write_all(stream: &mut TcpStream, msg: &[u8], what: &str) -> Result<()> {
@@ -125,24 +146,26 @@ pub(super) fn write_all(stream: &mut TcpStream, msg: &[u8], what: &str) -> Resul
 /// The client's half (`pp_client_exch_dest`): returns the server's address.
 pub fn client_exchange(stream: &mut TcpStream, me: &Dest) -> Result<Dest> {
     write_all(stream, &me.to_wire(), "local address")?;
-    let reply = read_exactly(stream, MESSAGE_LEN, "remote address")?;
+    let reply = read_exactly(stream, MESSAGE_LEN, "remote address", &mut give_up(None))?;
     write_all(stream, DONE, "\"done\"")?;
     Dest::parse(&reply, "server")
 }
 
 /// The server's half (`pp_server_exch_dest`): reads the client's address, hands it to `ready`
 /// (which must make the QP able to receive from it), answers, and waits for the client's
-/// `"done"`. Returns the client's address.
+/// `"done"`. Returns the client's address. A read that times out ends it with
+/// [`Error::PeerSilent`] for `idle`.
 pub fn server_exchange(
     stream: &mut TcpStream,
     me: &Dest,
+    idle: Option<std::time::Duration>,
     ready: impl FnOnce(&Dest) -> Result<()>,
 ) -> Result<Dest> {
-    let msg = read_exactly(stream, MESSAGE_LEN, "remote address")?;
+    let msg = read_exactly(stream, MESSAGE_LEN, "remote address", &mut give_up(idle))?;
     let client = Dest::parse(&msg, "client")?;
     ready(&client)?;
     write_all(stream, &me.to_wire(), "local address")?;
-    let done = read_exactly(stream, DONE.len(), "\"done\"")?;
+    let done = read_exactly(stream, DONE.len(), "\"done\"", &mut give_up(idle))?;
     if done != DONE {
         return Err(Error::Exchange(format!(
             "the client ended the exchange with {:?}, not \"done\"",

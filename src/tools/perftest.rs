@@ -39,7 +39,7 @@ use super::perftest_report::{
     TestInfo, PEAK_ITERS_MAX,
 };
 use super::pingpong::{accept, connect, failed, gid_of, listen, local_address, random_psn};
-use super::{DeviceOptions, Error, Limits, Result, Watch};
+use super::{peer_address, DeviceOptions, Error, Limits, PeerActivity, Reservation, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
@@ -206,6 +206,9 @@ pub struct Options {
     pub device: DeviceOptions,
     /// Print one JSON document instead of perftest's text.
     pub json: bool,
+    /// softroce's own, for the bandwidth tests between two softroce sides: fill the buffers
+    /// so that the side that receives can check every byte that landed ([`DataCheck`]).
+    pub check_data: bool,
 }
 
 impl Options {
@@ -227,6 +230,7 @@ impl Options {
             atomic: AtomicOp::FetchAdd,
             device: DeviceOptions::default(),
             json: false,
+            check_data: false,
         }
     }
 }
@@ -308,6 +312,9 @@ impl Plan {
         }
         if o.duration.is_some() && o.all_sizes {
             return usage("Duration mode currently doesn't support running on all sizes.");
+        }
+        if o.check_data && !matches!(test, Test::WriteBw | Test::ReadBw | Test::SendBw) {
+            return usage("--check-data is for write-bw, read-bw and send-bw");
         }
         let size = o.size.unwrap_or(test.default_size());
         if test.verb() == Verb::Atomic && (o.all_sizes || size != ATOMIC_SIZE) {
@@ -439,6 +446,7 @@ fn session(
 ) -> Result<()> {
     let address = device.address();
     let mut exchange = Exchange::new(stream, client);
+    exchange.set_idle(limits.idle);
     exchange.versions()?;
     let (page, cache_line) = exchange.sys_data(PAGE_SIZE, CACHE_LINE)?;
     let mtu = exchange.mtu(offered_mtu(o.mtu, device.port_mtu(), &mut output)?)?;
@@ -466,7 +474,9 @@ fn session(
         theirs: Vec::new(),
     };
     session.handshake()?;
-    session.exchange.unbounded_reads()?;
+    let qpns = session.ctx.qps.iter().map(QueuePair::qpn).collect();
+    let activity = PeerActivity::new(device, qpns, limits);
+    session.exchange.watch_reads(activity)?;
     match o.test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => session.remote_report_bw()?,
         Test::SendBw => session.send_bw()?,
@@ -498,13 +508,32 @@ fn stride(size: u64, cache_line: u64) -> u64 {
 
 /// Where the `k`th message of a bandwidth run goes, from the start of a slice: messages of up
 /// to half a page step through the page by cache lines (`increase_loc_addr`,
-/// `increase_rem_addr`), larger ones all use the start.
+/// `increase_rem_addr`), larger ones all use the start. The exchange keeps a cache line below
+/// half a page; at least one place is kept whatever the values.
 fn cycled(size: u64, k: u64, cycle: u64, cache_line: u64) -> u64 {
     if size > cycle / 2 {
         return 0;
     }
     let stride = stride(size, cache_line);
-    k % (cycle / stride) * stride
+    k % (cycle / stride).max(1) * stride
+}
+
+/// The bytes a session registers (`ctx_init`): a send half and a receive half, one slice per
+/// QP in each, of the largest message or the page (`cycle`), whichever is larger, rounded up
+/// to the cache line.
+fn buffer_len(o: &Options, max_size: u64, (cycle, cache_line): (u64, u64)) -> u64 {
+    stride(max_size.max(cycle), cache_line) * 2 * o.qps as u64
+}
+
+/// What a server session of `o` registers at least: with this side's own page and cache-line
+/// sizes, which a client can only raise. The daemon checks it against its caps at start.
+pub fn least_buffer_len(o: &Options) -> Result<u64> {
+    let plan = Plan::new(o, false)?;
+    Ok(buffer_len(
+        o,
+        plan.max_size,
+        (PAGE_SIZE.into(), CACHE_LINE.into()),
+    ))
 }
 
 /// One side's device resources (`struct pingpong_context`).
@@ -522,6 +551,8 @@ struct Context {
     verb: Verb,
     atomic: AtomicOp,
     watch: Watch,
+    /// The buffer's share of the daemon's memory budget, given back with the context.
+    _memory: Option<Reservation>,
 }
 
 impl Context {
@@ -538,17 +569,20 @@ impl Context {
         let verb = o.test.verb();
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
         let slice = stride(plan.max_size.max(cycle), cache_line);
+        let len = buffer_len(o, plan.max_size, (cycle, cache_line));
+        let memory = limits.reserve(len)?;
         let remote = match verb {
             Verb::Write => Access::REMOTE_WRITE,
             Verb::Read => Access::REMOTE_READ,
             Verb::Atomic => Access::REMOTE_ATOMIC,
             Verb::Send => Access::NONE,
         };
-        let len = slice * 2 * o.qps as u64;
         let mr = pd
             .register(len as usize, Access::LOCAL_WRITE | remote)
             .map_err(failed("Couldn't allocate MR"))?;
-        if o.test != Test::WriteLat {
+        if o.check_data {
+            DataCheck::of(verb).fill(&mr, slice, o.qps)?;
+        } else if o.test != Test::WriteLat {
             fill_random(&mr)?;
         }
         let send_cq = device
@@ -580,6 +614,7 @@ impl Context {
             verb,
             atomic: o.atomic,
             watch: Watch::new(limits),
+            _memory: memory,
         })
     }
 
@@ -691,6 +726,95 @@ impl Context {
         self.qps[qp]
             .post_recv(wr)
             .map_err(failed("Couldn't post recv"))
+    }
+}
+
+/// `--check-data`: the bytes that cross are known at both ends, so the side they land on can
+/// check them. The half a test's data comes from holds, at offset `j` of each QP's slice,
+/// [`DataCheck::byte`]`(j)` (never zero); the half it lands in starts zeroed. Messages cross at
+/// the same offset of the same QP's slice on both sides, so once the test is over, every byte
+/// of the receiving half must be zero (no message covered it) or its offset's pattern byte,
+/// and the first message's bytes at offset 0 must have landed. A byte misplaced, torn,
+/// corrupted or lost fails the check with its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DataCheck {
+    /// WRITE and SEND: the data leaves the client's send half for the server's receive half.
+    ClientToServer,
+    /// READ: the client reads the server's receive half into its send half.
+    ServerToClient,
+}
+
+impl DataCheck {
+    fn of(verb: Verb) -> DataCheck {
+        match verb {
+            Verb::Read => DataCheck::ServerToClient,
+            _ => DataCheck::ClientToServer,
+        }
+    }
+
+    /// The byte at offset `j` of a slice: a multiplicative hash, odd so never zero, so that a
+    /// byte landing at the wrong offset shows.
+    fn byte(j: u64) -> u8 {
+        (j.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8 | 1
+    }
+
+    /// Whether the data comes from this side's send half (else its receive half).
+    fn source_is_send_half(self) -> bool {
+        self == DataCheck::ClientToServer
+    }
+
+    /// The side the data lands on.
+    fn receiver_is_client(self) -> bool {
+        self == DataCheck::ServerToClient
+    }
+
+    /// The pattern into the half the data comes from, zeros into the other.
+    fn fill(self, mr: &MemoryRegion, slice: u64, qps: usize) -> Result<()> {
+        let pattern: Vec<u8> = (0..slice).map(Self::byte).collect();
+        let zeros = vec![0; slice as usize];
+        for half in 0..2 {
+            let source = (half == 0) == self.source_is_send_half();
+            for qp in 0..qps {
+                let at = (half * qps + qp) as u64 * slice;
+                let bytes = if source { &pattern } else { &zeros };
+                mr.write(at as usize, bytes)
+                    .map_err(failed("Couldn't fill the buffer"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the data lands in `mr`: each QP's slice of the half that is not the source.
+    fn landing(self, qps: usize, slice: u64) -> impl Iterator<Item = u64> {
+        let half = u64::from(self.source_is_send_half());
+        (0..qps as u64).map(move |qp| (half * qps as u64 + qp) * slice)
+    }
+
+    /// Checks the half of `mr` the data landed in, each QP's slice `slice` bytes long; `first`
+    /// bytes at offset 0 must have landed. Returns how many bytes hold the pattern.
+    fn verify(self, mr: &MemoryRegion, qps: usize, slice: u64, first: u64) -> Result<u64> {
+        let mut landed = 0;
+        let mut bytes = vec![0; slice as usize];
+        for (qp, at) in self.landing(qps, slice).enumerate() {
+            mr.read(at as usize, &mut bytes)
+                .map_err(failed("Couldn't read the buffer"))?;
+            for (j, &got) in bytes.iter().enumerate() {
+                let want = Self::byte(j as u64);
+                if got == want {
+                    landed += 1;
+                } else if got != 0 || (j as u64) < first {
+                    return Err(Error::DataCheck(format!(
+                        "byte {j} of QP {qp}'s buffer is {got:#04x}, not {want:#04x}{}",
+                        if got == 0 {
+                            " (nothing landed there)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+            }
+        }
+        Ok(landed)
     }
 }
 
@@ -832,20 +956,7 @@ impl Session<'_, '_> {
         };
         let peer = self.exchange.peer();
         for ((qp, mine), theirs) in self.ctx.qps.iter().zip(&self.mine).zip(&self.theirs) {
-            let addr = theirs.gid.to_canonical();
-            if addr.is_unspecified() {
-                return Err(Error::Exchange(format!(
-                    "the {peer} sent the zero GID, which RoCE cannot reach"
-                )));
-            }
-            if addr.is_ipv4() != self.ctx.gid.to_canonical().is_ipv4() {
-                return Err(Error::Exchange(format!(
-                    "Found Incompatibility issue with GID types: the {peer}'s GID {} is not of \
-                     the IP version of this device's {}. Please Try to use a different IP \
-                     version.",
-                    theirs.gid, self.ctx.gid
-                )));
-            }
+            let addr = peer_address(theirs.gid, self.ctx.gid.to_canonical(), peer)?;
             let options = ConnectOptions {
                 mtu: self.mtu,
                 access,
@@ -880,7 +991,9 @@ impl Session<'_, '_> {
             let report = self.exchange.reports(&BwReport::default())?;
             self.output.row(&Row::Bw(report, unit))?;
             self.exchange.close(&me)?;
-            return Ok(self.output.line()?);
+            self.output.line()?;
+            // The client's last completion came before its report: every byte has landed.
+            return self.check_data();
         }
         let mut last = BwReport::default();
         for size in self.plan.sizes.clone() {
@@ -889,9 +1002,27 @@ impl Session<'_, '_> {
             self.output.row(&Row::Bw(last, unit))?;
         }
         self.output.line()?;
+        self.check_data()?;
         self.exchange.sync(&me)?;
         self.exchange.reports(&last)?;
         self.exchange.close(&me)
+    }
+
+    /// `--check-data`, on the side the data landed on: checks it and says how much landed.
+    fn check_data(&mut self) -> Result<()> {
+        if !self.o.check_data {
+            return Ok(());
+        }
+        let check = DataCheck::of(self.o.test.verb());
+        if check.receiver_is_client() != self.client {
+            return Ok(());
+        }
+        let first = self.plan.sizes.iter().min().copied().unwrap_or(0);
+        let ctx = &self.ctx;
+        let landed = check.verify(&ctx.mr, ctx.qps.len(), ctx.slice, first.min(ctx.slice))?;
+        Ok(self.output.notice(&format!(
+            "data check: {landed} bytes landed where they were sent from, each as sent"
+        ))?)
     }
 
     /// `ib_send_bw`: both sides report what they measured; the server posts its receives before
@@ -922,6 +1053,7 @@ impl Session<'_, '_> {
             }
         }
         self.output.line()?;
+        self.check_data()?;
         self.exchange.close(&me)
     }
 
@@ -1234,6 +1366,35 @@ mod tests {
             String::from_utf8(text).unwrap(),
             "Requested mtu is higher than active mtu \nChanging to active mtu - 3\n"
         );
+    }
+
+    /// `--check-data` accepts bytes that landed as sent or not at all, and names the first
+    /// that did neither: torn, misplaced or missing where the first message must be.
+    #[test]
+    fn the_data_check_finds_a_byte_out_of_place() {
+        let device = crate::verbs::Device::open(crate::verbs::DeviceConfig::udp(
+            "127.0.0.120".parse().unwrap(),
+        ))
+        .unwrap();
+        let pd = device.alloc_pd().unwrap();
+        let (slice, qps) = (256, 2);
+        let mr = pd
+            .register(slice as usize * 2 * qps, Access::LOCAL_WRITE)
+            .unwrap();
+        let check = DataCheck::ClientToServer;
+        check.fill(&mr, slice, qps).unwrap();
+        // What a WRITE of 100 bytes at offset 0 of QP 1's slice leaves on the server.
+        let landing: Vec<u64> = check.landing(qps, slice).collect();
+        let sent: Vec<u8> = (0..100).map(DataCheck::byte).collect();
+        mr.write(landing[1] as usize, &sent).unwrap();
+        mr.write(landing[0] as usize, &sent).unwrap();
+        assert_eq!(check.verify(&mr, qps, slice, 100).unwrap(), 200);
+        let nothing = check.verify(&mr, qps, slice, 101).unwrap_err().to_string();
+        assert!(nothing.contains("byte 100 of QP 0"), "{nothing}");
+        mr.write(landing[1] as usize + 7, &[DataCheck::byte(8)])
+            .unwrap();
+        let torn = check.verify(&mr, qps, slice, 100).unwrap_err().to_string();
+        assert!(torn.contains("byte 7 of QP 1"), "{torn}");
     }
 
     #[test]

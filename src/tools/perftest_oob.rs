@@ -8,7 +8,9 @@
 //! - the version, 16 bytes: `"6.06"` and NULs. perftest refuses a peer older than 5.70, and from
 //!   5.33 on the numbers below have the sizes given here;
 //! - the page size and the cache-line size, 4-byte big-endian integers each; both sides go on
-//!   with the larger of the two (the "cycle buffer" their addresses cycle through);
+//!   with the larger of the two (the "cycle buffer" their addresses cycle through). Since the
+//!   peer's value sizes this side's buffer, it is checked ([`PAGE_SIZES`], [`CACHE_LINES`]):
+//!   a peer claiming a 2 GiB page made a server allocate 4 GiB a session;
 //! - the MTU, 2 bytes: `"%d"` of `enum ibv_mtu` (1 = 256 bytes ... 5 = 4096) and a NUL; both
 //!   go on with the smaller;
 //! - the key rounds: 108 bytes, `"%04x:%04x:%06x:%06x:%08x:%016llx:"`, 16 × `"%02x:"` and
@@ -30,10 +32,11 @@
 
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv6Addr, Shutdown, TcpStream};
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use super::oob::{nul_terminated, read_exactly, write_all, DONE};
-use super::{Error, Result};
+use super::oob::{give_up, nul_terminated, read_exactly, write_all, DONE};
+use super::{Error, PeerActivity, Result};
 use crate::transport::PathMtu;
 use crate::wire::{Psn, Qpn, RKey};
 
@@ -49,6 +52,11 @@ pub const KEYS_LEN: usize = 108;
 const MTU_LEN: usize = 2;
 /// How long the closing side waits for the peer's `"done"` before it closes anyway.
 const DONE_WAIT: Duration = Duration::from_secs(5);
+/// The page sizes a peer may announce: powers of two, from 4 KiB (x86, most of arm64) to 64 KiB
+/// (ppc64le, some arm64), as perftest sends `sysconf(_SC_PAGESIZE)`.
+pub const PAGE_SIZES: RangeInclusive<u32> = 4096..=65536;
+/// The cache lines a peer may announce: powers of two from 16 to 1024 bytes, below any page.
+pub const CACHE_LINES: RangeInclusive<u32> = 16..=1024;
 
 /// One QP's keys (`struct pingpong_dest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,12 +182,25 @@ fn version_number(version: &str) -> f64 {
 }
 
 /// One side of the exchange on its TCP connection.
-#[derive(Debug)]
 pub struct Exchange {
     stream: TcpStream,
     client: bool,
     /// "client" or "server": the peer, for error messages.
     peer: &'static str,
+    /// Asked whenever a read times out, once the handshake is over (see
+    /// [`watch_reads`](Self::watch_reads)); `None` before, when a timed-out read fails.
+    activity: Option<PeerActivity>,
+    /// The idle limit the connection's read timeout stands for, before the handshake is over.
+    idle: Option<Duration>,
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("stream", &self.stream)
+            .field("client", &self.client)
+            .finish()
+    }
 }
 
 impl Exchange {
@@ -190,7 +211,15 @@ impl Exchange {
             stream,
             client,
             peer,
+            activity: None,
+            idle: None,
         }
+    }
+
+    /// The connection's read timeout is a served session's idle limit: a read that times out
+    /// during the handshake ends the session with [`Error::PeerSilent`].
+    pub fn set_idle(&mut self, idle: Option<Duration>) {
+        self.idle = idle;
     }
 
     /// "client" or "server": the peer.
@@ -198,12 +227,30 @@ impl Exchange {
         self.peer
     }
 
-    /// From now on each read waits as long as the peer takes: past the handshake, a round can
-    /// wait for a whole test.
-    pub fn unbounded_reads(&self) -> Result<()> {
+    /// Past the handshake a round can wait for a whole test. With `activity` (a served
+    /// session), a read that hears nothing for [`PeerActivity::TICK`] asks it whether the peer
+    /// is still there, by its QPs' traffic, and ends the session if not; without (a tool run
+    /// from the command line), reads wait as long as the peer takes, as perftest's do.
+    pub(crate) fn watch_reads(&mut self, activity: Option<PeerActivity>) -> Result<()> {
+        let timeout = activity.as_ref().map(|_| PeerActivity::TICK);
+        self.activity = activity;
         self.stream
-            .set_read_timeout(None)
+            .set_read_timeout(timeout)
             .map_err(|e| Error::Exchange(format!("the TCP connection: {e}")))
+    }
+
+    /// Reads one message of the peer's.
+    fn read(&mut self, len: usize, what: &str) -> Result<Vec<u8>> {
+        let Exchange {
+            stream,
+            activity,
+            idle,
+            ..
+        } = self;
+        match activity {
+            Some(activity) => read_exactly(stream, len, what, &mut || activity.check()),
+            None => read_exactly(stream, len, what, &mut give_up(*idle)),
+        }
     }
 
     /// One round: `mine` is computed from the peer's message when this side reads first (the
@@ -217,10 +264,10 @@ impl Exchange {
         if self.client {
             let (msg, kept) = mine(None)?;
             write_all(&mut self.stream, &msg, what)?;
-            let theirs = read_exactly(&mut self.stream, len, what)?;
+            let theirs = self.read(len, what)?;
             Ok((theirs, kept))
         } else {
-            let theirs = read_exactly(&mut self.stream, len, what)?;
+            let theirs = self.read(len, what)?;
             let (msg, kept) = mine(Some(&theirs))?;
             write_all(&mut self.stream, &msg, what)?;
             Ok((theirs, kept))
@@ -249,15 +296,26 @@ impl Exchange {
     }
 
     /// The page- and cache-line-size rounds (`check_sys_data`): returns the larger of each.
+    /// The peer's values size this side's buffer, so each must be a power of two within its
+    /// range ([`PAGE_SIZES`], [`CACHE_LINES`]); anything else is refused.
     pub fn sys_data(&mut self, page: u32, cache_line: u32) -> Result<(u32, u32)> {
-        let mut larger = |mine: u32, what: &str| -> Result<u32> {
+        let peer = self.peer;
+        let mut larger = |mine: u32, what: &str, range: RangeInclusive<u32>| -> Result<u32> {
             let theirs = self.swap(&mine.to_be_bytes(), what)?;
             let theirs = u32::from_be_bytes([theirs[0], theirs[1], theirs[2], theirs[3]]);
+            if !theirs.is_power_of_two() || !range.contains(&theirs) {
+                return Err(Error::Exchange(format!(
+                    "the {peer} announced {what} {theirs}: not a power of two from {} to {} \
+                     bytes; refusing it",
+                    range.start(),
+                    range.end()
+                )));
+            }
             Ok(theirs.max(mine))
         };
         Ok((
-            larger(page, "the page size")?,
-            larger(cache_line, "the cache line size")?,
+            larger(page, "the page size", PAGE_SIZES)?,
+            larger(cache_line, "the cache line size", CACHE_LINES)?,
         ))
     }
 

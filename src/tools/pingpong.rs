@@ -27,7 +27,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::oob::{self, Dest, DEFAULT_PORT};
-use super::{DeviceOptions, Error, Limits, Result, Watch};
+use super::{peer_address, DeviceOptions, Error, Limits, Reservation, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus,
@@ -285,7 +285,8 @@ fn session(
     let remote = if client {
         oob::client_exchange(&mut stream, &me)?
     } else {
-        oob::server_exchange(&mut stream, &me, |client| ctx.connect(client, o.mtu))?
+        let idle = ctx.watch.limits.idle;
+        oob::server_exchange(&mut stream, &me, idle, |client| ctx.connect(client, o.mtu))?
     };
     drop(stream);
     writeln!(
@@ -351,6 +352,11 @@ pub(super) fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(
     }
 }
 
+/// The bytes a session registers: the message, and for UD the 40 bytes of the GRH before it.
+pub fn buffer_len(o: &Options) -> usize {
+    o.transport.offset() + o.size
+}
+
 /// One side's device, queue pair and buffer (`struct pingpong_context`).
 struct Context {
     transport: Transport,
@@ -364,6 +370,8 @@ struct Context {
     /// Where UD sends go, once the peer is known; `None` on connected QPs.
     ud: Option<UdDest>,
     watch: Watch,
+    /// The buffer's share of the daemon's memory budget, given back with the context.
+    _memory: Option<Reservation>,
 }
 
 impl Drop for Context {
@@ -381,8 +389,9 @@ impl Context {
     /// `rx_depth` receives posted.
     fn open(o: &Options, device: &Device, limits: &Limits) -> Result<Context> {
         check_ud_size(o, device.port_mtu())?;
+        let len = buffer_len(o);
+        let memory = limits.reserve(len as u64)?;
         let pd = device.alloc_pd().map_err(failed("Couldn't allocate PD"))?;
-        let len = o.transport.offset() + o.size;
         let mr = pd
             .register(len, Access::LOCAL_WRITE)
             .map_err(failed("Couldn't register MR"))?;
@@ -428,6 +437,7 @@ impl Context {
             me,
             ud: None,
             watch: Watch::new(limits),
+            _memory: memory,
         };
         let posted = ctx.post_recvs(o.rx_depth);
         if posted < o.rx_depth {
@@ -457,20 +467,7 @@ impl Context {
 
     /// `pp_connect_ctx`: RTR and RTS towards the peer, or for UD, RTS and an address handle.
     fn connect(&mut self, peer: &Dest, mtu: PathMtu) -> Result<()> {
-        let addr = peer.gid.to_canonical();
-        if addr.is_unspecified() {
-            return Err(Error::Exchange(
-                "the peer sent the zero GID, which RoCE cannot reach: run rdma-core's tools with \
-                 -g (rxe's IPv4-mapped GID is usually index 1)"
-                    .into(),
-            ));
-        }
-        if addr.is_ipv4() != self.me.gid.to_canonical().is_ipv4() {
-            return Err(Error::Exchange(format!(
-                "the peer's GID {} is not of the IP version of this device's address {}",
-                peer.gid, self.me.gid
-            )));
-        }
+        let addr = peer_address(peer.gid, self.me.gid.to_canonical(), "peer")?;
         if self.transport == Transport::Ud {
             self.qp
                 .ready_datagram(UD_QKEY, self.me.psn.value())

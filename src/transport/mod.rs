@@ -221,6 +221,8 @@ pub(crate) struct Qp {
     pub srq: Option<SrqId>,
     pub req: Requester,
     pub resp: Responder,
+    /// Packets accepted from the peer: past the P_Key, Q_Key and source checks.
+    pub received: u64,
 }
 
 impl Qp {
@@ -571,6 +573,7 @@ impl Endpoint {
                 srq,
                 req: Requester::default(),
                 resp: Responder::default(),
+                received: 0,
             },
         );
     }
@@ -667,6 +670,12 @@ impl Endpoint {
     /// The send and receive completion queues of a QP.
     pub fn qp_cqs(&self, qpn: Qpn) -> Option<(CqId, CqId)> {
         self.qps.get(&qpn).map(|qp| (qp.send_cq, qp.recv_cq))
+    }
+
+    /// How many packets QP `qpn` has accepted from its peer (past the P_Key, Q_Key and source
+    /// checks): a sign of life that needs no completion, as a WRITE's target has none.
+    pub fn qp_received(&self, qpn: Qpn) -> Option<u64> {
+        self.qps.get(&qpn).map(|qp| qp.received)
     }
 
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
@@ -884,6 +893,7 @@ impl Endpoint {
             ctx.counters.dropped_wrong_source += 1;
             return;
         }
+        qp.received += 1;
         let payload = packet.payload();
         if matches!(
             repr.bth.opcode,
