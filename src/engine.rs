@@ -25,13 +25,13 @@ use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::io::{Backend, IoCounters};
-use crate::memory::{Access, MemoryError, MemoryRegion, PdId};
+use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
     QpAttr, QpInit, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode,
     WcStatus, WorkCompletion,
 };
-use crate::wire::{LKey, Qpn};
+use crate::wire::{LKey, Qpn, RKey};
 
 const SOCKET: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -56,6 +56,8 @@ pub(crate) enum Command {
         reply: Reply<Result<MemoryRegion, MemoryError>>,
     },
     DeregMr(LKey, Reply<Result<(), MemoryError>>),
+    AllocMw(PdId, MwType, Reply<RKey>),
+    DeallocMw(RKey, Reply<Result<(), MemoryError>>),
     CreateCq {
         capacity: usize,
         reply: Reply<(CqId, Receiver<WorkCompletion>)>,
@@ -395,6 +397,12 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::DeregMr(lkey, reply) => {
                     let _ = reply.send(self.endpoint.dereg_mr(lkey));
+                }
+                Command::AllocMw(pd, kind, reply) => {
+                    let _ = reply.send(self.endpoint.alloc_mw(pd, kind));
+                }
+                Command::DeallocMw(rkey, reply) => {
+                    let _ = reply.send(self.endpoint.dealloc_mw(rkey));
                 }
                 Command::CreateCq { capacity, reply } => {
                     let cq = self.endpoint.create_cq(capacity);

@@ -23,6 +23,7 @@ use std::fmt;
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,14 +34,14 @@ use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
-use crate::memory::{Access, MemoryError, PdId};
+use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
 use crate::transport::{
-    connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, QpAttr, QpInit, QpState,
-    QpType, RecvWr, Resources, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
+    connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, Payload, QpAttr, QpInit,
+    QpState, QpType, RecvWr, Resources, SendOp, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
     DEFAULT_PORT_MTU,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, Remote, SrqModify};
-use crate::wire::{Psn, QKey, Qpn};
+use crate::wire::{Psn, QKey, Qpn, RKey};
 
 pub use crate::memory::MemoryRegion;
 
@@ -343,7 +344,25 @@ impl ProtectionDomain {
         })??)
     }
 
-    /// Deregisters a region: its keys stop working at once.
+    /// `ibv_alloc_mw`: a memory window of this protection domain (see [`crate::memory`]'s
+    /// window rules). A type 1 window is bound with [`QueuePair::bind_mw`]; a type 2 window
+    /// with a [`SendOp::BindMw`](crate::transport::SendOp::BindMw) work request, after which
+    /// only that QP's peer reaches memory through it. Deallocated when the handle is dropped.
+    pub fn alloc_mw(&self, kind: MwType) -> Result<MemoryWindow> {
+        let pd = self.pd;
+        let rkey = self
+            .device
+            .engine()
+            .call(|reply| Command::AllocMw(pd, kind, reply))?;
+        Ok(MemoryWindow {
+            device: self.device.clone(),
+            kind,
+            rkey: AtomicU32::new(rkey.0),
+        })
+    }
+
+    /// Deregisters a region: its keys stop working at once. Refused while memory windows are
+    /// bound over it.
     pub fn deregister(&self, region: &MemoryRegion) -> Result<()> {
         let lkey = region.lkey();
         Ok(self
@@ -395,6 +414,61 @@ impl ProtectionDomain {
             device: self.device.clone(),
             id,
         })
+    }
+}
+
+/// A memory window (`struct ibv_mw`): a remote key for part of a region, bound and invalidated
+/// without registering anything. Its rkey changes with each bind (`ibv_inc_rkey`):
+/// [`rkey`](Self::rkey) is the latest, the one to hand to a peer.
+#[derive(Debug)]
+pub struct MemoryWindow {
+    device: Device,
+    kind: MwType,
+    rkey: AtomicU32,
+}
+
+impl MemoryWindow {
+    /// The window's rkey: after a bind, the one it was bound with.
+    pub fn rkey(&self) -> RKey {
+        RKey(self.rkey.load(Ordering::Relaxed))
+    }
+
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+
+    /// A bind of this window over `len` bytes at `offset` into `region`, with `access`, for a
+    /// [`SendOp::BindMw`](crate::transport::SendOp::BindMw) work request. The window's rkey
+    /// becomes the bind's new one now: the application hands it to its peer once the bind
+    /// completes successfully.
+    pub fn bind_request(
+        &self,
+        region: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> BindMw {
+        let window = self.rkey();
+        let new_rkey = inc_rkey(window);
+        self.rkey.store(new_rkey.0, Ordering::Relaxed);
+        BindMw {
+            window,
+            new_rkey,
+            region: region.lkey(),
+            addr: region.iova() + offset as u64,
+            len: len as u64,
+            access,
+        }
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        let rkey = self.rkey();
+        let _ = self
+            .device
+            .engine()
+            .call(|reply| Command::DeallocMw(rkey, reply));
     }
 }
 
@@ -548,6 +622,22 @@ impl QueuePair {
     /// LOC_QP_OP_ERR.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         self.post(&self.queues.send, wr)
+    }
+
+    /// `ibv_bind_mw` for a type 1 window: posts the bind as a work request on this QP; its
+    /// completion (opcode `BindMw`, status `MwBindErr` if a rule refused it) says when the
+    /// window's new [`rkey`](MemoryWindow::rkey) is good.
+    pub fn bind_mw(
+        &self,
+        wr_id: u64,
+        window: &MemoryWindow,
+        region: &MemoryRegion,
+        (offset, len): (usize, usize),
+        access: Access,
+    ) -> Result<()> {
+        let bind = window.bind_request(region, offset, len, access);
+        let wr = SendWr::new(wr_id, SendOp::BindMw(bind), Payload::Sges(Vec::new()));
+        self.post_send(wr)
     }
 
     /// Posts a receive request; a QP built with an SRQ takes them from the SRQ instead.

@@ -7,9 +7,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use softroce::io::{Backend, IoCounters, UdpBackend};
-use softroce::memory::{Access, MemoryRegion};
-use softroce::transport::{Datagram, Payload, SendOp, SendWr, Sge, UdDest, WcStatus};
-use softroce::verbs::{CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
+use softroce::memory::{Access, MemoryRegion, MwType};
+use softroce::transport::{Datagram, Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus};
+use softroce::verbs::{
+    CompletionQueue, ConnectOptions, Device, ProtectionDomain, QueuePair, Remote,
+};
 
 /// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
 /// from a seeded generator. Not every `every`th: go-back-N's answer to a retry can be a multiple
@@ -59,6 +61,7 @@ impl Backend for Lossy {
 
 struct End {
     device: Device,
+    pd: ProtectionDomain,
     cq: CompletionQueue,
     mr: MemoryRegion,
     qp: QueuePair,
@@ -85,10 +88,16 @@ fn open(address: &str, loss_every: Option<u64>) -> End {
 fn end_on(device: Device) -> End {
     let pd = device.alloc_pd().unwrap();
     let cq = device.create_cq(1024).unwrap();
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::MW_BIND;
     let mr = pd.register(8 << 20, access).unwrap();
     let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
-    End { device, cq, mr, qp }
+    End {
+        device,
+        pd,
+        cq,
+        mr,
+        qp,
+    }
 }
 
 fn connect(a: &End, b: &End) {
@@ -423,4 +432,77 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed as u8)
         .collect()
+}
+
+/// Memory windows through the verbs API, over real sockets: a type 2 window bound by a work
+/// request serves the peer of its QP within its range and rights, until the peer's SEND with
+/// Invalidate frees it; a type 1 window bound with `bind_mw` serves READs; dropped, each is
+/// deallocated.
+#[test]
+fn memory_windows_over_real_sockets() {
+    let (a, b) = (open("127.0.0.110", None), open("127.0.0.111", None));
+    connect(&a, &b);
+    // One more window, in a PD of its own, to count.
+    let pd = b.device.alloc_pd().unwrap();
+    let other = pd.alloc_mw(MwType::Type2).unwrap();
+    let b_pd = &b.pd;
+    let next = |end: &End| {
+        end.cq
+            .wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("a completion")
+    };
+
+    let window = b_pd.alloc_mw(MwType::Type2).unwrap();
+    let bind = window.bind_request(&b.mr, 4096, 4096, Access::REMOTE_WRITE);
+    let wr = SendWr::new(1, SendOp::BindMw(bind), Payload::Sges(Vec::new()));
+    b.qp.post_send(wr).unwrap();
+    let bound = next(&b);
+    assert_eq!((bound.wr_id, bound.status), (1, WcStatus::Success));
+
+    let write = |at: u64, rkey| {
+        let op = SendOp::Write {
+            remote_addr: b.mr.iova() + at,
+            rkey,
+        };
+        SendWr::new(2, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 16)]))
+    };
+    a.mr.write(0, b"through a window").unwrap();
+    a.qp.post_send(write(4096 + 100, window.rkey())).unwrap();
+    assert_eq!(next(&a).status, WcStatus::Success);
+    assert_eq!(&b.mr.to_vec()[4196..4212], b"through a window");
+
+    // The type 1 window, bound for READs through the same QP.
+    let reader = b_pd.alloc_mw(MwType::Type1).unwrap();
+    b.qp.bind_mw(3, &reader, &b.mr, (0, 8192), Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(next(&b).status, WcStatus::Success);
+    let read = SendOp::Read {
+        remote_addr: b.mr.iova() + 4196,
+        rkey: reader.rkey(),
+    };
+    let wr = SendWr::new(4, read, Payload::Sges(vec![Sge::new(&a.mr, 1 << 20, 16)]));
+    a.qp.post_send(wr).unwrap();
+    assert_eq!(next(&a).status, WcStatus::Success);
+    assert_eq!(&a.mr.to_vec()[1 << 20..(1 << 20) + 16], b"through a window");
+    assert_eq!(b.device.resources().unwrap().windows, 3);
+
+    // The peer frees the type 2 window; from then on its rkey reaches nothing.
+    let recv = RecvWr {
+        wr_id: 5,
+        sges: vec![Sge::new(&b.mr, 0, 64)],
+    };
+    b.qp.post_recv(recv).unwrap();
+    let inv = SendOp::SendWithInv {
+        rkey: window.rkey(),
+    };
+    let wr = SendWr::new(6, inv, Payload::Sges(vec![Sge::new(&a.mr, 0, 8)]));
+    a.qp.post_send(wr).unwrap();
+    assert_eq!(next(&a).status, WcStatus::Success);
+    assert_eq!(next(&b).invalidated_rkey, Some(window.rkey()));
+    a.qp.post_send(write(4096, window.rkey())).unwrap();
+    assert_eq!(next(&a).status, WcStatus::RemAccessErr);
+
+    drop((window, reader, other, pd));
+    assert_eq!(b.device.resources().unwrap().windows, 0);
 }

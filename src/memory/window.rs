@@ -154,11 +154,17 @@ impl MemoryTable {
         rkey
     }
 
-    /// `ibv_dealloc_mw`: the window's rkey stops working at once, bound or not.
+    /// `ibv_dealloc_mw`: the window's rkey stops working at once, bound or not. The window is
+    /// found by the upper 24 bits of `rkey`, which it keeps for life, so a handle that took
+    /// the rkey of a bind that was then refused still deallocates its window.
     pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MemoryError> {
-        let slot = self.window_slot(rkey)?;
-        self.rkeys.remove(&rkey.0);
-        self.windows[slot] = None;
+        let slot = self
+            .windows
+            .iter()
+            .position(|w| w.as_ref().is_some_and(|w| w.rkey.0 >> 8 == rkey.0 >> 8))
+            .ok_or(MemoryError::UnknownKey { key: rkey.0 })?;
+        let window = self.windows[slot].take().expect("found above");
+        self.rkeys.remove(&window.rkey.0);
         self.free_windows.push(slot);
         Ok(())
     }
@@ -465,7 +471,8 @@ mod tests {
             .check_remote(b.new_rkey, (pd, QP), BASE, 8, Access::REMOTE_READ)
             .is_err());
         assert_eq!(t.window_count(), 1);
-        t.dealloc_mw(b.new_rkey).unwrap();
+        // By its upper 24 bits: a handle may hold the rkey of a later, refused bind.
+        t.dealloc_mw(inc_rkey(b.new_rkey)).unwrap();
         assert_eq!(t.window_count(), 0);
         assert!(t.dealloc_mw(b.new_rkey).is_err());
         // The region is free of windows and goes.
