@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod fuzz;
 pub mod rc;
 
 use std::cell::RefCell;

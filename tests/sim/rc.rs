@@ -6,7 +6,7 @@ use super::{addr, drain, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType, PdId};
 use softroce::transport::{
     connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpType, RecvWr, Remote, SendOp,
-    SendWr, Sge, WcOpcode, WcStatus,
+    SendWr, Sge, VerbsError, WcOpcode, WcStatus,
 };
 use softroce::wire::{Opcode, Qpn, RKey, RnrTimer, RocePacket};
 
@@ -85,28 +85,39 @@ pub fn qp_on(sim: &mut Sim, node: usize, pd: PdId, cq: CqId) -> Qpn {
 
 /// Connects two RC QPs, each `(node, qpn)`, as `o` says: the first sends from `o.psn[0]`.
 pub fn connect_qps(sim: &mut Sim, ends: [(usize, Qpn); 2], o: &Options) {
-    for (me, them) in [(0, 1), (1, 0)] {
-        let (node, qpn) = ends[me];
-        let remote = Remote {
-            addr: addr(ends[them].0),
-            qpn: ends[them].1,
-            psn: o.psn[them],
-        };
-        let options = ConnectOptions {
-            mtu: o.mtu,
-            access: o.qp_access,
-            timeout: o.timeout,
-            retry_cnt: o.retry_cnt,
-            rnr_retry: o.rnr_retry,
-            min_rnr_timer: RnrTimer::new(o.min_rnr_timer),
-            max_rd_atomic: o.rd_atomic[me],
-        };
-        for step in connect_steps(QpType::Rc, &remote, o.psn[me], &options) {
-            sim.nodes[node]
-                .modify_qp(Duration::ZERO, qpn, &step)
-                .unwrap();
-        }
+    for me in [0, 1] {
+        connect_end(sim, ends, me, o).unwrap();
     }
+}
+
+/// Takes end `me` of `ends` through INIT, RTR and RTS towards the other.
+pub fn connect_end(
+    sim: &mut Sim,
+    ends: [(usize, Qpn); 2],
+    me: usize,
+    o: &Options,
+) -> Result<(), VerbsError> {
+    let (node, qpn) = ends[me];
+    let them = 1 - me;
+    let remote = Remote {
+        addr: addr(ends[them].0),
+        qpn: ends[them].1,
+        psn: o.psn[them],
+    };
+    let options = ConnectOptions {
+        mtu: o.mtu,
+        access: o.qp_access,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        min_rnr_timer: RnrTimer::new(o.min_rnr_timer),
+        max_rd_atomic: o.rd_atomic[me],
+    };
+    let now = sim.now;
+    for step in connect_steps(QpType::Rc, &remote, o.psn[me], &options) {
+        sim.nodes[node].modify_qp(now, qpn, &step)?;
+    }
+    Ok(())
 }
 
 pub fn sge(side: &Side, offset: u64, len: u32) -> Payload {

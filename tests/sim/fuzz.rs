@@ -1,0 +1,491 @@
+//! A structure-aware driver of the transport core, in quinn-proto's manner: the bytes of a
+//! fuzz input choose a sequence of verbs and network events for two endpoints on the
+//! simulator, with a peer that forges and mutates packets. The fuzz target `transport`
+//! (fuzz/fuzz_targets/transport.rs) and a property test (tests/transport_fuzz.rs) both run
+//! [`run`].
+//!
+//! What must hold, whatever the input: nothing panics, and node 1's guarded regions never
+//! change: one registered with no remote rights at all, one for remote READ only. Node 0 knows
+//! both rkeys and tries them with every operation, at every address.
+
+use super::rc::{connect, connect_end, Options, Side, ALL, IOVA, MR_LEN};
+use super::{addr, forge, Faults, Sim};
+use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType};
+use softroce::transport::{
+    Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge,
+};
+use softroce::wire::{
+    AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeader,
+    ExtHeaders, IcrcStatus, IethRepr, ImmDtRepr, Msn, Opcode, PKey, Psn, QKey, Qpn, RKey, RethRepr,
+    ROCEV2_UDP_PORT,
+};
+
+/// The input, read a value at a time; an exhausted input reads zeros and says so.
+pub struct Input<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Input<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Input { data }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        let n = N.min(self.data.len());
+        out[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        out
+    }
+
+    fn u8(&mut self) -> u8 {
+        self.bytes::<1>()[0]
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.bytes())
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.bytes())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.bytes())
+    }
+
+    fn bool(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+
+    /// A number below `n` (0 for `n` = 0).
+    fn below(&mut self, n: u32) -> u32 {
+        self.u32().checked_rem(n).unwrap_or(0)
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u32) as usize]
+    }
+}
+
+/// Node 1's regions that nothing from the network may change.
+struct Guarded {
+    private: MemoryRegion,
+    read_only: MemoryRegion,
+}
+
+const GUARD_LEN: usize = 8192;
+const PRIVATE_IOVA: u64 = 0x4000_0000;
+const READ_ONLY_IOVA: u64 = 0x5000_0000;
+
+fn guard_pattern(seed: u8) -> Vec<u8> {
+    (0..GUARD_LEN)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+impl Guarded {
+    fn check(&self) {
+        assert_eq!(
+            self.private.to_vec(),
+            guard_pattern(1),
+            "a region with no remote rights"
+        );
+        assert_eq!(
+            self.read_only.to_vec(),
+            guard_pattern(2),
+            "a read-only region"
+        );
+    }
+}
+
+/// What the driver knows of the two sides.
+struct World {
+    sim: Sim,
+    a: Side,
+    b: Side,
+    guarded: Guarded,
+    /// rkeys node 0 tries: node 1's region, its guarded ones, its windows, and nonsense.
+    rkeys: Vec<RKey>,
+    /// Node 1's windows, by their current rkey.
+    windows: Vec<RKey>,
+    wr_id: u64,
+}
+
+/// The most actions one input runs, and the most simulator steps one action takes.
+const MAX_ACTIONS: usize = 256;
+const MAX_STEPS: usize = 64;
+
+/// Runs one input. Panics only where the transport broke an invariant.
+pub fn run(data: &[u8]) {
+    let mut input = Input::new(data);
+    let mtu = input.pick(&[PathMtu::Mtu256, PathMtu::Mtu1024, PathMtu::Mtu4096]);
+    let mut sim = Sim::new(2, u64::from(input.u8()), Faults::default());
+    for node in &mut sim.nodes {
+        node.set_port_mtu(PathMtu::Mtu4096);
+    }
+    let options = Options {
+        mtu,
+        timeout: 6 + input.below(6) as u8,
+        retry_cnt: input.below(8) as u8,
+        rnr_retry: input.below(8) as u8,
+        rd_atomic: [1 + input.below(16) as u8, 1 + input.below(16) as u8],
+        ..Default::default()
+    };
+    let [a, b] = connect(&mut sim, options);
+    let pd = b.mr.pd();
+    let region = |sim: &mut Sim, at: u64, access: Access, seed: u8| {
+        let mr = sim.nodes[1].reg_mr(pd, at, GUARD_LEN, access).unwrap();
+        mr.write(0, &guard_pattern(seed)).unwrap();
+        mr
+    };
+    let guarded = Guarded {
+        private: region(&mut sim, PRIVATE_IOVA, Access::LOCAL_WRITE, 1),
+        read_only: region(&mut sim, READ_ONLY_IOVA, Access::REMOTE_READ, 2),
+    };
+    let rkeys = vec![
+        b.mr.rkey(),
+        guarded.private.rkey(),
+        guarded.read_only.rkey(),
+        RKey(0),
+        RKey(input.u32()),
+    ];
+    let mut world = World {
+        sim,
+        a,
+        b,
+        guarded,
+        rkeys,
+        windows: Vec::new(),
+        wr_id: 0,
+    };
+    for _ in 0..MAX_ACTIONS {
+        if input.is_empty() {
+            break;
+        }
+        world.act(&mut input);
+        world.drain();
+        world.guarded.check();
+    }
+    for _ in 0..MAX_STEPS {
+        if !world.sim.step() {
+            break;
+        }
+        world.drain();
+    }
+    world.guarded.check();
+}
+
+impl World {
+    fn act(&mut self, input: &mut Input<'_>) {
+        match input.below(9) {
+            0 | 1 => self.post_send(input),
+            2 => self.post_recv(input),
+            3 | 4 => {
+                for _ in 0..=input.below(MAX_STEPS as u32) {
+                    if !self.sim.step() {
+                        break;
+                    }
+                }
+            }
+            5 => self.forge(input),
+            6 => self.mutate_next(input),
+            7 => self.modify(input),
+            _ => self.window(input),
+        }
+    }
+
+    /// Completions and events are taken as an application would, so that queues stay bounded.
+    fn drain(&mut self) {
+        for node in 0..2 {
+            let cq = if node == 0 { self.a.cq } else { self.b.cq };
+            while self.sim.nodes[node].poll_cq(cq).is_some() {}
+            while self.sim.nodes[node].poll_event().is_some() {}
+        }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.wr_id += 1;
+        self.wr_id
+    }
+
+    /// An SGE list of node `side` within its region: up to three elements, lengths up to 8 KiB.
+    fn sges(side: &Side, input: &mut Input<'_>) -> Vec<Sge> {
+        (0..input.below(4))
+            .map(|_| {
+                let len = input.below(8192);
+                Sge {
+                    addr: IOVA + u64::from(input.below((MR_LEN - 8192) as u32)),
+                    len,
+                    lkey: side.mr.lkey(),
+                }
+            })
+            .collect()
+    }
+
+    /// An address node 0 aims at: in node 1's region, in a guarded one, or anywhere.
+    fn remote_addr(input: &mut Input<'_>) -> u64 {
+        let near = |base: u64, input: &mut Input<'_>| base + u64::from(input.below(0x1_0000));
+        match input.below(4) {
+            0 => near(IOVA, input),
+            1 => near(PRIVATE_IOVA, input),
+            2 => near(READ_ONLY_IOVA, input),
+            _ => input.u64(),
+        }
+    }
+
+    fn post_send(&mut self, input: &mut Input<'_>) {
+        let rkey = match input.below(8) {
+            7 => RKey(input.u32()),
+            6 if !self.windows.is_empty() => input.pick(&self.windows),
+            k => self.rkeys[k as usize % self.rkeys.len()],
+        };
+        let remote_addr = Self::remote_addr(input);
+        let op = match input.below(9) {
+            0 => SendOp::Send,
+            1 => SendOp::SendWithImm { imm: input.u32() },
+            2 => SendOp::SendWithInv { rkey },
+            3 => SendOp::Write { remote_addr, rkey },
+            4 => SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm: input.u32(),
+            },
+            5 | 6 => SendOp::Read { remote_addr, rkey },
+            7 => SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: input.u64(),
+            },
+            _ => SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare: input.u64(),
+                swap: input.u64(),
+            },
+        };
+        let payload = if op.is_atomic() {
+            let at = IOVA + u64::from(input.below((MR_LEN / 8) as u32 - 1)) * 8;
+            Payload::Sges(vec![Sge {
+                addr: at,
+                len: 8,
+                lkey: self.a.mr.lkey(),
+            }])
+        } else if !op.is_read_or_atomic() && input.bool() {
+            Payload::Inline(vec![input.u8(); input.below(512) as usize])
+        } else {
+            Payload::Sges(Self::sges(&self.a, input))
+        };
+        let mut wr = SendWr::new(self.next_id(), op, payload);
+        wr.signaled = input.bool();
+        wr.fence = input.bool();
+        wr.solicited = input.bool();
+        let now = self.sim.now;
+        let _ = self.sim.nodes[0].post_send(now, self.a.qpn, wr);
+    }
+
+    fn post_recv(&mut self, input: &mut Input<'_>) {
+        let wr = RecvWr {
+            wr_id: self.next_id(),
+            sges: Self::sges(&self.b, input),
+        };
+        let _ = self.sim.nodes[1].post_recv(self.b.qpn, wr);
+    }
+
+    /// A packet a hostile peer could send: any supported opcode, headers with chosen fields,
+    /// to either side, from the connected peer's address or a stranger's; or raw bytes.
+    fn forge(&mut self, input: &mut Input<'_>) {
+        let to = input.below(2) as usize;
+        let from = if input.below(8) == 0 { 7 } else { 1 - to };
+        let dest_qp = match input.below(4) {
+            0 => Qpn::new(input.u32() & 0xff_ffff),
+            _ if to == 0 => self.a.qpn,
+            _ => self.b.qpn,
+        };
+        if input.below(8) == 0 {
+            let raw: Vec<u8> = (0..input.below(96)).map(|_| input.u8()).collect();
+            self.deliver(from, to, &raw);
+            return;
+        }
+        let opcode = input.pick(Opcode::SUPPORTED);
+        let psn =
+            Psn::new((Options::default().psn[1 - to]).wrapping_add(input.below(4096)) & 0xff_ffff);
+        let mut bth = BthRepr::new(opcode, dest_qp, psn);
+        bth.ack_req = input.bool();
+        bth.solicited = input.bool();
+        if input.below(8) == 0 {
+            bth.pkey = PKey(input.u16());
+        }
+        let rkey = match input.below(4) {
+            0 => RKey(input.u32()),
+            k => self.rkeys[k as usize % self.rkeys.len()],
+        };
+        let remote_addr = Self::remote_addr(input);
+        let mut ext = ExtHeaders::default();
+        let info = opcode.info().expect("a supported opcode");
+        for header in info.headers {
+            match header {
+                ExtHeader::Reth => {
+                    ext.reth = Some(RethRepr {
+                        virtual_address: remote_addr,
+                        rkey,
+                        dma_len: match input.below(4) {
+                            0 => input.u32(),
+                            _ => input.below(0x1_0000),
+                        },
+                    })
+                }
+                ExtHeader::Aeth => {
+                    ext.aeth = Some(AethRepr {
+                        syndrome: AckSyndrome::from_byte(input.u8()),
+                        msn: Msn::new(input.u32() & 0xff_ffff),
+                    })
+                }
+                ExtHeader::Deth => {
+                    ext.deth = Some(DethRepr {
+                        qkey: QKey(input.u32()),
+                        src_qp: Qpn::new(input.u32() & 0xff_ffff),
+                    })
+                }
+                ExtHeader::ImmDt => ext.immdt = Some(ImmDtRepr { data: input.u32() }),
+                ExtHeader::Ieth => ext.ieth = Some(IethRepr { rkey }),
+                ExtHeader::AtomicEth => {
+                    ext.atomic_eth = Some(AtomicEthRepr {
+                        virtual_address: remote_addr,
+                        rkey,
+                        swap_add: input.u64(),
+                        compare: input.u64(),
+                    })
+                }
+                ExtHeader::AtomicAckEth => {
+                    ext.atomic_ack_eth = Some(AtomicAckEthRepr {
+                        original_data: input.u64(),
+                    })
+                }
+                ExtHeader::CnpPad => {}
+            }
+        }
+        let len = if info.payload {
+            let any = input.below(4200);
+            input.pick(&[0, 1, 255, 256, 1024, 4096, any])
+        } else {
+            0
+        };
+        let payload = vec![input.u8(); len as usize];
+        let mut packet = forge(bth, ext, &payload);
+        for _ in 0..input.below(3) {
+            let at = input.below(packet.len() as u32) as usize;
+            packet[at] ^= input.u8();
+        }
+        self.deliver(from, to, &packet);
+    }
+
+    /// Delivers bytes as if their ICRC were good: corruption the ICRC would catch is left to
+    /// the simulator's own tests; here the parser and the responder get to see it.
+    fn deliver(&mut self, from: usize, to: usize, packet: &[u8]) {
+        let datagram = Datagram {
+            src: addr(from),
+            src_port: ROCEV2_UDP_PORT,
+            dst: addr(to),
+            ip_header: None,
+            icrc: IcrcStatus::Ok,
+            packet,
+        };
+        let now = self.sim.now;
+        self.sim.nodes[to].handle_received(now, datagram);
+    }
+
+    /// The next packets a node sends have a byte changed on the way: a peer whose own packets
+    /// misbehave, checked by the other side.
+    fn mutate_next(&mut self, input: &mut Input<'_>) {
+        let (who, at, xor, count) = (
+            input.below(2) as usize,
+            input.u8(),
+            input.u8() | 1,
+            input.below(4),
+        );
+        let mut left = count;
+        self.sim.rewrite = Some(Box::new(move |from, packet| {
+            if from == who && left > 0 && !packet.is_empty() {
+                left -= 1;
+                let at = usize::from(at) % packet.len();
+                packet[at] ^= xor;
+            }
+        }));
+    }
+
+    /// Moves either QP to ERROR, RESET and back to RTS, or SQD.
+    fn modify(&mut self, input: &mut Input<'_>) {
+        let node = input.below(2) as usize;
+        let qpn = if node == 0 { self.a.qpn } else { self.b.qpn };
+        let now = self.sim.now;
+        let to = |state| QpAttr {
+            state: Some(state),
+            ..Default::default()
+        };
+        match input.below(3) {
+            0 => {
+                let _ = self.sim.nodes[node].modify_qp(now, qpn, &to(QpState::Error));
+            }
+            1 => {
+                let _ = self.sim.nodes[node].modify_qp(now, qpn, &to(QpState::Reset));
+                let o = Options {
+                    mtu: input.pick(&[PathMtu::Mtu512, PathMtu::Mtu2048, PathMtu::Mtu4096]),
+                    ..Default::default()
+                };
+                // Only this side goes through the steps again; its peer did not reset, and
+                // keeps its own expectations, as a real peer would.
+                let ends = [(0, self.a.qpn), (1, self.b.qpn)];
+                let _ = connect_end(&mut self.sim, ends, node, &o);
+            }
+            _ => {
+                let _ = self.sim.nodes[node].modify_qp(now, qpn, &to(QpState::Sqd));
+            }
+        }
+    }
+
+    /// Node 1 allocates, binds or invalidates a window, or deregisters nothing it must keep.
+    fn window(&mut self, input: &mut Input<'_>) {
+        let now = self.sim.now;
+        let pd = self.b.mr.pd();
+        match input.below(3) {
+            0 if self.windows.len() < 8 => {
+                let kind = input.pick(&[MwType::Type1, MwType::Type2]);
+                let rkey = self.sim.nodes[1].alloc_mw(pd, kind);
+                self.windows.push(rkey);
+            }
+            1 if !self.windows.is_empty() => {
+                let i = input.below(self.windows.len() as u32) as usize;
+                let window = self.windows[i];
+                let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
+                let bind = BindMw {
+                    window,
+                    new_rkey: inc_rkey(window),
+                    // Sometimes over a guarded region: refused, it has no MW_BIND.
+                    region: input.pick(&[
+                        self.b.mr.lkey(),
+                        self.guarded.private.lkey(),
+                        self.guarded.read_only.lkey(),
+                    ]),
+                    addr: IOVA + u64::from(input.below(MR_LEN as u32)),
+                    len: u64::from(input.below(0x1_0000)),
+                    access: if input.bool() { access } else { ALL },
+                };
+                self.windows[i] = bind.new_rkey;
+                let wr = SendWr::new(self.next_id(), SendOp::BindMw(bind), Payload::Sges(vec![]));
+                let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
+            }
+            _ if !self.windows.is_empty() => {
+                let rkey = input.pick(&self.windows);
+                let op = SendOp::LocalInv { rkey };
+                let wr = SendWr::new(self.next_id(), op, Payload::Sges(vec![]));
+                let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
+            }
+            _ => {}
+        }
+    }
+}
