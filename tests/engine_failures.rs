@@ -263,3 +263,21 @@ fn address_handles_that_could_reach_nothing_are_refused() {
         assert!(error.to_string().contains(why), "{dest}: {error}");
     }
 }
+
+/// `register(1 << 46)` aborted the whole process ("memory allocation of 70368744177664 bytes
+/// failed") on the engine thread. Now the host's refusal is the call's error, and the device
+/// goes on.
+#[test]
+fn a_region_the_host_cannot_hold_is_an_error() {
+    let device = Device::open(DeviceConfig::udp(ip(9))).unwrap();
+    let pd = device.alloc_pd().unwrap();
+    let error = pd.register(1 << 46, Access::LOCAL_WRITE).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Memory(softroce::memory::MemoryError::NoMemory { len }) if len == 1 << 46
+        ),
+        "{error}"
+    );
+    assert!(pd.register(4096, Access::LOCAL_WRITE).is_ok());
+}
