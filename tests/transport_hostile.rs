@@ -332,6 +332,52 @@ fn a_qp_in_error_or_reset_sends_no_more_read_responses() {
     assert_eq!(read_mr(&c, 0, 10_000), read_mr(&b, 0x100, 10_000));
 }
 
+/// RESET straight from RTS, READ responses still unbuilt, then a connection to another peer
+/// with a larger MTU: the old peer's stream went on, to the new peer, cut at the new MTU from a
+/// span sized for the old one, and tripped `Span::read`'s assertion (a panic on the engine
+/// thread).
+#[test]
+fn a_reset_and_reconnect_with_a_larger_mtu_sends_nothing_of_the_old_read() {
+    let mut sim = Sim::new(3, seed(24), Faults::default());
+    sim.nodes[1].set_port_mtu(PathMtu::Mtu4096);
+    sim.nodes[2].set_port_mtu(PathMtu::Mtu4096);
+    let [a, b] = connect(&mut sim, Options::default());
+    let read = SendOp::Read {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    // 100 KiB: 100 responses at MTU 1024, the last one short.
+    post_send(&mut sim, 0, &a, rdma(read, sge(&a, 0, 100 * 1024 - 100)));
+    assert_eq!(sim.hand_over(0, 1, 1), 1);
+    let now = sim.now;
+    let reset = QpAttr {
+        state: Some(QpState::Reset),
+        ..Default::default()
+    };
+    sim.nodes[1].modify_qp(now, b.qpn, &reset).unwrap();
+    let c_pd = sim.nodes[2].alloc_pd();
+    let c_cq = sim.nodes[2].create_cq(64);
+    let c_mr = sim.nodes[2].reg_mr(c_pd, IOVA, MR_LEN, ALL).unwrap();
+    let c = Side {
+        qpn: qp_on(&mut sim, 2, c_pd, c_cq),
+        cq: c_cq,
+        mr: c_mr,
+    };
+    let big = Options {
+        mtu: PathMtu::Mtu4096,
+        ..Default::default()
+    };
+    connect_qps(&mut sim, [(2, c.qpn), (1, b.qpn)], &big);
+    assert_eq!(sim.hand_over(1, 2, 1000), 0, "nothing of node 0's READ");
+    let write = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    post_send(&mut sim, 2, &c, rdma(write, sge(&c, 0, 8192)));
+    sim.run_idle(LIMIT);
+    assert_eq!(drain(&mut sim, 2, c.cq)[0].status, WcStatus::Success);
+}
+
 /// A responder keeps `max_dest_rd_atomic` resources; a requester keeps at most as many READs
 /// and atomics outstanding (IBTA 9.7.5.1.3 and o9-??? through the negotiated depths). One that
 /// sends more gets NAK invalid request (rxe_resp.c `RESPST_ERR_TOO_MANY_RDMA_ATM_REQ`);
