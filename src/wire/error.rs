@@ -26,6 +26,19 @@ pub enum Layer {
     Cnp,
     Payload,
     Icrc,
+    /// The 24-byte header of a management datagram (IBTA 13.4.3).
+    Mad,
+    CmReq,
+    CmMra,
+    CmRej,
+    CmRep,
+    CmRtu,
+    CmDreq,
+    CmDrep,
+    CmSidrReq,
+    CmSidrRep,
+    /// RDMA-CM's IP addressing header at the start of a REQ's or SIDR_REQ's private data.
+    CmaHeader,
 }
 
 impl Layer {
@@ -48,6 +61,17 @@ impl Layer {
             Layer::Cnp => "CNP",
             Layer::Payload => "payload",
             Layer::Icrc => "ICRC",
+            Layer::Mad => "MAD",
+            Layer::CmReq => "CM REQ",
+            Layer::CmMra => "CM MRA",
+            Layer::CmRej => "CM REJ",
+            Layer::CmRep => "CM REP",
+            Layer::CmRtu => "CM RTU",
+            Layer::CmDreq => "CM DREQ",
+            Layer::CmDrep => "CM DREP",
+            Layer::CmSidrReq => "CM SIDR_REQ",
+            Layer::CmSidrRep => "CM SIDR_REP",
+            Layer::CmaHeader => "RDMA-CM IP header",
         }
     }
 }

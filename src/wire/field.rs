@@ -44,3 +44,40 @@ pub fn set_u32(bytes: &mut [u8], at: usize, value: u32) {
 pub fn set_u64(bytes: &mut [u8], at: usize, value: u64) {
     bytes[at..at + 8].copy_from_slice(&value.to_be_bytes());
 }
+
+/// `width` bits of the byte at `at`, starting `from_msb` bits below its most significant bit,
+/// as IBTA's tables number bit fields (chapter 12's CM messages pack several into one byte).
+pub fn bits_at(bytes: &[u8], at: usize, from_msb: u32, width: u32) -> u8 {
+    let shift = 8 - from_msb - width;
+    (bytes[at] >> shift) & ((1u16 << width) - 1) as u8
+}
+
+/// Writes the low `width` bits of `value` where [`bits_at`] reads them, keeping the byte's
+/// other bits.
+pub fn set_bits(bytes: &mut [u8], at: usize, from_msb: u32, width: u32, value: u8) {
+    let shift = 8 - from_msb - width;
+    let mask = (((1u16 << width) - 1) as u8) << shift;
+    bytes[at] = (bytes[at] & !mask) | ((value << shift) & mask);
+}
+
+/// `N` bytes at `at`: GIDs, private data.
+pub fn bytes_at<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+    array(bytes, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 0xa7, as rxe sends a REQ's byte 47: a CM response timeout of 20 in the top five bits
+    /// and a retry count of 7 in the low three.
+    #[test]
+    fn bit_fields_count_from_the_most_significant_bit() {
+        let mut b = [0xa7];
+        assert_eq!((bits_at(&b, 0, 0, 5), bits_at(&b, 0, 5, 3)), (20, 7));
+        set_bits(&mut b, 0, 5, 3, 2);
+        assert_eq!(b, [0xa2]);
+        set_bits(&mut b, 0, 0, 5, 0xff);
+        assert_eq!(b, [0xfa]);
+    }
+}
