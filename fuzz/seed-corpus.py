@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Builds fuzz/corpus/{frame,roce_packet,capture}/ from packet-fixtures/.
+"""Builds fuzz/corpus/{frame,roce_packet,capture,cm}/ from packet-fixtures/.
 
 frame:       every captured Ethernet frame, and the published hex vectors
 roce_packet: the UDP payload (BTH to ICRC) of every frame
 capture:     every fixture file whole
+cm:          the MADs of every QP1 packet, each as a record of the cm target (sender 0,
+             no time step), and all of a capture's in one input
 Only classic pcap (as tcpdump writes it) is split; other files still seed `capture`.
 """
 import hashlib
@@ -54,18 +56,34 @@ def udp_payload(frame):
     return frame[at + 8:]
 
 
+def mad(payload):
+    """The MAD of a UD SEND_ONLY to QP1: after the BTH (12 bytes) and DETH (8), 256 bytes."""
+    if len(payload) < 12 + 8 + 256 or payload[0] != 0x64:
+        return None
+    if payload[5:8] != b"\x00\x00\x01":
+        return None
+    return payload[20:276]
+
+
 def main():
     count = 0
     for path in sorted(FIXTURES.rglob("*")):
         if path.suffix in (".pcap", ".pcapng"):
             blob = path.read_bytes()
             save("capture", blob)
+            handshake = b""
             for frame in pcap_frames(blob):
                 save("frame", frame)
                 payload = udp_payload(frame)
                 if payload:
                     save("roce_packet", payload)
+                    m = mad(payload)
+                    if m:
+                        save("cm", b"\x00\x00" + m)
+                        handshake += b"\x00\x00" + m
                 count += 1
+            if handshake:
+                save("cm", handshake)
         elif path.suffix == ".hex":
             digits = "".join(
                 "".join(l.split()) for l in path.read_text().splitlines() if not l.startswith("#")

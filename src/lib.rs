@@ -8,6 +8,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod capture;
+pub mod cm;
 pub mod decode;
 pub mod demo;
 mod engine;

@@ -6,12 +6,18 @@ use libfuzzer_sys::fuzz_target;
 use softroce::wire::{Frame, PacketRepr};
 
 fuzz_target!(|data: &[u8]| {
-    for parsed in [Frame::parse_ethernet(data), Frame::parse_ip(data), Frame::parse_linux_sll(data)]
-        .into_iter()
-        .flatten()
+    for parsed in [
+        Frame::parse_ethernet(data),
+        Frame::parse_ip(data),
+        Frame::parse_linux_sll(data),
+    ]
+    .into_iter()
+    .flatten()
     {
         let _ = parsed.icrc_status();
-        let Ok(repr) = PacketRepr::parse(&parsed.packet) else { continue };
+        let Ok(repr) = PacketRepr::parse(&parsed.packet) else {
+            continue;
+        };
         let mut out = vec![0u8; parsed.repr.buffer_len(&repr)];
         if let Ok(n) = parsed.repr.emit(&repr, parsed.packet.payload(), &mut out) {
             let again = if parsed.repr.ethernet.is_some() {

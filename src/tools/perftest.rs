@@ -33,7 +33,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use super::perftest_oob::{mtu_enum, BwReport, Exchange, Keys};
+use super::perftest_oob::{BwReport, Exchange, Keys};
 use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
@@ -425,7 +425,7 @@ fn offered_mtu(asked: Option<PathMtu>, port: PathMtu, output: &mut Output<'_>) -
         Some(mtu) if mtu > port => {
             output.notice(&format!(
                 "Requested mtu is higher than active mtu \nChanging to active mtu - {}",
-                mtu_enum(port)
+                port.ibv_enum()
             ))?;
             Ok(port)
         }

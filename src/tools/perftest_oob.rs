@@ -150,28 +150,6 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
-/// `enum ibv_mtu`.
-pub(super) fn mtu_enum(mtu: PathMtu) -> u8 {
-    match mtu {
-        PathMtu::Mtu256 => 1,
-        PathMtu::Mtu512 => 2,
-        PathMtu::Mtu1024 => 3,
-        PathMtu::Mtu2048 => 4,
-        PathMtu::Mtu4096 => 5,
-    }
-}
-
-fn mtu_of_enum(value: u8) -> Option<PathMtu> {
-    Some(match value {
-        1 => PathMtu::Mtu256,
-        2 => PathMtu::Mtu512,
-        3 => PathMtu::Mtu1024,
-        4 => PathMtu::Mtu2048,
-        5 => PathMtu::Mtu4096,
-        _ => return None,
-    })
-}
-
 /// C's `atof` of a version: the leading decimal number, 0 if there is none.
 fn version_number(version: &str) -> f64 {
     let end = version
@@ -323,9 +301,9 @@ impl Exchange {
     /// not an MTU.
     pub fn mtu(&mut self, mine: PathMtu) -> Result<PathMtu> {
         let mut msg = [0; MTU_LEN];
-        msg[0] = b'0' + mtu_enum(mine);
+        msg[0] = b'0' + mine.ibv_enum();
         let theirs = nul_terminated(&self.swap(&msg, "the MTU")?).into_owned();
-        let theirs = theirs.parse().ok().and_then(mtu_of_enum);
+        let theirs = theirs.parse().ok().and_then(PathMtu::from_ibv_enum);
         Ok(theirs.map_or(mine, |theirs| theirs.min(mine)))
     }
 
@@ -436,9 +414,9 @@ mod tests {
         assert_eq!(version_number("5.70.1"), 5.70);
         assert_eq!(version_number("x"), 0.0);
         assert_eq!(
-            mtu_of_enum(mtu_enum(PathMtu::Mtu2048)),
+            PathMtu::from_ibv_enum(PathMtu::Mtu2048.ibv_enum()),
             Some(PathMtu::Mtu2048)
         );
-        assert_eq!(mtu_of_enum(6), None);
+        assert_eq!(PathMtu::from_ibv_enum(6), None);
     }
 }

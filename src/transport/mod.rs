@@ -427,6 +427,11 @@ impl Endpoint {
         }
     }
 
+    /// The port's MTU ([`set_port_mtu`](Self::set_port_mtu)).
+    pub fn port_mtu(&self) -> PathMtu {
+        self.port_mtu
+    }
+
     pub fn alloc_pd(&mut self) -> PdId {
         self.memory.alloc_pd()
     }
@@ -676,6 +681,10 @@ impl Endpoint {
     /// checks): a sign of life that needs no completion, as a WRITE's target has none.
     pub fn qp_received(&self, qpn: Qpn) -> Option<u64> {
         self.qps.get(&qpn).map(|qp| qp.received)
+    }
+
+    pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
+        self.qps.get(&qpn).map(|qp| qp.qp_type)
     }
 
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
@@ -1024,6 +1033,21 @@ pub struct Resources {
     /// SRQs live as long as the endpoint: they have no destroy verb yet.
     pub srqs: usize,
     pub address_handles: usize,
+}
+
+impl Resources {
+    /// What is left once `other`'s are taken away: the application's, once the device's own
+    /// (QP1 and what the CM holds) are.
+    pub fn less(&self, other: &Resources) -> Resources {
+        Resources {
+            qps: self.qps.saturating_sub(other.qps),
+            cqs: self.cqs.saturating_sub(other.cqs),
+            regions: self.regions.saturating_sub(other.regions),
+            windows: self.windows.saturating_sub(other.windows),
+            srqs: self.srqs.saturating_sub(other.srqs),
+            address_handles: self.address_handles.saturating_sub(other.address_handles),
+        }
+    }
 }
 
 impl fmt::Display for Resources {

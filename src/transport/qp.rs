@@ -52,6 +52,30 @@ impl PathMtu {
         }
     }
 
+    /// The value of `enum ibv_mtu`, which CM messages and perftest's exchange carry: 1 (256)
+    /// to 5 (4096).
+    pub const fn ibv_enum(self) -> u8 {
+        match self {
+            PathMtu::Mtu256 => 1,
+            PathMtu::Mtu512 => 2,
+            PathMtu::Mtu1024 => 3,
+            PathMtu::Mtu2048 => 4,
+            PathMtu::Mtu4096 => 5,
+        }
+    }
+
+    /// The path MTU an `enum ibv_mtu` value names; `None` for any other value.
+    pub const fn from_ibv_enum(value: u8) -> Option<PathMtu> {
+        Some(match value {
+            1 => PathMtu::Mtu256,
+            2 => PathMtu::Mtu512,
+            3 => PathMtu::Mtu1024,
+            4 => PathMtu::Mtu2048,
+            5 => PathMtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
     /// The active MTU of a port on a link whose IP MTU is `link_mtu`, by rxe's rule
     /// (`rxe_set_mtu` in rxe.c, `eth_mtu_int_to_enum` in rxe_param.h): the largest path MTU
     /// that fits once 80 bytes of headers (`RXE_MAX_HDR_LENGTH`) are set aside, at most 4096

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod cm;
 pub mod fuzz;
 pub mod rc;
 
@@ -232,10 +233,20 @@ impl Sim {
 
     /// Advances to the next event and handles it. Returns false when nothing is left to do.
     pub fn step(&mut self) -> bool {
+        self.step_with(None)
+    }
+
+    /// [`step`](Self::step), with a deadline of the caller's besides the nodes' (a CM
+    /// agent's): time stops there too.
+    pub fn step_with(&mut self, deadline: Option<Duration>) -> bool {
         self.collect();
         let next_packet = self.in_flight.keys().next().map(|k| k.0);
         let next_timer = self.nodes.iter().filter_map(|n| n.next_deadline()).min();
-        let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else {
+        let next = [next_packet, next_timer, deadline]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(next) = next else {
             return false;
         };
         self.now = self.now.max(next);

@@ -236,15 +236,16 @@ pub fn attr_name(attr_id: u16) -> &'static str {
     }
 }
 
+/// The MADs of kernel rxe's rping handshake, for tests of the layers above.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod tests_support {
+    use super::MAD_LEN;
     use crate::capture::Capture;
     use crate::wire::DethRepr;
-    use std::net::Ipv4Addr;
 
-    /// The CM MADs of rping between two kernel rxe peers (packet-fixtures/rxe), in order.
-    fn rping_mads() -> Vec<[u8; MAD_LEN]> {
+    /// The QP1 payloads of `packet-fixtures/rxe/rdma_cm_rping.pcap`: REQ, REP, RTU, DREQ and
+    /// DREP.
+    pub(crate) fn rping_mads() -> Vec<[u8; MAD_LEN]> {
         let path = format!(
             "{}/packet-fixtures/rxe/rdma_cm_rping.pcap",
             env!("CARGO_MANIFEST_DIR")
@@ -260,9 +261,15 @@ mod tests {
         }
         mads
     }
+}
 
-    /// Every CM MAD rxe sent parses to the fields read off its bytes by hand, and emits back to
-    /// the same 256 bytes.
+#[cfg(test)]
+mod tests {
+    use super::tests_support::rping_mads;
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// The CM MADs of rping between two kernel rxe peers (packet-fixtures/rxe), in order.
     #[test]
     fn rxes_rping_handshake_parses_and_reemits_byte_for_byte() {
         let mads = rping_mads();

@@ -19,6 +19,8 @@
 //! Handles are `Send` and `Sync`, and each keeps its device alive: the engine thread stops, its
 //! QPs flushed and its socket closed, when the last handle is dropped.
 
+mod cm;
+
 use std::fmt;
 use std::io;
 use std::net::IpAddr;
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
+use crate::cm::{CmError, Failure};
 pub use crate::engine::Progress;
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{
@@ -41,9 +44,14 @@ use crate::transport::{
     DEFAULT_PORT_MTU,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, Remote, SrqModify};
+use crate::wire::cm::SidrStatus;
 use crate::wire::{Psn, QKey, Qpn, RKey};
 
 pub use crate::memory::MemoryRegion;
+pub use cm::{
+    Connection, ConnectionEvent, ConnectionRequest, DatagramListener, DatagramPeer,
+    DatagramRequest, Listener,
+};
 
 /// What went wrong with a verb.
 #[derive(Debug)]
@@ -60,6 +68,16 @@ pub enum Error {
     /// The device stopped because its socket failed, with this error. Its outstanding work
     /// requests were flushed (WR_FLUSH_ERR) before it stopped.
     DeviceFailed(Arc<io::Error>),
+    /// The connection manager refused the call.
+    Cm(CmError),
+    /// A connection attempt failed: the peer rejected it (with its reason and private data),
+    /// never answered, or the QP refused what was negotiated.
+    ConnectFailed(Failure),
+    /// The peer disconnected before the connection was established.
+    Disconnected,
+    /// The peer answered a UD service resolution with this status: no one serves the port
+    /// (1), or its server refused (2).
+    Unresolved(SidrStatus),
 }
 
 impl fmt::Display for Error {
@@ -71,6 +89,17 @@ impl fmt::Display for Error {
             Error::QueueFull => f.write_str("the queue is full"),
             Error::DeviceClosed => f.write_str("the device is closed"),
             Error::DeviceFailed(e) => write!(f, "the device stopped: its socket failed: {e}"),
+            Error::Cm(e) => write!(f, "connection manager: {e}"),
+            Error::ConnectFailed(failure) => write!(f, "connection failed: {failure}"),
+            Error::Disconnected => f.write_str("the peer disconnected"),
+            Error::Unresolved(status) => {
+                write!(
+                    f,
+                    "UD service not resolved: status {} ({})",
+                    status.0,
+                    status.name()
+                )
+            }
         }
     }
 }
@@ -82,7 +111,12 @@ impl std::error::Error for Error {
             Error::Verbs(e) => Some(e),
             Error::Memory(e) => Some(e),
             Error::DeviceFailed(e) => Some(e.as_ref()),
-            Error::QueueFull | Error::DeviceClosed => None,
+            Error::Cm(e) => Some(e),
+            Error::QueueFull
+            | Error::DeviceClosed
+            | Error::ConnectFailed(_)
+            | Error::Disconnected
+            | Error::Unresolved(_) => None,
         }
     }
 }
@@ -100,6 +134,11 @@ impl From<VerbsError> for Error {
 impl From<MemoryError> for Error {
     fn from(e: MemoryError) -> Self {
         Error::Memory(e)
+    }
+}
+impl From<CmError> for Error {
+    fn from(e: CmError) -> Self {
+        Error::Cm(e)
     }
 }
 impl From<EngineGone> for Error {
@@ -598,6 +637,18 @@ impl QueuePair {
             .call(|reply| Command::ModifyQp(qpn, attr, reply))??)
     }
 
+    /// `ibv_modify_qp` to INIT with `access`, from RESET: receives can be posted from here on,
+    /// before the QP is connected (`rdma_create_qp` leaves a QP in INIT for this).
+    pub fn init(&self, access: Access) -> Result<()> {
+        self.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(access),
+            ..Default::default()
+        })
+    }
+
     /// Takes a connected QP from RESET (or INIT) through INIT and RTR to RTS, towards `remote`,
     /// sending from `sq_psn`. A UC QP gets only the attributes UC takes: the timeouts, retry
     /// counts and READ/atomic depths are RC's alone, and `ibv_modify_qp` refuses them on UC.
@@ -735,28 +786,37 @@ impl CompletionQueue {
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
     /// that do not want to spin.
     pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
-        let engine = self.inner.device.engine();
-        if engine.inline() {
-            // Run the engine, waiting on its socket, until a completion comes or time is up.
-            let deadline = Instant::now() + timeout;
-            engine.drive(Duration::ZERO)?;
-            loop {
-                match self.inner.completions.try_recv() {
-                    Ok(wc) => return Ok(Some(wc)),
-                    Err(TryRecvError::Disconnected) => return Err(engine.gone().into()),
-                    Err(TryRecvError::Empty) => {}
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(None);
-                }
-                engine.drive(left)?;
+        receive(self.inner.device.engine(), &self.inner.completions, timeout)
+    }
+}
+
+/// The next message on `channel`, waiting up to `timeout`; with inline progress the wait runs
+/// the engine. A channel the engine has let go of says why the device stopped.
+pub(crate) fn receive<T>(
+    engine: &EngineHandle,
+    channel: &Receiver<T>,
+    timeout: Duration,
+) -> Result<Option<T>> {
+    if engine.inline() {
+        // Run the engine, waiting on its socket, until a message comes or time is up.
+        let deadline = Instant::now() + timeout;
+        engine.drive(Duration::ZERO)?;
+        loop {
+            match channel.try_recv() {
+                Ok(message) => return Ok(Some(message)),
+                Err(TryRecvError::Disconnected) => return Err(engine.gone().into()),
+                Err(TryRecvError::Empty) => {}
             }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            engine.drive(left)?;
         }
-        match self.inner.completions.recv_timeout(timeout) {
-            Ok(wc) => Ok(Some(wc)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(engine.gone().into()),
-        }
+    }
+    match channel.recv_timeout(timeout) {
+        Ok(message) => Ok(Some(message)),
+        Err(RecvTimeoutError::Timeout) => Ok(None),
+        Err(RecvTimeoutError::Disconnected) => Err(engine.gone().into()),
     }
 }

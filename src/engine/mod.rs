@@ -14,6 +14,8 @@
 //! channels by the same sizes, and a completion that finds its channel full waits in the core's
 //! completion queue, whose overflow raises a CQ overrun event.
 
+mod cm;
+
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
@@ -23,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use mio::{Events, Interest, Poll, Token, Waker};
+
+pub(crate) use cm::{CmCommand, ConnectCall};
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
@@ -82,6 +86,8 @@ pub(crate) enum Command {
     Stats(Reply<(Counters, IoCounters)>),
     Resources(Reply<Resources>),
     QpReceived(Qpn, Reply<Option<u64>>),
+    /// Connection management ([`CmCommand`]).
+    Cm(CmCommand),
     Shutdown,
 }
 
@@ -210,6 +216,8 @@ pub struct EngineGone(pub Option<Arc<io::Error>>);
 
 struct Engine<B: Backend> {
     endpoint: Endpoint,
+    /// The device's CM: QP1 and the connections it manages.
+    cm: cm::CmRouter,
     backend: B,
     start: Instant,
     commands: Receiver<Command>,
@@ -255,15 +263,20 @@ pub(crate) fn start<B: Backend>(
     let local_addr = backend.local_addr();
     let mut endpoint = Endpoint::new(EndpointConfig { local_addr, seed });
     endpoint.set_port_mtu(port_mtu);
+    // The CM's receive buffers take the first addresses; the application's regions follow.
+    let first_iova = 0x1000_0000;
+    let cm = cm::CmRouter::new(&mut endpoint, Duration::ZERO, seed, first_iova)
+        .map_err(|e| io::Error::other(format!("the device's CM: {e}")))?;
     let engine = Engine {
         endpoint,
+        cm,
         backend,
         start: Instant::now(),
         commands: command_rx,
         qps: HashMap::new(),
         cqs: Vec::new(),
         events: event_tx,
-        next_iova: 0x1000_0000,
+        next_iova: first_iova + cm::AGENT_REGION,
         poll,
         readiness: Events::with_capacity(64),
         backlog: false,
@@ -328,9 +341,11 @@ impl<B: Backend> Engine<B> {
         let timeout = if self.backlog {
             Some(Duration::ZERO)
         } else {
-            let deadline = self
-                .endpoint
-                .next_deadline()
+            let next = [self.endpoint.next_deadline(), self.cm.next_deadline()];
+            let deadline = next
+                .into_iter()
+                .flatten()
+                .min()
                 .map(|deadline| deadline.saturating_sub(self.now()));
             match (deadline, cap) {
                 (Some(d), Some(c)) => Some(d.min(c)),
@@ -359,6 +374,8 @@ impl<B: Backend> Engine<B> {
         if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
             self.endpoint.handle_timeout(now);
         }
+        // The CM takes what QP1 received and what its timers say, before the packets go out.
+        self.cm.pump(now, &mut self.endpoint);
         let more_to_send = self.transmit()?;
         self.backlog |= more_to_send;
         self.unreachable_peers(now);
@@ -407,13 +424,13 @@ impl<B: Backend> Engine<B> {
                 Command::CreateCq { capacity, reply } => {
                     let cq = self.endpoint.create_cq(capacity);
                     let (tx, rx) = bounded(capacity.max(1));
-                    // The core reuses a destroyed CQ's number, and so its slot here.
+                    // The core reuses a destroyed CQ's number, and so its slot here; the CM's
+                    // own CQ has a number but no slot.
                     let slot = cq.0 as usize;
-                    if slot == self.cqs.len() {
-                        self.cqs.push(Some(tx));
-                    } else {
-                        self.cqs[slot] = Some(tx);
+                    if slot >= self.cqs.len() {
+                        self.cqs.resize(slot + 1, None);
                     }
+                    self.cqs[slot] = Some(tx);
                     let _ = reply.send((cq, rx));
                 }
                 Command::CreateQp { init, srq, reply } => {
@@ -468,8 +485,10 @@ impl<B: Backend> Engine<B> {
                     let _ = reply.send(self.endpoint.qp_received(qpn));
                 }
                 Command::Resources(reply) => {
-                    let _ = reply.send(self.endpoint.resources());
+                    let ours = self.endpoint.resources();
+                    let _ = reply.send(ours.less(&self.cm.resources()));
                 }
+                Command::Cm(command) => self.cm.command(now, &mut self.endpoint, command),
                 Command::Stats(reply) => {
                     let _ = reply.send((self.endpoint.counters().clone(), self.backend.counters()));
                 }

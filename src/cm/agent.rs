@@ -1,0 +1,527 @@
+//! The CM agent: a [`CmEndpoint`] bound to a transport [`Endpoint`], as the kernel's ib_cm and
+//! rdma_cm are bound to a device.
+//!
+//! It owns QP1 (the GSI QP, with its own CQ and receive buffers in a region of its own), takes
+//! the MADs that arrive there, sends the CM's MADs as UD SENDs to the peers' QP1 (Q_Key
+//! 0x80010000, P_Key 0xFFFF), and moves the application's QPs through the states a REQ and a
+//! REP negotiate, with librdmacm's order: the passive side goes to RTS before it sends the REP
+//! (`rdma_accept`), the active side when the REP comes, before it sends the RTU
+//! (`ucma_process_conn_resp`). Like the CM, it is sans-IO: the engine or the simulator calls
+//! [`pump`](Agent::pump) after feeding the endpoint, and at the agent's deadline.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::{
+    CmConfig, CmEndpoint, CmError, CmEvent, ConnId, ConnectRequest, Outgoing, RepParams, Reply,
+    ReqParams,
+};
+use crate::memory::{Access, MemoryRegion, PdId};
+use crate::transport::{
+    connect_steps, AddressHandle, AddressVector, ConnectOptions, CqId, Endpoint, Payload, QpAttr,
+    QpInit, QpState, QpType, RecvWr, Remote, Resources, SendOp, SendWr, Sge, UdDest, VerbsError,
+    WcOpcode, WcStatus, GRH_LEN,
+};
+use crate::wire::cm::{RejReason, ServiceId, MAD_LEN};
+use crate::wire::{QKey, Qpn};
+
+/// Receive buffers posted on QP1: MADs that may arrive between two pumps.
+const RECV_SLOTS: usize = 64;
+/// A receive buffer: the GRH verbs put first, then the MAD.
+const SLOT: usize = GRH_LEN + MAD_LEN;
+/// Sends QP1 may have outstanding.
+const SEND_DEPTH: usize = 256;
+/// Address handles kept for the peers MADs go to; beyond them the cache starts over.
+const MAX_AHS: usize = 256;
+
+/// What the agent itself dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentCounters {
+    /// Receives on QP1 that were no MAD: in error, of another length, or not from a QP1.
+    pub receives_dropped: u64,
+    /// MADs that could not be posted: QP1's send queue full, or no address handle for the
+    /// destination. The CM sends again on its timers.
+    pub sends_dropped: u64,
+    /// Sends on QP1 that completed in error.
+    pub sends_failed: u64,
+}
+
+/// A connection's QP, and what the agent still has to do with it.
+#[derive(Debug)]
+struct Bound {
+    qpn: Qpn,
+    peer: IpAddr,
+    /// The active side's first PSN and options, for the transitions when the REP comes.
+    active: Option<(crate::wire::Psn, ConnectOptions)>,
+    established: bool,
+}
+
+/// A connection attempt, as [`Agent::connect`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Connect<'a> {
+    /// An RC or UC QP in RESET or INIT.
+    pub qpn: Qpn,
+    pub dst: IpAddr,
+    pub service_id: ServiceId,
+    /// RDMA-CM's source port, for its header.
+    pub src_port: u16,
+    /// The QP's attributes: its access flags, path MTU, ACK timeout and RNR timer, the retry
+    /// counts asked of the peer, and the READ/atomic depth offered both ways.
+    pub options: &'a ConnectOptions,
+    pub private_data: &'a [u8],
+}
+
+/// The CM of a device, bound to its transport endpoint.
+#[derive(Debug)]
+pub struct Agent {
+    cm: CmEndpoint,
+    pd: PdId,
+    cq: CqId,
+    buffers: MemoryRegion,
+    ahs: HashMap<IpAddr, AddressHandle>,
+    bound: HashMap<ConnId, Bound>,
+    events: VecDeque<CmEvent>,
+    counters: AgentCounters,
+}
+
+impl Agent {
+    /// Creates QP1 on `ep`, with a CQ and a region of receive buffers at `iova` (an address no
+    /// other region of the endpoint uses), and the CM.
+    pub fn new(
+        ep: &mut Endpoint,
+        now: Duration,
+        seed: u64,
+        config: CmConfig,
+        iova: u64,
+    ) -> Result<Agent, CmError> {
+        let pd = ep.alloc_pd();
+        // Room for every receive and every send that could complete in error, so that QP1's
+        // CQ cannot overrun between two pumps.
+        let cq = ep.create_cq(RECV_SLOTS + SEND_DEPTH);
+        let buffers = ep
+            .reg_mr(pd, iova, RECV_SLOTS * SLOT, Access::LOCAL_WRITE)
+            .map_err(|e| CmError::Qp(VerbsError::Memory(e)))?;
+        let init = QpInit {
+            qp_type: QpType::Ud,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            max_send_wr: SEND_DEPTH,
+            max_recv_wr: RECV_SLOTS,
+        };
+        let gsi = ep.create_gsi_qp(init)?;
+        let steps = [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                qkey: Some(QKey::GSI),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(crate::wire::Psn::new(0)),
+                ..Default::default()
+            },
+        ];
+        for step in &steps {
+            ep.modify_qp(now, gsi, step)?;
+        }
+        let mut agent = Agent {
+            cm: CmEndpoint::new(ep.local_addr(), seed, config),
+            pd,
+            cq,
+            buffers,
+            ahs: HashMap::new(),
+            bound: HashMap::new(),
+            events: VecDeque::new(),
+            counters: AgentCounters::default(),
+        };
+        for slot in 0..RECV_SLOTS {
+            agent.post_buffer(ep, slot)?;
+        }
+        Ok(agent)
+    }
+
+    pub fn cm(&self) -> &CmEndpoint {
+        &self.cm
+    }
+
+    /// The CM, for the calls that move no QP: listening, rejecting, SIDR.
+    pub fn cm_mut(&mut self) -> &mut CmEndpoint {
+        &mut self.cm
+    }
+
+    pub fn counters(&self) -> &AgentCounters {
+        &self.counters
+    }
+
+    /// What the agent holds of the endpoint's resources: QP1, its CQ and buffers, and the
+    /// address handles of the peers it talked to.
+    pub fn resources(&self) -> Resources {
+        Resources {
+            qps: 1,
+            cqs: 1,
+            regions: 1,
+            windows: 0,
+            srqs: 0,
+            address_handles: self.ahs.len(),
+        }
+    }
+
+    /// Sends a REQ for `c.qpn`, moving it to INIT first if it is in RESET (as
+    /// `rdma_create_qp` leaves it), so that receives can be posted before the peer sends.
+    pub fn connect(
+        &mut self,
+        now: Duration,
+        ep: &mut Endpoint,
+        c: &Connect<'_>,
+    ) -> Result<ConnId, CmError> {
+        let qp_type = ep.qp_type(c.qpn).ok_or(VerbsError::UnknownQp(c.qpn))?;
+        let o = c.options;
+        init_qp(now, ep, c.qpn, o.access)?;
+        let starting_psn = self.cm.random_psn();
+        let rc = qp_type == QpType::Rc;
+        let depth = if rc { o.max_rd_atomic } else { 0 };
+        let conn = self.cm.connect(
+            now,
+            &ReqParams {
+                dst: c.dst,
+                service_id: c.service_id,
+                src_port: c.src_port,
+                local_qpn: c.qpn,
+                starting_psn,
+                qp_type,
+                responder_resources: depth,
+                initiator_depth: depth,
+                retry_count: o.retry_cnt,
+                rnr_retry_count: o.rnr_retry,
+                path_mtu: o.mtu.min(ep.port_mtu()),
+                local_ack_timeout: o.timeout,
+                srq: false,
+                private_data: c.private_data,
+            },
+        )?;
+        let bound = Bound {
+            qpn: c.qpn,
+            peer: c.dst.to_canonical(),
+            active: Some((starting_psn, *o)),
+            established: false,
+        };
+        self.bound.insert(conn, bound);
+        Ok(conn)
+    }
+
+    /// Accepts `request` (of [`CmEvent::ConnectRequest`] `conn`) with `qpn`, an RC or UC QP in
+    /// RESET or INIT: moves it to RTS with what the REQ asked and `options` allow, then sends
+    /// the REP. The READ/atomic depths are the smaller of the peer's and
+    /// `options.max_rd_atomic`; the RNR retry count the peer is to use is `options.rnr_retry`.
+    /// A REQ whose path MTU is above the port's is rejected (reason 26, invalid MTU): the
+    /// link could not carry the peer's packets.
+    pub fn accept(
+        &mut self,
+        now: Duration,
+        ep: &mut Endpoint,
+        conn: ConnId,
+        (qpn, request): (Qpn, &ConnectRequest),
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        if request.path_mtu > ep.port_mtu() {
+            self.cm
+                .reject(now, conn, RejReason::INVALID_MTU, private_data)?;
+            return Err(CmError::Invalid(
+                "the peer's path MTU is above the port's: rejected with reason 26",
+            ));
+        }
+        if ep.qp_type(qpn) != Some(request.qp_type) {
+            return Err(CmError::Invalid(
+                "the QP is not of the type the REQ asks for",
+            ));
+        }
+        let rc = request.qp_type == QpType::Rc;
+        let responder_resources = if rc {
+            options.max_rd_atomic.min(request.initiator_depth)
+        } else {
+            0
+        };
+        let initiator_depth = if rc {
+            options.max_rd_atomic.min(request.responder_resources)
+        } else {
+            0
+        };
+        let sq_psn = self.cm.random_psn();
+        // The passive side uses the REQ's ACK timeout and retry counts (cm.c
+        // `cm_init_qp_rts_attr`): its own RNR retry count it names in the REP, for the peer.
+        let negotiated = ConnectOptions {
+            mtu: request.path_mtu,
+            access: options.access,
+            timeout: request.local_ack_timeout,
+            retry_cnt: request.retry_count,
+            rnr_retry: request.rnr_retry_count,
+            min_rnr_timer: options.min_rnr_timer,
+            max_rd_atomic: 0,
+        };
+        let remote = Remote {
+            addr: request.peer,
+            qpn: request.peer_qpn,
+            psn: request.peer_psn.value(),
+        };
+        init_qp(now, ep, qpn, options.access)?;
+        let [_, mut rtr, mut rts] =
+            connect_steps(request.qp_type, &remote, sq_psn.value(), &negotiated);
+        if rc {
+            rtr.max_dest_rd_atomic = Some(responder_resources);
+            rts.max_rd_atomic = Some(initiator_depth);
+        }
+        ep.modify_qp(now, qpn, &rtr)?;
+        ep.modify_qp(now, qpn, &rts)?;
+        self.cm.accept(
+            now,
+            conn,
+            &RepParams {
+                local_qpn: qpn,
+                starting_psn: sq_psn,
+                responder_resources,
+                initiator_depth,
+                rnr_retry_count: options.rnr_retry,
+                srq: false,
+                private_data,
+            },
+        )?;
+        let bound = Bound {
+            qpn,
+            peer: request.peer,
+            active: None,
+            established: false,
+        };
+        self.bound.insert(conn, bound);
+        Ok(())
+    }
+
+    /// Ends a connection as `rdma_disconnect` does: its QP goes to ERROR (what it had
+    /// outstanding is flushed), then the DREQ goes out.
+    pub fn disconnect(
+        &mut self,
+        now: Duration,
+        ep: &mut Endpoint,
+        conn: ConnId,
+    ) -> Result<(), CmError> {
+        if let Some(bound) = self.bound.get(&conn) {
+            to_error(now, ep, bound.qpn);
+        }
+        self.cm.disconnect(now, conn)
+    }
+
+    /// The application is done with a connection, in whatever state ([`CmEndpoint::abort`]);
+    /// its QP is the application's to destroy.
+    pub fn abort(&mut self, now: Duration, conn: ConnId) {
+        self.bound.remove(&conn);
+        let _ = self.cm.abort(now, conn);
+    }
+
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.cm.next_deadline()
+    }
+
+    /// Does everything due: takes the MADs QP1 received, runs the CM's timers, notices
+    /// connections whose QP has heard from the peer before the RTU, moves QPs as the REPs
+    /// that came ask, and posts the CM's MADs on QP1.
+    pub fn pump(&mut self, now: Duration, ep: &mut Endpoint) {
+        self.receive(now, ep);
+        if self.cm.next_deadline().is_some_and(|d| d <= now) {
+            self.cm.handle_timeout(now);
+        }
+        for (&conn, bound) in &self.bound {
+            if !bound.established
+                && bound.active.is_none()
+                && ep.qp_received(bound.qpn).is_some_and(|n| n > 0)
+            {
+                self.cm.notify_established(conn);
+            }
+        }
+        while let Some(event) = self.cm.poll_event() {
+            self.on_event(now, ep, &event);
+            self.events.push_back(event);
+        }
+        while let Some(out) = self.cm.poll_transmit() {
+            self.send(now, ep, out);
+        }
+    }
+
+    /// What a CM event asks of the QPs.
+    fn on_event(&mut self, now: Duration, ep: &mut Endpoint, event: &CmEvent) {
+        match event {
+            CmEvent::Reply { conn, reply } => {
+                if let Err(error) = self.complete_active(now, ep, *conn, reply) {
+                    self.cm.fail_local(now, *conn, error);
+                }
+            }
+            CmEvent::Established { conn } => {
+                if let Some(bound) = self.bound.get_mut(conn) {
+                    bound.established = true;
+                }
+            }
+            // As librdmacm does on REJECTED and rdma_disconnect: the QP leaves RTS, and what
+            // it had outstanding is flushed.
+            CmEvent::Failed { conn, .. } | CmEvent::Disconnected { conn } => {
+                if let Some(bound) = self.bound.remove(conn) {
+                    to_error(now, ep, bound.qpn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The REP came: RTR and RTS with what it says, then the RTU.
+    fn complete_active(
+        &mut self,
+        now: Duration,
+        ep: &mut Endpoint,
+        conn: ConnId,
+        reply: &Reply,
+    ) -> Result<(), VerbsError> {
+        let Some(bound) = self.bound.get(&conn) else {
+            // The application gave up on it; the CM's own timer ends it.
+            return Ok(());
+        };
+        let Some((sq_psn, options)) = bound.active else {
+            return Ok(());
+        };
+        let qp_type = ep
+            .qp_type(bound.qpn)
+            .ok_or(VerbsError::UnknownQp(bound.qpn))?;
+        let negotiated = ConnectOptions {
+            mtu: options.mtu.min(ep.port_mtu()),
+            rnr_retry: reply.rnr_retry_count,
+            ..options
+        };
+        let remote = Remote {
+            addr: bound.peer,
+            qpn: reply.peer_qpn,
+            psn: reply.peer_psn.value(),
+        };
+        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, sq_psn.value(), &negotiated);
+        if qp_type == QpType::Rc {
+            rts.max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
+        }
+        let qpn = bound.qpn;
+        ep.modify_qp(now, qpn, &rtr)?;
+        ep.modify_qp(now, qpn, &rts)?;
+        self.cm
+            .establish(now, conn)
+            .map_err(|_| VerbsError::InvalidRequest("the connection ended during its REP"))
+    }
+
+    /// Takes the MADs QP1 received, and posts their buffers again.
+    fn receive(&mut self, now: Duration, ep: &mut Endpoint) {
+        while let Some(wc) = ep.poll_cq(self.cq) {
+            if wc.opcode != WcOpcode::Recv {
+                if wc.status != WcStatus::Success {
+                    self.counters.sends_failed += 1;
+                }
+                continue;
+            }
+            let slot = wc.wr_id as usize;
+            let mut mad = [0u8; MAD_LEN];
+            let whole = wc.status == WcStatus::Success && wc.byte_len as usize == SLOT;
+            let from_gsi = wc.src_qp == Some(Qpn::GSI);
+            match wc.src_addr {
+                Some(src) if whole && from_gsi && slot < RECV_SLOTS => {
+                    let read = self.buffers.read(slot * SLOT + GRH_LEN, &mut mad);
+                    match read {
+                        Ok(()) => self.cm.handle_mad(now, src, &mad),
+                        Err(_) => self.counters.receives_dropped += 1,
+                    }
+                }
+                _ => self.counters.receives_dropped += 1,
+            }
+            if slot < RECV_SLOTS && self.post_buffer(ep, slot).is_err() {
+                self.counters.receives_dropped += 1;
+            }
+        }
+    }
+
+    fn post_buffer(&mut self, ep: &mut Endpoint, slot: usize) -> Result<(), VerbsError> {
+        let wr = RecvWr {
+            wr_id: slot as u64,
+            sges: vec![Sge::new(&self.buffers, slot * SLOT, SLOT)],
+        };
+        ep.post_recv(Qpn::GSI, wr)
+    }
+
+    /// Posts a MAD as a UD SEND to the peer's QP1.
+    fn send(&mut self, now: Duration, ep: &mut Endpoint, out: Outgoing) {
+        let Some(ah) = self.ah(ep, out.dst) else {
+            self.counters.sends_dropped += 1;
+            return;
+        };
+        if ep.send_queue_room(Qpn::GSI) == 0 {
+            self.counters.sends_dropped += 1;
+            return;
+        }
+        let mut wr = SendWr::new(0, SendOp::Send, Payload::Inline(out.mad.to_vec()));
+        wr.signaled = false;
+        wr.ud = Some(UdDest {
+            ah,
+            remote_qpn: Qpn::GSI,
+            remote_qkey: QKey::GSI,
+        });
+        if ep.post_send(now, Qpn::GSI, wr).is_err() {
+            self.counters.sends_dropped += 1;
+        }
+    }
+
+    /// The address handle for `dst`, made once and kept. A peer that sends from many
+    /// addresses cannot grow the cache beyond [`MAX_AHS`]: it starts over.
+    fn ah(&mut self, ep: &mut Endpoint, dst: IpAddr) -> Option<AddressHandle> {
+        if let Some(&ah) = self.ahs.get(&dst) {
+            return Some(ah);
+        }
+        if self.ahs.len() >= MAX_AHS {
+            for (_, ah) in self.ahs.drain() {
+                let _ = ep.destroy_ah(ah);
+            }
+        }
+        let ah = ep.create_ah(self.pd, AddressVector { dest: dst }).ok()?;
+        self.ahs.insert(dst, ah);
+        Some(ah)
+    }
+}
+
+/// Moves a QP in RESET to INIT with `access`; one in INIT stays there.
+fn init_qp(now: Duration, ep: &mut Endpoint, qpn: Qpn, access: Access) -> Result<(), CmError> {
+    match ep.qp_state(qpn) {
+        Some(QpState::Reset) => {
+            let init = QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(access),
+                ..Default::default()
+            };
+            Ok(ep.modify_qp(now, qpn, &init)?)
+        }
+        Some(QpState::Init) => Ok(()),
+        Some(_) => Err(CmError::WrongState("the QP must be in RESET or INIT")),
+        None => Err(CmError::Qp(VerbsError::UnknownQp(qpn))),
+    }
+}
+
+/// Moves a QP to ERROR, if it still exists: its outstanding work is flushed.
+fn to_error(now: Duration, ep: &mut Endpoint, qpn: Qpn) {
+    let error = QpAttr {
+        state: Some(QpState::Error),
+        ..Default::default()
+    };
+    let _ = ep.modify_qp(now, qpn, &error);
+}

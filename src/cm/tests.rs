@@ -1,0 +1,642 @@
+//! The CM state machine between two endpoints, MAD by MAD: the handshake, what loss and
+//! repeats do to it, rejection, teardown and its races, SIDR, and what a hostile peer's MADs
+//! cost. The rules are cited where they are tested; the simulator tests (`tests/cm_sim.rs`)
+//! run the same protocol through the agent and real QPs.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use super::*;
+use crate::wire::cm::{
+    rej::REJECTED_REQ, CmDreqRepr, CmMraRepr, CmRejRepr, CmReqRepr, PortSpace, DREQ_PRIVATE_DATA,
+};
+
+const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+const RPING: ServiceId = ServiceId::ip(PortSpace::Tcp, 7174);
+
+/// Timers short enough to step through: a 4 ms response timeout, three retries.
+fn config() -> CmConfig {
+    CmConfig {
+        response_timeout: 10,
+        max_retries: 3,
+        ..CmConfig::default()
+    }
+}
+
+/// Two CMs on one wire, and the names of the MADs that crossed it.
+struct Pair {
+    a: CmEndpoint,
+    b: CmEndpoint,
+    now: Duration,
+    wire: Vec<(IpAddr, &'static str)>,
+}
+
+impl Pair {
+    fn new(config: CmConfig) -> Pair {
+        Pair {
+            a: CmEndpoint::new(A, 1, config),
+            b: CmEndpoint::new(B, 2, config),
+            now: Duration::ZERO,
+            wire: Vec::new(),
+        }
+    }
+
+    fn side(&mut self, addr: IpAddr) -> &mut CmEndpoint {
+        if addr == A {
+            &mut self.a
+        } else {
+            &mut self.b
+        }
+    }
+
+    /// Delivers what both sides send until neither sends more; `lose` drops the MADs it
+    /// returns true for (by sender and message name).
+    fn exchange(&mut self, mut lose: impl FnMut(IpAddr, &str) -> bool) {
+        loop {
+            let mut moved = false;
+            for from in [A, B] {
+                while let Some(out) = self.side(from).poll_transmit() {
+                    moved = true;
+                    let name = CmMessage::parse(&out.mad[..]).unwrap().1.name();
+                    self.wire.push((from, name));
+                    if !lose(from, name) {
+                        let now = self.now;
+                        self.side(out.dst).handle_mad(now, from, &out.mad[..]);
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Moves time on by `by` and runs both sides' timers.
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        let now = self.now;
+        self.a.handle_timeout(now);
+        self.b.handle_timeout(now);
+    }
+
+    fn events(&mut self, side: IpAddr) -> Vec<CmEvent> {
+        std::iter::from_fn(|| self.side(side).poll_event()).collect()
+    }
+
+    fn sent(&self, from: IpAddr, name: &str) -> usize {
+        let same = |(f, n): &&(IpAddr, &str)| *f == from && *n == name;
+        self.wire.iter().filter(same).count()
+    }
+
+    /// A connects to B's listener with `data`; B has the request.
+    fn request(&mut self, data: &[u8]) -> (ConnId, ConnId, ConnectRequest) {
+        self.b.listen(RPING).unwrap();
+        let active = self.a.connect(self.now, &req_params(data)).unwrap();
+        self.exchange(|_, _| false);
+        match &self.events(B)[..] {
+            [CmEvent::ConnectRequest { conn, request, .. }] => (active, *conn, (**request).clone()),
+            other => panic!("B saw {other:?}"),
+        }
+    }
+
+    /// B accepts; A's reply is taken and established.
+    fn accept(&mut self, passive: ConnId, lose: impl FnMut(IpAddr, &str) -> bool) {
+        let now = self.now;
+        self.b.accept(now, passive, &rep_params()).unwrap();
+        self.exchange(lose);
+    }
+
+    /// A handshake from nothing to established on both sides, losing nothing.
+    fn connected(&mut self) -> (ConnId, ConnId) {
+        let (active, passive, _) = self.request(b"");
+        self.accept(passive, |_, _| false);
+        assert!(matches!(&self.events(A)[..], [CmEvent::Reply { .. }]));
+        self.a.establish(self.now, active).unwrap();
+        self.exchange(|_, _| false);
+        assert_eq!(self.events(A), [CmEvent::Established { conn: active }]);
+        assert_eq!(self.events(B), [CmEvent::Established { conn: passive }]);
+        (active, passive)
+    }
+}
+
+fn req_params(data: &[u8]) -> ReqParams<'_> {
+    ReqParams {
+        src_port: 40000,
+        responder_resources: 4,
+        initiator_depth: 2,
+        rnr_retry_count: 6,
+        private_data: data,
+        ..ReqParams::rc(B, RPING, Qpn::new(0x11), Psn::new(0x123456))
+    }
+}
+
+fn rep_params() -> RepParams<'static> {
+    RepParams {
+        local_qpn: Qpn::new(0x22),
+        starting_psn: Psn::new(0x654321),
+        responder_resources: 2,
+        initiator_depth: 4,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: b"welcome",
+    }
+}
+
+/// The REQ a CM sends, parsed.
+fn parse_req(mad: &[u8]) -> CmReqRepr {
+    match CmMessage::parse(mad).unwrap().1 {
+        CmMessage::Req(req) => *req,
+        other => panic!("not a REQ: {other:?}"),
+    }
+}
+
+fn parse_rej(mad: &[u8]) -> CmRejRepr {
+    match CmMessage::parse(mad).unwrap().1 {
+        CmMessage::Rej(rej) => *rej,
+        other => panic!("not a REJ: {other:?}"),
+    }
+}
+
+#[test]
+fn req_rep_rtu_connects_both_sides_with_what_each_asked() {
+    let mut pair = Pair::new(config());
+    let (active, passive, request) = pair.request(b"hello");
+    assert_eq!(request.peer, A);
+    assert_eq!(
+        request.peer_port, 40000,
+        "RDMA-CM's header names the source port"
+    );
+    assert_eq!(request.peer_qpn, Qpn::new(0x11));
+    assert_eq!(request.peer_psn, Psn::new(0x123456));
+    assert_eq!(request.path_mtu, PathMtu::Mtu1024);
+    assert_eq!(
+        (request.responder_resources, request.initiator_depth),
+        (4, 2)
+    );
+    assert_eq!((request.retry_count, request.rnr_retry_count), (7, 6));
+    assert_eq!(request.local_ack_timeout, 14);
+    assert_eq!(
+        request.private_data.len(),
+        56,
+        "92 bytes less the 36 of the header"
+    );
+    assert_eq!(&request.private_data[..5], b"hello");
+    pair.accept(passive, |_, _| false);
+    let reply = match &pair.events(A)[..] {
+        [CmEvent::Reply { conn, reply }] if *conn == active => reply.clone(),
+        other => panic!("A saw {other:?}"),
+    };
+    assert_eq!(reply.peer_qpn, Qpn::new(0x22));
+    assert_eq!(reply.peer_psn, Psn::new(0x654321));
+    assert_eq!((reply.responder_resources, reply.initiator_depth), (2, 4));
+    assert_eq!(reply.rnr_retry_count, 7);
+    assert_eq!(reply.target_ack_delay, TARGET_ACK_DELAY);
+    assert_eq!(&reply.private_data[..7], b"welcome");
+    pair.a.establish(pair.now, active).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(A), [CmEvent::Established { conn: active }]);
+    assert_eq!(pair.events(B), [CmEvent::Established { conn: passive }]);
+    let names: Vec<_> = pair.wire.iter().map(|w| w.1).collect();
+    assert_eq!(
+        names,
+        ["REQ", "REP", "RTU"],
+        "no MRA unless a REQ repeats (cm.c)"
+    );
+    assert_eq!(
+        pair.a.next_deadline(),
+        None,
+        "nothing to wait for once established"
+    );
+    assert_eq!(pair.b.next_deadline(), None);
+}
+
+/// cm.c `cm_issue_rej`: no listener for the service ID is REJ 8, at once, naming only the
+/// REQ's sender.
+#[test]
+fn a_req_for_a_service_no_one_listens_on_is_rejected_with_reason_8() {
+    let mut pair = Pair::new(config());
+    let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    let req = pair.a.poll_transmit().unwrap();
+    pair.b.handle_mad(pair.now, A, &req.mad[..]);
+    let rej = pair.b.poll_transmit().unwrap();
+    let parsed = parse_rej(&rej.mad[..]);
+    assert_eq!(parsed.reason, RejReason::INVALID_SERVICE_ID);
+    assert_eq!(parsed.local_comm_id, 0);
+    assert_eq!(parsed.remote_comm_id, active.0);
+    assert_eq!(parsed.message_rejected, REJECTED_REQ);
+    let tid = |mad: &[u8]| u64::from_be_bytes(mad[8..16].try_into().unwrap());
+    assert_eq!(
+        tid(&rej.mad[..]),
+        tid(&req.mad[..]),
+        "a reply keeps the REQ's TID"
+    );
+    pair.a.handle_mad(pair.now, B, &rej.mad[..]);
+    let failure = Failure::Rejected {
+        reason: RejReason::INVALID_SERVICE_ID,
+        private_data: vec![0; REJ_PRIVATE_DATA],
+    };
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::Failed {
+            conn: active,
+            failure
+        }]
+    );
+    assert_eq!(pair.b.counters().rejected_no_listener, 1);
+    assert_eq!(
+        pair.b.connections(),
+        0,
+        "nothing kept for a REQ no one wanted"
+    );
+    assert_eq!(pair.a.connections(), 0);
+}
+
+/// IBTA 12.9.6: a REQ or REP unanswered is sent again at the response timeout; the peer
+/// answers a repeat as it answered the first, and each side reports once.
+#[test]
+fn a_lost_req_rep_and_rtu_are_each_recovered_by_a_retransmission() {
+    let period = ib_timeout(config().response_timeout);
+    // The REQ is lost once.
+    let mut pair = Pair::new(config());
+    pair.b.listen(RPING).unwrap();
+    let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    pair.exchange(|from, name| from == A && name == "REQ");
+    assert!(pair.events(B).is_empty());
+    pair.advance(period);
+    pair.exchange(|_, _| false);
+    let passive = match &pair.events(B)[..] {
+        [CmEvent::ConnectRequest { conn, .. }] => *conn,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(pair.a.counters().retransmissions, 1);
+    // The REP is lost once: B sends it again at its own timer.
+    let mut lost_rep = false;
+    pair.accept(passive, |from, name| {
+        let lose = from == B && name == "REP" && !lost_rep;
+        lost_rep |= lose;
+        lose
+    });
+    assert!(pair.events(A).is_empty());
+    pair.advance(period);
+    pair.exchange(|_, _| false);
+    assert!(matches!(&pair.events(A)[..], [CmEvent::Reply { .. }]));
+    // The RTU is lost: B's REP comes again, and A answers it with the RTU again.
+    pair.a.establish(pair.now, active).unwrap();
+    let mut lost_rtu = false;
+    pair.exchange(|from, name| {
+        let lose = from == A && name == "RTU" && !lost_rtu;
+        lost_rtu |= lose;
+        lose
+    });
+    assert_eq!(pair.events(A), [CmEvent::Established { conn: active }]);
+    assert!(pair.events(B).is_empty(), "B still waits for its RTU");
+    pair.advance(period);
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(B), [CmEvent::Established { conn: passive }]);
+    assert!(pair.events(A).is_empty(), "A reports its connection once");
+    assert_eq!(pair.sent(A, "RTU"), 2);
+    // The lost one, its retransmission, the answer to A's repeated REQ that crossed it, and
+    // the retransmission that asked for the lost RTU; A took the first that came.
+    assert_eq!(pair.sent(B, "REP"), 4);
+    assert_eq!(pair.a.counters().duplicates, 2, "the repeated REPs");
+}
+
+/// cm.c `cm_dup_req_handler`: a REQ repeated while the application decides gets an MRA, which
+/// stretches the active side's wait past its retries.
+#[test]
+fn a_repeated_req_while_the_application_decides_gets_an_mra_that_holds_the_peer() {
+    let mut pair = Pair::new(config());
+    let (active, passive, _) = pair.request(b"");
+    let period = ib_timeout(config().response_timeout);
+    pair.advance(period);
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.sent(A, "REQ"), 2);
+    assert_eq!(pair.sent(B, "MRA"), 1);
+    assert!(pair.events(B).is_empty(), "the repeat is no new request");
+    // Far beyond the REQ's own retries, the active side still waits.
+    pair.advance(period * 10);
+    pair.exchange(|_, _| false);
+    assert!(pair.events(A).is_empty());
+    pair.accept(passive, |_, _| false);
+    assert!(matches!(&pair.events(A)[..], [CmEvent::Reply { conn, .. }] if *conn == active));
+}
+
+/// A REQ no one answers is sent 1 + max_retries times, then the attempt fails and the peer
+/// hears REJ "timeout" (cm.c `cm_destroy_id` in REQ_SENT).
+#[test]
+fn an_unanswered_req_times_out_after_its_retries() {
+    let mut pair = Pair::new(config());
+    let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    for _ in 0..10 {
+        pair.exchange(|from, _| from == A);
+        pair.advance(ib_timeout(config().response_timeout));
+    }
+    pair.exchange(|from, _| from == A);
+    assert_eq!(pair.sent(A, "REQ"), 1 + usize::from(config().max_retries));
+    assert_eq!(pair.sent(A, "REJ"), 1);
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::Failed {
+            conn: active,
+            failure: Failure::TimedOut
+        }]
+    );
+    assert_eq!(pair.a.connections(), 0);
+    assert_eq!(pair.a.next_deadline(), None);
+}
+
+#[test]
+fn a_rejected_request_carries_the_applications_data_and_a_repeat_gets_the_same_rej() {
+    let mut pair = Pair::new(config());
+    let (active, passive, _) = pair.request(b"");
+    let now = pair.now;
+    let reason = RejReason::CONSUMER_DEFINED;
+    pair.b.reject(now, passive, reason, b"go away").unwrap();
+    pair.exchange(|_, _| false);
+    let private_data = match &pair.events(A)[..] {
+        [CmEvent::Failed {
+            conn,
+            failure:
+                Failure::Rejected {
+                    reason,
+                    private_data,
+                },
+        }] if *conn == active && reason.0 == 28 => private_data.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(&private_data[..7], b"go away");
+    // The REJ was lost as far as a repeat of the REQ knows: the same REJ again.
+    let repeat = {
+        let mut c = CmEndpoint::new(A, 1, config());
+        c.connect(Duration::ZERO, &req_params(b"")).unwrap();
+        c.poll_transmit().unwrap()
+    };
+    pair.b.handle_mad(pair.now, A, &repeat.mad[..]);
+    let again = pair.b.poll_transmit().unwrap();
+    assert_eq!(
+        parse_rej(&again.mad[..]).reason,
+        RejReason::CONSUMER_DEFINED
+    );
+    assert!(
+        pair.events(B).is_empty(),
+        "a repeat of a rejected REQ is no new request"
+    );
+    // And it is forgotten after two of the peer's periods.
+    pair.advance(ib_timeout(config().response_timeout) * 2);
+    assert_eq!(pair.b.connections(), 0);
+}
+
+#[test]
+fn dreq_and_drep_end_both_sides_and_timewait_frees_the_ids() {
+    let mut pair = Pair::new(config());
+    let (active, passive) = pair.connected();
+    pair.a.disconnect(pair.now, active).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
+    assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
+    assert_eq!((pair.sent(A, "DREQ"), pair.sent(B, "DREP")), (1, 1));
+    assert_eq!(pair.a.connections(), 1, "in timewait");
+    pair.advance(ib_timeout(14));
+    assert_eq!((pair.a.connections(), pair.b.connections()), (0, 0));
+}
+
+/// IBTA 12.9.6, DREQ race: both sides send a DREQ at once; each answers the other's, and each
+/// reports the end once.
+#[test]
+fn a_dreq_race_ends_each_side_once() {
+    let mut pair = Pair::new(config());
+    let (active, passive) = pair.connected();
+    pair.a.disconnect(pair.now, active).unwrap();
+    pair.b.disconnect(pair.now, passive).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
+    assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
+    assert_eq!((pair.sent(A, "DREP"), pair.sent(B, "DREP")), (1, 1));
+    pair.advance(ib_timeout(config().response_timeout));
+    pair.exchange(|_, _| false);
+    assert_eq!(
+        (pair.sent(A, "DREQ"), pair.sent(B, "DREQ")),
+        (1, 1),
+        "no retransmission"
+    );
+    assert!(pair.events(A).is_empty() && pair.events(B).is_empty());
+}
+
+/// A lost DREP: the DREQ is sent again, and the peer, in timewait, answers it again.
+#[test]
+fn a_lost_drep_is_answered_again_from_timewait() {
+    let mut pair = Pair::new(config());
+    let (active, passive) = pair.connected();
+    pair.a.disconnect(pair.now, active).unwrap();
+    pair.exchange(|from, name| from == B && name == "DREP");
+    assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
+    assert!(pair.events(A).is_empty());
+    pair.advance(ib_timeout(config().response_timeout));
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
+    assert_eq!(pair.sent(B, "DREP"), 2);
+    assert!(pair.events(B).is_empty(), "B ended once");
+}
+
+/// cm.c `cm_issue_drep`: a DREQ for no connection is answered, so that a peer that lost its
+/// state is not left retrying.
+#[test]
+fn a_dreq_for_no_connection_gets_a_drep() {
+    let mut b = CmEndpoint::new(B, 2, config());
+    let dreq = CmDreqRepr {
+        local_comm_id: 7,
+        remote_comm_id: 9,
+        remote_qpn: Qpn::new(0x33),
+        private_data: [0; DREQ_PRIVATE_DATA],
+    };
+    let mut mad = [0; MAD_LEN];
+    CmMessage::Dreq(Box::new(dreq)).emit(5, 0, &mut mad);
+    b.handle_mad(Duration::ZERO, A, &mad);
+    let drep = b.poll_transmit().unwrap();
+    match CmMessage::parse(&drep.mad[..]).unwrap() {
+        (header, CmMessage::Drep(d)) => {
+            assert_eq!((d.local_comm_id, d.remote_comm_id, header.tid), (9, 7, 5));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.counters().unknown_dreqs_answered, 1);
+    assert_eq!(b.connections(), 0);
+}
+
+/// A REQ whose fields do not hold together is rejected with the reason, and nothing is kept:
+/// another transport (9), an unknown MTU (26), GIDs that are not the packet's ends (12), an
+/// RDMA-CM header that names another source (28, as cma.c refuses it).
+#[test]
+fn a_req_that_does_not_hold_together_is_rejected_with_its_reason() {
+    type Spoil = fn(&mut CmReqRepr);
+    let cases: [(&str, Spoil, u16); 5] = [
+        ("transport RD", |r| r.transport_service_type = 2, 9),
+        ("MTU 6", |r| r.path_mtu = 6, 26),
+        (
+            "GID",
+            |r| r.primary_path.local_gid = gid_of("10.0.0.9".parse().unwrap()),
+            12,
+        ),
+        ("header source", |r| r.private_data[15] = 9, 28),
+        ("QPN 1", |r| r.local_qpn = Qpn::GSI, 28),
+    ];
+    for (what, spoil, reason) in cases {
+        let mut a = CmEndpoint::new(A, 1, config());
+        let mut b = CmEndpoint::new(B, 2, config());
+        b.listen(RPING).unwrap();
+        a.connect(Duration::ZERO, &req_params(b"")).unwrap();
+        let mut req = parse_req(&a.poll_transmit().unwrap().mad[..]);
+        spoil(&mut req);
+        let mut mad = [0; MAD_LEN];
+        CmMessage::Req(Box::new(req)).emit(1, 0, &mut mad);
+        b.handle_mad(Duration::ZERO, A, &mad);
+        let rej = parse_rej(&b.poll_transmit().expect(what).mad[..]);
+        assert_eq!(rej.reason.0, reason, "{what}");
+        assert!(b.poll_event().is_none(), "{what}");
+        assert_eq!(b.counters().rejected_invalid, 1, "{what}");
+        assert_eq!(b.connections(), 0, "{what}");
+    }
+}
+
+/// A flood of REQs fills at most `max_pending` entries; the rest get REJ 3 and cost nothing.
+#[test]
+fn a_flood_of_reqs_is_bounded_by_max_pending() {
+    let config = CmConfig {
+        max_pending: 8,
+        ..config()
+    };
+    let mut b = CmEndpoint::new(B, 2, config);
+    b.listen(RPING).unwrap();
+    let mut a = CmEndpoint::new(A, 1, config);
+    for _ in 0..100 {
+        let _ = a.connect(Duration::ZERO, &req_params(b""));
+    }
+    while let Some(out) = a.poll_transmit() {
+        b.handle_mad(Duration::ZERO, A, &out.mad[..]);
+    }
+    assert_eq!(b.connections(), 8);
+    assert_eq!(b.counters().rejected_no_resources, 92);
+    let rejs = std::iter::from_fn(|| b.poll_transmit())
+        .filter(|o| matches!(CmMessage::parse(&o.mad[..]), Ok((_, CmMessage::Rej(_)))))
+        .count();
+    assert_eq!(rejs, 92);
+    // The application never answers: each request expires with the MRA's promise.
+    b.handle_timeout(ib_timeout(MRA_SERVICE_TIMEOUT));
+    assert_eq!(b.connections(), 0);
+}
+
+/// A MAD from a stranger, or naming a connection that is not the sender's, changes nothing.
+#[test]
+fn messages_from_anyone_but_the_peer_are_dropped_and_counted() {
+    let mut pair = Pair::new(config());
+    let (active, passive) = pair.connected();
+    let stranger: IpAddr = "10.0.0.66".parse().unwrap();
+    let dreq = CmDreqRepr {
+        local_comm_id: 1,
+        remote_comm_id: passive.0,
+        remote_qpn: Qpn::new(0x22),
+        private_data: [0; DREQ_PRIVATE_DATA],
+    };
+    let mut mad = [0; MAD_LEN];
+    CmMessage::Dreq(Box::new(dreq)).emit(1, 0, &mut mad);
+    // From a stranger, and from the peer with the wrong sender ID: no connection of theirs.
+    pair.b.handle_mad(pair.now, stranger, &mad);
+    pair.b.handle_mad(pair.now, A, &mad);
+    assert_eq!(pair.b.counters().unknown_dreqs_answered, 2);
+    assert!(pair.events(B).is_empty(), "the connection stands");
+    let mra = CmMraRepr {
+        local_comm_id: 1,
+        remote_comm_id: active.0,
+        message_mraed: 0,
+        service_timeout: 31,
+        private_data: [0; crate::wire::cm::MRA_PRIVATE_DATA],
+    };
+    CmMessage::Mra(Box::new(mra)).emit(1, 0, &mut mad);
+    pair.a.handle_mad(pair.now, stranger, &mad);
+    pair.a.handle_mad(pair.now, B, &mad);
+    assert_eq!(pair.a.counters().dropped_unexpected, 2);
+    for garbage in [&[0u8; 10][..], &[0xff; MAD_LEN][..], &[0; MAD_LEN][..]] {
+        pair.a.handle_mad(pair.now, B, garbage);
+    }
+    assert_eq!(pair.a.counters().dropped_malformed, 3);
+    assert_eq!(pair.a.next_deadline(), None);
+}
+
+#[test]
+fn sidr_resolves_a_ud_service_or_says_no_one_serves_it() {
+    let mut pair = Pair::new(config());
+    let udp = ServiceId::ip(PortSpace::Udp, 7174);
+    let now = pair.now;
+    let unserved = pair.a.sidr_resolve(now, B, udp, 1234, b"").unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::SidrResolved {
+            id: unserved,
+            result: Err(SidrStatus::UNSUPPORTED),
+            private_data: vec![0; 136],
+        }]
+    );
+    let listener = pair.b.listen(udp).unwrap();
+    let id = pair.a.sidr_resolve(now, B, udp, 1234, b"ud?").unwrap();
+    pair.exchange(|_, _| false);
+    let asked = match &pair.events(B)[..] {
+        [CmEvent::SidrRequest {
+            id,
+            listener: l,
+            peer_port: 1234,
+            private_data,
+            ..
+        }] if *l == listener && &private_data[..3] == b"ud?" => *id,
+        other => panic!("{other:?}"),
+    };
+    let answer = Ok((Qpn::new(0x44), RDMA_UDP_QKEY));
+    pair.b.sidr_reply(now, asked, answer, b"").unwrap();
+    pair.exchange(|_, _| false);
+    match &pair.events(A)[..] {
+        [CmEvent::SidrResolved {
+            id: got, result, ..
+        }] => {
+            assert_eq!((*got, *result), (id, answer));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Unanswered: sent 1 + retries times, then given up.
+    let lost = pair.a.sidr_resolve(now, B, udp, 1, b"").unwrap();
+    for _ in 0..10 {
+        pair.exchange(|from, _| from == A);
+        pair.advance(ib_timeout(config().response_timeout));
+    }
+    assert_eq!(pair.events(A), [CmEvent::SidrTimedOut { id: lost }]);
+    assert_eq!(
+        pair.sent(A, "SIDR_REQ"),
+        2 + 1 + usize::from(config().max_retries)
+    );
+}
+
+/// The REQ softroce sends for rping's parameters is the REQ kernel rxe sent in
+/// `packet-fixtures/rxe/rdma_cm_rping.pcap`, byte for byte, once the values each side draws
+/// for itself (communication ID, transaction ID, GUID, QPN, PSN) are the fixture's.
+#[test]
+fn our_req_for_rpings_parameters_is_the_kernels_byte_for_byte() {
+    let fixture = crate::wire::cm::tests_support::rping_mads();
+    let theirs = parse_req(&fixture[0]);
+    let client: IpAddr = "10.99.0.11".parse().unwrap();
+    let server: IpAddr = "10.99.0.12".parse().unwrap();
+    let mut cm = CmEndpoint::new(client, 1, CmConfig::default());
+    let params = ReqParams {
+        src_port: 0xe482,
+        local_ack_timeout: 19,
+        ..ReqParams::rc(server, RPING, theirs.local_qpn, theirs.starting_psn)
+    };
+    cm.connect(Duration::ZERO, &params).unwrap();
+    let ours = cm.poll_transmit().unwrap();
+    let mut mine = parse_req(&ours.mad[..]);
+    mine.local_comm_id = theirs.local_comm_id;
+    mine.local_ca_guid = theirs.local_ca_guid;
+    let mut mad = [0; MAD_LEN];
+    let (header, _) = CmMessage::parse(&fixture[0]).unwrap();
+    CmMessage::Req(Box::new(mine)).emit(header.tid, 0, &mut mad);
+    assert_eq!(mad[..], fixture[0][..]);
+}

@@ -1,0 +1,323 @@
+//! The engine's side of connection management: the CM agent of the device, the
+//! application's CM commands, and the CM's events routed to whoever waits for them (a
+//! listener's channel, a connection's, a SIDR request's).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+use super::Reply;
+use crate::cm::agent::{Agent, AgentCounters, Connect};
+use crate::cm::{
+    CmConfig, CmCounters, CmError, CmEvent, ConnId, ConnectRequest, ListenerId, SidrId,
+};
+use crate::transport::{ConnectOptions, Endpoint, Resources};
+use crate::wire::cm::{RejReason, ServiceId, SidrStatus};
+use crate::wire::{QKey, Qpn};
+
+/// The bytes of the agent's receive buffers, kept apart from the application's regions.
+pub(super) const AGENT_REGION: u64 = 64 * 1024;
+
+/// A connection the application asks for.
+#[derive(Debug)]
+pub(crate) struct ConnectCall {
+    pub qpn: Qpn,
+    pub dst: IpAddr,
+    pub service_id: ServiceId,
+    pub options: ConnectOptions,
+    pub private_data: Vec<u8>,
+}
+
+/// What the application asks of the device's CM.
+pub(crate) enum CmCommand {
+    /// Listens on a service; its requests go to `requests`.
+    Listen {
+        service_id: ServiceId,
+        requests: Sender<CmEvent>,
+        reply: Reply<Result<ListenerId, CmError>>,
+    },
+    Unlisten(ListenerId),
+    /// Sends a REQ; the connection's events go to `events`.
+    Connect {
+        call: Box<ConnectCall>,
+        events: Sender<CmEvent>,
+        reply: Reply<Result<ConnId, CmError>>,
+    },
+    /// Accepts a request with a QP; the connection's events go to `events`.
+    Accept {
+        conn: ConnId,
+        qpn: Qpn,
+        request: Box<ConnectRequest>,
+        options: Box<ConnectOptions>,
+        private_data: Vec<u8>,
+        events: Sender<CmEvent>,
+        reply: Reply<Result<(), CmError>>,
+    },
+    Reject {
+        conn: ConnId,
+        private_data: Vec<u8>,
+        reply: Reply<Result<(), CmError>>,
+    },
+    /// Sends the DREQ; `Disconnected` follows on the connection's channel.
+    Disconnect {
+        conn: ConnId,
+        reply: Reply<Result<(), CmError>>,
+    },
+    /// The application let go of a connection or a request without answering it.
+    Abort(ConnId),
+    SidrResolve {
+        dst: IpAddr,
+        service_id: ServiceId,
+        private_data: Vec<u8>,
+        events: Sender<CmEvent>,
+        reply: Reply<Result<SidrId, CmError>>,
+    },
+    SidrReply {
+        id: SidrId,
+        result: Result<(Qpn, QKey), SidrStatus>,
+        private_data: Vec<u8>,
+        reply: Reply<Result<(), CmError>>,
+    },
+    Counters(Reply<(CmCounters, AgentCounters)>),
+}
+
+/// The CM agent and where its events go.
+#[derive(Debug)]
+pub(super) struct CmRouter {
+    agent: Agent,
+    listeners: HashMap<ListenerId, Sender<CmEvent>>,
+    conns: HashMap<ConnId, Sender<CmEvent>>,
+    sidr: HashMap<SidrId, Sender<CmEvent>>,
+    /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
+    next_port: u16,
+}
+
+/// RDMA-CM's source ports: Linux's default ephemeral range, 32768 to 60999.
+const PORTS: std::ops::Range<u16> = 32768..61000;
+
+impl CmRouter {
+    pub(super) fn new(
+        ep: &mut Endpoint,
+        now: Duration,
+        seed: u64,
+        iova: u64,
+    ) -> Result<Self, CmError> {
+        let agent = Agent::new(
+            ep,
+            now,
+            seed ^ 0xc3c3_5a5a_0f0f_9696,
+            CmConfig::default(),
+            iova,
+        )?;
+        Ok(CmRouter {
+            agent,
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            sidr: HashMap::new(),
+            next_port: PORTS.start + (seed % u64::from(PORTS.end - PORTS.start)) as u16,
+        })
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Duration> {
+        self.agent.next_deadline()
+    }
+
+    /// What the CM holds of the endpoint's resources.
+    pub(super) fn resources(&self) -> Resources {
+        self.agent.resources()
+    }
+
+    fn source_port(&mut self) -> u16 {
+        let port = self.next_port;
+        self.next_port = if port + 1 >= PORTS.end {
+            PORTS.start
+        } else {
+            port + 1
+        };
+        port
+    }
+
+    /// Runs a command. A reply whose caller has gone is of no interest: sends are not checked.
+    pub(super) fn command(&mut self, now: Duration, ep: &mut Endpoint, command: CmCommand) {
+        match command {
+            CmCommand::Listen {
+                service_id,
+                requests,
+                reply,
+            } => {
+                let listened = self.agent.cm_mut().listen(service_id);
+                if let Ok(id) = listened {
+                    self.listeners.insert(id, requests);
+                }
+                let _ = reply.send(listened);
+            }
+            CmCommand::Unlisten(id) => {
+                self.agent.cm_mut().unlisten(id);
+                self.listeners.remove(&id);
+            }
+            CmCommand::Connect {
+                call,
+                events,
+                reply,
+            } => {
+                let src_port = self.source_port();
+                let connect = Connect {
+                    qpn: call.qpn,
+                    dst: call.dst,
+                    service_id: call.service_id,
+                    src_port,
+                    options: &call.options,
+                    private_data: &call.private_data,
+                };
+                let result = self.agent.connect(now, ep, &connect);
+                let _ = reply.send(result.and_then(|conn| self.route_conn(now, conn, events)));
+            }
+            CmCommand::Accept {
+                conn,
+                qpn,
+                request,
+                options,
+                private_data,
+                events,
+                reply,
+            } => {
+                let accepted =
+                    self.agent
+                        .accept(now, ep, conn, (qpn, &request), &options, &private_data);
+                let routed = accepted.and_then(|()| self.route_conn(now, conn, events));
+                let _ = reply.send(routed.map(|_| ()));
+            }
+            CmCommand::Reject {
+                conn,
+                private_data,
+                reply,
+            } => {
+                let reason = RejReason::CONSUMER_DEFINED;
+                let _ = reply.send(self.agent.cm_mut().reject(now, conn, reason, &private_data));
+            }
+            CmCommand::Disconnect { conn, reply } => {
+                let _ = reply.send(self.agent.disconnect(now, ep, conn));
+            }
+            CmCommand::Abort(conn) => {
+                self.conns.remove(&conn);
+                self.agent.abort(now, conn);
+            }
+            CmCommand::SidrResolve {
+                dst,
+                service_id,
+                private_data,
+                events,
+                reply,
+            } => {
+                let src_port = self.source_port();
+                let result =
+                    self.agent
+                        .cm_mut()
+                        .sidr_resolve(now, dst, service_id, src_port, &private_data);
+                if let Ok(id) = result {
+                    self.sidr.insert(id, events);
+                }
+                let _ = reply.send(result);
+            }
+            CmCommand::SidrReply {
+                id,
+                result,
+                private_data,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.agent
+                        .cm_mut()
+                        .sidr_reply(now, id, result, &private_data),
+                );
+            }
+            CmCommand::Counters(reply) => {
+                let counters = (
+                    self.agent.cm().counters().clone(),
+                    self.agent.counters().clone(),
+                );
+                let _ = reply.send(counters);
+            }
+        }
+        self.pump(now, ep);
+    }
+
+    /// Sends `conn`'s events to `events` from now on. An ID still routed to an older handle
+    /// (a 32-bit draw that came up twice while the old handle lives) is refused rather than
+    /// shared: that handle's drop would end the new connection.
+    fn route_conn(
+        &mut self,
+        now: Duration,
+        conn: ConnId,
+        events: Sender<CmEvent>,
+    ) -> Result<ConnId, CmError> {
+        if self.conns.contains_key(&conn) {
+            self.agent.abort(now, conn);
+            return Err(CmError::NoResources);
+        }
+        self.conns.insert(conn, events);
+        Ok(conn)
+    }
+
+    /// Lets the agent do what is due, then hands its events out. A request no one can take
+    /// (its listener's queue full, or the listener gone) is refused at once: the peer hears
+    /// "no resources" rather than waiting.
+    pub(super) fn pump(&mut self, now: Duration, ep: &mut Endpoint) {
+        self.agent.pump(now, ep);
+        let mut refused = false;
+        while let Some(event) = self.agent.poll_event() {
+            refused |= !self.route(now, event);
+        }
+        if refused {
+            // The refusals go out now, not at the next turn.
+            self.agent.pump(now, ep);
+        }
+    }
+
+    /// Hands an event to whoever waits for it; false if a request had to be refused.
+    fn route(&mut self, now: Duration, event: CmEvent) -> bool {
+        match event {
+            CmEvent::ConnectRequest { conn, listener, .. } => {
+                let taken = self.to_listener(listener, event);
+                if !taken {
+                    let cm = self.agent.cm_mut();
+                    let _ = cm.reject(now, conn, RejReason::NO_RESOURCES, &[]);
+                }
+                taken
+            }
+            CmEvent::SidrRequest { id, listener, .. } => {
+                let taken = self.to_listener(listener, event);
+                if !taken {
+                    let cm = self.agent.cm_mut();
+                    let _ = cm.sidr_reply(now, id, Err(SidrStatus::REJECT), &[]);
+                }
+                taken
+            }
+            // A connection's route stays until its handle lets go of it (`Abort`), so that
+            // its channel never closes under a waiting application.
+            CmEvent::Reply { conn, .. }
+            | CmEvent::Established { conn }
+            | CmEvent::Failed { conn, .. }
+            | CmEvent::Disconnected { conn } => {
+                if let Some(tx) = self.conns.get(&conn) {
+                    let _ = tx.try_send(event);
+                }
+                true
+            }
+            CmEvent::SidrResolved { id, .. } | CmEvent::SidrTimedOut { id } => {
+                if let Some(tx) = self.sidr.remove(&id) {
+                    let _ = tx.try_send(event);
+                }
+                true
+            }
+        }
+    }
+
+    /// Queues a request for its listener's application; false if it has no room or is gone.
+    fn to_listener(&self, listener: ListenerId, event: CmEvent) -> bool {
+        let tx = self.listeners.get(&listener);
+        tx.is_some_and(|tx| tx.try_send(event).is_ok())
+    }
+}
