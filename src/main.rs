@@ -14,6 +14,7 @@ use softroce::tools::daemon::{self, Service};
 use softroce::tools::perftest::{self, AtomicOp, Test};
 use softroce::tools::pingpong::{self, Transport};
 use softroce::tools::DeviceOptions;
+use softroce::tools::{self, rping};
 use softroce::transport::PathMtu;
 use softroce::verbs::{BackendKind, Progress};
 use tracing_subscriber::EnvFilter;
@@ -84,6 +85,14 @@ enum Command {
         #[command(flatten)]
         common: PingpongArgs,
     },
+    /// librdmacm's rping over softroce: ping-pongs of an RDMA READ and an RDMA WRITE over an
+    /// RC connection made by RDMA-CM, against rping on kernel rxe or a ConnectX NIC, or
+    /// softroce.
+    #[command(after_help = RPING_NOTES)]
+    Rping {
+        #[command(flatten)]
+        args: RpingArgs,
+    },
     /// ib_write_bw over softroce: RDMA WRITE bandwidth against perftest's ib_write_bw or
     /// softroce. Without HOST, wait for a client; with it, connect to it.
     #[command(after_help = PERFTEST_NOTES)]
@@ -143,6 +152,22 @@ session, print them and exit 0.
 Example, a host serving rdma-core's and perftest's clients on 192.0.2.10:
   softroce daemon --bind 192.0.2.10 --serve 'rc-pingpong -p 18515' \\
       --serve 'write-bw -p 18516' --serve 'read-lat -p 18517 -s 64'";
+
+const RPING_NOTES: &str = "\
+Protocol, output lines and exit statuses are rping's (rdma-core 44): the client SENDs its source
+buffer's address and rkey, the server READs it and SENDs a go ahead, the client SENDs its sink's,
+the server WRITEs and SENDs another go ahead; -v prints the data, -V checks it. The connection is
+made by RDMA-CM (REQ, REP and RTU on QP1, service ID 0x0106 and the port) and ended by the
+client's DREQ. A CM failure prints rping's line (e.g. \"cma event RDMA_CM_EVENT_REJECTED, error
+8\" when no one listens on the port) and exits with 255.
+
+softroce's own: a device is an IP address (UDP port 4791 on it). The server's is -a, which must
+name an address (rping's default wildcard names no device here); the client's is -I, --bind, or
+the source address of the route to the server. Accepted for compatibility: -q (softroce's CM
+always moves the QP).
+
+Example, against rping -s -a 192.0.2.20 -v on a host with a ConnectX NIC or kernel rxe:
+  softroce rping -c -a 192.0.2.20 -C 10 -v";
 
 const PINGPONG_NOTES: &str = "\
 Output, exchange (TCP, 52-byte \"LID:QPN:PSN:GID\" messages) and behaviour are rdma-core's, so
@@ -258,6 +283,54 @@ fn byte_count(s: &str) -> Result<u64, String> {
     c_number::<u64>(number)?
         .checked_mul(1 << shift)
         .ok_or_else(|| format!("{s}: more bytes than 64 bits count"))
+}
+
+/// rping's flags (`rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]`, `rping -c
+/// [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]`), and softroce's device options.
+#[derive(Args)]
+struct RpingArgs {
+    /// Server side.
+    #[arg(
+        short = 's',
+        conflicts_with = "client",
+        required_unless_present = "client"
+    )]
+    server: bool,
+    /// Client side.
+    #[arg(short = 'c')]
+    client: bool,
+    /// Address: the server's to listen on, the client's to connect to.
+    #[arg(short = 'a', value_name = "ADDR")]
+    addr: Option<IpAddr>,
+    /// Source address to bind to for client.
+    #[arg(short = 'I', value_name = "ADDR")]
+    source: Option<IpAddr>,
+    /// Port.
+    #[arg(short = 'p', value_name = "PORT", default_value_t = softroce::tools::rping::DEFAULT_PORT, value_parser = c_number::<u16>)]
+    port: u16,
+    /// Ping data size.
+    #[arg(short = 'S', value_name = "SIZE", default_value_t = softroce::tools::rping::DEFAULT_SIZE, value_parser = c_number::<usize>)]
+    size: usize,
+    /// Ping count times (0: for ever).
+    #[arg(short = 'C', value_name = "COUNT", default_value_t = 0, value_parser = c_number::<u32>)]
+    count: u32,
+    /// Display ping data to stdout.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Validate ping data.
+    #[arg(short = 'V')]
+    validate: bool,
+    /// Debug printfs.
+    #[arg(short = 'd')]
+    debug: bool,
+    /// Persistent server mode allowing multiple connections (one after another).
+    #[arg(short = 'P')]
+    persistent: bool,
+    /// Use self-created, self-modified QP: accepted; softroce's CM always moves the QP.
+    #[arg(short = 'q')]
+    _self_qp: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// softroce's own options for the device, which every tool and the daemon take.
@@ -635,7 +708,10 @@ fn service(command: &Command) -> Option<Result<Service, String>> {
     let perftest =
         |test, args, atomic| Some(perftest_options(test, args, atomic).map(Service::Perftest));
     match command {
-        Command::Decode { .. } | Command::Demo { .. } | Command::Daemon { .. } => None,
+        Command::Decode { .. }
+        | Command::Demo { .. }
+        | Command::Daemon { .. }
+        | Command::Rping { .. } => None,
         Command::RcPingpong { common, path } => pingpong(Transport::Rc, common, Some(path.mtu)),
         Command::UcPingpong { common, path } => pingpong(Transport::Uc, common, Some(path.mtu)),
         Command::UdPingpong { common } => pingpong(Transport::Ud, common, None),
@@ -741,6 +817,53 @@ fn daemon(device: &DeviceArgs, args: &DaemonArgs) -> ExitCode {
     }
 }
 
+fn rping(args: &RpingArgs) -> ExitCode {
+    let device = match args.device.options() {
+        Ok(device) => device,
+        Err(why) => {
+            eprintln!("softroce rping: {why}");
+            return ExitCode::from(2);
+        }
+    };
+    let o = rping::Options {
+        server: args.server,
+        addr: args.addr,
+        source: args.source,
+        port: args.port,
+        size: args.size,
+        count: args.count,
+        verbose: args.verbose,
+        validate: args.validate,
+        debug: args.debug,
+        persistent: args.persistent,
+        device,
+    };
+    init_log("warn");
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    match rping::run(&o, &mut out, &mut err) {
+        Ok(()) => ExitCode::SUCCESS,
+        // rping's exit(-1) from its CM event handler.
+        Err(
+            e @ tools::Error::Device {
+                error: softroce::verbs::Error::ConnectFailed(_),
+                ..
+            },
+        ) => {
+            eprintln!("rping client failed: {e}");
+            ExitCode::from(255)
+        }
+        Err(tools::Error::Usage(why)) => {
+            eprintln!("{why}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            let side = if o.server { "server" } else { "client" };
+            eprintln!("rping {side} failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
@@ -750,6 +873,7 @@ fn main() -> ExitCode {
             device,
             daemon: args,
         } => daemon(device, args),
+        Command::Rping { args } => rping(args),
         command => tool(service(command).expect("every other subcommand is a tool")),
     }
 }

@@ -342,3 +342,45 @@ fn a_lost_drep_is_answered_again() {
     assert!(cm.saw(1, &CmEvent::Disconnected { conn: conns[1] }));
     assert_eq!(cm.agents[0].cm().counters().retransmissions, 1);
 }
+
+/// Each side's starting PSN is the one its QP expects (cm.c: `rdma_init_qp_attr` sets the
+/// RTR `rq_psn` to the ID's own sequence number, which its REQ or REP carries). Kernel rxe's
+/// rping fixture shows it: the client's first SEND carries the REP's PSN, the server's first
+/// READ the REQ's. Both sides of a softroce pair reading it the other way would still agree.
+#[test]
+fn each_side_sends_from_the_psn_its_peer_named() {
+    let mut cm = CmSim::new(2, seed(10), Faults::default(), config());
+    let (peers, [active, _]) = handshake(&mut cm);
+    let rep_psn = cm.events[0].iter().find_map(|e| match e {
+        CmEvent::Reply { conn, reply } if *conn == active => Some(reply.peer_psn),
+        _ => None,
+    });
+    let (_, request) = cm.first_request(1).unwrap();
+    let seen = sim::record(&mut cm.sim);
+    carry_data(&mut cm, &peers);
+    let first_from = |node| seen.borrow().iter().find(|s| s.from == node).map(|s| s.psn);
+    assert_eq!(
+        first_from(0),
+        rep_psn,
+        "the active side sends from the REP's PSN"
+    );
+    // Node 1 only acknowledges here: an ACK carries the PSN it acknowledges, node 0's.
+    let read = SendOp::Read {
+        remote_addr: peers[0].mr.iova(),
+        rkey: peers[0].mr.rkey(),
+    };
+    let wr = SendWr::new(
+        9,
+        read,
+        Payload::Sges(vec![Sge::new(&peers[1].mr, 8192, 8)]),
+    );
+    seen.borrow_mut().clear();
+    let now = cm.sim.now;
+    cm.sim.nodes[1].post_send(now, peers[1].qpn, wr).unwrap();
+    cm.run_until(LIMIT, |cm| cm.sim.nodes[1].poll_cq(peers[1].cq).is_some());
+    assert_eq!(
+        first_from(1),
+        Some(request.peer_psn),
+        "the passive side sends from the REQ's PSN"
+    );
+}

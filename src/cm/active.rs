@@ -24,6 +24,7 @@ pub struct ReqParams<'a> {
     /// RDMA-CM's source port: the header's, and half of the flow label's seed.
     pub src_port: u16,
     pub local_qpn: Qpn,
+    /// The PSN our QP expects first (its `rq_psn`): the peer sends from it.
     pub starting_psn: Psn,
     /// RC or UC.
     pub qp_type: QpType,

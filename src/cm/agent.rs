@@ -52,7 +52,8 @@ pub struct AgentCounters {
 struct Bound {
     qpn: Qpn,
     peer: IpAddr,
-    /// The active side's first PSN and options, for the transitions when the REP comes.
+    /// The active side's receive PSN (its REQ's) and options, for the transitions when the REP
+    /// comes.
     active: Option<(crate::wire::Psn, ConnectOptions)>,
     established: bool,
 }
@@ -185,6 +186,7 @@ impl Agent {
         let qp_type = ep.qp_type(c.qpn).ok_or(VerbsError::UnknownQp(c.qpn))?;
         let o = c.options;
         init_qp(now, ep, c.qpn, o.access)?;
+        // The REQ names the PSN our QP expects; the REP will name the one it sends from.
         let starting_psn = self.cm.random_psn();
         let rc = qp_type == QpType::Rc;
         let depth = if rc { o.max_rd_atomic } else { 0 };
@@ -255,7 +257,8 @@ impl Agent {
         } else {
             0
         };
-        let sq_psn = self.cm.random_psn();
+        // Our QP sends from the PSN the REQ names and expects the one our REP names.
+        let rq_psn = self.cm.random_psn();
         // The passive side uses the REQ's ACK timeout and retry counts (cm.c
         // `cm_init_qp_rts_attr`): its own RNR retry count it names in the REP, for the peer.
         let negotiated = ConnectOptions {
@@ -270,11 +273,15 @@ impl Agent {
         let remote = Remote {
             addr: request.peer,
             qpn: request.peer_qpn,
-            psn: request.peer_psn.value(),
+            psn: rq_psn.value(),
         };
         init_qp(now, ep, qpn, options.access)?;
-        let [_, mut rtr, mut rts] =
-            connect_steps(request.qp_type, &remote, sq_psn.value(), &negotiated);
+        let [_, mut rtr, mut rts] = connect_steps(
+            request.qp_type,
+            &remote,
+            request.peer_psn.value(),
+            &negotiated,
+        );
         if rc {
             rtr.max_dest_rd_atomic = Some(responder_resources);
             rts.max_rd_atomic = Some(initiator_depth);
@@ -286,7 +293,7 @@ impl Agent {
             conn,
             &RepParams {
                 local_qpn: qpn,
-                starting_psn: sq_psn,
+                starting_psn: rq_psn,
                 responder_resources,
                 initiator_depth,
                 rnr_retry_count: options.rnr_retry,
@@ -323,6 +330,12 @@ impl Agent {
     pub fn abort(&mut self, now: Duration, conn: ConnId) {
         self.bound.remove(&conn);
         let _ = self.cm.abort(now, conn);
+    }
+
+    /// The io layer could not reach `dst`: the CM's attempts toward it end now.
+    pub fn handle_unreachable(&mut self, now: Duration, ep: &mut Endpoint, dst: IpAddr) {
+        self.cm.peer_unreachable(now, dst);
+        self.pump(now, ep);
     }
 
     pub fn poll_event(&mut self) -> Option<CmEvent> {
@@ -394,7 +407,7 @@ impl Agent {
             // The application gave up on it; the CM's own timer ends it.
             return Ok(());
         };
-        let Some((sq_psn, options)) = bound.active else {
+        let Some((rq_psn, options)) = bound.active else {
             return Ok(());
         };
         let qp_type = ep
@@ -408,9 +421,10 @@ impl Agent {
         let remote = Remote {
             addr: bound.peer,
             qpn: reply.peer_qpn,
-            psn: reply.peer_psn.value(),
+            psn: rq_psn.value(),
         };
-        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, sq_psn.value(), &negotiated);
+        let sq_psn = reply.peer_psn.value();
+        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, sq_psn, &negotiated);
         if qp_type == QpType::Rc {
             rts.max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
         }

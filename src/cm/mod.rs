@@ -148,7 +148,9 @@ pub struct ConnectRequest {
     /// service outside RDMA-CM's IP port spaces).
     pub peer: IpAddr,
     pub peer_port: u16,
-    /// The active side's QPN and first PSN.
+    /// The active side's QPN, and the PSN its QP expects first: the passive side sends from
+    /// it. (Each side's starting PSN is its receive queue's, as cm.c sets it: the fixture of
+    /// kernel rxe's rping shows the client sending from the REP's PSN.)
     pub peer_qpn: Qpn,
     pub peer_psn: Psn,
     /// RC or UC.
@@ -171,6 +173,7 @@ pub struct ConnectRequest {
 /// What a REP says, for the active side's QP.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
+    /// The passive side's QPN, and the PSN its QP expects first: the active side sends from it.
     pub peer_qpn: Qpn,
     pub peer_psn: Psn,
     /// The passive side's `max_dest_rd_atomic` and `max_rd_atomic`.
@@ -196,6 +199,9 @@ pub enum Failure {
     TimedOut,
     /// The local QP could not take the negotiated attributes; the peer was sent a REJ.
     Qp(VerbsError),
+    /// The peer's host cannot be reached: the network refused our MADs (an ICMP port
+    /// unreachable where no RoCE device listens, or no route).
+    Unreachable,
 }
 
 impl fmt::Display for Failure {
@@ -206,6 +212,7 @@ impl fmt::Display for Failure {
             }
             Failure::TimedOut => f.write_str("timed out: no answer, however often asked"),
             Failure::Qp(e) => write!(f, "the QP refused the negotiated attributes: {e}"),
+            Failure::Unreachable => f.write_str("the peer's host is unreachable"),
         }
     }
 }

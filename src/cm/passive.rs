@@ -21,6 +21,7 @@ use crate::wire::{Psn, QKey, Qpn};
 #[derive(Debug, Clone, Copy)]
 pub struct RepParams<'a> {
     pub local_qpn: Qpn,
+    /// The PSN our QP expects first (its `rq_psn`): the peer sends from it.
     pub starting_psn: Psn,
     /// Our `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,

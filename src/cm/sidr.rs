@@ -262,4 +262,20 @@ impl CmEndpoint {
         }
         self.sidr.asked.retain(|_, a| a.deadline > now);
     }
+
+    /// Our SIDR requests to `peer`, which cannot be reached, end now.
+    pub(super) fn sidr_unreachable(&mut self, peer: IpAddr) {
+        let lost: Vec<u32> = self
+            .sidr
+            .resolving
+            .iter()
+            .filter(|(_, r)| r.dst == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        for request_id in lost {
+            self.sidr.resolving.remove(&request_id);
+            let id = SidrId { peer, request_id };
+            self.events.push_back(CmEvent::SidrTimedOut { id });
+        }
+    }
 }

@@ -155,4 +155,33 @@ impl CmEndpoint {
             self.fail(conn.0, Failure::Qp(error));
         }
     }
+
+    /// The network says `peer` cannot be reached (the io layer's unreachable destinations):
+    /// what waits on its answer ends now instead of after every retry. An attempt fails, a
+    /// DREQ counts as answered, a SIDR request times out. Established connections stand: their
+    /// QPs learn of it from their own packets.
+    pub fn peer_unreachable(&mut self, now: Duration, peer: IpAddr) {
+        self.now = self.now.max(now);
+        let peer = peer.to_canonical();
+        let waiting: Vec<(u32, State)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.peer == peer)
+            .map(|(&id, c)| (id, c.state))
+            .collect();
+        for (id, state) in waiting {
+            match state {
+                State::ReqSent | State::RepSent | State::RepRcvd => {
+                    self.fail(id, Failure::Unreachable)
+                }
+                State::DreqSent => {
+                    self.events
+                        .push_back(CmEvent::Disconnected { conn: ConnId(id) });
+                    self.enter_timewait(id);
+                }
+                State::ReqRcvd | State::Established | State::TimeWait => {}
+            }
+        }
+        self.sidr_unreachable(peer);
+    }
 }

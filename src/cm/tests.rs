@@ -640,3 +640,33 @@ fn our_req_for_rpings_parameters_is_the_kernels_byte_for_byte() {
     CmMessage::Req(Box::new(mine)).emit(header.tid, 0, &mut mad);
     assert_eq!(mad[..], fixture[0][..]);
 }
+
+/// The io layer could not reach the peer (a local route failure on send): attempts toward it
+/// end at once, a DREQ counts as answered, a SIDR request times out; an established
+/// connection stands, as its QP learns of it from its own packets.
+#[test]
+fn an_unreachable_peer_ends_what_waits_on_it() {
+    let mut pair = Pair::new(config());
+    let (established, _) = pair.connected();
+    let attempt = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    let udp = ServiceId::ip(PortSpace::Udp, 1);
+    let sidr = pair.a.sidr_resolve(pair.now, B, udp, 1, b"").unwrap();
+    pair.a.peer_unreachable(pair.now, B);
+    let events = pair.events(A);
+    assert!(events.contains(&CmEvent::Failed {
+        conn: attempt,
+        failure: Failure::Unreachable
+    }));
+    assert!(events.contains(&CmEvent::SidrTimedOut { id: sidr }));
+    assert_eq!(
+        events.len(),
+        2,
+        "the established connection stands: {events:?}"
+    );
+    pair.a.disconnect(pair.now, established).unwrap();
+    pair.a.peer_unreachable(pair.now, B);
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::Disconnected { conn: established }]
+    );
+}

@@ -101,16 +101,10 @@ impl CmRouter {
     pub(super) fn new(
         ep: &mut Endpoint,
         now: Duration,
-        seed: u64,
+        (seed, config): (u64, CmConfig),
         iova: u64,
     ) -> Result<Self, CmError> {
-        let agent = Agent::new(
-            ep,
-            now,
-            seed ^ 0xc3c3_5a5a_0f0f_9696,
-            CmConfig::default(),
-            iova,
-        )?;
+        let agent = Agent::new(ep, now, seed ^ 0xc3c3_5a5a_0f0f_9696, config, iova)?;
         Ok(CmRouter {
             agent,
             listeners: HashMap::new(),
@@ -241,6 +235,12 @@ impl CmRouter {
                 let _ = reply.send(counters);
             }
         }
+        self.pump(now, ep);
+    }
+
+    /// The io layer could not reach `dst`.
+    pub(super) fn handle_unreachable(&mut self, now: Duration, ep: &mut Endpoint, dst: IpAddr) {
+        self.agent.handle_unreachable(now, ep, dst);
         self.pump(now, ep);
     }
 

@@ -253,6 +253,7 @@ pub(crate) fn start<B: Backend>(
     seed: u64,
     port_mtu: PathMtu,
     progress: Progress,
+    cm_config: crate::cm::CmConfig,
 ) -> io::Result<EngineHandle> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
@@ -265,7 +266,7 @@ pub(crate) fn start<B: Backend>(
     endpoint.set_port_mtu(port_mtu);
     // The CM's receive buffers take the first addresses; the application's regions follow.
     let first_iova = 0x1000_0000;
-    let cm = cm::CmRouter::new(&mut endpoint, Duration::ZERO, seed, first_iova)
+    let cm = cm::CmRouter::new(&mut endpoint, Duration::ZERO, (seed, cm_config), first_iova)
         .map_err(|e| io::Error::other(format!("the device's CM: {e}")))?;
     let engine = Engine {
         endpoint,
@@ -541,6 +542,7 @@ impl<B: Backend> Engine<B> {
             .drain_unreachable(&mut |dst| unreachable.push(dst));
         for dst in self.unreachable.drain(..) {
             self.endpoint.handle_unreachable(now, dst);
+            self.cm.handle_unreachable(now, &mut self.endpoint, dst);
         }
     }
 

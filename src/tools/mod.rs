@@ -20,6 +20,7 @@ pub mod perftest;
 pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;
+pub mod rping;
 
 use std::cell::Cell;
 use std::fmt;

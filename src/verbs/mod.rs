@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
-use crate::cm::{CmError, Failure};
+use crate::cm::{CmConfig, CmError, Failure};
 pub use crate::engine::Progress;
 use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
 use crate::io::{
@@ -185,6 +185,9 @@ pub struct DeviceConfig {
     /// ([`PathMtu::of_link`]: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames or
     /// loopback), or 1024, with a `tracing` warning, if that link cannot be read.
     pub port_mtu: Option<PathMtu>,
+    /// The connection manager's timers and bounds: librdmacm's by default (a peer gets
+    /// about 4.3 s to answer each message, 15 times).
+    pub cm: CmConfig,
 }
 
 impl DeviceConfig {
@@ -197,6 +200,7 @@ impl DeviceConfig {
             pcap: None,
             progress: Progress::Thread,
             port_mtu: None,
+            cm: CmConfig::default(),
         }
     }
 }
@@ -289,7 +293,7 @@ impl Device {
                 DEFAULT_PORT_MTU
             }
         });
-        let engine = engine::start(backend, seed, port_mtu, config.progress)?;
+        let engine = engine::start(backend, seed, port_mtu, config.progress, config.cm)?;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 engine,
