@@ -163,8 +163,11 @@ client's DREQ. A CM failure prints rping's line (e.g. \"cma event RDMA_CM_EVENT_
 
 softroce's own: a device is an IP address (UDP port 4791 on it). The server's is -a, which must
 name an address (rping's default wildcard names no device here); the client's is -I, --bind, or
-the source address of the route to the server. Accepted for compatibility: -q (softroce's CM
-always moves the QP).
+the source address of the route to the server. The path MTU is negotiated by no one: the
+client's REQ names it (the port's, as the kernel names its netdev's, or --mtu) and the server
+takes it; a softroce server rejects one above its port's (REJ 26). With links of different MTUs,
+give the client the smaller one with --mtu. Accepted for compatibility: -q (softroce's CM always
+moves the QP).
 
 Example, against rping -s -a 192.0.2.20 -v on a host with a ConnectX NIC or kernel rxe:
   softroce rping -c -a 192.0.2.20 -C 10 -v";
@@ -329,6 +332,10 @@ struct RpingArgs {
     /// Use self-created, self-modified QP: accepted; softroce's CM always moves the QP.
     #[arg(short = 'q')]
     _self_qp: bool,
+    /// softroce: the path MTU a client asks for in its REQ, at most the port's (256, 512,
+    /// 1024, 2048 or 4096) [default: the port's active MTU, as the kernel takes its netdev's]
+    #[arg(long, value_name = "SIZE", value_parser = path_mtu)]
+    mtu: Option<PathMtu>,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -836,6 +843,7 @@ fn rping(args: &RpingArgs) -> ExitCode {
         validate: args.validate,
         debug: args.debug,
         persistent: args.persistent,
+        mtu: args.mtu,
         device,
     };
     init_log("warn");

@@ -22,7 +22,8 @@ use super::{DeviceOptions, Error, Result};
 use crate::cm::Failure;
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
-    ConnectOptions, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use crate::verbs::{
     self, CompletionQueue, Connection, ConnectionEvent, Device, ProtectionDomain, QueuePair,
@@ -63,6 +64,8 @@ pub struct Options {
     pub debug: bool,
     /// `-P`: serve connections one after another, for ever.
     pub persistent: bool,
+    /// softroce's: the path MTU a client's REQ asks for; `None`, the port's.
+    pub mtu: Option<PathMtu>,
     pub device: DeviceOptions,
 }
 
@@ -79,16 +82,17 @@ impl Default for Options {
             validate: false,
             debug: false,
             persistent: false,
+            mtu: None,
             device: DeviceOptions::default(),
         }
     }
 }
 
 /// rping's connection parameters (`rping_init_conn_param`): one READ each way, seven
-/// retries of each kind; the path MTU is the port's.
-fn conn_options(device: &Device) -> ConnectOptions {
+/// retries of each kind; the path MTU is `--mtu` or the port's.
+fn conn_options(o: &Options, device: &Device) -> ConnectOptions {
     ConnectOptions {
-        mtu: device.port_mtu(),
+        mtu: o.mtu.unwrap_or(device.port_mtu()).min(device.port_mtu()),
         max_rd_atomic: 1,
         retry_cnt: 7,
         rnr_retry: 7,
@@ -330,7 +334,7 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
     let conn = Connection::connect(
         qp,
         SocketAddr::new(server, o.port),
-        &conn_options(&device),
+        &conn_options(o, &device),
         &[],
     )
     .map_err(|error| Error::Device {
@@ -436,7 +440,7 @@ fn serve_one(
     let r = Resources::new(device, o.size)?;
     let qp = r.qp()?;
     let conn = request
-        .accept(qp, &conn_options(device), &[])
+        .accept(qp, &conn_options(o, device), &[])
         .map_err(|error| Error::Device {
             doing: "rdma_accept".into(),
             error,

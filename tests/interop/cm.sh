@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# cm.sh: the lab's helpers for softroce's RDMA-CM tools (rping, ucmatose, udaddy, perftest -R)
+# against librdmacm's in vmB. Sourced after lib.sh by the cases of cases/8*.sh and by matrix.sh.
+# There is no TCP exchange to wait for: a guest server is ready once rdma_cm lists its ID in
+# state LISTEN (`rdma resource show cm_id`), a softroce server once it prints its READY line.
+
+# guest_wait_cm_listen GUEST PORT TIMEOUT: wait until an rdma_cm ID in GUEST listens on PORT.
+guest_wait_cm_listen() {
+  local g=$1 port=$2 to=$3
+  gexec "$g" $((to + 5)) "i=0
+until rdma resource show cm_id 2>/dev/null | grep -q 'state LISTEN .*:$port '; do
+  i=\$((i+1)); [ \$i -gt $((to * 10)) ] && { echo 'no rdma_cm ID listens on port $port'; rdma resource show cm_id; exit 1; }; sleep 0.1
+done" >/dev/null
+}
+
+# softroce_cm_pair ROLE TAG PORT GUEST_CMD SOFTROCE_CMD READY: one run of a softroce CM tool
+# against a librdmacm tool in vmB.
+#   ROLE client: GUEST_CMD is the server (in vmB, background); once it listens on PORT,
+#                SOFTROCE_CMD runs on the host side as its client.
+#   ROLE server: SOFTROCE_CMD is the server (host side, background); once its output has a line
+#                matching READY (grep), GUEST_CMD runs in vmB as its client.
+# Each side is given $SR_TIMEOUT seconds; when one fails, the other is stopped. Prints both
+# sides' output and vmB's rxe counters; sets SR_OUT/SR_RC, G_OUT/G_RC, SR_ROLE and
+# SR_CNT_BEFORE/SR_CNT_AFTER as softroce_guest_pair does. SR_PREPARE runs after vmB's reset.
+softroce_cm_pair() {
+  local role=$1 tag=$2 port=$3 gcmd=$4 scmd=$5 ready=$6 out pid i
+  softroce_build || return 1
+  lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
+  if [ -n "$SR_PREPARE" ]; then $SR_PREPARE || { echo "'$SR_PREPARE' failed"; return 1; }; fi
+  SR_CNT_BEFORE=$(guest_rxe_counters vmB)
+  SR_RC=0 G_RC=0 SR_ROLE=$role
+  case $role in
+    client)
+      guest_bg vmB "cm_$tag" "$SR_TIMEOUT" "$gcmd" || { echo "cannot start '$gcmd' in vmB"; return 1; }
+      if ! guest_wait_cm_listen vmB "$port" 15; then
+        echo "'$gcmd' does not listen on port $port:"; guest_wait_bg vmB "cm_$tag" 1; return 1
+      fi
+      SR_OUT=$(lab_ns_exec timeout "$SR_TIMEOUT" $scmd 2>&1) || SR_RC=$?
+      [ "$SR_RC" = 0 ] || lab_guest_reset vmB || true
+      G_OUT=$(guest_wait_bg vmB "cm_$tag" 30) || G_RC=$?
+      gcmd="$gcmd (server)" scmd="$scmd (client)"
+      ;;
+    server)
+      out=$LAB_RUN/softroce-$tag-server.out
+      # `ip netns exec` execs timeout, so $! is its PID, and a TERM to it reaches the server
+      # (lab_ns_exec, a function, would run in a subshell of its own).
+      ip netns exec "$LAB_NS" timeout "$SR_TIMEOUT" $scmd >"$out" 2>&1 &
+      pid=$!
+      for i in $(seq 1 100); do
+        grep -q "$ready" "$out" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      G_OUT=$(gexec vmB "$SR_TIMEOUT" "$gcmd") || G_RC=$?
+      [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" || SR_RC=$?
+      SR_OUT=$(cat "$out")
+      gcmd="$gcmd (client)" scmd="$scmd (server)"
+      ;;
+    *) echo "softroce_cm_pair: ROLE is client or server, not '$role'"; return 1;;
+  esac
+  echo "---- softroce (host side, $SR_BIND): $scmd"
+  printf '%s\n' "$SR_OUT"
+  echo "---- softroce exit status $SR_RC"
+  echo "---- vmB: $gcmd"
+  printf '%s\n' "$G_OUT"
+  echo "---- vmB exit status $G_RC"
+  SR_CNT_AFTER=$(guest_rxe_counters vmB)
+  echo "---- vmB rxe0 counters after"; printf '%s\n' "$SR_CNT_AFTER"
+}
+
+# rping_pair ROLE ARGS [SOFTROCE_ARGS]: softroce rping against rping in vmB, both with ARGS
+# (rping's syntax, without -s/-c/-a), over $SR_BIND and $SR_PEER; softroce also with $SR_OPTS
+# and --mtu $SR_MTU: the host side's link runs jumbo frames (br0, MTU 9000) whatever vmB's eth0
+# has, and a CM client names its own link's MTU in its REQ, which the kernel's server takes.
+rping_pair() {
+  local role=$1 args=$2 sargs=${3:-}
+  case $role in
+    client) softroce_cm_pair client rping 7174 "rping -s -a $SR_PEER -v $args" \
+              "$SOFTROCE_BIN rping -c -a $SR_PEER -I $SR_BIND --mtu ${SR_MTU:-1024} $SR_OPTS -v $args $sargs" "";;
+    server) softroce_cm_pair server rping 7174 "rping -c -a $SR_BIND -v $args" \
+              "$SOFTROCE_BIN rping -s -a $SR_BIND -d $SR_OPTS -v $args $sargs" '^rdma_listen$';;
+  esac
+}
+
+# rping_ok COUNT: the last rping_pair passed: both sides exited 0; the client printed COUNT
+# "ping data:" lines and the server COUNT "server ping data:" lines, every one rping's text;
+# the server saw the client's disconnect (its "server DISCONNECT EVENT..." line, which rping
+# writes to standard error while its standard output is still buffered: anywhere in the text).
+rping_ok() {
+  local count=$1 client server
+  if [ "$SR_ROLE" = client ]; then client=$SR_OUT server=$G_OUT; else client=$G_OUT server=$SR_OUT; fi
+  wirecheck_expect "softroce exited $SR_RC" [ "$SR_RC" = 0 ]
+  wirecheck_expect "the guest's rping exited $G_RC" [ "$G_RC" = 0 ]
+  wirecheck_expect "the client printed $(grep -c '^ping data: rdma-ping-' <<<"$client") ping lines, not $count" \
+    [ "$(grep -cE '^ping data: rdma-ping-[0-9]+: [A-z]+' <<<"$client")" = "$count" ]
+  wirecheck_expect "the server printed $(grep -c '^server ping data: ' <<<"$server") ping lines, not $count" \
+    [ "$(grep -cE '^server ping data: rdma-ping-[0-9]+: [A-z]+' <<<"$server")" = "$count" ]
+  wirecheck_expect "the server did not see the client's disconnect" \
+    grep -qF 'server DISCONNECT EVENT...' <<<"$server"
+  echo "ok: rping, softroce $SR_ROLE: $count pings each way checked (-V), disconnect seen"
+}
