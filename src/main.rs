@@ -14,7 +14,7 @@ use softroce::tools::daemon::{self, Service};
 use softroce::tools::perftest::{self, AtomicOp, Test};
 use softroce::tools::pingpong::{self, Transport};
 use softroce::tools::DeviceOptions;
-use softroce::tools::{self, rping};
+use softroce::tools::{self, rping, ucmatose, udaddy};
 use softroce::transport::PathMtu;
 use softroce::verbs::{BackendKind, Progress};
 use tracing_subscriber::EnvFilter;
@@ -92,6 +92,20 @@ enum Command {
     Rping {
         #[command(flatten)]
         args: RpingArgs,
+    },
+    /// librdmacm's ucmatose over softroce: RC connections made by RDMA-CM, SENDs both ways,
+    /// ended by the server. Without -s, wait for clients; with it, connect to that server.
+    #[command(after_help = CM_TOOL_NOTES)]
+    Ucmatose {
+        #[command(flatten)]
+        args: UcmatoseArgs,
+    },
+    /// librdmacm's udaddy over softroce: UD service resolution (SIDR) and datagrams both ways.
+    /// Without -s, wait for a client; with it, resolve that server.
+    #[command(after_help = CM_TOOL_NOTES)]
+    Udaddy {
+        #[command(flatten)]
+        args: UdaddyArgs,
     },
     /// ib_write_bw over softroce: RDMA WRITE bandwidth against perftest's ib_write_bw or
     /// softroce. Without HOST, wait for a client; with it, connect to it.
@@ -171,6 +185,19 @@ moves the QP).
 
 Example, against rping -s -a 192.0.2.20 -v on a host with a ConnectX NIC or kernel rxe:
   softroce rping -c -a 192.0.2.20 -C 10 -v";
+
+const CM_TOOL_NOTES: &str = "\
+Protocol and output lines are rdma-core 44's (librdmacm/examples/cmatose.c and udaddy.c), so
+either side may be softroce or the stock tool on kernel rxe or a ConnectX NIC. A CM failure
+prints the tool's event line (e.g. \"cmatose: event: RDMA_CM_EVENT_REJECTED, error: 8\").
+
+softroce's own: a device is an IP address (UDP port 4791 on it): -b names it, which a server
+needs; a client without -b takes the source address of the route to the server. A ucmatose
+client's REQs name the path MTU (the port's, as the kernel names its netdev's, or --mtu) and
+the server takes it: with links of different MTUs, give the client the smaller. Accepted for
+compatibility and ignored: -f (addresses are IP addresses), -t (RoCEv2 over UDP has no service
+level to map a TOS to). ucmatose's -P takes tcp only, udaddy's -P udp only, and udaddy's -p
+only the UDP port space's number, 0x0111; udaddy serves one client (-c 1).";
 
 const PINGPONG_NOTES: &str = "\
 Output, exchange (TCP, 52-byte \"LID:QPN:PSN:GID\" messages) and behaviour are rdma-core's, so
@@ -338,6 +365,94 @@ struct RpingArgs {
     mtu: Option<PathMtu>,
     #[command(flatten)]
     device: DeviceArgs,
+}
+
+/// ucmatose's flags, and softroce's device options.
+#[derive(Args)]
+struct UcmatoseArgs {
+    /// The server to connect to; without it, be the server.
+    #[arg(short = 's', value_name = "SERVER_ADDRESS")]
+    server: Option<IpAddr>,
+    /// The address to bind: the device's.
+    #[arg(short = 'b', value_name = "BIND_ADDRESS")]
+    bind_address: Option<IpAddr>,
+    /// Address format: accepted and ignored.
+    #[arg(short = 'f', value_name = "FORMAT")]
+    _format: Option<String>,
+    /// Port space: tcp (the only one softroce's ucmatose takes).
+    #[arg(short = 'P', value_name = "PORT_SPACE", default_value = "tcp", value_parser = ["tcp"])]
+    _port_space: String,
+    /// Number of connections.
+    #[arg(short = 'c', value_name = "CONNECTIONS", default_value_t = 1, value_parser = c_number::<usize>)]
+    connections: usize,
+    /// Messages each way on each connection.
+    #[arg(short = 'C', value_name = "MESSAGE_COUNT", default_value_t = 10, value_parser = c_number::<usize>)]
+    messages: usize,
+    /// Message size.
+    #[arg(short = 'S', value_name = "MESSAGE_SIZE", default_value_t = 100, value_parser = c_number::<usize>)]
+    size: usize,
+    /// Type of service: accepted and ignored.
+    #[arg(short = 't', value_name = "TOS")]
+    _tos: Option<String>,
+    /// Port.
+    #[arg(short = 'p', value_name = "PORT", default_value_t = softroce::tools::ucmatose::DEFAULT_PORT, value_parser = c_number::<u16>)]
+    port: u16,
+    /// softroce: the path MTU a client asks for in its REQs, at most the port's [default: the
+    /// port's active MTU, as the kernel takes its netdev's]
+    #[arg(long, value_name = "SIZE", value_parser = path_mtu)]
+    mtu: Option<PathMtu>,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// udaddy's flags, and softroce's device options.
+#[derive(Args)]
+struct UdaddyArgs {
+    /// The server to resolve; without it, be the server.
+    #[arg(short = 's', value_name = "SERVER_ADDRESS")]
+    server: Option<IpAddr>,
+    /// The address to bind: the device's.
+    #[arg(short = 'b', value_name = "BIND_ADDRESS")]
+    bind_address: Option<IpAddr>,
+    /// Number of connections: 1.
+    #[arg(short = 'c', value_name = "CONNECTIONS", default_value_t = 1, value_parser = one_connection)]
+    _connections: usize,
+    /// Datagrams each way.
+    #[arg(short = 'C', value_name = "MESSAGE_COUNT", default_value_t = 10, value_parser = c_number::<usize>)]
+    messages: usize,
+    /// Datagram size, at most the port MTU.
+    #[arg(short = 'S', value_name = "MESSAGE_SIZE", default_value_t = 100, value_parser = c_number::<usize>)]
+    size: usize,
+    /// Type of service: accepted and ignored.
+    #[arg(short = 't', value_name = "TOS")]
+    _tos: Option<String>,
+    /// Port space, as a number (udaddy's port is 7174, fixed): the UDP port space's, 0x0111.
+    #[arg(short = 'p', value_name = "PORT_SPACE", value_parser = udp_port_space)]
+    _port_space: Option<u16>,
+    /// Port space: udp.
+    #[arg(short = 'P', value_name = "PORT_SPACE", default_value = "udp", value_parser = ["udp"])]
+    _port_space_name: String,
+    /// Address format: accepted and ignored.
+    #[arg(short = 'f', value_name = "FORMAT")]
+    _format: Option<String>,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+fn one_connection(s: &str) -> Result<usize, String> {
+    match c_number::<usize>(s)? {
+        1 => Ok(1),
+        _ => Err("softroce's udaddy serves one connection".into()),
+    }
+}
+
+fn udp_port_space(s: &str) -> Result<u16, String> {
+    match c_number::<u16>(s)? {
+        0x0111 => Ok(0x0111),
+        _ => {
+            Err("the UDP port space, 0x0111 (273), is the only one softroce's udaddy takes".into())
+        }
+    }
 }
 
 /// softroce's own options for the device, which every tool and the daemon take.
@@ -718,7 +833,9 @@ fn service(command: &Command) -> Option<Result<Service, String>> {
         Command::Decode { .. }
         | Command::Demo { .. }
         | Command::Daemon { .. }
-        | Command::Rping { .. } => None,
+        | Command::Rping { .. }
+        | Command::Ucmatose { .. }
+        | Command::Udaddy { .. } => None,
         Command::RcPingpong { common, path } => pingpong(Transport::Rc, common, Some(path.mtu)),
         Command::UcPingpong { common, path } => pingpong(Transport::Uc, common, Some(path.mtu)),
         Command::UdPingpong { common } => pingpong(Transport::Ud, common, None),
@@ -825,12 +942,9 @@ fn daemon(device: &DeviceArgs, args: &DaemonArgs) -> ExitCode {
 }
 
 fn rping(args: &RpingArgs) -> ExitCode {
-    let device = match args.device.options() {
+    let device = match cm_tool_device("rping", &args.device) {
         Ok(device) => device,
-        Err(why) => {
-            eprintln!("softroce rping: {why}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let o = rping::Options {
         server: args.server,
@@ -872,6 +986,65 @@ fn rping(args: &RpingArgs) -> ExitCode {
     }
 }
 
+/// The device options of a CM tool, or the exit status of a usage error.
+fn cm_tool_device(tool: &str, device: &DeviceArgs) -> Result<tools::DeviceOptions, ExitCode> {
+    device.options().map_err(|why| {
+        eprintln!("softroce {tool}: {why}");
+        ExitCode::from(2)
+    })
+}
+
+/// ucmatose's and udaddy's end: they print their own "return status" line; a failure is
+/// also said on standard error.
+fn cm_tool_end(tool: &str, outcome: tools::Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(tools::Error::Usage(why)) => {
+            eprintln!("{why}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("softroce {tool}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ucmatose(args: &UcmatoseArgs) -> ExitCode {
+    let device = match cm_tool_device("ucmatose", &args.device) {
+        Ok(device) => device,
+        Err(code) => return code,
+    };
+    let o = ucmatose::Options {
+        server: args.server,
+        bind: args.bind_address,
+        port: args.port,
+        connections: args.connections,
+        messages: args.messages,
+        size: args.size,
+        mtu: args.mtu,
+        device,
+    };
+    init_log("warn");
+    cm_tool_end("ucmatose", ucmatose::run(&o, &mut std::io::stdout()))
+}
+
+fn udaddy(args: &UdaddyArgs) -> ExitCode {
+    let device = match cm_tool_device("udaddy", &args.device) {
+        Ok(device) => device,
+        Err(code) => return code,
+    };
+    let o = udaddy::Options {
+        server: args.server,
+        bind: args.bind_address,
+        messages: args.messages,
+        size: args.size,
+        device,
+    };
+    init_log("warn");
+    cm_tool_end("udaddy", udaddy::run(&o, &mut std::io::stdout()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
@@ -882,6 +1055,8 @@ fn main() -> ExitCode {
             daemon: args,
         } => daemon(device, args),
         Command::Rping { args } => rping(args),
+        Command::Ucmatose { args } => ucmatose(args),
+        Command::Udaddy { args } => udaddy(args),
         command => tool(service(command).expect("every other subcommand is a tool")),
     }
 }

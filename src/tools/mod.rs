@@ -21,6 +21,8 @@ pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;
 pub mod rping;
+pub mod ucmatose;
+pub mod udaddy;
 
 use std::cell::Cell;
 use std::fmt;
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{SockRef, TcpKeepalive};
 
+use crate::cm::Failure;
 use crate::transport::{AddressVector, WcStatus};
 use crate::verbs::{self, BackendKind, Device, DeviceConfig, Progress};
 use crate::wire::Qpn;
@@ -174,6 +177,64 @@ impl DeviceOptions {
             ),
             error,
         })
+    }
+}
+
+/// The source address of the route to `peer`, as `rdma_resolve_addr` picks a CM client's
+/// device when it is given none: a UDP socket connected toward the peer says which.
+pub(crate) fn route_source(peer: IpAddr) -> Result<IpAddr> {
+    let unspecified: IpAddr = if peer.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let route = std::net::UdpSocket::bind((unspecified, 0))
+        .and_then(|s| s.connect((peer, crate::wire::ROCEV2_UDP_PORT)).map(|()| s))
+        .and_then(|s| s.local_addr());
+    route.map(|a| a.ip()).map_err(|e| {
+        Error::Usage(format!(
+            "no route to {peer} to take a source address from ({e}): give the device's address"
+        ))
+    })
+}
+
+/// The device of a CM tool: `address` (its -b, -a or -I), the common `--bind`, or, for a client
+/// (`server` given), the source address of the route to the server. A server needs one:
+/// `flag` says which flag gives it.
+pub(crate) fn cm_tool_device(
+    address: Option<IpAddr>,
+    device: &DeviceOptions,
+    server: Option<IpAddr>,
+    flag: &str,
+) -> Result<Device> {
+    let address = match (address.or(device.bind), server) {
+        (Some(address), _) => address,
+        (None, Some(server)) => route_source(server)?,
+        (None, None) => {
+            return Err(Error::Usage(format!(
+                "softroce's server needs the device's address: {flag} ADDRESS"
+            )))
+        }
+    };
+    device.open(address)
+}
+
+/// The last lines of ucmatose and udaddy (their `main`): "test complete" and the status.
+pub(crate) fn librdmacm_test_end(out: &mut dyn std::io::Write, result: Result<()>) -> Result<()> {
+    writeln!(out, "test complete")?;
+    writeln!(out, "return status {}", if result.is_ok() { 0 } else { -1 })?;
+    result
+}
+
+/// The RDMA-CM event and status librdmacm reports for a failed connection, as the CM tools
+/// print them: REJECTED with the REJ's reason, UNREACHABLE with -ETIMEDOUT or -EHOSTUNREACH,
+/// CONNECT_ERROR with -EINVAL.
+pub(crate) fn cm_event(failure: &Failure) -> (&'static str, i32) {
+    match failure {
+        Failure::Rejected { reason, .. } => ("RDMA_CM_EVENT_REJECTED", i32::from(reason.0)),
+        Failure::TimedOut => ("RDMA_CM_EVENT_UNREACHABLE", -110),
+        Failure::Unreachable => ("RDMA_CM_EVENT_UNREACHABLE", -113),
+        Failure::Qp(_) => ("RDMA_CM_EVENT_CONNECT_ERROR", -22),
     }
 }
 

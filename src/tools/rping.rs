@@ -15,11 +15,10 @@
 //! error 8`), and end the run with rping's status, 255.
 
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::{DeviceOptions, Error, Result};
-use crate::cm::Failure;
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -131,27 +130,6 @@ fn info(region: &MemoryRegion, offset: usize, len: usize) -> Vec<u8> {
     bytes
 }
 
-/// The address a client's device takes: `-I`, `--bind`, or the source address of the route to
-/// the server, as `rdma_resolve_addr` picks it.
-fn client_address(o: &Options, server: IpAddr) -> Result<IpAddr> {
-    if let Some(address) = o.source.or(o.device.bind) {
-        return Ok(address);
-    }
-    let unspecified: IpAddr = if server.is_ipv4() {
-        std::net::Ipv4Addr::UNSPECIFIED.into()
-    } else {
-        std::net::Ipv6Addr::UNSPECIFIED.into()
-    };
-    let route = UdpSocket::bind((unspecified, 0))
-        .and_then(|s| s.connect((server, DEFAULT_PORT)).map(|()| s))
-        .and_then(|s| s.local_addr());
-    route.map(|a| a.ip()).map_err(|e| {
-        Error::Usage(format!(
-            "no route to {server} to take a source address from ({e}): give -I"
-        ))
-    })
-}
-
 /// Runs rping: the server or the client, as `o.server` says.
 pub fn run(o: &Options, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
     if !(MIN_SIZE..=MAX_SIZE).contains(&o.size) {
@@ -171,21 +149,10 @@ pub fn run(o: &Options, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> 
         ..
     }) = &result
     {
-        let _ = writeln!(err, "{}", cma_event(failure));
+        let (event, status) = super::cm_event(failure);
+        let _ = writeln!(err, "cma event {event}, error {status}");
     }
     result
-}
-
-/// rping's line for a failed connection: the event librdmacm reports and its status.
-fn cma_event(failure: &Failure) -> String {
-    match failure {
-        Failure::Rejected { reason, .. } => {
-            format!("cma event RDMA_CM_EVENT_REJECTED, error {}", reason.0)
-        }
-        Failure::TimedOut => "cma event RDMA_CM_EVENT_UNREACHABLE, error -110".into(),
-        Failure::Qp(_) => "cma event RDMA_CM_EVENT_CONNECT_ERROR, error -22".into(),
-        Failure::Unreachable => "cma event RDMA_CM_EVENT_UNREACHABLE, error -113".into(),
-    }
 }
 
 /// One side's verbs: a CQ, a QP with rping's queue depths, the 16-byte receive buffer, and a
@@ -326,7 +293,8 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
     let server = o
         .addr
         .ok_or_else(|| Error::Usage("a client needs the server's address: -a".into()))?;
-    let device = o.device.open(client_address(o, server)?)?;
+    // -I, --bind, or the source address of the route to the server, as rdma_resolve_addr.
+    let device = super::cm_tool_device(o.source, &o.device, Some(server), "-I")?;
     // The source buffer, then the sink.
     let r = Resources::new(&device, 2 * o.size)?;
     let (source, sink) = (0, o.size);
@@ -391,15 +359,9 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
 }
 
 fn server(o: &Options, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
-    let address = o.addr.or(o.device.bind).filter(|a| !a.is_unspecified());
-    let address = address.ok_or_else(|| {
-        Error::Usage(
-            "softroce's server needs the device's address: -a ADDRESS (rping's wildcard \
-             address names no device here)"
-                .into(),
-        )
-    })?;
-    let device = o.device.open(address)?;
+    // rping's default, the wildcard address, names no device here.
+    let address = o.addr.filter(|a| !a.is_unspecified());
+    let device = super::cm_tool_device(address, &o.device, None, "-a")?;
     let listener = device.listen(o.port).map_err(|error| Error::Device {
         doing: "rdma_listen".into(),
         error,

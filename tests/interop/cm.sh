@@ -100,3 +100,56 @@ rping_ok() {
     grep -qF 'server DISCONNECT EVENT...' <<<"$server"
   echo "ok: rping, softroce $SR_ROLE: $count pings each way checked (-V), disconnect seen"
 }
+
+# cm_tool_pair ROLE TOOL PORT ARGS: softroce ucmatose or udaddy (TOOL) against the same tool in
+# vmB, both with ARGS; the server binds its address (-b), the client names the server (-s).
+cm_tool_pair() {
+  local role=$1 tool=$2 port=$3 args=$4 ready
+  ready="^$([ "$tool" = ucmatose ] && echo cmatose || echo udaddy): starting server\$"
+  case $role in
+    client) softroce_cm_pair client "$tool" "$port" "$tool -b $SR_PEER $args" \
+              "$SOFTROCE_BIN $tool -s $SR_PEER -b $SR_BIND $(cm_client_mtu "$tool") $SR_OPTS $args" "";;
+    server) softroce_cm_pair server "$tool" "$port" "$tool -s $SR_BIND $args" \
+              "$SOFTROCE_BIN $tool -b $SR_BIND $SR_OPTS $args" "$ready";;
+  esac
+}
+
+# cm_client_mtu TOOL: the --mtu a softroce CM client of TOOL takes, $SR_MTU (see rping_pair);
+# udaddy's UD datagrams follow the port MTU and have no path to negotiate.
+cm_client_mtu() { [ "$1" = udaddy ] || echo "--mtu ${SR_MTU:-1024}"; }
+
+# cm_tool_lines TOOL SIDE: the lines rdma-core 44's TOOL prints as SIDE (server or client), in
+# order (cmatose.c, udaddy.c); ucmatose's server says "disconnected" once all its connections
+# have ended.
+cm_tool_lines() {
+  local tool=$1 side=$2
+  case $tool:$side in
+    ucmatose:server)
+      printf '%s\n' "cmatose: starting server" "initiating data transfers" "completing sends" \
+        "receiving data transfers" "data transfers complete" "cmatose: disconnecting" disconnected;;
+    ucmatose:client)
+      printf '%s\n' "cmatose: starting client" "cmatose: connecting" "receiving data transfers" \
+        "sending replies" "data transfers complete";;
+    udaddy:server)
+      printf '%s\n' "udaddy: starting server" "receiving data transfers" "sending replies" \
+        "data transfers complete";;
+    udaddy:client)
+      printf '%s\n' "udaddy: starting client" "udaddy: connecting" "initiating data transfers" \
+        "receiving data transfers" "data transfers complete";;
+  esac
+  printf '%s\n' "test complete" "return status 0"
+}
+
+# cm_tool_ok TOOL: the last cm_tool_pair passed: both sides exited 0 and printed exactly their
+# tool's lines (for ucmatose, the server's "disconnected": its DREQs were answered).
+cm_tool_ok() {
+  local tool=$1 s_side=client g_side=server
+  [ "$SR_ROLE" = server ] && s_side=server g_side=client
+  wirecheck_expect "softroce exited $SR_RC" [ "$SR_RC" = 0 ]
+  wirecheck_expect "the guest's $tool exited $G_RC" [ "$G_RC" = 0 ]
+  wirecheck_expect "softroce's lines are not $tool's as $s_side (above)" \
+    [ "$(grep -v '^$' <<<"$SR_OUT")" = "$(cm_tool_lines "$tool" "$s_side")" ]
+  wirecheck_expect "the guest's lines are not $tool's as $g_side (above)" \
+    [ "$(grep -v '^$' <<<"$G_OUT")" = "$(cm_tool_lines "$tool" "$g_side")" ]
+  echo "ok: $tool, softroce $SR_ROLE: both sides printed $tool's lines"
+}

@@ -1,7 +1,7 @@
-//! `softroce rping`: a softroce server and client on loopback, each with an address of its
-//! own, checked line by line against rping's output; a REJ for a port no one listens on; a
-//! persistent server. The lab (tests/interop/cases/8*-rping-*.sh) runs the same tool against
-//! rdma-core's rping on kernel rxe.
+//! The RDMA-CM tools, `softroce rping`, `ucmatose` and `udaddy`: a softroce server and client
+//! on loopback, each with an address of its own, checked line by line against the output of
+//! rdma-core's tools; a REJ for a port no one listens on; a persistent rping server. The lab
+//! (tests/interop/cases/8*.sh) runs the same tools against rdma-core's on kernel rxe.
 
 mod tool;
 
@@ -140,4 +140,90 @@ fn usage_errors_say_what_is_wrong() {
         small.stderr,
         "Invalid size 5 (valid range is 23 to 65536)\n"
     );
+}
+
+/// The lines rdma-core 44's ucmatose and udaddy print (cmatose.c, udaddy.c), by tool and side.
+fn lines(tool: &str, server: bool) -> Vec<&'static str> {
+    let mut lines = match (tool, server) {
+        ("ucmatose", true) => vec![
+            "cmatose: starting server",
+            "initiating data transfers",
+            "completing sends",
+            "receiving data transfers",
+            "data transfers complete",
+            "cmatose: disconnecting",
+            "disconnected",
+        ],
+        ("ucmatose", false) => vec![
+            "cmatose: starting client",
+            "cmatose: connecting",
+            "receiving data transfers",
+            "sending replies",
+            "data transfers complete",
+        ],
+        ("udaddy", true) => vec![
+            "udaddy: starting server",
+            "receiving data transfers",
+            "sending replies",
+            "data transfers complete",
+        ],
+        _ => vec![
+            "udaddy: starting client",
+            "udaddy: connecting",
+            "initiating data transfers",
+            "receiving data transfers",
+            "data transfers complete",
+        ],
+    };
+    lines.extend(["test complete", "return status 0"]);
+    lines
+}
+
+/// `tool`'s server on `addresses[0]` and its client on `addresses[1]`, both with `args`; both
+/// must exit 0 and print exactly the stock tool's lines.
+fn tool_pair(tool: &str, addresses: [&str; 2], args: &[&str]) {
+    let mut server = Tool::start(&[&[tool, "-b", addresses[0]][..], args].concat());
+    let ready = if tool == "ucmatose" { "cmatose" } else { tool };
+    assert!(server.wait_for(&format!("{ready}: starting server")));
+    let client_args = [tool, "-s", addresses[0], "-b", addresses[1]];
+    let client = Tool::start(&[&client_args[..], args].concat()).end();
+    let server = server.end();
+    ok(&client, "client");
+    ok(&server, "server");
+    assert_eq!(client.stdout, lines(tool, false));
+    assert_eq!(server.stdout, lines(tool, true));
+}
+
+/// Three RC connections at once, 50 SENDs of 4 KiB each way on each, ended by the server.
+#[test]
+fn ucmatose_connects_sends_both_ways_and_the_server_disconnects() {
+    let args = ["-c", "3", "-C", "50", "-S", "4096"];
+    tool_pair("ucmatose", ["127.0.0.89", "127.0.0.90"], &args);
+}
+
+/// SIDR, then 50 datagrams of 1000 bytes each way.
+#[test]
+fn udaddy_resolves_and_sends_datagrams_both_ways() {
+    tool_pair(
+        "udaddy",
+        ["127.0.0.93", "127.0.0.94"],
+        &["-C", "50", "-S", "1000"],
+    );
+}
+
+/// No one serves the port: SIDR_REP status 1, which udaddy reports as UNREACHABLE, error 1.
+#[test]
+fn udaddy_against_no_server_reports_the_sidr_status() {
+    let mut other = Tool::start(&["ucmatose", "-b", "127.0.0.95"]);
+    assert!(other.wait_for("cmatose: starting server"));
+    let client = Tool::start(&["udaddy", "-s", "127.0.0.95", "-b", "127.0.0.96"]).end();
+    assert_eq!(client.status.code(), Some(1));
+    assert!(
+        client.has("udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1"),
+        "{:?}",
+        client.stdout
+    );
+    assert!(client.has("return status -1"));
+    other.signal("KILL");
+    other.end();
 }
