@@ -506,7 +506,10 @@ const PERFTEST_NOTES: &str = "\
 Output, exchange (TCP: version, page and cache line sizes, MTU, then rounds of 108-byte
 \"LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID:SRQN\" keys, the client's report and \"done\") and
 behaviour are perftest 4.5's (version 6.06), so either side may be softroce or perftest's
-ib_*_bw and ib_*_lat (e.g. ib_write_bw -x 1 on kernel rxe).
+ib_*_bw and ib_*_lat (e.g. ib_write_bw -x 1 on kernel rxe). With -R the same rounds run as
+SENDs on an RDMA-CM connection (the keys as 56-byte struct pingpong_dest), and every QP is
+connected by RDMA-CM on the same port; a softroce server then needs --bind, and its client
+retries a connection the server rejects for want of a listener, as perftest's does.
 
 softroce's own: a device is an IP address (UDP port 4791 on it) and its one GID is that address,
 ::ffff:a.b.c.d for IPv4. --bind picks it; by default it is the local address of the TCP
@@ -568,6 +571,10 @@ struct PerftestArgs {
     /// and check on the side the data lands on that every byte landed in its place as sent.
     #[arg(long = "check-data")]
     check_data: bool,
+    /// Connect QPs with rdma_cm and run the test on those QPs: the exchange too runs on an
+    /// RDMA-CM connection, on the -p port, with no TCP at all.
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
 }
 
 /// `-s`: perftest's `strtol(s, NULL, 0)`, times 1024 with a K suffix or 2^20 with M, from 1 to
@@ -819,6 +826,7 @@ fn perftest_options(
         device: args.device.options()?,
         json: args.json,
         check_data: args.check_data,
+        rdma_cm: args.rdma_cm,
         ..perftest::Options::new(test)
     })
 }

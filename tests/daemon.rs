@@ -7,7 +7,7 @@ mod tool;
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
-use softroce::tools::perftest_oob::{Exchange, Keys};
+use softroce::tools::perftest_oob::{Exchange, Keys, Link};
 use softroce::transport::PathMtu;
 use softroce::wire::{Psn, Qpn, RKey};
 use tool::Tool;
@@ -315,7 +315,7 @@ fn perftest_client(daemon_at: &str, port: u16) -> Exchange {
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    Exchange::new(stream, true)
+    Exchange::new(Link::Tcp(stream), true)
 }
 
 /// Keys a client at `address` could send for one QP.

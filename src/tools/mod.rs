@@ -17,6 +17,7 @@
 pub mod daemon;
 pub mod oob;
 pub mod perftest;
+pub mod perftest_cm;
 pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;

@@ -30,10 +30,11 @@
 //! nothing.
 
 use std::io::Write;
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::perftest_oob::{BwReport, Exchange, Keys};
+use super::perftest_cm::{connect_retrying, next_request, CmLink};
+use super::perftest_oob::{BwReport, Exchange, Keys, Link};
 use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
@@ -44,7 +45,10 @@ use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
 };
-use crate::verbs::{CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
+use crate::verbs::{
+    CompletionQueue, ConnectOptions, Connection, Device, Listener, ProtectionDomain, QueuePair,
+    Remote,
+};
 use crate::wire::RnrTimer;
 
 /// `DEF_SIZE_BW`, `DEF_SIZE_LAT`, `DEF_SIZE_ATOMIC`.
@@ -209,6 +213,8 @@ pub struct Options {
     /// softroce's own, for the bandwidth tests between two softroce sides: fill the buffers
     /// so that the side that receives can check every byte that landed ([`DataCheck`]).
     pub check_data: bool,
+    /// `-R`: connect by RDMA-CM, the exchange and every data QP ([`super::perftest_cm`]).
+    pub rdma_cm: bool,
 }
 
 impl Options {
@@ -231,6 +237,7 @@ impl Options {
             device: DeviceOptions::default(),
             json: false,
             check_data: false,
+            rdma_cm: false,
         }
     }
 }
@@ -386,6 +393,9 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
     let client = o.server.is_some();
     let plan = Plan::new(o, client)?;
     let mut output = Output::new(out, o.json);
+    if o.rdma_cm {
+        return run_rdma_cm(o, plan, output);
+    }
     let stream = match &o.server {
         Some(host) => connect(host, o.port)?,
         None => {
@@ -399,7 +409,71 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
         None => local_address(&stream)?,
     };
     let device = o.device.open(address)?;
-    session(o, plan, &device, stream, client, &Limits::default(), output)
+    let exchange = Exchange::new(Link::Tcp(stream), client);
+    let limits = Limits::default();
+    session(
+        End::new(o, exchange, client, &limits),
+        plan,
+        &device,
+        Connect::Modify,
+        output,
+    )
+}
+
+/// [`run`] with `-R`: the exchange on an RDMA-CM connection, and every data QP connected by
+/// RDMA-CM on the same port. The server needs its device's address (`--bind`): no TCP
+/// connection says which it is.
+fn run_rdma_cm(o: &Options, plan: Plan, mut output: Output<'_>) -> Result<()> {
+    let client = o.server.is_some();
+    let server = match &o.server {
+        Some(host) => Some(SocketAddr::new(resolve(host)?, o.port)),
+        None => None,
+    };
+    let device = super::cm_tool_device(None, &o.device, server.map(|s| s.ip()), "--bind")?;
+    let (link, listener) = match server {
+        Some(to) => (CmLink::connect(&device, to)?, None),
+        None => {
+            let listener = device
+                .listen(o.port)
+                .map_err(failed("Failed to listen on RDMA CM server listen ID"))?;
+            output.waiting()?;
+            (CmLink::accept(&device, &listener)?, Some(listener))
+        }
+    };
+    let connect = match (server, &listener) {
+        (Some(peer), _) => Connect::Client(peer),
+        (None, Some(listener)) => Connect::Server(listener),
+        (None, None) => Connect::Modify,
+    };
+    let exchange = Exchange::new(Link::RdmaCm(Box::new(link)), client);
+    let limits = Limits::default();
+    session(
+        End::new(o, exchange, client, &limits),
+        plan,
+        &device,
+        connect,
+        output,
+    )
+}
+
+/// The address of a server named on the command line.
+fn resolve(host: &str) -> Result<IpAddr> {
+    use std::net::ToSocketAddrs;
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| Error::Usage(format!("Couldn't resolve {host}")))
+}
+
+/// How the data QPs are connected: by modifying them with the exchanged keys (perftest's
+/// `ctx_connect`), or by RDMA-CM (`-R`): the client connects to its server's port, the server
+/// accepts on its listener.
+enum Connect<'a> {
+    Modify,
+    Client(SocketAddr),
+    Server(&'a Listener),
 }
 
 /// Serves one client that `stream` has accepted, on `device`, as the server of [`run`] would:
@@ -414,7 +488,28 @@ pub fn serve(
     let plan = Plan::new(o, false)?;
     limits.watch_connection(&stream)?;
     let output = Output::new(out, o.json);
-    session(o, plan, device, stream, false, limits, output)
+    let end = End::new(o, Exchange::new(Link::Tcp(stream), false), false, limits);
+    session(end, plan, device, Connect::Modify, output)
+}
+
+/// What a session starts from: its options, its exchange, its role and its limits.
+struct End<'a> {
+    o: &'a Options,
+    exchange: Exchange,
+    client: bool,
+    limits: &'a Limits,
+}
+
+impl<'a> End<'a> {
+    fn new(o: &'a Options, mut exchange: Exchange, client: bool, limits: &'a Limits) -> Self {
+        exchange.set_idle(limits.idle);
+        End {
+            o,
+            exchange,
+            client,
+            limits,
+        }
+    }
 }
 
 /// The path MTU this side offers in the exchange (perftest's `set_mtu`): `-m`, or the port's
@@ -434,23 +529,37 @@ fn offered_mtu(asked: Option<PathMtu>, port: PathMtu, output: &mut Output<'_>) -
     }
 }
 
-/// From the exchange on the connected `stream` to the end of the test.
+/// From the exchange's first round to the end of the test.
 fn session(
-    o: &Options,
+    end: End<'_>,
     plan: Plan,
     device: &Device,
-    stream: TcpStream,
-    client: bool,
-    limits: &Limits,
+    connect: Connect<'_>,
     mut output: Output<'_>,
 ) -> Result<()> {
+    let End {
+        o,
+        mut exchange,
+        client,
+        limits,
+    } = end;
     let address = device.address();
-    let mut exchange = Exchange::new(stream, client);
-    exchange.set_idle(limits.idle);
     exchange.versions()?;
     let (page, cache_line) = exchange.sys_data(PAGE_SIZE, CACHE_LINE)?;
     let mtu = exchange.mtu(offered_mtu(o.mtu, device.port_mtu(), &mut output)?)?;
-    let ctx = Context::open(device, o, &plan, (page.into(), cache_line.into()), limits)?;
+    let mut ctx = Context::open(device, o, &plan, (page.into(), cache_line.into()), limits)?;
+    let rdma_cm = !matches!(connect, Connect::Modify);
+    if rdma_cm {
+        // `create_rdma_cm_connection`: a round of zeros, the data connections, another.
+        exchange.zeros()?;
+        let options = qp_options(o.test.verb(), mtu, plan.out_reads);
+        match connect {
+            Connect::Client(peer) => ctx.connect_rdma_cm(peer, &options)?,
+            Connect::Server(listener) => ctx.accept_rdma_cm(listener, &options)?,
+            Connect::Modify => {}
+        }
+        exchange.zeros()?;
+    }
     output.info(&TestInfo {
         title: title(o),
         device: address.to_string(),
@@ -461,6 +570,8 @@ fn session(
         mtu: mtu.bytes(),
         gid_index: o.gid_index,
         out_reads: matches!(o.test.verb(), Verb::Read | Verb::Atomic).then_some(plan.out_reads),
+        rdma_cm,
+        server: !client,
     })?;
     let mut session = Session {
         o,
@@ -474,7 +585,7 @@ fn session(
         theirs: Vec::new(),
     };
     session.handshake()?;
-    let qpns = session.ctx.qps.iter().map(QueuePair::qpn).collect();
+    let qpns = session.ctx.qps.iter().map(|qp| qp.qpn()).collect();
     let activity = PeerActivity::new(device, qpns, limits);
     session.exchange.watch_reads(activity)?;
     match o.test {
@@ -486,6 +597,27 @@ fn session(
     }
     session.output.finish()?;
     Ok(())
+}
+
+/// perftest's QP attributes: access for the test's verb, timeout 14, retry and RNR retry 7,
+/// RNR timer 12, and `out_reads` READs and atomics outstanding each way (at least 1, at most
+/// what the transport takes).
+fn qp_options(verb: Verb, mtu: PathMtu, out_reads: u16) -> ConnectOptions {
+    let access = match verb {
+        Verb::Write => Access::REMOTE_WRITE,
+        Verb::Read => Access::REMOTE_READ,
+        Verb::Atomic => Access::REMOTE_ATOMIC,
+        Verb::Send => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+    };
+    ConnectOptions {
+        mtu,
+        access,
+        timeout: QP_TIMEOUT,
+        retry_cnt: RETRY_COUNT,
+        rnr_retry: RETRY_COUNT,
+        min_rnr_timer: RnrTimer::new(MIN_RNR_TIMER),
+        max_rd_atomic: out_reads.clamp(1, MAX_RD_ATOMIC.into()) as u8,
+    }
 }
 
 /// The test's line in the header block: "RDMA_Write BW Test", "Atomic FETCH_AND_ADD BW Test".
@@ -537,11 +669,30 @@ pub fn least_buffer_len(o: &Options) -> Result<u64> {
 }
 
 /// One side's device resources (`struct pingpong_context`).
+/// A data QP: as created, or connected by RDMA-CM (`-R`), which owns it.
+enum DataQp {
+    Plain(QueuePair),
+    Connected(Connection),
+}
+
+impl std::ops::Deref for DataQp {
+    type Target = QueuePair;
+    fn deref(&self) -> &QueuePair {
+        match self {
+            DataQp::Plain(qp) => qp,
+            DataQp::Connected(conn) => conn,
+        }
+    }
+}
+
 struct Context {
+    pd: ProtectionDomain,
     mr: MemoryRegion,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
-    qps: Vec<QueuePair>,
+    qps: Vec<DataQp>,
+    /// The queue depths each QP is created with.
+    depths: (usize, usize),
     /// Each QP's share of each half of the buffer.
     slice: u64,
     /// The page messages cycle through, and the cache line they step by.
@@ -591,22 +742,13 @@ impl Context {
         let recv_cq = device
             .create_cq((plan.rx_depth as usize * o.qps).max(1))
             .map_err(failed("Couldn't create CQ"))?;
-        let qps = (0..o.qps)
-            .map(|_| {
-                pd.create_qp()
-                    .send_cq(&send_cq)
-                    .recv_cq(&recv_cq)
-                    .max_send_wr(plan.tx_depth as usize)
-                    .max_recv_wr(plan.rx_depth as usize)
-                    .build()
-                    .map_err(failed("Couldn't create QP"))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Context {
+        let mut ctx = Context {
+            pd,
             mr,
             send_cq,
             recv_cq,
-            qps,
+            qps: Vec::with_capacity(o.qps),
+            depths: (plan.tx_depth as usize, plan.rx_depth as usize),
             slice,
             cycle,
             cache_line,
@@ -615,7 +757,59 @@ impl Context {
             atomic: o.atomic,
             watch: Watch::new(limits),
             _memory: memory,
-        })
+        };
+        for _ in 0..o.qps {
+            let qp = ctx.new_qp()?;
+            ctx.qps.push(DataQp::Plain(qp));
+        }
+        Ok(ctx)
+    }
+
+    /// A data QP, in RESET.
+    fn new_qp(&self) -> Result<QueuePair> {
+        self.pd
+            .create_qp()
+            .send_cq(&self.send_cq)
+            .recv_cq(&self.recv_cq)
+            .max_send_wr(self.depths.0)
+            .max_recv_wr(self.depths.1)
+            .build()
+            .map_err(failed("Couldn't create QP"))
+    }
+
+    /// `-R`, client: every data QP connected by RDMA-CM to `peer`, each attempt that finds no
+    /// listener tried again with a new QP (`rdma_cm_client_connection`).
+    fn connect_rdma_cm(&mut self, peer: SocketAddr, options: &ConnectOptions) -> Result<()> {
+        let mut connected = Vec::with_capacity(self.qps.len());
+        let mut first = std::mem::take(&mut self.qps).into_iter();
+        for _ in 0..first.len() {
+            let mut fresh = first.next();
+            let conn = connect_retrying(peer, options, &mut || match fresh.take() {
+                Some(DataQp::Plain(qp)) => Ok(qp),
+                _ => self.new_qp(),
+            })?;
+            connected.push(DataQp::Connected(conn));
+        }
+        self.qps = connected;
+        Ok(())
+    }
+
+    /// `-R`, server: as many connection requests on `listener` as there are data QPs, each
+    /// accepted with one of them (`rdma_cm_server_connection`).
+    fn accept_rdma_cm(&mut self, listener: &Listener, options: &ConnectOptions) -> Result<()> {
+        let mut connected = Vec::with_capacity(self.qps.len());
+        for qp in std::mem::take(&mut self.qps) {
+            let DataQp::Plain(qp) = qp else {
+                continue;
+            };
+            let request = next_request(listener)?;
+            let conn = request
+                .accept(qp, options, &[])
+                .map_err(failed("Failed to accept the RDMA CM data connection"))?;
+            connected.push(DataQp::Connected(conn));
+        }
+        self.qps = connected;
+        Ok(())
     }
 
     fn send_offset(&self, qp: usize) -> u64 {
@@ -946,29 +1140,17 @@ impl Session<'_, '_> {
         Ok(())
     }
 
-    /// `ctx_connect`: every QP to RTS towards its peer.
+    /// `ctx_connect`: every QP to RTS towards its peer. With `-R` the QPs are connected
+    /// already.
     fn connect(&self) -> Result<()> {
-        let access = match self.o.test.verb() {
-            Verb::Write => Access::REMOTE_WRITE,
-            Verb::Read => Access::REMOTE_READ,
-            Verb::Atomic => Access::REMOTE_ATOMIC,
-            Verb::Send => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
-        };
+        if self.exchange.is_rdma_cm() {
+            return Ok(());
+        }
         let peer = self.exchange.peer();
         for ((qp, mine), theirs) in self.ctx.qps.iter().zip(&self.mine).zip(&self.theirs) {
             let addr = peer_address(theirs.gid, self.ctx.gid.to_canonical(), peer)?;
-            let options = ConnectOptions {
-                mtu: self.mtu,
-                access,
-                timeout: QP_TIMEOUT,
-                retry_cnt: RETRY_COUNT,
-                rnr_retry: RETRY_COUNT,
-                min_rnr_timer: RnrTimer::new(MIN_RNR_TIMER),
-                max_rd_atomic: mine
-                    .out_reads
-                    .min(theirs.out_reads)
-                    .clamp(1, MAX_RD_ATOMIC.into()) as u8,
-            };
+            let out_reads = mine.out_reads.min(theirs.out_reads).max(1);
+            let options = qp_options(self.o.test.verb(), self.mtu, out_reads);
             let remote = Remote {
                 addr,
                 qpn: theirs.qpn,

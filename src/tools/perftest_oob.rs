@@ -29,6 +29,8 @@
 //!
 //! perftest reads each message with one `read()` of its size and fails on a short one, so every
 //! message here goes out in one `write()`.
+//!
+//! With `-R` the same rounds run over an RDMA-CM connection instead ([`super::perftest_cm`]).
 
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv6Addr, Shutdown, TcpStream};
@@ -36,6 +38,7 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use super::oob::{give_up, nul_terminated, read_exactly, write_all, DONE};
+use super::perftest_cm::{CmLink, DEST_LEN};
 use super::{Error, PeerActivity, Result};
 use crate::transport::PathMtu;
 use crate::wire::{Psn, Qpn, RKey};
@@ -159,9 +162,17 @@ fn version_number(version: &str) -> f64 {
     version[..end].parse().unwrap_or(0.0)
 }
 
-/// One side of the exchange on its TCP connection.
+/// What the exchange runs on: perftest's TCP connection, or with `-R` its RDMA-CM control
+/// connection.
+#[derive(Debug)]
+pub enum Link {
+    Tcp(TcpStream),
+    RdmaCm(Box<CmLink>),
+}
+
+/// One side of the exchange on its connection.
 pub struct Exchange {
-    stream: TcpStream,
+    link: Link,
     client: bool,
     /// "client" or "server": the peer, for error messages.
     peer: &'static str,
@@ -175,7 +186,7 @@ pub struct Exchange {
 impl std::fmt::Debug for Exchange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Exchange")
-            .field("stream", &self.stream)
+            .field("link", &self.link)
             .field("client", &self.client)
             .finish()
     }
@@ -183,10 +194,10 @@ impl std::fmt::Debug for Exchange {
 
 impl Exchange {
     /// `client`: this side connected, and so writes first in every round.
-    pub fn new(stream: TcpStream, client: bool) -> Exchange {
+    pub fn new(link: Link, client: bool) -> Exchange {
         let peer = if client { "server" } else { "client" };
         Exchange {
-            stream,
+            link,
             client,
             peer,
             activity: None,
@@ -212,22 +223,47 @@ impl Exchange {
     pub(crate) fn watch_reads(&mut self, activity: Option<PeerActivity>) -> Result<()> {
         let timeout = activity.as_ref().map(|_| PeerActivity::TICK);
         self.activity = activity;
-        self.stream
-            .set_read_timeout(timeout)
-            .map_err(|e| Error::Exchange(format!("the TCP connection: {e}")))
+        match &self.link {
+            Link::Tcp(stream) => stream
+                .set_read_timeout(timeout)
+                .map_err(|e| Error::Exchange(format!("the TCP connection: {e}"))),
+            Link::RdmaCm(_) => Ok(()),
+        }
     }
 
-    /// Reads one message of the peer's.
+    /// Whether the exchange runs on RDMA-CM (`-R`).
+    pub fn is_rdma_cm(&self) -> bool {
+        matches!(self.link, Link::RdmaCm(_))
+    }
+
+    /// Reads one message of the peer's. A wait that hears nothing asks the session's
+    /// activity, once there is one; before, over TCP it fails at the idle limit, and over
+    /// RDMA-CM (whose reads have no timeout of their own) it waits on.
     fn read(&mut self, len: usize, what: &str) -> Result<Vec<u8>> {
         let Exchange {
-            stream,
+            link,
             activity,
             idle,
             ..
         } = self;
-        match activity {
-            Some(activity) => read_exactly(stream, len, what, &mut || activity.check()),
-            None => read_exactly(stream, len, what, &mut give_up(*idle)),
+        let waited: &mut dyn FnMut() -> Result<()> = match activity {
+            Some(activity) => &mut || activity.check(),
+            None => match link {
+                Link::Tcp(_) => &mut give_up(*idle),
+                Link::RdmaCm(_) => &mut || Ok(()),
+            },
+        };
+        match link {
+            Link::Tcp(stream) => read_exactly(stream, len, what, waited),
+            Link::RdmaCm(cm) => cm.read(len, what, waited),
+        }
+    }
+
+    /// Writes one message of this side's, in one piece.
+    fn write(&mut self, msg: &[u8], what: &str) -> Result<()> {
+        match &mut self.link {
+            Link::Tcp(stream) => write_all(stream, msg, what),
+            Link::RdmaCm(cm) => cm.write(msg, what),
         }
     }
 
@@ -241,13 +277,13 @@ impl Exchange {
     ) -> Result<(Vec<u8>, T)> {
         if self.client {
             let (msg, kept) = mine(None)?;
-            write_all(&mut self.stream, &msg, what)?;
+            self.write(&msg, what)?;
             let theirs = self.read(len, what)?;
             Ok((theirs, kept))
         } else {
             let theirs = self.read(len, what)?;
             let (msg, kept) = mine(Some(&theirs))?;
-            write_all(&mut self.stream, &msg, what)?;
+            self.write(&msg, what)?;
             Ok((theirs, kept))
         }
     }
@@ -309,14 +345,37 @@ impl Exchange {
 
     /// One key round (`ctx_hand_shake`): `mine` makes this side's keys, given the peer's when
     /// this side reads first (the server). Returns the peer's keys and this side's.
+    /// Over RDMA-CM the keys are `struct pingpong_dest` itself ([`Keys::to_dest`]).
     pub fn keys(&mut self, mine: impl FnOnce(Option<&Keys>) -> Keys) -> Result<(Keys, Keys)> {
         let peer = self.peer;
-        let (theirs, sent) = self.round(KEYS_LEN, "the keys", |theirs| {
-            let theirs = theirs.map(|msg| Keys::parse(msg, peer)).transpose()?;
+        let rdma_cm = self.is_rdma_cm();
+        let parse = |msg: &[u8]| {
+            if rdma_cm {
+                Keys::from_dest(msg, peer)
+            } else {
+                Keys::parse(msg, peer)
+            }
+        };
+        let len = if rdma_cm { DEST_LEN } else { KEYS_LEN };
+        let (theirs, sent) = self.round(len, "the keys", |theirs| {
+            let theirs = theirs.map(parse).transpose()?;
             let keys = mine(theirs.as_ref());
-            Ok((keys.to_wire().to_vec(), keys))
+            let msg = if rdma_cm {
+                keys.to_dest(0).to_vec()
+            } else {
+                keys.to_wire().to_vec()
+            };
+            Ok((msg, keys))
         })?;
-        Ok((Keys::parse(&theirs, peer)?, sent))
+        Ok((parse(&theirs)?, sent))
+    }
+
+    /// The key round of zeros before and after the data connections of `-R`
+    /// (`create_rdma_cm_connection`, whose keys are not made yet): it only synchronises the
+    /// two sides.
+    pub fn zeros(&mut self) -> Result<()> {
+        let zeros = [0u8; DEST_LEN];
+        self.swap(&zeros, "the keys").map(drop)
     }
 
     /// A key round that only synchronises the two sides, with keys already exchanged.
@@ -344,24 +403,28 @@ impl Exchange {
         })
     }
 
-    /// The close (`ctx_close_connection`): a last key round and `"done"`, then the peer's
-    /// `"done"` or the end of its stream, and the connection is closed.
+    /// The close (`ctx_close_connection`): a last key round and, over TCP, `"done"`, then the
+    /// peer's `"done"` or the end of its stream, and the connection is closed. Over RDMA-CM
+    /// the round is all: the connection ends with the process.
     pub fn close(&mut self, mine: &Keys) -> Result<()> {
         self.sync(mine)?;
-        write_all(&mut self.stream, DONE, "\"done\"")?;
+        let Link::Tcp(stream) = &mut self.link else {
+            return Ok(());
+        };
+        write_all(stream, DONE, "\"done\"")?;
         // What the peer sends now is not checked: perftest does not read it at all.
-        let _ = self.stream.set_read_timeout(Some(DONE_WAIT));
+        let _ = stream.set_read_timeout(Some(DONE_WAIT));
         let mut theirs = [0; DONE.len()];
         let mut got = 0;
         while got < theirs.len() {
-            match self.stream.read(&mut theirs[got..]) {
+            match stream.read(&mut theirs[got..]) {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
-        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = stream.shutdown(Shutdown::Both);
         Ok(())
     }
 }

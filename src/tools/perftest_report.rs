@@ -207,6 +207,18 @@ pub struct TestInfo {
     pub gid_index: u32,
     /// READ and atomic tests print their outstanding reads; the others their inline size.
     pub out_reads: Option<u16>,
+    /// `-R`: the QPs and the exchange on RDMA-CM, and the server's lines about it.
+    pub rdma_cm: bool,
+    pub server: bool,
+}
+
+/// perftest's "rdma_cm QPs" and "Data ex. method" values.
+fn exchange_method(rdma_cm: bool) -> (&'static str, &'static str) {
+    if rdma_cm {
+        ("ON", "rdma_cm")
+    } else {
+        ("OFF", "Ethernet")
+    }
 }
 
 /// Which side an address line describes.
@@ -314,8 +326,9 @@ impl<'a> Output<'a> {
                 Some(reads) => put("Outstand_reads", reads.into()),
                 None => put("Max_inline_data", 0.into()),
             };
-            put("rdma_cm_QPs", "OFF".into());
-            put("Data_ex_method", "Ethernet".into());
+            let (qps, method) = exchange_method(info.rdma_cm);
+            put("rdma_cm_QPs", qps.into());
+            put("Data_ex_method", method.into());
             return Ok(());
         }
         let w = &mut self.out;
@@ -346,8 +359,18 @@ impl<'a> Output<'a> {
             Some(reads) => writeln!(w, " Outstand reads  : {reads}")?,
             None => writeln!(w, " Max inline data : 0[B]")?,
         }
-        writeln!(w, " rdma_cm QPs\t : OFF")?;
-        writeln!(w, " Data ex. method : Ethernet")?;
+        let (qps, method) = exchange_method(info.rdma_cm);
+        writeln!(w, " rdma_cm QPs\t : {qps}")?;
+        writeln!(w, " Data ex. method : {method}")?;
+        if info.rdma_cm && info.server {
+            // perftest prints these after the fact: the client has connected by now.
+            writeln!(w, "{RESULT_LINE}")?;
+            writeln!(w, " Waiting for client rdma_cm QP to connect")?;
+            writeln!(
+                w,
+                " Please run the same command with the IB/RoCE interface IP"
+            )?;
+        }
         writeln!(w, "{RESULT_LINE}")
     }
 
