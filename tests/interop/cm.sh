@@ -153,3 +153,18 @@ cm_tool_ok() {
     [ "$(grep -v '^$' <<<"$G_OUT")" = "$(cm_tool_lines "$tool" "$g_side")" ]
   echo "ok: $tool, softroce $SR_ROLE: both sides printed $tool's lines"
 }
+
+# perftest_cm_pair ROLE TEST ARGS: softroce's TEST (write-bw, ..., read-lat) against perftest's
+# ib_TEST in vmB, both with ARGS (which hold -R) and -x $SR_GID; the exchange and the QPs are
+# on RDMA-CM, on perftest's port 18515. A softroce server is ready once it prints perftest's
+# "Waiting for client to connect" banner, which it does once it listens.
+perftest_cm_pair() {
+  local role=$1 test=$2 args=$3 gcmd scmd
+  gcmd="ib_${test//-/_} -d rxe0 -x $SR_GID $args"
+  scmd="$SOFTROCE_BIN $test --bind $SR_BIND -x $SR_GID $SR_OPTS $args"
+  case $role in
+    client) scmd+=" $SR_PEER";;
+    server) gcmd+=" $SR_BIND";;
+  esac
+  softroce_cm_pair "$role" "cm_${test//-/_}" 18515 "$gcmd" "$scmd" 'Waiting for client to connect'
+}

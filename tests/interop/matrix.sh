@@ -8,7 +8,11 @@
 #   ipv6     the RoCE addresses (GIDs) are fd99::1 and vmB's fd99::12 (its GID index 2)
 #   raw      softroce --backend raw: the raw IPv4 socket backend
 #   loss     1% netem loss of the RoCE packets vmB sends and of those it receives
+#   rdma_cm  connected by RDMA-CM: the perftest tools with -R (no TCP at all); for rping,
+#            ucmatose and udaddy, which always are, the cell is their base case (cases/8*.sh)
 #
+# The RDMA-CM tools (rping, ucmatose, udaddy) are rows too, against librdmacm's in vmB; their
+# base cases are cases/80-86.
 #   matrix.sh list                    the cells that run, TOOL:ROLE:COLUMN, in run order
 #   matrix.sh run CELL                run one cell (run.sh runs each as the case "matrix:CELL")
 #   matrix.sh table RESULTS MD [TIME] print the pass/fail table of the cases and cells in
@@ -18,9 +22,11 @@
 # README.md ("The interop matrix") describes the cells and what each one checks.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/cm.sh"
 
-MX_TOOLS="rc-pingpong uc-pingpong ud-pingpong write-bw read-bw send-bw atomic-bw send-lat write-lat read-lat"
-MX_COLUMNS="mtu4096 ipv6 raw loss ipv6+mtu4096 raw+mtu4096"
+MX_TOOLS="rc-pingpong uc-pingpong ud-pingpong write-bw read-bw send-bw atomic-bw send-lat write-lat read-lat
+rping ucmatose udaddy"
+MX_COLUMNS="mtu4096 ipv6 raw loss ipv6+mtu4096 raw+mtu4096 rdma_cm"
 MX_LOSS=1
 MX_CSUM_MARK=$LAB_RUN/matrix.ipv6-udp-checksum
 
@@ -36,20 +42,30 @@ mx_title() {
       ipv6) t+="${sep}IPv6";;
       raw) t+="${sep}raw";;
       loss) t+="${sep}$MX_LOSS% loss";;
+      rdma_cm) t+="${sep}RDMA-CM (-R)";;
     esac
     sep=", "
   done
   echo "$t"
 }
 
+# mx_cm_tool TOOL: TOOL is one of librdmacm's, which always connect by RDMA-CM.
+mx_cm_tool() { case $1 in rping|ucmatose|udaddy) return 0;; *) return 1;; esac; }
+
 # mx_na TOOL COLUMN: why the cell does not exist (exit 1 if it does).
 mx_na() {
-  if [ "$1" != rc-pingpong ] && [ "${1%-pingpong}" != "$1" ] && mx_has loss "$2"; then
-    echo "UC and UD do not retransmit (IBTA 9.8, unreliable service): a lost packet is a lost message, which the pingpong tools wait for forever"
+  if { [ "$1" = uc-pingpong ] || [ "$1" = ud-pingpong ] || [ "$1" = udaddy ]; } && mx_has loss "$2"; then
+    echo "UC and UD do not retransmit (IBTA 9.8, unreliable service): a lost packet is a lost message, which the tools wait for forever"
+  elif [ "${1%-pingpong}" != "$1" ] && mx_has rdma_cm "$2"; then
+    echo "rdma-core's pingpong tools have no RDMA-CM mode: their exchange is TCP"
   else
     return 1
   fi
 }
+
+# mx_base_cell TOOL COLUMN: the cell is its tool's base case, not a run of its own: the rdma_cm
+# column of the tools that always connect by RDMA-CM.
+mx_base_cell() { mx_cm_tool "$1" && mx_has rdma_cm "$2"; }
 
 # mx_case_name TOOL ROLE: the case of cases/ that is the cell's base column, e.g.
 # 50-softroce-rc-client for rc-pingpong client, 60-softroce-write-bw-client for write-bw client.
@@ -97,8 +113,25 @@ mx_def() {
       MX_KIND=perftest MX_SIZE=$big MX_ITERS=200
       if mx_has loss "$col"; then MX_ITERS=500; fi
       MX_ARGS="-F -n $MX_ITERS -s $MX_SIZE -m $m" MX_MSGS=$MX_ITERS;;
+    rping)
+      # a READ and a WRITE of $big bytes a ping
+      MX_KIND=rping MX_SIZE=$big MX_ITERS=20
+      if mx_has loss "$col"; then MX_ITERS=60; fi
+      MX_ARGS="-C $MX_ITERS -S $MX_SIZE -V" MX_MSGS=$((2 * MX_ITERS));;
+    ucmatose)
+      # two connections, -C SENDs of $big bytes each way on each
+      MX_KIND=cm MX_SIZE=$big MX_ITERS=50
+      if mx_has loss "$col"; then MX_ITERS=100; fi
+      MX_ARGS="-c 2 -C $MX_ITERS -S $MX_SIZE" MX_MSGS=$((4 * MX_ITERS));;
+    udaddy)
+      # a datagram is one packet of at most the port MTU, here exactly it
+      MX_KIND=cm MX_SIZE=$m MX_ITERS=100
+      MX_ARGS="-C $MX_ITERS -S $MX_SIZE" MX_MSGS=$((2 * MX_ITERS));;
     *) die "matrix: unknown tool '$tool'";;
   esac
+  if mx_has rdma_cm "$col" && [ "$MX_KIND" = perftest ]; then MX_ARGS+=" -R"; fi
+  # a CM client names its path MTU in its REQ (cm.sh, rping_pair)
+  SR_MTU=$m
 }
 
 cmd_list() {
@@ -106,6 +139,7 @@ cmd_list() {
   for col in $MX_COLUMNS; do
     for tool in $MX_TOOLS; do
       mx_na "$tool" "$col" >/dev/null && continue
+      mx_base_cell "$tool" "$col" && continue
       for role in client server; do echo "$tool:$role:$col"; done
     done
   done
@@ -212,11 +246,14 @@ cmd_run() {
     udp0=$(mx_udp_out)
   fi
 
-  if [ "$MX_KIND" = pingpong ]; then
-    softroce_pair "$MX_ROLE" "${MX_TOOL%-pingpong}" "$MX_ARGS"
-  else
-    softroce_perftest_pair "$MX_ROLE" "$MX_TOOL" "$MX_ARGS"
-  fi
+  case $MX_KIND in
+    pingpong) softroce_pair "$MX_ROLE" "${MX_TOOL%-pingpong}" "$MX_ARGS";;
+    perftest)
+      if mx_has rdma_cm; then perftest_cm_pair "$MX_ROLE" "$MX_TOOL" "$MX_ARGS"
+      else softroce_perftest_pair "$MX_ROLE" "$MX_TOOL" "$MX_ARGS"; fi;;
+    rping) rping_pair "$MX_ROLE" "$MX_ARGS";;
+    cm) cm_tool_pair "$MX_ROLE" "$MX_TOOL" "$([ "$MX_TOOL" = ucmatose ] && echo 7471 || echo 7174)" "$MX_ARGS";;
+  esac
   echo "---- vmB rxe0: sent_pkts +$(mx_counter sent_pkts), rcvd_pkts +$(mx_counter rcvd_pkts)," \
     "duplicate_request +$(mx_counter duplicate_request), out_of_seq_request +$(mx_counter out_of_seq_request)," \
     "rcvd_seq_err +$(mx_counter rcvd_seq_err), completer_retry_err +$(mx_counter completer_retry_err)," \
@@ -242,10 +279,15 @@ cmd_run() {
     fi
   fi
 
-  if [ "$MX_KIND" = pingpong ]; then
-    softroce_pair_ok "$MX_SIZE" "$MX_ITERS"
-  else
-    softroce_perftest_ok "$MX_TOOL" "$MX_SIZE" "$MX_ITERS"
+  case $MX_KIND in
+    pingpong) softroce_pair_ok "$MX_SIZE" "$MX_ITERS";;
+    perftest) softroce_perftest_ok "$MX_TOOL" "$MX_SIZE" "$MX_ITERS";;
+    rping) rping_ok "$MX_ITERS";;
+    cm) cm_tool_ok "$MX_TOOL";;
+  esac
+  if mx_has rdma_cm; then
+    wirecheck_expect "softroce does not say it ran on rdma_cm" grep -q '^ Data ex. method : rdma_cm' <<<"$SR_OUT"
+    wirecheck_expect "perftest does not say it ran on rdma_cm" grep -q '^ Data ex. method : rdma_cm' <<<"$G_OUT"
   fi
   mx_pcap_check
   if mx_has mtu4096; then
@@ -303,7 +345,11 @@ cmd_table() {
         if why=$(mx_na "$tool" "$col"); then
           mx_note "$why"; cells+=("— $MX_MARK"); continue
         fi
-        if [ "$col" = base ]; then name=$(mx_case_name "$tool" "$role"); else name="matrix:$tool:$role:$col"; fi
+        if [ "$col" = base ] || mx_base_cell "$tool" "$col"; then
+          name=$(mx_case_name "$tool" "$role")
+        else
+          name="matrix:$tool:$role:$col"
+        fi
         st=${status[$name]:-}
         log=$LAB_RUN/cases/${name//[:\/]/_}.log
         case $st in
