@@ -695,6 +695,8 @@ fn decode(file: &PathBuf, json: bool) -> ExitCode {
         let line = match item {
             Item::Roce(d) if json => serde_json::to_string(d).expect("plain data serialises"),
             Item::Roce(d) => d.summary(),
+            Item::Unparsed(u) if json => serde_json::to_string(u).expect("plain data serialises"),
+            Item::Unparsed(u) => u.summary(),
             Item::Malformed { frame, error } if json => {
                 serde_json::json!({ "frame": frame, "malformed": error.to_string() }).to_string()
             }

@@ -121,3 +121,114 @@ fn a_file_that_is_no_capture_is_an_error() {
         "{err}"
     );
 }
+
+/// The frames of a fixture, whole.
+fn fixture_frames(file: &str) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(fixture_dir("rxe").join(file)).unwrap();
+    softroce::capture::Capture::new(&bytes)
+        .unwrap()
+        .map(|record| record.unwrap().data.to_vec())
+        .collect()
+}
+
+/// kernel rxe's rping handshake: every CM MAD decoded, text and JSON, with its IDs, service,
+/// RDMA-CM's header, a REP's QPN and the private data's length.
+#[test]
+fn cm_mads_are_decoded_in_text_and_json() {
+    let path = fixture_dir("rxe").join("rdma_cm_rping.pcap");
+    let text = String::from_utf8(decode(&[path.to_str().unwrap()]).stdout).unwrap();
+    let cm: Vec<&str> = text.lines().filter(|l| l.contains(" CM ")).collect();
+    assert_eq!(cm.len(), 5, "{text}");
+    assert!(cm[0].ends_with(
+        "CM REQ tid=0x00000002117924d1 local_comm=0xd1247911 service=0x0000000001061c06 \
+         (TCP port 7174) qpn=0x00001d psn=12606050 mtu=1024 \
+         ip 10.99.0.11 port 58498 -> 10.99.0.12 private=56"
+    ));
+    assert!(cm[1].contains(
+        "CM REP tid=0x00000002117924d1 local_comm=0x589c56fb remote_comm=0xd1247911 qpn=0x000029"
+    ));
+    assert!(cm[3].contains("CM DREQ") && cm[3].ends_with("qpn=0x000029 private=220"));
+    let json = String::from_utf8(decode(&["--json", path.to_str().unwrap()]).stdout).unwrap();
+    let req: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(req["cm"]["message"], "REQ");
+    assert_eq!(req["cm"]["port_space"], "TCP");
+    assert_eq!(req["cm"]["port"], 7174);
+    assert_eq!(req["cm"]["ip"]["src_port"], 58498);
+    assert_eq!(req["cm"]["private_data_len"], 56);
+    let data: serde_json::Value = serde_json::from_str(json.lines().nth(3).unwrap()).unwrap();
+    assert!(data.get("cm").is_none(), "an RC SEND is no MAD: {data}");
+}
+
+/// `frame` (Ethernet, IPv4 without options) with BTH opcode `opcode`, its ICRC sealed for the
+/// new bytes, or left as it was (so wrong) if `seal` is false.
+fn with_opcode(frame: &[u8], opcode: u8, seal: bool) -> Vec<u8> {
+    let mut frame = frame.to_vec();
+    let bth = 14 + 20 + 8;
+    frame[bth] = opcode;
+    if seal {
+        let udp: [u8; 8] = frame[34..42].try_into().unwrap();
+        let end = frame.len() - 4;
+        let icrc = softroce::wire::icrc::icrc_ipv4(&frame[14..34], udp, &frame[bth..end]);
+        frame[end..].copy_from_slice(&icrc.to_le_bytes());
+    }
+    frame
+}
+
+/// Frames whose opcode softroce does not parse still get an ICRC verdict (the ICRC covers the
+/// packet whatever its extension headers are), and are counted by IBTA's name for the opcode:
+/// RD (which ConnectX's DC reuses), XRC, manufacturer-specific and reserved values.
+#[test]
+fn unparsed_opcodes_are_named_counted_and_their_icrc_checked() {
+    let send = &fixture_frames("rdma_cm_rping.pcap")[3];
+    let frames = [
+        with_opcode(send, 0x44, true),
+        with_opcode(send, 0xa4, true),
+        with_opcode(send, 0xc5, true),
+        with_opcode(send, 0x1f, false),
+    ];
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let path = temp_file("unparsed.pcap", &common::pcap_of(&refs));
+    let out = decode(&[path.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].contains(" RD_SEND_ONLY (RD, or ConnectX DC) QP="),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].ends_with("ICRC=ok"), "{}", lines[0]);
+    assert!(lines[1].contains(" XRC_SEND_ONLY QP=") && lines[1].ends_with("ICRC=ok"));
+    assert!(lines[2].contains(" MANUFACTURER_SPECIFIC 0xc5 QP=") && lines[2].ends_with("ICRC=ok"));
+    assert!(lines[3].contains(" RESERVED 0x1f QP=") && lines[3].ends_with("ICRC=BAD"));
+    for (name, count) in [
+        ("RD_SEND_ONLY", 1),
+        ("XRC_SEND_ONLY", 1),
+        ("MANUFACTURER_SPECIFIC 0xc5", 1),
+        ("RESERVED 0x1f", 1),
+        ("ok", 3),
+        ("bad", 1),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")
+                    == format!("{name} {count}")),
+            "no count {name} {count}:\n{text}"
+        );
+    }
+    assert!(text.contains("not parsed (RD, XRC, vendor or reserved opcodes): 4"));
+    assert!(text.contains("malformed RoCE frames: 0"));
+    let json = String::from_utf8(decode(&["--json", path.to_str().unwrap()]).stdout).unwrap();
+    let first: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+    assert_eq!(first["opcode_name"], "RD_SEND_ONLY");
+    assert_eq!(first["icrc"], "ok");
+    assert!(
+        first["not_parsed"].as_str().unwrap().contains("RD"),
+        "{first}"
+    );
+    std::fs::remove_file(path).unwrap();
+}

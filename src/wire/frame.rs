@@ -15,7 +15,8 @@ use etherparse::{
 };
 
 use super::icrc::{icrc_ipv4, icrc_ipv6, IcrcStatus, ICRC_LEN};
-use super::{Error, Layer, PacketRepr, RocePacket, ROCEV2_UDP_PORT};
+use super::packet::BTH_LEN;
+use super::{Bth, BthRepr, Error, Layer, PacketRepr, RocePacket, ROCEV2_UDP_PORT};
 
 /// Why a frame is not a RoCEv2 packet softroce can read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +29,22 @@ pub enum FrameError {
     Unsupported { layer: Layer, reason: &'static str },
     /// The RoCE packet, or a field of an emitted frame, is invalid.
     Wire(Error),
+    /// A RoCEv2 packet whose opcode softroce does not parse: its BTH and ICRC are read.
+    Opaque(Box<OpaqueRoce>),
+}
+
+/// A RoCEv2 frame whose opcode softroce does not parse (RD, which ConnectX's Dynamically
+/// Connected transport reuses; XRC; manufacturer-specific; reserved). Its extension headers
+/// are unknown, but the ICRC covers the packet whatever they are, so it is still checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpaqueRoce {
+    pub repr: FrameRepr,
+    pub bth: BthRepr,
+    /// The RoCE packet's length, from the BTH through the ICRC.
+    pub len: usize,
+    pub icrc: IcrcStatus,
+    /// Why softroce does not parse it.
+    pub reason: Error,
 }
 
 impl fmt::Display for FrameError {
@@ -39,6 +56,13 @@ impl fmt::Display for FrameError {
                 write!(f, "{layer}: unsupported: {reason}")
             }
             FrameError::Wire(e) => e.fmt(f),
+            FrameError::Opaque(o) => write!(
+                f,
+                "{}: not parsed ({}); ICRC {}",
+                o.bth.opcode.name(),
+                o.reason,
+                o.icrc.as_str()
+            ),
         }
     }
 }
@@ -307,21 +331,28 @@ impl<'a> Frame<'a> {
         }
         let mut udp_header = [0u8; 8];
         udp_header.copy_from_slice(udp.header_slice());
-        let packet = RocePacket::new_checked(udp.payload())?;
-        Ok(Frame {
-            repr: FrameRepr {
-                ethernet,
-                ip,
-                udp: UdpRepr {
-                    src_port: udp.source_port(),
-                    dst_port: udp.destination_port(),
-                    checksum: if udp.checksum() == 0 {
-                        UdpChecksum::Zero
-                    } else {
-                        UdpChecksum::Computed
-                    },
+        let repr = FrameRepr {
+            ethernet,
+            ip,
+            udp: UdpRepr {
+                src_port: udp.source_port(),
+                dst_port: udp.destination_port(),
+                checksum: if udp.checksum() == 0 {
+                    UdpChecksum::Zero
+                } else {
+                    UdpChecksum::Computed
                 },
             },
+        };
+        let packet = match RocePacket::new_checked(udp.payload()) {
+            Ok(packet) => packet,
+            Err(reason @ (Error::UnsupportedTransport { .. } | Error::UnknownOpcode { .. })) => {
+                return Err(opaque(repr, (ip_header, udp_header), udp.payload(), reason));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Frame {
+            repr,
             ip_header,
             udp_header,
             packet,
@@ -330,15 +361,12 @@ impl<'a> Frame<'a> {
 
     /// The ICRC the frame's headers call for.
     pub fn computed_icrc(&self) -> u32 {
-        let covered = self.packet.covered();
-        match self.repr.ip {
-            IpRepr::V4 { .. } => icrc_ipv4(self.ip_header, self.udp_header, covered),
-            IpRepr::V6 { .. } => {
-                let mut header = [0u8; 40];
-                header.copy_from_slice(&self.ip_header[..40]);
-                icrc_ipv6(&header, self.udp_header, covered)
-            }
-        }
+        icrc_over(
+            &self.repr.ip,
+            self.ip_header,
+            self.udp_header,
+            self.packet.covered(),
+        )
     }
 
     /// Verifies the ICRC: a whole frame shows every covered byte, so the check is complete.
@@ -350,6 +378,54 @@ impl<'a> Frame<'a> {
     pub fn udp_checksum(&self) -> u16 {
         u16::from_be_bytes([self.udp_header[6], self.udp_header[7]])
     }
+}
+
+/// The ICRC of `covered` (a RoCE packet without its ICRC) in the frame whose headers these are.
+fn icrc_over(ip: &IpRepr, ip_header: &[u8], udp_header: [u8; 8], covered: &[u8]) -> u32 {
+    match ip {
+        IpRepr::V4 { .. } => icrc_ipv4(ip_header, udp_header, covered),
+        IpRepr::V6 { .. } => {
+            let mut header = [0u8; 40];
+            header.copy_from_slice(&ip_header[..40]);
+            icrc_ipv6(&header, udp_header, covered)
+        }
+    }
+}
+
+/// What can be read of a packet whose opcode is not parsed: its BTH, and its ICRC checked over
+/// the whole packet, whose last four bytes it is (least significant first).
+fn opaque(
+    repr: FrameRepr,
+    (ip_header, udp_header): (&[u8], [u8; 8]),
+    packet: &[u8],
+    reason: Error,
+) -> FrameError {
+    let bth = match Bth::new_checked(packet).and_then(|bth| BthRepr::parse(&bth)) {
+        Ok(bth) => bth,
+        Err(e) => return e.into(),
+    };
+    let Some(icrc_at) = packet
+        .len()
+        .checked_sub(ICRC_LEN)
+        .filter(|&at| at >= BTH_LEN)
+    else {
+        return Error::Truncated {
+            layer: Layer::Icrc,
+            needed: BTH_LEN + ICRC_LEN,
+            available: packet.len(),
+        }
+        .into();
+    };
+    let (covered, received) = packet.split_at(icrc_at);
+    let received = u32::from_le_bytes([received[0], received[1], received[2], received[3]]);
+    let computed = icrc_over(&repr.ip, ip_header, udp_header, covered);
+    FrameError::Opaque(Box::new(OpaqueRoce {
+        repr,
+        bth,
+        len: packet.len(),
+        icrc: IcrcStatus::check(computed, received),
+        reason,
+    }))
 }
 
 fn field_error(layer: Layer, field: &'static str, found: u64, expected: &'static str) -> Error {

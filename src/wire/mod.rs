@@ -34,7 +34,7 @@ pub use bth::{Bth, BthRepr};
 pub use cnp::CnpPad;
 pub use deth::{Deth, DethRepr};
 pub use error::{Error, Layer, Result};
-pub use frame::{Frame, FrameError, FrameRepr, IpRepr, UdpChecksum};
+pub use frame::{Frame, FrameError, FrameRepr, IpRepr, OpaqueRoce, UdpChecksum};
 pub use icrc::{solve_ipv4_id, IcrcStatus, KernelFraming};
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};

@@ -232,14 +232,90 @@ impl From<Opcode> for u8 {
     }
 }
 
+/// The RD opcodes' names (IBTA 9.2, table 38), by their low five bits. ConnectX's Dynamically
+/// Connected transport reuses these values on the wire.
+const RD_NAMES: [&str; 32] = [
+    "RD_SEND_FIRST",
+    "RD_SEND_MIDDLE",
+    "RD_SEND_LAST",
+    "RD_SEND_LAST_WITH_IMMEDIATE",
+    "RD_SEND_ONLY",
+    "RD_SEND_ONLY_WITH_IMMEDIATE",
+    "RD_RDMA_WRITE_FIRST",
+    "RD_RDMA_WRITE_MIDDLE",
+    "RD_RDMA_WRITE_LAST",
+    "RD_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+    "RD_RDMA_WRITE_ONLY",
+    "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+    "RD_RDMA_READ_REQUEST",
+    "RD_RDMA_READ_RESPONSE_FIRST",
+    "RD_RDMA_READ_RESPONSE_MIDDLE",
+    "RD_RDMA_READ_RESPONSE_LAST",
+    "RD_RDMA_READ_RESPONSE_ONLY",
+    "RD_ACKNOWLEDGE",
+    "RD_ATOMIC_ACKNOWLEDGE",
+    "RD_COMPARE_SWAP",
+    "RD_FETCH_ADD",
+    "RD_RESYNC",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+    "RD_RESERVED",
+];
+
+/// The XRC opcodes' names (IBTA 9.2, table 38 and Annex A14), by their low five bits.
+const XRC_NAMES: [&str; 32] = [
+    "XRC_SEND_FIRST",
+    "XRC_SEND_MIDDLE",
+    "XRC_SEND_LAST",
+    "XRC_SEND_LAST_WITH_IMMEDIATE",
+    "XRC_SEND_ONLY",
+    "XRC_SEND_ONLY_WITH_IMMEDIATE",
+    "XRC_RDMA_WRITE_FIRST",
+    "XRC_RDMA_WRITE_MIDDLE",
+    "XRC_RDMA_WRITE_LAST",
+    "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+    "XRC_RDMA_WRITE_ONLY",
+    "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+    "XRC_RDMA_READ_REQUEST",
+    "XRC_RDMA_READ_RESPONSE_FIRST",
+    "XRC_RDMA_READ_RESPONSE_MIDDLE",
+    "XRC_RDMA_READ_RESPONSE_LAST",
+    "XRC_RDMA_READ_RESPONSE_ONLY",
+    "XRC_ACKNOWLEDGE",
+    "XRC_ATOMIC_ACKNOWLEDGE",
+    "XRC_COMPARE_SWAP",
+    "XRC_FETCH_ADD",
+    "XRC_RESERVED",
+    "XRC_SEND_LAST_WITH_INVALIDATE",
+    "XRC_SEND_ONLY_WITH_INVALIDATE",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+    "XRC_RESERVED",
+];
+
 impl Opcode {
-    /// The table name, or a descriptive one for opcodes outside the table.
+    /// IBTA's name for every value: the table's for the opcodes softroce implements, RD's and
+    /// XRC's for theirs, `MANUFACTURER_SPECIFIC` for 0xC0 to 0xFF (IBTA's vendor range), and
+    /// `RESERVED` for the rest.
     pub fn name(self) -> &'static str {
         match (self, self.info()) {
             (_, Some(info)) => info.name,
-            (Opcode::Rd(_), None) => "RD (unsupported)",
-            (Opcode::Xrc(_), None) => "XRC (unsupported)",
-            _ => "UNKNOWN",
+            (Opcode::Rd(v), None) => RD_NAMES[usize::from(v & 0x1f)],
+            (Opcode::Xrc(v), None) => XRC_NAMES[usize::from(v & 0x1f)],
+            (Opcode::Unknown(0xc0..=0xff), None) => "MANUFACTURER_SPECIFIC",
+            _ => "RESERVED",
         }
     }
 }
@@ -277,6 +353,32 @@ mod tests {
             assert!(info.name.starts_with(expected.name()), "{}", info.name);
         }
         assert_eq!(Opcode::SUPPORTED.len(), 38);
+    }
+
+    #[test]
+    fn every_value_has_ibtas_name() {
+        assert_eq!(Opcode::from_u8(0x40).name(), "RD_SEND_FIRST");
+        assert_eq!(Opcode::from_u8(0x4c).name(), "RD_RDMA_READ_REQUEST");
+        assert_eq!(Opcode::from_u8(0x55).name(), "RD_RESYNC");
+        assert_eq!(Opcode::from_u8(0xa4).name(), "XRC_SEND_ONLY");
+        assert_eq!(
+            Opcode::from_u8(0xb7).name(),
+            "XRC_SEND_ONLY_WITH_INVALIDATE"
+        );
+        assert_eq!(Opcode::from_u8(0xc3).name(), "MANUFACTURER_SPECIFIC");
+        assert_eq!(Opcode::from_u8(0x1f).name(), "RESERVED");
+        // The implemented opcodes' names and the RD/XRC tables agree on every suffix.
+        for &op in Opcode::SUPPORTED {
+            let name = op.name();
+            if let Some(suffix) = name.strip_prefix("RC_") {
+                let rd = Opcode::from_u8(0x40 | (op.value() & 0x1f)).name();
+                let xrc = Opcode::from_u8(0xa0 | (op.value() & 0x1f)).name();
+                assert_eq!(xrc.strip_prefix("XRC_"), Some(suffix));
+                if op.value() < 0x15 {
+                    assert_eq!(rd.strip_prefix("RD_"), Some(suffix));
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,4 +1,11 @@
 //! `softroce decode`: one summary per RoCE packet of a capture, as text or JSON, and counts.
+//!
+//! Every RoCEv2 frame gets an ICRC verdict: those softroce parses, with their headers and, for
+//! a CM MAD on QP1, the MAD ([`cm`]); and those whose opcode it does not parse (RD, which
+//! ConnectX's Dynamically Connected transport reuses, XRC, manufacturer-specific, reserved),
+//! with their BTH, counted by opcode like the rest.
+
+pub mod cm;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,9 +15,10 @@ use serde::Serialize;
 
 use crate::capture::{Capture, CaptureError, Record};
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, Frame, FrameError, IethRepr, ImmDtRepr,
-    IpRepr, PacketRepr, RethRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Frame, FrameError, FrameRepr,
+    IethRepr, ImmDtRepr, IpRepr, OpaqueRoce, PacketRepr, Qpn, RethRepr,
 };
+pub use cm::CmJson;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RethJson {
@@ -40,9 +48,10 @@ pub struct AtomicEthJson {
     pub compare: u64,
 }
 
-/// One decoded RoCE packet.
+/// What every RoCEv2 packet shows, parsed or not: where it is in the capture, its addresses,
+/// and the BTH fields that name it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Decoded {
+pub struct PacketHead {
     pub frame: usize,
     /// Seconds since the epoch, as captured.
     pub time: f64,
@@ -56,6 +65,50 @@ pub struct Decoded {
     pub dest_qp: u32,
     pub psn: u32,
     pub ack_req: bool,
+}
+
+impl PacketHead {
+    fn new(record: &Record<'_>, first: Duration, repr: &FrameRepr, bth: &BthRepr) -> Self {
+        let (src, dst) = match repr.ip {
+            IpRepr::V4 { src, dst, .. } => (src.to_string(), dst.to_string()),
+            IpRepr::V6 { src, dst, .. } => (src.to_string(), dst.to_string()),
+        };
+        PacketHead {
+            frame: record.number,
+            time: record.timestamp.as_secs_f64(),
+            time_relative: record.timestamp.saturating_sub(first).as_secs_f64(),
+            src,
+            dst,
+            src_port: repr.udp.src_port,
+            opcode: bth.opcode.value(),
+            opcode_name: bth.opcode.name(),
+            dest_qp: bth.dest_qp.value(),
+            psn: bth.psn.value(),
+            ack_req: bth.ack_req,
+        }
+    }
+
+    /// The start of the text form: frame, time, addresses, opcode (named as `name`), QPN,
+    /// PSN and AckReq.
+    fn summary(&self, name: &str) -> String {
+        format!(
+            "{:>5} {:>12.6} {} -> {} {name} QP={:#08x} PSN={} A={}",
+            self.frame,
+            self.time_relative,
+            self.src,
+            self.dst,
+            self.dest_qp,
+            self.psn,
+            u8::from(self.ack_req)
+        )
+    }
+}
+
+/// One decoded RoCE packet.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Decoded {
+    #[serde(flatten)]
+    pub head: PacketHead,
     pub solicited: bool,
     pub mig_req: bool,
     pub pad_count: u8,
@@ -79,28 +132,19 @@ pub struct Decoded {
     pub payload_len: usize,
     /// `ok`, `bad` or `unverified`.
     pub icrc: &'static str,
+    /// The CM MAD of a UD packet to QP1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cm: Option<CmJson>,
 }
 
 impl Decoded {
     fn new(record: &Record<'_>, first: Duration, frame: &Frame<'_>, repr: &PacketRepr) -> Self {
-        let (src, dst) = match frame.repr.ip {
-            IpRepr::V4 { src, dst, .. } => (src.to_string(), dst.to_string()),
-            IpRepr::V6 { src, dst, .. } => (src.to_string(), dst.to_string()),
-        };
         let bth = &repr.bth;
+        let to_qp1 = bth.dest_qp == Qpn::GSI && repr.ext.deth.is_some();
+        let cm = to_qp1.then(|| cm::decode(frame.packet.payload())).flatten();
         let ext = &repr.ext;
         Decoded {
-            frame: record.number,
-            time: record.timestamp.as_secs_f64(),
-            time_relative: record.timestamp.saturating_sub(first).as_secs_f64(),
-            src,
-            dst,
-            src_port: frame.repr.udp.src_port,
-            opcode: bth.opcode.value(),
-            opcode_name: bth.opcode.name(),
-            dest_qp: bth.dest_qp.value(),
-            psn: bth.psn.value(),
-            ack_req: bth.ack_req,
+            head: PacketHead::new(record, first, &frame.repr, bth),
             solicited: bth.solicited,
             mig_req: bth.mig_req,
             pad_count: bth.pad_count,
@@ -134,22 +178,13 @@ impl Decoded {
                 .map(|a: AtomicAckEthRepr| a.original_data),
             payload_len: repr.payload_len,
             icrc: frame.icrc_status().as_str(),
+            cm,
         }
     }
 
     /// A one-line summary in the manner of tshark's.
     pub fn summary(&self) -> String {
-        let mut line = format!(
-            "{:>5} {:>12.6} {} -> {} {} QP={:#08x} PSN={} A={}",
-            self.frame,
-            self.time_relative,
-            self.src,
-            self.dst,
-            self.opcode_name,
-            self.dest_qp,
-            self.psn,
-            u8::from(self.ack_req)
-        );
+        let mut line = self.head.summary(self.head.opcode_name);
         if let Some(r) = &self.reth {
             let _ = write!(
                 line,
@@ -179,15 +214,73 @@ impl Decoded {
         if let Some(o) = self.atomic_ack_eth {
             let _ = write!(line, " AtomicAckETH orig={o:#x}");
         }
-        let _ = write!(line, " len={} ICRC={}", self.payload_len, self.icrc_label());
+        let _ = write!(
+            line,
+            " len={} ICRC={}",
+            self.payload_len,
+            icrc_label(self.icrc)
+        );
+        if let Some(cm) = &self.cm {
+            line.push_str(&cm.summary());
+        }
         line
     }
+}
 
-    fn icrc_label(&self) -> &'static str {
-        match self.icrc {
-            "bad" => "BAD",
-            other => other,
+/// How the text form shows an ICRC verdict: a bad one stands out.
+fn icrc_label(icrc: &'static str) -> &'static str {
+    match icrc {
+        "bad" => "BAD",
+        other => other,
+    }
+}
+
+/// A RoCEv2 packet whose opcode softroce does not parse: its BTH, length and ICRC verdict.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Unparsed {
+    #[serde(flatten)]
+    pub head: PacketHead,
+    /// The RoCE packet's length, BTH through ICRC.
+    pub len: usize,
+    pub icrc: &'static str,
+    /// Why it is not parsed.
+    pub not_parsed: String,
+}
+
+impl Unparsed {
+    fn new(record: &Record<'_>, first: Duration, opaque: &OpaqueRoce) -> Self {
+        Unparsed {
+            head: PacketHead::new(record, first, &opaque.repr, &opaque.bth),
+            len: opaque.len,
+            icrc: opaque.icrc.as_str(),
+            not_parsed: opaque.reason.to_string(),
         }
+    }
+
+    /// The name it is counted under: RD's and XRC's name each value; the vendor and reserved
+    /// ranges add it.
+    pub fn counted_as(&self) -> String {
+        match self.head.opcode_name {
+            "MANUFACTURER_SPECIFIC" | "RESERVED" => {
+                format!("{} {:#04x}", self.head.opcode_name, self.head.opcode)
+            }
+            name => name.to_string(),
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let dc = if self.head.opcode_name.starts_with("RD_") {
+            " (RD, or ConnectX DC)"
+        } else {
+            ""
+        };
+        let head = self.head.summary(&format!("{}{dc}", self.counted_as()));
+        format!(
+            "{head} not parsed: {} len={} ICRC={}",
+            self.not_parsed,
+            self.len,
+            icrc_label(self.icrc)
+        )
     }
 }
 
@@ -195,6 +288,8 @@ impl Decoded {
 #[derive(Debug)]
 pub enum Item {
     Roce(Box<Decoded>),
+    /// RoCEv2 whose opcode softroce does not parse; its ICRC is checked all the same.
+    Unparsed(Box<Unparsed>),
     /// UDP to port 4791 whose RoCE packet is malformed.
     Malformed {
         frame: usize,
@@ -215,6 +310,9 @@ pub fn decode_record(record: &Record<'_>, first: Duration) -> Item {
             },
         },
         Err(FrameError::NotRoce(_)) => Item::NotRoce,
+        Err(FrameError::Opaque(opaque)) => {
+            Item::Unparsed(Box::new(Unparsed::new(record, first, &opaque)))
+        }
         Err(error) => Item::Malformed {
             frame: record.number,
             error,
@@ -229,14 +327,24 @@ pub struct Summary {
     pub by_icrc: BTreeMap<&'static str, usize>,
     pub malformed: usize,
     pub not_roce: usize,
+    /// RoCEv2 packets whose opcode softroce does not parse (also counted by opcode and ICRC).
+    pub not_parsed: usize,
 }
 
 impl Summary {
     pub fn count(&mut self, item: &Item) {
         match item {
             Item::Roce(d) => {
-                *self.by_opcode.entry(d.opcode_name.to_string()).or_default() += 1;
+                *self
+                    .by_opcode
+                    .entry(d.head.opcode_name.to_string())
+                    .or_default() += 1;
                 *self.by_icrc.entry(d.icrc).or_default() += 1;
+            }
+            Item::Unparsed(u) => {
+                *self.by_opcode.entry(u.counted_as()).or_default() += 1;
+                *self.by_icrc.entry(u.icrc).or_default() += 1;
+                self.not_parsed += 1;
             }
             Item::Malformed { .. } => self.malformed += 1,
             Item::NotRoce => self.not_roce += 1,
@@ -257,6 +365,11 @@ impl Summary {
                 self.by_icrc.get(status).copied().unwrap_or(0)
             );
         }
+        let _ = writeln!(
+            out,
+            "not parsed (RD, XRC, vendor or reserved opcodes): {}",
+            self.not_parsed
+        );
         let _ = writeln!(out, "malformed RoCE frames: {}", self.malformed);
         let _ = writeln!(out, "non-RoCE frames skipped: {}", self.not_roce);
         out
