@@ -670,3 +670,56 @@ fn an_unreachable_peer_ends_what_waits_on_it() {
         [CmEvent::Disconnected { conn: established }]
     );
 }
+
+/// `packet-fixtures/rxe/softroce_rdma_cm_rping.pcap`: softroce's rping client against kernel
+/// rxe's rping server, captured on the lab's bridge. rxe took softroce's REQ (its REP names
+/// softroce's communication ID), and softroce's QP sends from the PSN the REP names.
+#[test]
+fn softroce_and_rxe_agree_in_the_captured_handshake() {
+    let mads = crate::wire::cm::tests_support::fixture_mads("softroce_rdma_cm_rping.pcap");
+    let softroce: IpAddr = "10.99.0.1".parse().unwrap();
+    let rxe: IpAddr = "10.99.0.12".parse().unwrap();
+    let parsed: Vec<(IpAddr, CmMessage)> = mads
+        .iter()
+        .map(|(src, mad)| (*src, CmMessage::parse(mad).unwrap().1))
+        .collect();
+    let names: Vec<_> = parsed.iter().map(|(src, m)| (*src, m.name())).collect();
+    assert_eq!(
+        names,
+        [
+            (softroce, "REQ"),
+            (rxe, "REP"),
+            (softroce, "RTU"),
+            (softroce, "DREQ"),
+            (rxe, "DREP")
+        ]
+    );
+    let (CmMessage::Req(req), CmMessage::Rep(rep)) = (&parsed[0].1, &parsed[1].1) else {
+        panic!("{parsed:?}")
+    };
+    assert_eq!(rep.remote_comm_id, req.local_comm_id);
+    // softroce's own check of a REQ, as a server at rxe's address, takes it too.
+    let mut server = CmEndpoint::new(rxe, 3, CmConfig::default());
+    server.listen(RPING).unwrap();
+    server.handle_mad(Duration::ZERO, softroce, &mads[0].1);
+    assert!(matches!(
+        server.poll_event(),
+        Some(CmEvent::ConnectRequest { .. })
+    ));
+    // The first RC packet softroce sent is its first SEND, from the REP's PSN.
+    let path = format!(
+        "{}/packet-fixtures/rxe/softroce_rdma_cm_rping.pcap",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(path).unwrap();
+    let first_send = crate::capture::Capture::new(&bytes)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .find_map(|record| {
+            let frame = record.frame().unwrap();
+            let from_softroce = matches!(frame.repr.ip, crate::wire::IpRepr::V4 { src, .. } if IpAddr::from(src) == softroce);
+            let bth = crate::wire::BthRepr::parse(&frame.packet.bth()).unwrap();
+            (from_softroce && bth.dest_qp == rep.local_qpn).then_some(bth.psn)
+        });
+    assert_eq!(first_send, Some(rep.starting_psn));
+}

@@ -1,5 +1,6 @@
 #!/bin/bash
-# fixtures.sh: packet fixtures captured from guest-to-guest runs of kernel rxe.
+# fixtures.sh: packet fixtures captured from guest-to-guest runs of kernel rxe, and of softroce
+# (on the host side) against kernel rxe.
 #
 #   fixtures.sh list            names of the fixtures this host can produce, one per line
 #   fixtures.sh capture NAME    capture NAME into $LAB_RUN/fixtures/ (needs a running lab)
@@ -9,14 +10,16 @@
 # run.sh --fixtures drives this (one lab case per fixture, then "publish"). Every capture is taken
 # with tcpdump on the namespace bridge with the filter "udp port 4791": only RoCEv2 frames, not
 # the TCP out-of-band exchange of pingpong/perftest nor the lab's own command traffic. The server
-# always runs in vmB (10.99.0.12), the client in vmA (10.99.0.11).
+# always runs in vmB (10.99.0.12), the client in vmA (10.99.0.11), or, for the softroce_*
+# fixtures, softroce on the host side (10.99.0.1).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 STAGE=$LAB_RUN/fixtures
 OUTDIR=$LAB_REPO/packet-fixtures/rxe
 ALL="rc_send_mtu1024 rc_send_mtu4096 rc_send_pad uc_send ud_send rc_write_small rc_write_multi rc_read_multi
-rc_atomic_fetch_add rc_atomic_cmp_swap rc_write_imm rc_lossy rdma_cm_rping rc_send_ipv6"
+rc_atomic_fetch_add rc_atomic_cmp_swap rc_write_imm rc_lossy rdma_cm_rping rc_send_ipv6
+softroce_rdma_cm_rping"
 # perftest options common to all perftest fixtures: rxe0, IPv4-mapped GID (-x 1), and -F because
 # under TCG the CPU frequency check fails; -n is kept small so captures stay small.
 PT="-d rxe0 -x 1 -F"
@@ -95,6 +98,11 @@ fixture_def() {
       F_DESC="RDMA-CM connection setup/teardown (CM MADs as UD SEND_ONLY to QP1) and rping's RC traffic (SEND, RDMA READ, RDMA WRITE), rping -C 3"
       F_STEPS=("rping -s -a $VM_B -C 3 -v|rping -c -a $VM_B -C 3 -v")
       F_OPS=0x64,0x04,0x0c,0x10,0x0a,0x11 F_OK="ping data: rdma-ping-";;
+    softroce_rdma_cm_rping)
+      F_PORT=-
+      F_DESC="softroce's CM against kernel rxe's: softroce rping -c (host side, 10.99.0.1) against rping -s in vmB: REQ, REP, RTU, rping's SEND, READ and WRITE, then softroce's DREQ and rxe's DREP, rping -C 3"
+      F_STEPS=("rping -s -a $VM_B -C 3 -v|host:$SOFTROCE_BIN rping -c -a $VM_B -I $LAB_HOST_IP --mtu 1024 -C 3 -v")
+      F_OPS=0x64,0x04,0x0c,0x10,0x0a,0x11 F_OK="ping data: rdma-ping-";;
     rc_send_ipv6)
       F_IP=6
       F_DESC="RC SEND 4096-byte messages at path MTU 1024 over IPv6 (GID index 0, link-local), ibv_rc_pingpong -g 0, 5 round trips"
@@ -126,7 +134,8 @@ fixture_command() {   # the manifest's "command" column
     out="$out${sep}server: ${s%%|*} ; client: ${s#*|}"
     sep=" ; then "
   done
-  echo "$out"
+  # a host-side client is softroce, wherever its binary was
+  echo "${out//host:$SOFTROCE_BIN/(host side) softroce}"
 }
 
 cmd_list() {
@@ -143,6 +152,7 @@ cmd_list() {
 cmd_capture() {
   local name=$1 pcap try s i ok verify_args
   fixture_def "$name"
+  case $name in softroce_*) softroce_build || return 1;; esac
   mkdir -p "$STAGE"
   pcap=$STAGE/$name.pcap
   rm -f "$pcap" "$STAGE/$name.row"

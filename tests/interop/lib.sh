@@ -428,14 +428,22 @@ pcap_count() { "$LAB_PY" "$LAB_DIR/verify_icrc.py" --count "$1"; }
 # run_pair TAG SERVER_CMD CLIENT_CMD [TIMEOUT] [LISTEN_PORT]: prints both outputs, returns 0 only if
 # both sides exit 0. LISTEN_PORT: TCP port to wait for before starting the client (pingpong and
 # perftest: 18515); "-" means just wait a fixed 2 s (rping: RDMA-CM listens, not TCP).
+# A CLIENT_CMD that starts with "host:" runs on the host side of the lab (10.99.0.1) instead of
+# in vmA: softroce as the client.
 run_pair() {
   local tag=$1 scmd=$2 ccmd=$3 to=${4:-60} port=${5:-18515} crc=0 src=0
   guest_bg vmB "$tag" "$to" "$scmd" || { echo "cannot start server in vmB"; return 1; }
   if [ "$port" = "-" ]; then sleep 2
   else guest_wait_tcp_listen vmB "$port" 15 || { echo "server did not listen on $port:"; guest_wait_bg vmB "$tag" 1; return 1; }
   fi
-  echo "---- client (vmA $VM_A): $ccmd"
-  gexec vmA "$to" "$ccmd" || crc=$?
+  case $ccmd in
+    host:*)
+      echo "---- client (host side $LAB_HOST_IP): ${ccmd#host:}"
+      lab_ns_exec timeout "$to" sh -c "${ccmd#host:}" 2>&1 || crc=$?;;
+    *)
+      echo "---- client (vmA $VM_A): $ccmd"
+      gexec vmA "$to" "$ccmd" || crc=$?;;
+  esac
   echo "---- client exit status $crc"
   echo "---- server (vmB $VM_B): $scmd"
   guest_wait_bg vmB "$tag" "$to" || src=$?

@@ -246,17 +246,26 @@ pub(crate) mod tests_support {
     /// The QP1 payloads of `packet-fixtures/rxe/rdma_cm_rping.pcap`: REQ, REP, RTU, DREQ and
     /// DREP.
     pub(crate) fn rping_mads() -> Vec<[u8; MAD_LEN]> {
-        let path = format!(
-            "{}/packet-fixtures/rxe/rdma_cm_rping.pcap",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        fixture_mads("rdma_cm_rping.pcap")
+            .into_iter()
+            .map(|(_, mad)| mad)
+            .collect()
+    }
+
+    /// The QP1 payloads of a fixture in `packet-fixtures/rxe/`, with their senders.
+    pub(crate) fn fixture_mads(file: &str) -> Vec<(std::net::IpAddr, [u8; MAD_LEN])> {
+        let path = format!("{}/packet-fixtures/rxe/{file}", env!("CARGO_MANIFEST_DIR"));
         let bytes = std::fs::read(path).unwrap();
         let mut mads = Vec::new();
         for record in Capture::new(&bytes).unwrap() {
             let record = record.unwrap();
             let frame = record.frame().unwrap();
             if frame.packet.ext::<DethRepr>().is_some() {
-                mads.push(frame.packet.payload().try_into().unwrap());
+                let src = match frame.repr.ip {
+                    crate::wire::IpRepr::V4 { src, .. } => src.into(),
+                    crate::wire::IpRepr::V6 { src, .. } => src.into(),
+                };
+                mads.push((src, frame.packet.payload().try_into().unwrap()));
             }
         }
         mads
