@@ -163,9 +163,13 @@ the tools' result lines included, tagged by session. SIGUSR1 prints the counters
 live QPs, CQs and regions, packets, errors) to standard output; SIGINT and SIGTERM end every
 session, print them and exit 0.
 
-Example, a host serving rdma-core's and perftest's clients on 192.0.2.10:
+RDMA-CM services come by connection requests on the device, not TCP: 'rping -s -p PORT' and the
+perftest tools with -R (whose data connections, on the same port, go to their client's session).
+
+Example, a host serving rdma-core's, perftest's and librdmacm's clients on 192.0.2.10:
   softroce daemon --bind 192.0.2.10 --serve 'rc-pingpong -p 18515' \\
-      --serve 'write-bw -p 18516' --serve 'read-lat -p 18517 -s 64'";
+      --serve 'write-bw -p 18516' --serve 'read-lat -p 18517 -s 64' \\
+      --serve 'rping -s -p 7174' --serve 'write-bw -R -p 18518'";
 
 const RPING_NOTES: &str = "\
 Protocol, output lines and exit statuses are rping's (rdma-core 44): the client SENDs its source
@@ -843,9 +847,9 @@ fn service(command: &Command) -> Option<Result<Service, String>> {
         Command::Decode { .. }
         | Command::Demo { .. }
         | Command::Daemon { .. }
-        | Command::Rping { .. }
         | Command::Ucmatose { .. }
         | Command::Udaddy { .. } => None,
+        Command::Rping { args } => Some(rping_options(args).map(Service::Rping)),
         Command::RcPingpong { common, path } => pingpong(Transport::Rc, common, Some(path.mtu)),
         Command::UcPingpong { common, path } => pingpong(Transport::Uc, common, Some(path.mtu)),
         Command::UdPingpong { common } => pingpong(Transport::Ud, common, None),
@@ -884,6 +888,7 @@ fn tool(service: Result<Service, String>) -> ExitCode {
     let outcome = match &service {
         Service::Pingpong(o) => pingpong::run(o, &mut std::io::stdout()).map(drop),
         Service::Perftest(o) => perftest::run(o, &mut std::io::stdout()),
+        Service::Rping(o) => rping::run(o, &mut std::io::stdout(), &mut std::io::stderr()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -900,14 +905,16 @@ fn parse_service(spec: &str) -> Result<Service, String> {
     let cli = Cli::try_parse_from(std::iter::once("softroce").chain(words))
         .map_err(|e| format!("--serve {spec:?}: {}", e.render().to_string().trim_end()))?;
     let service = service(&cli.command)
-        .ok_or_else(|| format!("--serve {spec:?}: not a pingpong or perftest tool"))??;
-    let (server, device) = match &service {
-        Service::Pingpong(o) => (&o.server, &o.device),
-        Service::Perftest(o) => (&o.server, &o.device),
+        .ok_or_else(|| format!("--serve {spec:?}: not a pingpong, perftest or rping tool"))??;
+    let (client, device) = match &service {
+        Service::Pingpong(o) => (o.server.is_some(), &o.device),
+        Service::Perftest(o) => (o.server.is_some(), &o.device),
+        Service::Rping(o) => (!o.server || o.addr.is_some(), &o.device),
     };
-    if server.is_some() {
+    if client {
         return Err(format!(
-            "--serve {spec:?}: a service is a tool's server side, which takes no HOST"
+            "--serve {spec:?}: a service is a tool's server side, on the daemon's device: \
+             it takes no HOST, and rping's takes -s and no -a"
         ));
     }
     if *device != DeviceOptions::default() {
@@ -951,12 +958,8 @@ fn daemon(device: &DeviceArgs, args: &DaemonArgs) -> ExitCode {
     }
 }
 
-fn rping(args: &RpingArgs) -> ExitCode {
-    let device = match cm_tool_device("rping", &args.device) {
-        Ok(device) => device,
-        Err(code) => return code,
-    };
-    let o = rping::Options {
+fn rping_options(args: &RpingArgs) -> Result<rping::Options, String> {
+    Ok(rping::Options {
         server: args.server,
         addr: args.addr,
         source: args.source,
@@ -968,7 +971,17 @@ fn rping(args: &RpingArgs) -> ExitCode {
         debug: args.debug,
         persistent: args.persistent,
         mtu: args.mtu,
-        device,
+        device: args.device.options()?,
+    })
+}
+
+fn rping(args: &RpingArgs) -> ExitCode {
+    let o = match rping_options(args) {
+        Ok(o) => o,
+        Err(why) => {
+            eprintln!("softroce rping: {why}");
+            return ExitCode::from(2);
+        }
     };
     init_log("warn");
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

@@ -244,7 +244,8 @@ fn refuses_services_it_cannot_serve() {
     for (spec, why) in [
         ("rc-pingpong 10.0.0.1", "takes no HOST"),
         ("write-bw --bind 127.0.0.9", "are the daemon's own"),
-        ("decode x.pcap", "not a pingpong or perftest tool"),
+        ("decode x.pcap", "not a pingpong, perftest or rping tool"),
+        ("rping -c -a 127.0.0.2", "takes -s and no -a"),
         ("rc-pingpong --no-such-flag", "--no-such-flag"),
     ] {
         let ended = Tool::start(&["daemon", "--bind", "127.0.0.1", "--serve", spec]).end();
@@ -494,6 +495,64 @@ fn a_broadcast_gid_costs_one_session() {
     ])
     .end();
     assert!(honest.status.success(), "{}", honest.stderr);
+    daemon.signal("TERM");
+    assert!(daemon.end().status.success());
+}
+
+/// RDMA-CM services: rping and write-bw -R, whose clients arrive as connection requests, the
+/// latter's data connections routed to the session that expects them; two clients of each,
+/// one after another, and a third rping client at once with a write-bw -R one. Each must end
+/// well, and the daemon hold nothing afterwards.
+#[test]
+fn serves_rping_and_perftest_rdma_cm_clients() {
+    let at = "127.0.0.64";
+    let clients = ["127.0.0.65", "127.0.0.66"];
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        at,
+        "--idle-timeout",
+        "5",
+        "--serve",
+        "rping -s -p 7174 -S 4096",
+        "--serve",
+        "write-bw -R -p 19720 -s 16384 -n 100 -q 2",
+    ]);
+    assert!(daemon.wait_for_match(|l| l.ends_with(" ready")).is_some());
+    let rping = |from: &str| {
+        Tool::start(&[
+            "rping", "-c", "-a", at, "-I", from, "-p", "7174", "-S", "4096", "-C", "10", "-V",
+        ])
+    };
+    let write_bw = |from: &str| {
+        Tool::start(&[
+            "write-bw", "-R", "--bind", from, "-p", "19720", "-s", "16384", "-n", "100", "-q", "2",
+            at,
+        ])
+    };
+    for from in clients {
+        let ended = rping(from).end();
+        assert!(ended.status.success(), "rping: {}", ended.stderr);
+        let ended = write_bw(from).end();
+        assert!(ended.status.success(), "write-bw -R: {}", ended.stderr);
+    }
+    let (a, b) = (rping(clients[0]), write_bw(clients[1]));
+    let (a, b) = (a.end(), b.end());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n{}",
+        a.stderr,
+        b.stderr
+    );
+    let (sessions, resources) = settle(&mut daemon);
+    assert_eq!(
+        sessions,
+        "sessions: accepted 6 succeeded 6 failed 0 refused 0, running 0"
+    );
+    assert_eq!(
+        resources,
+        "resources: qps 0 cqs 0 regions 0 windows 0 srqs 0 address_handles 0"
+    );
     daemon.signal("TERM");
     assert!(daemon.end().status.success());
 }

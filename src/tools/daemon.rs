@@ -2,9 +2,11 @@
 //! one after another and several at once, on one device.
 //!
 //! Each service is a tool in its server role on a TCP port of its own, since neither
-//! rdma-core's exchange nor perftest's says which test a client runs. Every accepted
-//! connection becomes a session: a thread with its own protection domain, CQs, QPs and buffer
-//! on the shared device, which run the tool's server side to the end and then drop them all.
+//! rdma-core's exchange nor perftest's says which test a client runs; or, for rping and the
+//! perftest tools with `-R`, on a port of RDMA-CM's TCP port space ([`super::daemon_cm`]).
+//! Every accepted connection becomes a session: a thread with its own protection domain, CQs,
+//! QPs and buffer on the shared device, which run the tool's server side to the end and then
+//! drop them all.
 //!
 //! A peer that vanishes must cost a session, never the daemon. An RC QP whose sends go
 //! unanswered ends in RETRY_EXC_ERR by itself, but a QP waiting on receives hears nothing, so
@@ -32,14 +34,17 @@ use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook_mio::v1_0::Signals;
 use tracing::{info, warn};
 
-use super::{perftest, pingpong, DeviceOptions, Limits, MemoryBudget};
-use crate::verbs::Device;
+use super::daemon_cm::{self, Arrival, RoutedRequests, Routes};
+use super::{perftest, pingpong, rping, DeviceOptions, Limits, MemoryBudget};
+use crate::verbs::{ConnectionRequest, Device};
 
 /// A tool the daemon serves, with the options its clients must match (size, iterations, QPs).
 #[derive(Debug, Clone)]
 pub enum Service {
     Pingpong(pingpong::Options),
     Perftest(perftest::Options),
+    /// `rping -s`, on RDMA-CM.
+    Rping(rping::Options),
 }
 
 impl Service {
@@ -48,6 +53,16 @@ impl Service {
         match self {
             Service::Pingpong(o) => o.transport.tool_name(),
             Service::Perftest(o) => o.test.name(),
+            Service::Rping(_) => "rping",
+        }
+    }
+
+    /// Whether its clients come by RDMA-CM rather than TCP.
+    pub fn is_rdma_cm(&self) -> bool {
+        match self {
+            Service::Pingpong(_) => false,
+            Service::Perftest(o) => o.rdma_cm,
+            Service::Rping(_) => true,
         }
     }
 
@@ -55,6 +70,7 @@ impl Service {
         match self {
             Service::Pingpong(o) => o.port,
             Service::Perftest(o) => o.port,
+            Service::Rping(o) => o.port,
         }
     }
 
@@ -63,6 +79,7 @@ impl Service {
         match self {
             Service::Pingpong(o) => Ok(pingpong::buffer_len(o) as u64),
             Service::Perftest(o) => perftest::least_buffer_len(o),
+            Service::Rping(o) => Ok(o.size as u64),
         }
     }
 
@@ -77,6 +94,36 @@ impl Service {
         match self {
             Service::Pingpong(o) => pingpong::serve(o, device, stream, limits, out).map(drop),
             Service::Perftest(o) => perftest::serve(o, device, stream, limits, out),
+            Service::Rping(_) => Err(super::Error::Usage(
+                "rping's clients come by RDMA-CM".into(),
+            )),
+        }
+    }
+
+    /// Runs the server side for the client whose connection `request` asks for; a perftest
+    /// `-R` session takes its data connections' requests through `routes`.
+    fn serve_cm(
+        &self,
+        device: &Device,
+        (request, routes): (ConnectionRequest, Arc<Routes>),
+        limits: &Limits,
+        out: &mut dyn Write,
+    ) -> super::Result<()> {
+        match self {
+            Service::Rping(o) => {
+                // rping's disconnect lines go with the rest of its output to the log.
+                let mut err = Vec::new();
+                let served = rping::serve(o, device, request, limits, (out, &mut err));
+                out.write_all(&err)?;
+                served
+            }
+            Service::Perftest(o) => {
+                let mut data = RoutedRequests::new(routes, limits);
+                perftest::serve_rdma_cm(o, device, (request, &mut data), limits, out)
+            }
+            Service::Pingpong(_) => Err(super::Error::Usage(
+                "the pingpong tools' clients come by TCP".into(),
+            )),
         }
     }
 }
@@ -119,10 +166,11 @@ impl fmt::Display for Tally {
 const SIGNALS: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
 
-/// A session's thread, and its connection, to shut down when the daemon stops.
+/// A session's thread, and its TCP connection if it has one, to shut down when the daemon
+/// stops (an RDMA-CM session's waits end by the stop flag alone).
 struct Running {
     thread: JoinHandle<()>,
-    stream: TcpStream,
+    stream: Option<TcpStream>,
 }
 
 /// What a session's thread reports when it ends.
@@ -162,15 +210,19 @@ pub fn run(o: &Options) -> io::Result<Tally> {
         .services
         .iter()
         .map(|service| {
+            if service.is_rdma_cm() {
+                return Ok(None);
+            }
             // As the tool's own server listens: on every address of the device's family.
             let listener = pingpong::listen(service.port(), Some(address))
                 .map_err(|e| io::Error::other(format!("{}: {e}", service.name())))?;
             listener.set_nonblocking(true)?;
-            Ok(listener)
+            Ok(Some(listener))
         })
         .collect::<io::Result<Vec<_>>>()?;
     let mut poll = Poll::new()?;
     for (index, listener) in listeners.iter().enumerate() {
+        let Some(listener) = listener else { continue };
         poll.registry().register(
             &mut SourceFd(&listener.as_raw_fd()),
             Token(index),
@@ -181,6 +233,26 @@ pub fn run(o: &Options) -> io::Result<Tally> {
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let routes = Arc::new(Routes::default());
+    let (arrivals, arrived) = unbounded();
+    let mut cm_threads = Vec::new();
+    for (index, service) in o.services.iter().enumerate() {
+        if !service.is_rdma_cm() {
+            continue;
+        }
+        let listener = device.listen(service.port()).map_err(|e| {
+            io::Error::other(format!(
+                "{}: RDMA-CM port {}: {e}",
+                service.name(),
+                service.port()
+            ))
+        })?;
+        let feed = (arrivals.clone(), waker.clone());
+        let thread =
+            daemon_cm::spawn_listener((index, listener), routes.clone(), feed, stop.clone())?;
+        cm_threads.push(thread);
+    }
     info!(%address, backend = ?o.device.backend, idle_s = o.idle.as_secs_f32(),
           max_sessions = o.max_sessions, "device open");
     for service in &o.services {
@@ -193,9 +265,10 @@ pub fn run(o: &Options) -> io::Result<Tally> {
         device,
         limits: Limits {
             idle: Some(o.idle),
-            stop: Some(Arc::new(AtomicBool::new(false))),
+            stop: Some(stop.clone()),
             memory: Some(memory),
         },
+        routes,
         waker,
         ended: unbounded(),
         running: HashMap::new(),
@@ -228,14 +301,25 @@ pub fn run(o: &Options) -> io::Result<Tally> {
                         }
                     }
                 }
-                WAKER => {}
-                Token(index) => daemon.accept(&o.services[index], &listeners[index]),
+                WAKER => {
+                    while let Ok(Arrival { service, request }) = arrived.try_recv() {
+                        daemon.accept_cm(&o.services[service], request);
+                    }
+                }
+                Token(index) => {
+                    if let Some(listener) = &listeners[index] {
+                        daemon.accept(&o.services[index], listener);
+                    }
+                }
             }
         }
         daemon.reap();
     }
     drop(listeners);
     daemon.stop();
+    for thread in cm_threads {
+        let _ = thread.join();
+    }
     daemon.print_counters("at exit");
     Ok(daemon.tally)
 }
@@ -244,6 +328,8 @@ struct Daemon<'o> {
     o: &'o Options,
     device: Device,
     limits: Limits,
+    /// Where the perftest `-R` sessions' data connections go.
+    routes: Arc<Routes>,
     waker: Arc<Waker>,
     ended: (Sender<Ended>, Receiver<Ended>),
     running: HashMap<u64, Running>,
@@ -280,9 +366,49 @@ impl Daemon<'_> {
         }
     }
 
+    /// A client of an RDMA-CM service: a session for it, or, when as many run as allowed, its
+    /// request dropped, which rejects it.
+    fn accept_cm(&mut self, service: &Service, request: ConnectionRequest) {
+        self.reap();
+        let peer = request.peer();
+        if self.running.len() >= self.o.max_sessions {
+            self.tally.refused += 1;
+            warn!(service = service.name(), %peer, max_sessions = self.o.max_sessions,
+                  "refused: as many sessions as allowed are running");
+            return;
+        }
+        let routes = self.routes.clone();
+        let started =
+            self.start_session(service, peer, None, move |service, device, limits, out| {
+                service.serve_cm(device, (request, routes), limits, out)
+            });
+        if let Err(e) = started {
+            self.tally.failed += 1;
+            warn!(service = service.name(), %peer, error = %e, "could not start a session");
+        }
+    }
+
     fn start(&mut self, service: &Service, stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
         stream.set_nonblocking(false)?;
         let kept = stream.try_clone()?;
+        self.start_session(
+            service,
+            peer,
+            Some(kept),
+            move |service, device, limits, out| service.serve(device, stream, limits, out),
+        )
+    }
+
+    /// Starts a session's thread, which runs `serve` and logs the tool's output.
+    fn start_session(
+        &mut self,
+        service: &Service,
+        peer: SocketAddr,
+        stream: Option<TcpStream>,
+        serve: impl FnOnce(&Service, &Device, &Limits, &mut dyn Write) -> super::Result<()>
+            + Send
+            + 'static,
+    ) -> io::Result<()> {
         let (id, name) = (self.next_id, service.name());
         self.next_id += 1;
         self.tally.accepted += 1;
@@ -293,20 +419,14 @@ impl Daemon<'_> {
             .name(format!("session-{id}"))
             .spawn(move || {
                 let mut output = Vec::new();
-                let outcome = service.serve(&device, stream, &limits, &mut output);
+                let outcome = serve(&service, &device, &limits, &mut output);
                 for line in String::from_utf8_lossy(&output).lines() {
                     info!(session = id, service = name, "{}", line.trim_end());
                 }
                 let _ = ended.send(Ended { id, outcome });
                 let _ = waker.wake();
             })?;
-        self.running.insert(
-            id,
-            Running {
-                thread,
-                stream: kept,
-            },
-        );
+        self.running.insert(id, Running { thread, stream });
         Ok(())
     }
 
@@ -337,7 +457,9 @@ impl Daemon<'_> {
             stop.store(true, Ordering::Relaxed);
         }
         for running in self.running.values() {
-            let _ = running.stream.shutdown(Shutdown::Both);
+            if let Some(stream) = &running.stream {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
         }
         let running = std::mem::take(&mut self.running);
         for (id, running) in running {

@@ -15,6 +15,7 @@
 //! The tools use the verbs API only, as an application would.
 
 pub mod daemon;
+mod daemon_cm;
 pub mod oob;
 pub mod perftest;
 pub mod perftest_cm;
@@ -357,6 +358,22 @@ impl MemoryBudget {
 }
 
 impl Limits {
+    /// Fails if a wait that began at `started` must end: the daemon is stopping, or it has
+    /// lasted longer than the idle limit.
+    pub(crate) fn check_since(&self, started: Instant) -> Result<()> {
+        if self
+            .stop
+            .as_ref()
+            .is_some_and(|stop| stop.load(Ordering::Relaxed))
+        {
+            return Err(Error::Stopped);
+        }
+        match self.idle {
+            Some(idle) if started.elapsed() > idle => Err(Error::PeerSilent(idle)),
+            _ => Ok(()),
+        }
+    }
+
     /// Reserves a session's `bytes` from the daemon's memory budget, if it has one.
     pub(crate) fn reserve(&self, bytes: u64) -> Result<Option<Reservation>> {
         self.memory.as_ref().map(|m| m.reserve(bytes)).transpose()
@@ -424,18 +441,7 @@ impl Watch {
     /// Fails if the session must end: the daemon is stopping, or the peer has been silent for
     /// longer than the idle limit.
     fn expired(&self) -> Result<()> {
-        if self
-            .limits
-            .stop
-            .as_ref()
-            .is_some_and(|stop| stop.load(Ordering::Relaxed))
-        {
-            return Err(Error::Stopped);
-        }
-        match self.limits.idle {
-            Some(idle) if self.heard.get().elapsed() > idle => Err(Error::PeerSilent(idle)),
-            _ => Ok(()),
-        }
+        self.limits.check_since(self.heard.get())
     }
 }
 

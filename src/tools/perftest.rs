@@ -33,7 +33,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::perftest_cm::{connect_retrying, next_request, CmLink};
+use super::perftest_cm::{connect_retrying, next_request, CmLink, DataRequests};
 use super::perftest_oob::{BwReport, Exchange, Keys, Link};
 use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
@@ -46,8 +46,8 @@ use crate::transport::{
     PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
 };
 use crate::verbs::{
-    CompletionQueue, ConnectOptions, Connection, Device, Listener, ProtectionDomain, QueuePair,
-    Remote,
+    CompletionQueue, ConnectOptions, Connection, ConnectionRequest, Device, ProtectionDomain,
+    QueuePair, Remote,
 };
 use crate::wire::RnrTimer;
 
@@ -430,29 +430,56 @@ fn run_rdma_cm(o: &Options, plan: Plan, mut output: Output<'_>) -> Result<()> {
         None => None,
     };
     let device = super::cm_tool_device(None, &o.device, server.map(|s| s.ip()), "--bind")?;
-    let (link, listener) = match server {
-        Some(to) => (CmLink::connect(&device, to)?, None),
-        None => {
-            let listener = device
-                .listen(o.port)
-                .map_err(failed("Failed to listen on RDMA CM server listen ID"))?;
-            output.waiting()?;
-            (CmLink::accept(&device, &listener)?, Some(listener))
-        }
-    };
-    let connect = match (server, &listener) {
-        (Some(peer), _) => Connect::Client(peer),
-        (None, Some(listener)) => Connect::Server(listener),
-        (None, None) => Connect::Modify,
-    };
-    let exchange = Exchange::new(Link::RdmaCm(Box::new(link)), client);
     let limits = Limits::default();
-    session(
-        End::new(o, exchange, client, &limits),
+    let Some(to) = server else {
+        let listener = device
+            .listen(o.port)
+            .map_err(failed("Failed to listen on RDMA CM server listen ID"))?;
+        output.waiting()?;
+        let control = next_request(&listener)?;
+        let mut data = &listener;
+        return serve_cm(o, plan, &device, (control, &mut data), &limits, output);
+    };
+    let link = CmLink::connect(&device, to)?;
+    let exchange = Exchange::new(Link::RdmaCm(Box::new(link)), client);
+    let end = End::new(o, exchange, client, &limits);
+    session(end, plan, &device, Connect::Client(to), output)
+}
+
+/// A `-R` server's session for the client whose control connection `control` asks for, its
+/// data connections from `data`: the command line's way and the daemon's.
+fn serve_cm(
+    o: &Options,
+    plan: Plan,
+    device: &Device,
+    (control, data): (ConnectionRequest, &mut dyn DataRequests),
+    limits: &Limits,
+    output: Output<'_>,
+) -> Result<()> {
+    let link = CmLink::accept(device, control)?;
+    let exchange = Exchange::new(Link::RdmaCm(Box::new(link)), false);
+    let end = End::new(o, exchange, false, limits);
+    session(end, plan, device, Connect::Server(data), output)
+}
+
+/// Serves one `-R` client on `device`, as the server of [`run`] would, with the daemon's
+/// limits: `control` is its control connection's request, `data` hands over its data
+/// connections' ones.
+pub fn serve_rdma_cm(
+    o: &Options,
+    device: &Device,
+    (control, data): (ConnectionRequest, &mut dyn DataRequests),
+    limits: &Limits,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let plan = Plan::new(o, false)?;
+    serve_cm(
+        o,
         plan,
-        &device,
-        connect,
-        output,
+        device,
+        (control, data),
+        limits,
+        Output::new(out, o.json),
     )
 }
 
@@ -473,7 +500,7 @@ fn resolve(host: &str) -> Result<IpAddr> {
 enum Connect<'a> {
     Modify,
     Client(SocketAddr),
-    Server(&'a Listener),
+    Server(&'a mut dyn DataRequests),
 }
 
 /// Serves one client that `stream` has accepted, on `device`, as the server of [`run`] would:
@@ -502,7 +529,7 @@ struct End<'a> {
 
 impl<'a> End<'a> {
     fn new(o: &'a Options, mut exchange: Exchange, client: bool, limits: &'a Limits) -> Self {
-        exchange.set_idle(limits.idle);
+        exchange.set_limits(limits);
         End {
             o,
             exchange,
@@ -551,11 +578,18 @@ fn session(
     let rdma_cm = !matches!(connect, Connect::Modify);
     if rdma_cm {
         // `create_rdma_cm_connection`: a round of zeros, the data connections, another.
-        exchange.zeros()?;
         let options = qp_options(o.test.verb(), mtu, plan.out_reads);
         match connect {
-            Connect::Client(peer) => ctx.connect_rdma_cm(peer, &options)?,
-            Connect::Server(listener) => ctx.accept_rdma_cm(listener, &options)?,
+            Connect::Client(peer) => {
+                exchange.zeros()?;
+                ctx.connect_rdma_cm(peer, &options)?;
+            }
+            Connect::Server(data) => {
+                // Ready for them before the zeros that let the client connect.
+                data.expect(exchange.peer_address(), o.qps);
+                exchange.zeros()?;
+                ctx.accept_rdma_cm(data, &options)?;
+            }
             Connect::Modify => {}
         }
         exchange.zeros()?;
@@ -794,15 +828,19 @@ impl Context {
         Ok(())
     }
 
-    /// `-R`, server: as many connection requests on `listener` as there are data QPs, each
+    /// `-R`, server: as many connection requests from `data` as there are data QPs, each
     /// accepted with one of them (`rdma_cm_server_connection`).
-    fn accept_rdma_cm(&mut self, listener: &Listener, options: &ConnectOptions) -> Result<()> {
+    fn accept_rdma_cm(
+        &mut self,
+        data: &mut dyn DataRequests,
+        options: &ConnectOptions,
+    ) -> Result<()> {
         let mut connected = Vec::with_capacity(self.qps.len());
         for qp in std::mem::take(&mut self.qps) {
             let DataQp::Plain(qp) = qp else {
                 continue;
             };
-            let request = next_request(listener)?;
+            let request = data.next()?;
             let conn = request
                 .accept(qp, options, &[])
                 .map_err(failed("Failed to accept the RDMA CM data connection"))?;

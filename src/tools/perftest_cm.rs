@@ -88,12 +88,13 @@ impl Keys {
 }
 
 /// The control connection: its QP's SENDs carry this side's messages, its one posted receive
-/// takes the peer's.
+/// takes the peer's. The region comes first: fields drop in order, and a dropped region is
+/// released at the device's next QP destruction, which the connection's then is.
 pub struct CmLink {
+    recv: MemoryRegion,
     conn: Connection,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
-    recv: MemoryRegion,
 }
 
 impl std::fmt::Debug for CmLink {
@@ -175,6 +176,25 @@ pub fn next_request(listener: &Listener) -> Result<verbs::ConnectionRequest> {
     }
 }
 
+/// Where a `-R` server's data connection requests come from: its own listener (a tool run
+/// from the command line), or the daemon, which hands a session the requests of its client
+/// that come while it expects them.
+pub trait DataRequests {
+    /// The client at `peer` will now connect `count` data QPs (called before this side's
+    /// round of zeros lets it).
+    fn expect(&mut self, peer: IpAddr, count: usize);
+    /// The next of them.
+    fn next(&mut self) -> Result<verbs::ConnectionRequest>;
+}
+
+impl DataRequests for &Listener {
+    fn expect(&mut self, _peer: IpAddr, _count: usize) {}
+
+    fn next(&mut self) -> Result<verbs::ConnectionRequest> {
+        next_request(self)
+    }
+}
+
 impl CmLink {
     /// The control QP, its CQs and its receive buffer, the receive posted.
     fn prepare(
@@ -218,9 +238,8 @@ impl CmLink {
         })
     }
 
-    /// The server's control connection: the first request on `listener` (`rdma_server_connect`).
-    pub fn accept(device: &Device, listener: &Listener) -> Result<CmLink> {
-        let request = next_request(listener)?;
+    /// The server's control connection (`rdma_server_connect`), for `request`.
+    pub fn accept(device: &Device, request: verbs::ConnectionRequest) -> Result<CmLink> {
         let (qp, send_cq, recv_cq, recv) = CmLink::prepare(device)?;
         let conn = request
             .accept(qp, &control_options(device), &[])

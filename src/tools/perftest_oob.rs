@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use super::oob::{give_up, nul_terminated, read_exactly, write_all, DONE};
 use super::perftest_cm::{CmLink, DEST_LEN};
-use super::{Error, PeerActivity, Result};
+use super::{Error, Limits, PeerActivity, Result};
 use crate::transport::PathMtu;
 use crate::wire::{Psn, Qpn, RKey};
 
@@ -179,8 +179,9 @@ pub struct Exchange {
     /// Asked whenever a read times out, once the handshake is over (see
     /// [`watch_reads`](Self::watch_reads)); `None` before, when a timed-out read fails.
     activity: Option<PeerActivity>,
-    /// The idle limit the connection's read timeout stands for, before the handshake is over.
-    idle: Option<Duration>,
+    /// The served session's limits, before the handshake is over: over TCP the connection's
+    /// read timeout stands for the idle limit, over RDMA-CM the reads check both.
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -201,14 +202,15 @@ impl Exchange {
             client,
             peer,
             activity: None,
-            idle: None,
+            limits: Limits::default(),
         }
     }
 
-    /// The connection's read timeout is a served session's idle limit: a read that times out
-    /// during the handshake ends the session with [`Error::PeerSilent`].
-    pub fn set_idle(&mut self, idle: Option<Duration>) {
-        self.idle = idle;
+    /// A served session's limits: a read that waits longer than the idle limit during the
+    /// handshake ends the session with [`Error::PeerSilent`], and one that waits while the
+    /// daemon stops with [`Error::Stopped`] (over TCP the daemon shuts the connection instead).
+    pub fn set_limits(&mut self, limits: &Limits) {
+        self.limits = limits.clone();
     }
 
     /// "client" or "server": the peer.
@@ -231,6 +233,17 @@ impl Exchange {
         }
     }
 
+    /// The peer's address, on RDMA-CM; the unspecified address over TCP, which needs none.
+    pub fn peer_address(&self) -> std::net::IpAddr {
+        match &self.link {
+            Link::RdmaCm(cm) => cm.peer_address(),
+            Link::Tcp(stream) => stream
+                .peer_addr()
+                .map(|a| a.ip())
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+        }
+    }
+
     /// Whether the exchange runs on RDMA-CM (`-R`).
     pub fn is_rdma_cm(&self) -> bool {
         matches!(self.link, Link::RdmaCm(_))
@@ -243,14 +256,15 @@ impl Exchange {
         let Exchange {
             link,
             activity,
-            idle,
+            limits,
             ..
         } = self;
+        let started = std::time::Instant::now();
         let waited: &mut dyn FnMut() -> Result<()> = match activity {
             Some(activity) => &mut || activity.check(),
             None => match link {
-                Link::Tcp(_) => &mut give_up(*idle),
-                Link::RdmaCm(_) => &mut || Ok(()),
+                Link::Tcp(_) => &mut give_up(limits.idle),
+                Link::RdmaCm(_) => &mut || limits.check_since(started),
             },
         };
         match link {

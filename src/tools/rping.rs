@@ -18,7 +18,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{DeviceOptions, Error, Result};
+use super::{DeviceOptions, Error, Limits, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -236,14 +236,18 @@ struct Completions<'a> {
     conn: &'a Connection,
     cq: &'a CompletionQueue,
     early: Vec<WorkCompletion>,
+    /// A served session's limits: a peer silent for the idle limit, or the daemon stopping,
+    /// ends the wait. None for a tool run from the command line, which waits as rping does.
+    watch: Watch,
 }
 
 impl<'a> Completions<'a> {
-    fn new(conn: &'a Connection, cq: &'a CompletionQueue) -> Self {
+    fn new(conn: &'a Connection, cq: &'a CompletionQueue, limits: &Limits) -> Self {
         Completions {
             conn,
             cq,
             early: Vec::new(),
+            watch: Watch::new(limits),
         }
     }
 
@@ -258,7 +262,11 @@ impl<'a> Completions<'a> {
                 doing: "poll error".into(),
                 error,
             };
-            match self.cq.wait(Duration::from_millis(50)).map_err(device)? {
+            let next = self.cq.wait(Duration::from_millis(50)).map_err(device)?;
+            if next.is_some() {
+                self.watch.heard();
+            }
+            match next {
                 Some(wc) if wc.status == WcStatus::Success => self.early.push(wc),
                 // Flushed: the QP went to ERROR as the connection ended.
                 Some(wc) if wc.status == WcStatus::WrFlushErr => return Ok(None),
@@ -272,7 +280,7 @@ impl<'a> Completions<'a> {
                     Some(ConnectionEvent::Disconnected | ConnectionEvent::Failed(_)) => {
                         return Ok(None)
                     }
-                    None => {}
+                    None => self.watch.expired()?,
                 },
             }
         }
@@ -312,7 +320,7 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
     if o.debug {
         writeln!(out, "rdma_connect successful")?;
     }
-    let mut completions = Completions::new(&conn, &r.cq);
+    let mut completions = Completions::new(&conn, &r.cq, &Limits::default());
     let mut start = b'A';
     let mut ping = 0u32;
     while o.count == 0 || ping < o.count {
@@ -396,9 +404,22 @@ fn serve_one(
             break request;
         }
     };
+    serve(o, device, request, &Limits::default(), (out, err))
+}
+
+/// Serves the client whose connection `request` asks for until it disconnects, as rping's
+/// server: the command line's way and the daemon's, whose `limits` bound its waits.
+pub fn serve(
+    o: &Options,
+    device: &Device,
+    request: verbs::ConnectionRequest,
+    limits: &Limits,
+    (out, err): (&mut dyn Write, &mut dyn Write),
+) -> Result<()> {
     if o.debug {
         writeln!(out, "accepting client connection request")?;
     }
+    let memory = limits.reserve(o.size as u64)?;
     let r = Resources::new(device, o.size)?;
     let qp = r.qp()?;
     let conn = request
@@ -407,15 +428,26 @@ fn serve_one(
             doing: "rdma_accept".into(),
             error,
         })?;
-    serve_pings(o, &conn, &r, out)?;
+    let served = serve_pings(o, (&conn, &r), limits, out);
+    // The regions go first: a dropped region is released at the device's next QP
+    // destruction, which the connection's then is.
+    drop(r);
+    drop(conn);
+    drop(memory);
+    served?;
     writeln!(err, "server DISCONNECT EVENT...")?;
     writeln!(err, "wait for RDMA_READ_ADV state 10")?;
     Ok(())
 }
 
 /// Answers pings until the client disconnects.
-fn serve_pings(o: &Options, conn: &Connection, r: &Resources, out: &mut dyn Write) -> Result<()> {
-    let mut completions = Completions::new(conn, &r.cq);
+fn serve_pings(
+    o: &Options,
+    (conn, r): (&Connection, &Resources),
+    limits: &Limits,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut completions = Completions::new(conn, &r.cq, limits);
     loop {
         // The source's description, then the READ of it.
         let Some((addr, rkey, len)) = receive_info(&mut completions, conn, r)? else {

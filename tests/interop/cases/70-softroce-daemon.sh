@@ -1,6 +1,7 @@
 #!/bin/bash
 # softroce daemon against rdma-core and perftest on kernel rxe: `softroce daemon` (host side)
-# serves rc-pingpong on TCP 18515 and write-bw on 18516. Several clients at once: vmA runs
+# serves rc-pingpong on TCP 18515 and write-bw on 18516, and on RDMA-CM rping on port 7174
+# and write-bw -R on 18517 (control and two data connections each). Several clients at once: vmA runs
 # ibv_rc_pingpong while vmB runs ib_write_bw. One after another: vmB runs ibv_rc_pingpong twice.
 # One vanishes: vmA's ib_write_bw of 10^5 WRITEs (far more than it can send in the 3 s it is
 # given; a write-bw server does not count them) is killed mid-transfer. Then the daemon's
@@ -17,6 +18,7 @@ out=$LAB_RUN/softroce-daemon.out err=$LAB_RUN/softroce-daemon.err
 # `ip netns exec` execs the daemon, so $! is the daemon's own PID, for the signals below.
 ip netns exec "$LAB_NS" "$SOFTROCE_BIN" daemon --bind "$LAB_HOST_IP" --idle-timeout 10 \
   --serve 'rc-pingpong -p 18515 -s 4096 -n 200' --serve 'write-bw -p 18516 -s 65536 -n 200' \
+  --serve 'rping -s -p 7174 -S 4096' --serve 'write-bw -R -p 18517 -s 16384 -n 200 -q 2 -m 1024' \
   >"$out" 2>"$err" &
 daemon=$!
 # Whatever happens, no daemon outlives the case: it would hold 10.99.0.1:4791 and TCP 18515.
@@ -50,6 +52,21 @@ for k in 1 2; do
   rc=0; o=$(gexec vmB 120 "$pingpong") || rc=$?; check "vmB $pingpong ($k)" "$rc" "$o"
 done
 
+echo "== RDMA-CM clients at once: vmA rping, vmB ib_write_bw -R on two QPs"
+rping="rping -c -a $LAB_HOST_IP -C 20 -S 4096 -V"
+write_bw_cm="ib_write_bw -d rxe0 -x 1 -F -R -p 18517 -s 16384 -n 200 -q 2 -m 1024 $LAB_HOST_IP"
+guest_bg vmA rp "$SR_TIMEOUT" "$rping"
+guest_bg vmB wbr "$SR_TIMEOUT" "$write_bw_cm"
+rc=0; o=$(guest_wait_bg vmA rp 120) || rc=$?
+echo "---- vmA $rping (exit $rc)"; printf '%s\n' "$o"
+[ "$rc" = 0 ] || { echo "FAIL: vmA $rping"; fails=$((fails + 1)); }
+rc=0; o=$(guest_wait_bg vmB wbr 120) || rc=$?
+echo "---- vmB $write_bw_cm (exit $rc)"; printf '%s\n' "$o"
+# two QPs of 200 WRITEs each, on rdma_cm
+if [ "$rc" != 0 ] || ! grep -qE '^ 16384 +400 ' <<<"$o" || ! grep -q '^ Data ex. method : rdma_cm' <<<"$o"; then
+  echo "FAIL: vmB $write_bw_cm"; fails=$((fails + 1))
+fi
+
 echo "== a client that vanishes: vmA write-bw, killed mid-transfer"
 o=$(gexec vmA 60 "${write_bw/-n 200/-n 100000} >/tmp/killed.out 2>&1 & p=\$!
 sleep 3; kill -KILL \$p && echo killed; cat /tmp/killed.out") || true
@@ -62,8 +79,8 @@ for _ in $(seq 1 50); do
   tail -n 40 "$out" | grep -q 'running 0$' && break
 done
 echo "---- the daemon's counters"; tail -n 40 "$out"
-tail -n 40 "$out" | grep -qx 'sessions: accepted 5 succeeded 4 failed 1 refused 0, running 0' \
-  || { echo "FAIL: the sessions are not 4 succeeded and 1 failed"; fails=$((fails + 1)); }
+tail -n 40 "$out" | grep -qx 'sessions: accepted 7 succeeded 6 failed 1 refused 0, running 0' \
+  || { echo "FAIL: the sessions are not 6 succeeded and 1 failed"; fails=$((fails + 1)); }
 tail -n 40 "$out" | grep -qx 'resources: qps 0 cqs 0 regions 0 windows 0 srqs 0 address_handles 0' \
   || { echo "FAIL: the daemon still holds objects"; fails=$((fails + 1)); }
 
