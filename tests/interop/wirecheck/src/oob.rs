@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use softroce::tools::oob;
 pub use softroce::tools::oob::Dest as PingpongDest;
-use softroce::tools::perftest_oob::Exchange;
 pub use softroce::tools::perftest_oob::{BwReport as Report, Keys as PerftestDest};
+use softroce::tools::perftest_oob::{Exchange, Link};
 use softroce::transport::PathMtu;
 
 use crate::Result;
@@ -53,7 +53,7 @@ pub struct Perftest {
 impl Perftest {
     /// Everything before the test: returns the connection and the server's keys.
     pub fn connect(server: SocketAddrV4, me: PerftestDest) -> Result<(Perftest, PerftestDest)> {
-        let mut exchange = Exchange::new(connect(server)?, true);
+        let mut exchange = Exchange::new(Link::Tcp(connect(server)?), true);
         exchange.versions()?;
         exchange.sys_data(PAGE, CACHE_LINE)?;
         // rxe's active MTU in the lab is 1024; the server takes the smaller of the two.
