@@ -154,6 +154,10 @@ impl CmEndpoint {
                 remote_qpn: Qpn::new(0),
                 ack_timeout: p.local_ack_timeout,
                 period,
+                // The passive side sends again after the response time our REQ announces
+                // (cm.c `cm_req_handler`: `timeout_ms` from LocalCMResponseTimeout).
+                peer_period: ib_timeout(self.config.response_timeout),
+                answered_dreq: false,
                 retries_left: self.config.max_retries,
                 deadline: Some(self.now + period),
                 last: Some(mad),

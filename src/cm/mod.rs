@@ -377,6 +377,11 @@ struct Conn {
     ack_timeout: u8,
     /// How long the peer has to answer our last message before it is sent again.
     period: Duration,
+    /// How long the peer waits for our answer before it sends again: after we answer its DREQ,
+    /// how long a lost DREP may keep it asking.
+    peer_period: Duration,
+    /// We answered the peer's DREQ: in timewait, it may ask again (see [`CmEndpoint::lingering`]).
+    answered_dreq: bool,
     retries_left: u8,
     deadline: Option<Duration>,
     /// The message to send again when the timer fires, or when a duplicate asks for it.
@@ -535,6 +540,21 @@ impl CmEndpoint {
     /// How many connections the CM holds, in any state, and SIDR requests in flight.
     pub fn connections(&self) -> usize {
         self.conns.len() + self.sidr.len()
+    }
+
+    /// Disconnects still in flight: our DREQs not yet answered, and peers whose DREQ we
+    /// answered and that could still send it again, had our DREP been lost. The kernel's CM
+    /// outlives the processes that use it and answers such repeats for ever (cm.c
+    /// `cm_issue_drep`); softroce's lives in the process, so a process that exits right after
+    /// a disconnect waits for this to reach zero, or a peer that lost our DREP retries its DREQ
+    /// for a minute before it reports the disconnect ([`Device::linger`]).
+    ///
+    /// [`Device::linger`]: crate::verbs::Device::linger
+    pub fn lingering(&self) -> usize {
+        let in_flight = |c: &&Conn| {
+            c.state == State::DreqSent || (c.state == State::TimeWait && c.answered_dreq)
+        };
+        self.conns.values().filter(in_flight).count()
     }
 
     /// A random 24-bit starting PSN, as the kernel draws one for each RDMA-CM ID.

@@ -122,6 +122,12 @@ impl CmEndpoint {
                 // The REP is sent again as often as the active side would send its REQ, and
                 // waits as long as it says it takes to answer.
                 period: ib_timeout(req.local_cm_response_timeout),
+                // The active side sends again after twice the packet life time (its REQ's
+                // ACK timeout less one) and the response time it asks of us (cm.c
+                // `ib_send_cm_req`: `timeout_ms`).
+                peer_period: ib_timeout(req.remote_cm_response_timeout)
+                    + 2 * ib_timeout(req.primary_path.local_ack_timeout.saturating_sub(1)),
+                answered_dreq: false,
                 retries_left: req.max_cm_retries.min(self.config.max_retries),
                 // How long the application may take: what our MRA promises.
                 deadline: Some(self.now + ib_timeout(MRA_SERVICE_TIMEOUT)),

@@ -111,10 +111,12 @@ impl CmEndpoint {
                 self.events
                     .push_back(CmEvent::Disconnected { conn: ConnId(id) });
                 self.enter_timewait(id);
+                self.await_repeat(id);
             }
             State::TimeWait => {
                 self.counters.duplicates += 1;
                 self.outbox.send(&mut self.counters, src, tid, &drep(dreq));
+                self.await_repeat(id);
             }
             _ => self.counters.dropped_unexpected += 1,
         }
@@ -143,6 +145,18 @@ impl CmEndpoint {
         if let Some(conn) = self.conns.get_mut(&id) {
             conn.state = State::TimeWait;
             conn.deadline = Some(self.now + ib_timeout(conn.ack_timeout));
+        }
+    }
+
+    /// We answered connection `id`'s DREQ: it stays in timewait until the peer, had the DREP
+    /// been lost, would have sent its DREQ again (its retransmission period and an eighth more
+    /// for the network), so that the repeat is answered from the connection and a closing
+    /// device knows to wait for it ([`lingering`](Self::lingering)).
+    fn await_repeat(&mut self, id: u32) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.answered_dreq = true;
+            let repeat = self.now + conn.peer_period + conn.peer_period / 8;
+            conn.deadline = conn.deadline.max(Some(repeat));
         }
     }
 

@@ -398,7 +398,59 @@ fn dreq_and_drep_end_both_sides_and_timewait_frees_the_ids() {
     assert_eq!((pair.sent(A, "DREQ"), pair.sent(B, "DREP")), (1, 1));
     assert_eq!(pair.a.connections(), 1, "in timewait");
     pair.advance(ib_timeout(14));
+    assert_eq!(pair.a.connections(), 0, "A's timewait is its ACK timeout");
+    assert_eq!(
+        pair.b.connections(),
+        1,
+        "B answered a DREQ: it waits for a repeat"
+    );
+    pair.advance(ib_timeout(14));
     assert_eq!((pair.a.connections(), pair.b.connections()), (0, 0));
+}
+
+/// The side that answers a DREQ cannot know that its DREP arrived: it keeps the connection
+/// until the peer would have sent its DREQ again (cm.c: the active side's `timeout_ms`, twice
+/// the packet life time and the response time its REQ asks of us; the passive side's, the
+/// response time our REQ announces), and counts it as lingering until then, so that a process
+/// about to exit knows to wait. Our own DREQ lingers until its DREP.
+#[test]
+fn a_dreq_answered_lingers_until_the_peer_could_have_repeated_it() {
+    let mut pair = Pair::new(config());
+    let (active, passive) = pair.connected();
+    pair.a.disconnect(pair.now, active).unwrap();
+    assert_eq!(pair.a.lingering(), 1, "A's DREQ is out");
+    pair.exchange(|from, name| from == B && name == "DREP");
+    assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
+    assert_eq!((pair.a.lingering(), pair.b.lingering()), (1, 1));
+
+    // A sends its DREQ again; B answers from the connection, and waits as long again.
+    pair.advance(ib_timeout(config().response_timeout));
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
+    assert_eq!(pair.sent(B, "DREP"), 2);
+    assert_eq!(pair.b.counters().unknown_dreqs_answered, 0);
+    assert_eq!((pair.a.lingering(), pair.b.lingering()), (0, 1));
+
+    // A's REQ: response timeout 10, ACK timeout 14, so a packet life time of 13.
+    let repeat = ib_timeout(10) + 2 * ib_timeout(13);
+    pair.advance(repeat);
+    assert_eq!(pair.b.lingering(), 1, "A could still be about to ask again");
+    pair.advance(repeat / 8);
+    assert_eq!((pair.b.lingering(), pair.b.connections()), (0, 0));
+
+    // The other way round: the passive side's DREQ, which the active side answers, may come
+    // again after the response time the active side's REQ announced.
+    let mut pair = Pair::new(config());
+    let (_, passive) = pair.connected();
+    pair.b.disconnect(pair.now, passive).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!((pair.a.lingering(), pair.b.lingering()), (1, 0));
+    // Here that is shorter than A's timewait, its ACK timeout, which it waits out all the same.
+    let repeat = ib_timeout(config().response_timeout);
+    pair.advance(repeat + repeat / 8);
+    assert_eq!(pair.a.lingering(), 1);
+    pair.advance(ib_timeout(14) - repeat - repeat / 8);
+    assert_eq!((pair.a.lingering(), pair.a.connections()), (0, 0));
 }
 
 /// IBTA 12.9.6, DREQ race: both sides send a DREQ at once; each answers the other's, and each

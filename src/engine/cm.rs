@@ -81,6 +81,12 @@ pub(crate) enum CmCommand {
         reply: Reply<Result<(), CmError>>,
     },
     Counters(Reply<(CmCounters, AgentCounters)>),
+    /// Signals `settled` once no disconnect is in flight ([`CmEndpoint::lingering`]).
+    ///
+    /// [`CmEndpoint::lingering`]: crate::cm::CmEndpoint::lingering
+    Linger {
+        settled: Sender<()>,
+    },
 }
 
 /// The CM agent and where its events go.
@@ -90,6 +96,8 @@ pub(super) struct CmRouter {
     listeners: HashMap<ListenerId, Sender<CmEvent>>,
     conns: HashMap<ConnId, Sender<CmEvent>>,
     sidr: HashMap<SidrId, Sender<CmEvent>>,
+    /// Waiting for the disconnects in flight to settle.
+    lingering: Vec<Sender<()>>,
     /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
     next_port: u16,
 }
@@ -110,6 +118,7 @@ impl CmRouter {
             listeners: HashMap::new(),
             conns: HashMap::new(),
             sidr: HashMap::new(),
+            lingering: Vec::new(),
             next_port: PORTS.start + (seed % u64::from(PORTS.end - PORTS.start)) as u16,
         })
     }
@@ -234,6 +243,7 @@ impl CmRouter {
                 );
                 let _ = reply.send(counters);
             }
+            CmCommand::Linger { settled } => self.lingering.push(settled),
         }
         self.pump(now, ep);
     }
@@ -273,6 +283,11 @@ impl CmRouter {
         if refused {
             // The refusals go out now, not at the next turn.
             self.agent.pump(now, ep);
+        }
+        if !self.lingering.is_empty() && self.agent.cm().lingering() == 0 {
+            for settled in self.lingering.drain(..) {
+                let _ = settled.try_send(());
+            }
         }
     }
 

@@ -200,6 +200,33 @@ pub(crate) fn route_source(peer: IpAddr) -> Result<IpAddr> {
     })
 }
 
+/// The device of a CM tool, which the tool's process outlives only briefly: dropped, it first
+/// waits for the disconnects in flight to settle ([`Device::linger`]), so that a peer whose
+/// DREQ it answered, and which lost the DREP, is answered again rather than left retrying
+/// for a minute. Up to the peer's retransmission period, about 5 to 7 s with librdmacm's
+/// defaults, and only after a disconnect the peer began.
+pub(crate) struct CmToolDevice(Device);
+
+/// The longest a CM tool's device waits at its end: a peer's DREQ period is at most about
+/// 7 s with librdmacm's defaults, and one DREP lost twice in a row is allowed for.
+const CM_TOOL_LINGER: Duration = Duration::from_secs(15);
+
+impl std::ops::Deref for CmToolDevice {
+    type Target = Device;
+
+    fn deref(&self) -> &Device {
+        &self.0
+    }
+}
+
+impl Drop for CmToolDevice {
+    fn drop(&mut self) {
+        if let Ok(false) = self.0.linger(CM_TOOL_LINGER) {
+            tracing::warn!("a peer's disconnect was still in flight when the tool ended");
+        }
+    }
+}
+
 /// The device of a CM tool: `address` (its -b, -a or -I), the common `--bind`, or, for a client
 /// (`server` given), the source address of the route to the server. A server needs one:
 /// `flag` says which flag gives it.
@@ -208,7 +235,7 @@ pub(crate) fn cm_tool_device(
     device: &DeviceOptions,
     server: Option<IpAddr>,
     flag: &str,
-) -> Result<Device> {
+) -> Result<CmToolDevice> {
     let address = match (address.or(device.bind), server) {
         (Some(address), _) => address,
         (None, Some(server)) => route_source(server)?,
@@ -218,7 +245,7 @@ pub(crate) fn cm_tool_device(
             )))
         }
     };
-    device.open(address)
+    device.open(address).map(CmToolDevice)
 }
 
 /// The last lines of ucmatose and udaddy (their `main`): "test complete" and the status.

@@ -154,7 +154,7 @@ pub fn run(o: &Options, out: &mut dyn Write) -> Result<()> {
 }
 
 /// The device, and udaddy's check of the datagram size against its port MTU.
-fn open(o: &Options, towards: Option<IpAddr>) -> Result<Device> {
+fn open(o: &Options, towards: Option<IpAddr>) -> Result<super::CmToolDevice> {
     let device = super::cm_tool_device(o.bind, &o.device, towards, "-b")?;
     let mtu = device.port_mtu().bytes();
     if o.size > mtu {

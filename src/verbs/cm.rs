@@ -121,6 +121,24 @@ impl Device {
         }
     }
 
+    /// Waits, up to `max`, until no disconnect is in flight: every DREQ of ours answered, and
+    /// every peer whose DREQ we answered past the time it would send it again had our DREP been
+    /// lost (its retransmission period: about 4 to 7 s with librdmacm's defaults). True if
+    /// that came before `max`.
+    ///
+    /// The kernel's CM outlives the processes that use it and answers a repeated DREQ long
+    /// after they exit; softroce's CM lives in the process. A program that exits right after
+    /// its connections end calls this first, or a peer that lost the last DREP keeps sending
+    /// its DREQ for a minute before it reports the disconnect (cmatose's server, which waits
+    /// for its DISCONNECTED events, hangs that long). Nothing else waits: dropping the device
+    /// does not.
+    pub fn linger(&self, max: Duration) -> Result<bool> {
+        let (settled, done) = bounded(1);
+        self.engine()
+            .command(Command::Cm(CmCommand::Linger { settled }))?;
+        Ok(receive(self.engine(), &done, max)?.is_some())
+    }
+
     /// The CM's counters, and those of the agent that carries its MADs on QP1.
     pub fn cm_counters(&self) -> Result<(CmCounters, AgentCounters)> {
         Ok(self

@@ -43,7 +43,7 @@ GUEST_TC=/sbin/tc
 # Packages the lab needs on the host (the guest initramfs is assembled from the host's files);
 # tshark reads softroce's recordings in the matrix, as Wireshark would.
 LAB_PACKAGES="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-utils ibverbs-providers perftest
-rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3 tshark"
+rdmacm-utils busybox-static iproute2 tcpdump cpio kmod python3 tshark nftables"
 
 # ---------------------------------------------------------------------------------------------
 # small helpers

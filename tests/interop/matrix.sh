@@ -114,9 +114,12 @@ mx_def() {
       if mx_has loss "$col"; then MX_ITERS=500; fi
       MX_ARGS="-F -n $MX_ITERS -s $MX_SIZE -m $m" MX_MSGS=$MX_ITERS;;
     rping)
-      # a READ and a WRITE of $big bytes a ping
+      # a READ and a WRITE of $big bytes a ping. With loss, fewer and larger pings: most of
+      # rping's packets are single-packet SENDs, their ACKs and last packets, and each one lost
+      # costs the QPs' ACK timeout, which the guest's CM sets to about 2.1 s (packet life 18);
+      # a lost packet inside a READ or WRITE is recovered at once (NAK, or the gap seen).
       MX_KIND=rping MX_SIZE=$big MX_ITERS=20
-      if mx_has loss "$col"; then MX_ITERS=60; fi
+      if mx_has loss "$col"; then MX_SIZE=$((big * 4)) MX_ITERS=24; fi
       MX_ARGS="-C $MX_ITERS -S $MX_SIZE -V" MX_MSGS=$((2 * MX_ITERS));;
     ucmatose)
       # two connections, -C SENDs of $big bytes each way on each
@@ -221,6 +224,9 @@ cmd_run() {
     ! mx_has mtu4096 || guest_set_mtu 1024 vmB >/dev/null 2>&1 || true' EXIT
   softroce_build || exit 1
   SR_PREPARE=mx_prepare SR_TIMEOUT=30 MX_PCAP=""
+  # a lost packet may cost a 2 s ACK timeout, and a CM tool waits out its peer's DREQ period
+  # (up to 7 s) before it exits (CmToolDevice)
+  if mx_has loss; then SR_TIMEOUT=60; fi
   if "$SOFTROCE_BIN" rc-pingpong --help | grep -q -- '--pcap'; then
     MX_PCAP=$LAB_RUN/cases/matrix_${cell//[:+]/_}.pcap
     rm -f "$MX_PCAP"

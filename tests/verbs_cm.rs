@@ -1,0 +1,74 @@
+//! The RDMA-CM verbs on two devices on loopback: what the sans-IO tests (`src/cm/tests.rs`)
+//! cannot show, the device's own waits.
+use std::time::{Duration, Instant};
+
+use softroce::cm::{ib_timeout, CmConfig};
+use softroce::transport::ConnectOptions;
+use softroce::verbs::{Connection, ConnectionEvent, Device, DeviceConfig, Error};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A device at `address` whose REQs announce a response time of 4.096 µs × 2^16, 268 ms.
+fn device(address: &str) -> Device {
+    let mut config = DeviceConfig::udp(address.parse().unwrap());
+    config.cm = CmConfig {
+        response_timeout: 16,
+        ..CmConfig::default()
+    };
+    Device::open(config).unwrap()
+}
+
+fn connection(device: &Device) -> Result<Connection, Error> {
+    let pd = device.alloc_pd()?;
+    let cq = device.create_cq(4)?;
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build()?;
+    Connection::connect(
+        qp,
+        "127.0.0.71:7174".parse().unwrap(),
+        &ConnectOptions::default(),
+        &[],
+    )
+}
+
+/// The side that answers a DREQ cannot know its DREP arrived; the peer sends its DREQ again
+/// after the response time the REQ announced (cm.c `cm_req_handler`). `Device::linger` waits
+/// that long, and an eighth more, so that a process that exits next does not leave the peer
+/// retrying; the side whose DREQ was answered has nothing to wait for.
+#[test]
+fn linger_waits_out_the_peers_dreq_period_after_answering_its_dreq() {
+    let server = device("127.0.0.71");
+    let listener = server.listen(7174).unwrap();
+    let accepted = std::thread::spawn(move || {
+        let request = listener.next_request(WAIT).unwrap().expect("a request");
+        let pd = server.alloc_pd().unwrap();
+        let cq = server.create_cq(4).unwrap();
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        let conn = request.accept(qp, &ConnectOptions::default(), &[]).unwrap();
+        (server, conn)
+    });
+    let client = device("127.0.0.72");
+    let conn = connection(&client).unwrap();
+    let (server, server_conn) = accepted.join().unwrap();
+    assert!(client.linger(WAIT).unwrap(), "nothing is in flight yet");
+
+    // Before the DREQ, so that the time measured is no more than the client's linger.
+    let asked = Instant::now();
+    server_conn.disconnect().unwrap();
+    assert_eq!(
+        conn.wait_event(WAIT).unwrap(),
+        Some(ConnectionEvent::Disconnected)
+    );
+    assert!(
+        server.linger(WAIT).unwrap(),
+        "the server's DREQ was answered"
+    );
+    assert!(client.linger(WAIT).unwrap());
+    let period = ib_timeout(16);
+    assert!(
+        asked.elapsed() >= period + period / 8,
+        "the client lingered {:?}, less than its peer's DREQ period",
+        asked.elapsed()
+    );
+    let (counters, _) = client.cm_counters().unwrap();
+    assert_eq!(counters.unknown_dreqs_answered, 0);
+}
