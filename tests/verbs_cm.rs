@@ -8,11 +8,11 @@ use softroce::verbs::{Connection, ConnectionEvent, Device, DeviceConfig, Error};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A device at `address` whose REQs announce a response time of 4.096 µs × 2^16, 268 ms.
+/// A device at `address` whose REQs announce a response time of 4.096 µs × 2^18, 1.07 s.
 fn device(address: &str) -> Device {
     let mut config = DeviceConfig::udp(address.parse().unwrap());
     config.cm = CmConfig {
-        response_timeout: 16,
+        response_timeout: 18,
         ..CmConfig::default()
     };
     Device::open(config).unwrap()
@@ -59,11 +59,15 @@ fn linger_waits_out_the_peers_dreq_period_after_answering_its_dreq() {
         Some(ConnectionEvent::Disconnected)
     );
     assert!(
+        !client.linger(Duration::from_millis(1)).unwrap(),
+        "the server could still send its DREQ again"
+    );
+    assert!(
         server.linger(WAIT).unwrap(),
         "the server's DREQ was answered"
     );
     assert!(client.linger(WAIT).unwrap());
-    let period = ib_timeout(16);
+    let period = ib_timeout(18);
     assert!(
         asked.elapsed() >= period + period / 8,
         "the client lingered {:?}, less than its peer's DREQ period",

@@ -81,11 +81,13 @@ pub(crate) enum CmCommand {
         reply: Reply<Result<(), CmError>>,
     },
     Counters(Reply<(CmCounters, AgentCounters)>),
-    /// Signals `settled` once no disconnect is in flight ([`CmEndpoint::lingering`]).
+    /// Signals `settled` once no disconnect is in flight ([`CmEndpoint::lingering`]), or
+    /// forgets it after `max`, when its caller has stopped waiting.
     ///
     /// [`CmEndpoint::lingering`]: crate::cm::CmEndpoint::lingering
     Linger {
         settled: Sender<()>,
+        max: Duration,
     },
 }
 
@@ -96,8 +98,8 @@ pub(super) struct CmRouter {
     listeners: HashMap<ListenerId, Sender<CmEvent>>,
     conns: HashMap<ConnId, Sender<CmEvent>>,
     sidr: HashMap<SidrId, Sender<CmEvent>>,
-    /// Waiting for the disconnects in flight to settle.
-    lingering: Vec<Sender<()>>,
+    /// Waiting for the disconnects in flight to settle, each until its deadline.
+    lingering: Vec<(Duration, Sender<()>)>,
     /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
     next_port: u16,
 }
@@ -243,7 +245,7 @@ impl CmRouter {
                 );
                 let _ = reply.send(counters);
             }
-            CmCommand::Linger { settled } => self.lingering.push(settled),
+            CmCommand::Linger { settled, max } => self.lingering.push((now + max, settled)),
         }
         self.pump(now, ep);
     }
@@ -284,10 +286,15 @@ impl CmRouter {
             // The refusals go out now, not at the next turn.
             self.agent.pump(now, ep);
         }
-        if !self.lingering.is_empty() && self.agent.cm().lingering() == 0 {
-            for settled in self.lingering.drain(..) {
+        if self.lingering.is_empty() {
+            return;
+        }
+        if self.agent.cm().lingering() == 0 {
+            for (_, settled) in self.lingering.drain(..) {
                 let _ = settled.try_send(());
             }
+        } else {
+            self.lingering.retain(|(until, _)| *until > now);
         }
     }
 

@@ -135,7 +135,7 @@ impl Device {
     pub fn linger(&self, max: Duration) -> Result<bool> {
         let (settled, done) = bounded(1);
         self.engine()
-            .command(Command::Cm(CmCommand::Linger { settled }))?;
+            .command(Command::Cm(CmCommand::Linger { settled, max }))?;
         Ok(receive(self.engine(), &done, max)?.is_some())
     }
 

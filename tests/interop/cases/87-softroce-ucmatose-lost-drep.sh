@@ -16,20 +16,24 @@ source "$(dirname "$0")/../cm.sh"
 TABLE=softroce_lab_lost_drep
 drop_first_drep() {
   lab_ns_exec nft delete table inet "$TABLE" 2>/dev/null || true
-  # The MAD's attribute ID (DREP, 0x0016) lies 64 bytes into an IPv4 datagram: IP 20, UDP 8,
-  # BTH 12, DETH 8, then 16 bytes into the MAD header. The first DREP of every three is dropped.
+  # In an IPv4 datagram the BTH's destination QP (1, the CM's) lies 32 bytes in (IP 20, UDP 8,
+  # BTH's first 4), and the MAD's attribute ID (DREP, 0x0016) 64 bytes in (BTH 12, DETH 8,
+  # then 16 bytes into the MAD header). The first DREP of every three is dropped.
   lab_ns_exec nft -f - <<NFT
 table inet $TABLE {
   chain out {
     type filter hook output priority 0;
-    udp dport 4791 @nh,512,16 0x0016 numgen inc mod 3 0 counter drop
-    udp dport 4791 @nh,512,16 0x0016 counter
+    meta nfproto ipv4 udp dport 4791 @nh,256,32 1 @nh,512,16 0x0016 numgen inc mod 3 0 counter drop
+    meta nfproto ipv4 udp dport 4791 @nh,256,32 1 @nh,512,16 0x0016 counter
   }
 }
 NFT
 }
 trap 'lab_ns_exec nft delete table inet "$TABLE" 2>/dev/null || true' EXIT
 
+# One DREP a datagram: with segmentation offload, DREPs sent in one turn would leave as one
+# UDP_SEGMENT send, which netfilter sees, drops and counts as one packet.
+SR_OPTS="$SR_OPTS --no-segmentation"
 SR_PREPARE=drop_first_drep cm_tool_pair client ucmatose 7471 "-c 2 -C 10 -S 1000"
 counters=$(lab_ns_exec nft list table inet "$TABLE" | grep -o 'packets [0-9]*' | awk '{print $2}' | xargs)
 echo "---- DREPs softroce sent: dropped, passed: $counters"
