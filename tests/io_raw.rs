@@ -270,6 +270,34 @@ fn a_flood_of_foreign_datagrams_counts_against_the_budget() {
     assert_eq!((total, delivered, raw.counters().foreign), (200, 0, 200));
 }
 
+/// A burst of full-MTU datagrams that arrives before the engine reads any is kept whole: UD has
+/// no window to hold a peer back, and the raw socket's default receive buffer (about 25 such
+/// packets) lost udaddy's datagrams in the lab whenever the engine thread was not scheduled.
+#[test]
+#[ignore = "needs CAP_NET_RAW: .ci/run runs it as root"]
+fn a_burst_that_arrives_while_the_engine_is_away_is_kept() {
+    let _turn = one_at_a_time();
+    const BURST: usize = 300;
+    let mut raw = raw(RawConfig::new(addr(31)));
+    let peer = UdpSocket::bind((addr(32), ROCEV2_UDP_PORT)).unwrap();
+    let datagram = &traffic()[1]; // an RC SEND of 4096 bytes
+    for _ in 0..BURST {
+        peer.send_to(datagram, (addr(31), ROCEV2_UDP_PORT)).unwrap();
+    }
+    let mut total = 0;
+    loop {
+        let taken = raw.receive(64, &mut |_| {}).unwrap();
+        if taken == 0 {
+            break;
+        }
+        total += taken;
+    }
+    assert_eq!(
+        total, BURST,
+        "the kernel dropped what the socket had no room for"
+    );
+}
+
 #[test]
 fn without_cap_net_raw_the_error_says_so() {
     let _turn = one_at_a_time();

@@ -172,6 +172,21 @@ pub trait Backend: Send + 'static {
     fn counters(&self) -> IoCounters;
 }
 
+/// The socket buffers asked for; the kernel caps them at net.core.[rw]mem_max.
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Asks for large socket buffers, best effort. A burst of full-MTU packets that no window holds
+/// back (UD datagrams, the responses of many READs) can arrive while the engine thread is not
+/// running, and with the default receive buffer (net.core.rmem_default, about 25 packets of
+/// 4 KiB on a raw socket) the kernel drops the rest: for UD, lost messages. A process with
+/// CAP_NET_ADMIN is not held to net.core.rmem_max (`SO_RCVBUFFORCE`); any other gets at most that.
+fn enlarge_socket_buffers(socket: &socket2::Socket) {
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(socket, SOCKET_BUFFER).is_err() {
+        let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+}
+
 /// The IPv4 TOS or IPv6 traffic class byte for a DSCP (0 to 63) and ECN codepoint (0 to 3).
 /// Both are masked out of the ICRC, so routers may rewrite them.
 fn traffic_class(dscp: u8, ecn: u8) -> io::Result<u8> {

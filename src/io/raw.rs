@@ -42,7 +42,7 @@ use mio::unix::SourceFd;
 use mio::{event, Interest, Registry, Token};
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 
-use super::{traffic_class, Backend, Failure, IoCounters, Unreachable};
+use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
 use crate::transport::Datagram;
 use crate::wire::icrc::{icrc_ipv4, ICRC_LEN};
 use crate::wire::{DethRepr, Frame, IpRepr, RocePacket, ROCEV2_UDP_PORT};
@@ -233,6 +233,7 @@ impl RawBackend {
         raw.attach_filter(&PORT_4791)?;
         raw.bind(&SocketAddrV4::new(address, 0).into())?;
         raw.set_nonblocking(true)?;
+        enlarge_socket_buffers(&raw);
 
         let local = SocketAddrV4::new(address, ROCEV2_UDP_PORT);
         let port = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;

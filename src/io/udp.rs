@@ -77,12 +77,10 @@ use nix::{libc, setsockopt_impl, sockopt_impl};
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::{traffic_class, Backend, Failure, IoCounters, Unreachable};
+use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
 use crate::transport::Datagram;
 use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
 
-/// The socket buffers asked for; the kernel caps them at net.core.[rw]mem_max.
-const SOCKET_BUFFER: usize = 8 << 20;
 /// The largest UDP payload an IPv4 datagram carries: the bound on one train and on one
 /// coalesced receive.
 const MAX_UDP_PAYLOAD: usize = 65_507;
@@ -227,9 +225,7 @@ impl UdpBackend {
                 setsockopt(&socket, UdpNoCheck6Rx, &true)?;
             }
         }
-        // Best effort: without privileges the kernel caps these at its limits.
-        let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
-        let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+        enlarge_socket_buffers(&socket);
         // Coalesced receives are safe whoever sends. Best effort: before Linux 5.0 there is no
         // UDP_GRO, no control message comes, and each receive is one datagram.
         let _ = setsockopt(&socket, nix_sockopt::UdpGroSegment, &true);
