@@ -1,13 +1,16 @@
 //! End-to-end figures over real sockets on loopback, each beside its baseline from the same run,
 //! reported as ratios, medians of `SOFTROCE_BENCH_RUNS` runs (default 5):
 //!
-//! - RC RDMA WRITE goodput at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB messages, 1 and 8 QPs,
-//!   against a UDP blast of the same datagrams between two threads (segmentation offload on
-//!   send, GRO on receive: the cheapest way through the kernel, as `benches/udp_baseline.rs`
-//!   measured), which is the limit of the path softroce rides on, and against a TCP stream;
+//! - RC RDMA WRITE goodput (and message rate) at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB
+//!   messages, 1 and 8 QPs, against a UDP blast of the same datagrams between two threads
+//!   (segmentation offload on send, GRO on receive: the cheapest way through the kernel, as
+//!   `benches/udp_baseline.rs` measured), which is the limit of the path softroce rides on, and
+//!   against a TCP stream;
 //! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
 //!
-//! Run with `cargo bench --bench e2e`; it prints a markdown table.
+//! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
+//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `pingpong thread`,
+//! `pingpong inline`), for a profile of one row: baselines are then not run.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -30,6 +33,16 @@ fn runs() -> usize {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5)
+}
+
+/// Whether the row `name` runs (`SOFTROCE_BENCH_ONLY`).
+fn selected(name: &str) -> bool {
+    std::env::var("SOFTROCE_BENCH_ONLY").map_or(true, |only| name.contains(&only))
+}
+
+/// Baselines run only in a full run.
+fn baselines() -> bool {
+    std::env::var_os("SOFTROCE_BENCH_ONLY").is_none()
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -281,20 +294,43 @@ fn udp_pingpong() -> f64 {
     })
 }
 
+/// A message size as the table names it.
+fn size_name(size: usize) -> String {
+    if size >= 1 << 20 {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1024 {
+        format!("{} KiB", size >> 10)
+    } else {
+        format!("{size} B")
+    }
+}
+
+/// The median of `runs` runs of `f`, or NaN when there are no baselines in this run.
+fn baseline(runs: usize, f: impl Fn() -> f64) -> f64 {
+    if baselines() {
+        median((0..runs).map(|_| f()).collect())
+    } else {
+        f64::NAN
+    }
+}
+
 fn main() {
     let runs = runs();
     let mb = |x: f64| x / 1e6;
     println!("RC WRITE goodput, MTU 4096, loopback, median of {runs} runs\n");
     println!(
-        "| message | QPs | softroce MB/s | UDP blast MB/s | ratio | TCP stream MB/s | ratio |"
+        "| message | QPs | softroce MB/s | messages/s | UDP blast MB/s | ratio | TCP stream MB/s | ratio |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    let tcp = median((0..runs).map(|_| tcp_stream()).collect());
+    println!("|---|---|---|---|---|---|---|---|");
+    let tcp = baseline(runs, tcp_stream);
     let mut id = 0u8;
     for size in SIZES {
         let datagram = size.min(MTU) + ROCE_OVERHEAD;
-        let udp = median((0..runs).map(|_| udp_blast(datagram)).collect());
+        let udp = baseline(runs, || udp_blast(datagram));
         for nqp in [1, 8] {
+            if !selected(&format!("write {} x{nqp}", size_name(size))) {
+                continue;
+            }
             let soft = median(
                 (0..runs)
                     .map(|_| {
@@ -304,15 +340,10 @@ fn main() {
                     .collect(),
             );
             println!(
-                "| {} | {nqp} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
-                if size >= 1 << 20 {
-                    format!("{} MiB", size >> 20)
-                } else if size >= 1024 {
-                    format!("{} KiB", size >> 10)
-                } else {
-                    format!("{size} B")
-                },
+                "| {} | {nqp} | {:.0} | {:.2} M | {:.0} | {:.2} | {:.0} | {:.2} |",
+                size_name(size),
                 mb(soft),
+                soft / size as f64 / 1e6,
                 mb(udp),
                 soft / udp,
                 mb(tcp),
@@ -320,14 +351,21 @@ fn main() {
             );
         }
     }
-    let udp = median((0..runs).map(|_| udp_pingpong()).collect());
+    let udp = baseline(runs, udp_pingpong);
     println!("\n8-byte ping-pong, half round trip, median of {runs} runs\n");
     println!("| engine progress | softroce RC SEND | UDP datagrams | ratio |");
     println!("|---|---|---|---|");
-    for (progress, name) in [
-        (Progress::Thread, "its own thread"),
-        (Progress::Inline, "inline (the application's thread)"),
+    for (progress, key, name) in [
+        (Progress::Thread, "pingpong thread", "its own thread"),
+        (
+            Progress::Inline,
+            "pingpong inline",
+            "inline (the application's thread)",
+        ),
     ] {
+        if !selected(key) {
+            continue;
+        }
         let soft = median(
             (0..runs)
                 .map(|_| {

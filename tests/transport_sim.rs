@@ -1028,3 +1028,64 @@ fn periodic_loss_in_step_with_go_back_n_exhausts_the_retries() {
     );
     assert!(sim.stats.dropped > 0);
 }
+
+/// An ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced acknowledges): of
+/// the requests that arrive in one batch, the responder ACKs only the last of each run, and
+/// never across a READ response, which must reach the requester before any ACK of a later PSN
+/// (an ACK past an unanswered READ tells the requester the response was lost, IBTA 9.7.5.1.2).
+#[test]
+fn acks_of_one_batch_are_coalesced_but_not_across_a_read_response() {
+    let mut sim = Sim::new(2, seed(31), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    let seen = sim::record(&mut sim);
+    let write = |i: u64| SendOp::Write {
+        remote_addr: IOVA + 0x1000 + 64 * i,
+        rkey: b.mr.rkey(),
+    };
+    let read = SendOp::Read {
+        remote_addr: IOVA + 0x2000,
+        rkey: b.mr.rkey(),
+    };
+    let ops = [
+        write(0),
+        write(1),
+        write(2),
+        write(3),
+        read,
+        write(4),
+        write(5),
+        write(6),
+    ];
+    // Posted at one instant and sent without a link delay, they arrive in one batch.
+    for (i, op) in ops.into_iter().enumerate() {
+        post_send(
+            &mut sim,
+            0,
+            &a,
+            SendWr::new(i as u64, op, sge(&a, 64 * i as u64, 64)),
+        );
+    }
+    sim.run_idle(LIMIT);
+    let sent = drain(&mut sim, 0, a.cq);
+    assert_eq!(sent.len(), 8, "{sent:?}");
+    assert!(
+        sent.iter().all(|wc| wc.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    let psn = |k: u32| Psn::new(Options::default().psn[0] + k);
+    let responses: Vec<_> = seen
+        .borrow()
+        .iter()
+        .filter(|s| s.from == 1)
+        .map(|s| (s.opcode, s.psn))
+        .collect();
+    assert_eq!(
+        responses,
+        [
+            (Opcode::RcAck, psn(3)),
+            (Opcode::RcReadResponseOnly, psn(4)),
+            (Opcode::RcAck, psn(7)),
+        ]
+    );
+    assert_eq!(sim.nodes[1].counters().coalesced_acks, 5);
+}

@@ -19,6 +19,7 @@ mod cm;
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -119,6 +120,19 @@ pub enum Progress {
     Inline,
 }
 
+/// How posting wakes an engine thread only when it sleeps: waking costs a syscall (an eventfd
+/// write) and the thread a trip through the scheduler, and an engine that is running takes
+/// every posted request at its next turn anyway.
+///
+/// A poster sets `posted`, then wakes the engine if `asleep` was set; the engine sets `asleep`,
+/// then looks at `posted` before it sleeps. Both are sequentially consistent, so one of the two
+/// sees the other's store: either the engine does not sleep, or the poster wakes it.
+#[derive(Debug, Default)]
+struct Doorbell {
+    posted: AtomicBool,
+    asleep: AtomicBool,
+}
+
 /// Why an engine stopped on its own: the socket's error, once set.
 type Failure = Arc<OnceLock<Arc<io::Error>>>;
 
@@ -129,6 +143,7 @@ pub(crate) struct EngineHandle {
     /// Interrupts the engine's wait for the socket: the thread's, or an inline turn another
     /// application thread is blocked in.
     waker: Arc<Waker>,
+    doorbell: Arc<Doorbell>,
     driver: Driver,
     failure: Failure,
 }
@@ -155,6 +170,21 @@ impl EngineHandle {
     pub fn command(&self, command: Command) -> Result<(), EngineGone> {
         self.commands.send(command).map_err(|_| self.gone())?;
         self.wake()
+    }
+
+    /// A work request was posted: the engine thread takes it at its next turn, and is woken
+    /// only if it sleeps (see [`Doorbell`]); inline, a turn runs.
+    pub fn ring(&self) -> Result<(), EngineGone> {
+        self.doorbell.posted.store(true, SeqCst);
+        match &self.driver {
+            Driver::Thread(_) => {
+                if self.doorbell.asleep.swap(false, SeqCst) {
+                    self.waker.wake().map_err(|_| self.gone())?;
+                }
+                Ok(())
+            }
+            Driver::Inline(_) => self.drive(Duration::ZERO),
+        }
     }
 
     /// Has the engine look at its channels: wakes the thread, or runs an inline turn.
@@ -230,6 +260,9 @@ struct Engine<B: Backend> {
     next_iova: u64,
     poll: Poll,
     readiness: Events,
+    doorbell: Arc<Doorbell>,
+    /// Posted requests the core had no room for at the last turn: taken at the next.
+    posts_left: bool,
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
@@ -257,6 +290,7 @@ pub(crate) fn start<B: Backend>(
 ) -> io::Result<EngineHandle> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    let doorbell = Arc::new(Doorbell::default());
     poll.registry()
         .register(backend.source(), SOCKET, Interest::READABLE)?;
     let (commands, command_rx) = crossbeam_channel::unbounded();
@@ -280,6 +314,8 @@ pub(crate) fn start<B: Backend>(
         next_iova: first_iova + cm::AGENT_REGION,
         poll,
         readiness: Events::with_capacity(64),
+        doorbell: doorbell.clone(),
+        posts_left: false,
         backlog: false,
         stopped: false,
         failure: Failure::default(),
@@ -298,6 +334,7 @@ pub(crate) fn start<B: Backend>(
         commands,
         events,
         waker,
+        doorbell,
         driver,
         failure,
     })
@@ -339,7 +376,7 @@ impl<B: Backend> Engine<B> {
     /// requests, receives, fires the timers, transmits and hands out completions. False once
     /// the engine has shut down.
     fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
-        let timeout = if self.backlog {
+        let mut timeout = if self.backlog {
             Some(Duration::ZERO)
         } else {
             let next = [self.endpoint.next_deadline(), self.cm.next_deadline()];
@@ -353,7 +390,18 @@ impl<B: Backend> Engine<B> {
                 (d, c) => d.or(c),
             }
         };
-        match self.poll.poll(&mut self.readiness, timeout) {
+        let sleeps = timeout != Some(Duration::ZERO);
+        if sleeps {
+            self.doorbell.asleep.store(true, SeqCst);
+            if self.doorbell.posted.load(SeqCst) {
+                timeout = Some(Duration::ZERO);
+            }
+        }
+        let polled = self.poll.poll(&mut self.readiness, timeout);
+        if sleeps {
+            self.doorbell.asleep.store(false, SeqCst);
+        }
+        match polled {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -363,7 +411,9 @@ impl<B: Backend> Engine<B> {
             self.stopped = true;
             return Ok(false);
         }
-        self.posts();
+        if self.doorbell.posted.swap(false, SeqCst) || self.posts_left {
+            self.posts();
+        }
         let now = self.now();
         let endpoint = &mut self.endpoint;
         let received = self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
@@ -380,6 +430,12 @@ impl<B: Backend> Engine<B> {
         let more_to_send = self.transmit()?;
         self.backlog |= more_to_send;
         self.unreachable_peers(now);
+        // Requests that found their queue full may fit now that this turn's ACKs have
+        // completed others: take them now, or a turn that sleeps would leave them waiting.
+        if self.posts_left {
+            self.posts();
+            self.backlog |= self.endpoint.has_transmits();
+        }
         self.completions();
         Ok(true)
     }
@@ -503,6 +559,7 @@ impl<B: Backend> Engine<B> {
     fn posts(&mut self) {
         let now = self.now();
         let endpoint = &mut self.endpoint;
+        self.posts_left = false;
         for (&qpn, posts) in &self.qps {
             for _ in 0..endpoint.recv_queue_room(qpn) {
                 let Ok(wr) = posts.recv.try_recv() else { break };
@@ -518,6 +575,7 @@ impl<B: Backend> Engine<B> {
                     refused(endpoint, qpn, wr_id, opcode);
                 }
             }
+            self.posts_left |= !posts.send.is_empty() || !posts.recv.is_empty();
         }
     }
 

@@ -24,6 +24,8 @@ macro_rules! counters {
 
 counters! {
     sent_packets,
+    /// ACKs that replaced an unsent ACK of the same QP instead of being sent too.
+    coalesced_acks,
     received_packets,
     retransmitted_packets,
     retry_timeouts,
@@ -72,6 +74,6 @@ mod tests {
         };
         let text = c.to_string();
         assert!(text.contains("unmatched_duplicates    7\n"), "{text}");
-        assert_eq!(text.lines().count(), 25);
+        assert_eq!(text.lines().count(), 26);
     }
 }

@@ -43,9 +43,11 @@ pub use srq::{SrqAttr, SrqId, SrqModify};
 pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, MwType, PdId};
+use crate::wire::icrc::ICRC_LEN;
+use crate::wire::packet::BTH_LEN;
 use crate::wire::{
-    BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn, RKey, RocePacket,
-    Transport,
+    AckSyndrome, AethRepr, Bth, BthRepr, ExtHeader, ExtHeaders, IcrcStatus, LKey, Opcode,
+    PacketRepr, QKey, Qpn, RKey, RocePacket, Transport,
 };
 use cq::{CompletionQueue, Pushed};
 use requester::Requester;
@@ -145,6 +147,16 @@ pub struct QpInit {
     pub max_recv_wr: usize,
 }
 
+/// How far back in the transmit queue an ACK looks for an unsent ACK of its QP to replace.
+const COALESCE_WINDOW: usize = 64;
+
+/// Whether a queued packet is an ACK with no more than its AETH: not a NAK, not an atomic ACK.
+fn is_plain_ack(packet: &[u8]) -> bool {
+    Bth::new_unchecked(packet).opcode() == Opcode::RcAck
+        && packet.len() == BTH_LEN + ExtHeader::Aeth.wire_len() + ICRC_LEN
+        && matches!(AckSyndrome::from_byte(packet[BTH_LEN]), AckSyndrome::Ack(_))
+}
+
 /// Everything a QP's packet handlers may touch besides the QP itself.
 pub(crate) struct Ctx<'a> {
     pub now: Duration,
@@ -176,15 +188,43 @@ impl Ctx<'_> {
         packet.resize(repr.buffer_len(), 0);
         repr.emit(&mut packet)
             .expect("the core builds only headers its opcode requires");
-        let mut view =
-            RocePacket::new_checked(&mut packet[..]).expect("an emitted packet is well formed");
-        if let Err(e) = fill(self.memory, view.payload_mut()) {
+        // The packet was built here from a checked repr: it is not parsed again.
+        let payload = repr.payload_offset();
+        if let Err(e) = fill(self.memory, &mut packet[payload..payload + payload_len]) {
             self.pool.push(packet);
             return Err(e);
         }
         self.counters.sent_packets += 1;
         self.out.push_back(Transmit { dst, packet });
         Ok(())
+    }
+
+    /// Queues an ACK. An ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced
+    /// acknowledges), so one that would follow an unsent ACK of the same QP, with no other
+    /// packet of that QP between them, takes that ACK's place instead. The engine sends only
+    /// after a batch of receives: a QP's responder sends one ACK per batch, not one a message.
+    pub fn send_ack(&mut self, dst: IpAddr, bth: BthRepr, aeth: AethRepr) {
+        let ext = ExtHeaders {
+            aeth: Some(aeth),
+            ..ExtHeaders::default()
+        };
+        let repr = PacketRepr::new(bth, ext, 0);
+        let same_qp = |t: &Transmit| {
+            t.dst == dst && Bth::new_unchecked(&t.packet[..]).dest_qp() == bth.dest_qp
+        };
+        let earlier = self
+            .out
+            .iter_mut()
+            .rev()
+            .take(COALESCE_WINDOW)
+            .find(|t| same_qp(t));
+        if let Some(earlier) = earlier.filter(|t| is_plain_ack(&t.packet)) {
+            repr.emit(&mut earlier.packet)
+                .expect("an ACK is the same length as the ACK it replaces");
+            self.counters.coalesced_acks += 1;
+            return;
+        }
+        let _ = self.send::<()>(dst, bth, ext, 0, |_, _| Ok(()));
     }
 
     /// Queues a completion; an overrun errs the CQ (see [`cq`]) and raises its event, naming

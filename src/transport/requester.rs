@@ -327,20 +327,26 @@ impl Qp {
             }
             if !self.req.sq[idx].started {
                 let op = self.req.sq[idx].wr.op;
-                let rd_atomic_in_flight = self
-                    .req
-                    .sq
-                    .iter()
-                    .take(idx)
-                    .filter(|w| w.wr.op.is_read_or_atomic() && w.done.is_none())
-                    .count();
-                if self.req.sq[idx].wr.fence && rd_atomic_in_flight > 0 {
-                    break;
-                }
-                if op.is_read_or_atomic()
-                    && rd_atomic_in_flight >= usize::from(self.settings.max_rd_atomic.max(1))
-                {
-                    break;
+                // Only a fenced request, a READ or an atomic waits for the READs and atomics
+                // ahead of it: the others (a stream of WRITEs or SENDs) do not count them.
+                let fence = self.req.sq[idx].wr.fence;
+                if fence || op.is_read_or_atomic() {
+                    let limit = if fence {
+                        1
+                    } else {
+                        usize::from(self.settings.max_rd_atomic.max(1))
+                    };
+                    let in_flight = self
+                        .req
+                        .sq
+                        .iter()
+                        .take(idx)
+                        .filter(|w| w.wr.op.is_read_or_atomic() && w.done.is_none())
+                        .take(limit)
+                        .count();
+                    if in_flight >= limit {
+                        break;
+                    }
                 }
                 let wqe = &mut self.req.sq[idx];
                 wqe.started = true;

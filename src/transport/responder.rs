@@ -317,6 +317,10 @@ impl Qp {
         let Some(dst) = self.peer() else { return };
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
+        if opcode == Opcode::RcAck && matches!(aeth.syndrome, AckSyndrome::Ack(_)) {
+            ctx.send_ack(dst, bth, aeth);
+            return;
+        }
         let ext = ExtHeaders {
             aeth: Some(aeth),
             atomic_ack_eth: atomic.map(|original_data| AtomicAckEthRepr { original_data }),

@@ -346,6 +346,11 @@ impl PacketRepr {
         Ok(len)
     }
 
+    /// Where the payload starts in the packet [`emit`](Self::emit) writes.
+    pub fn payload_offset(&self) -> usize {
+        self.buffer_len() - ICRC_LEN - usize::from(self.bth.pad_count) - self.payload_len
+    }
+
     /// [`emit`](Self::emit), then copies `payload` in. Its length must be `payload_len`.
     pub fn emit_with_payload(&self, buffer: &mut [u8], payload: &[u8]) -> Result<usize> {
         if payload.len() != self.payload_len {
@@ -357,7 +362,7 @@ impl PacketRepr {
             });
         }
         let len = self.emit(buffer)?;
-        let offset = len - ICRC_LEN - usize::from(self.bth.pad_count) - self.payload_len;
+        let offset = self.payload_offset();
         buffer[offset..offset + payload.len()].copy_from_slice(payload);
         Ok(len)
     }
