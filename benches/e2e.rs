@@ -340,10 +340,10 @@ fn main() {
                     .collect(),
             );
             println!(
-                "| {} | {nqp} | {:.0} | {:.2} M | {:.0} | {:.2} | {:.0} | {:.2} |",
+                "| {} | {nqp} | {:.0} | {:.0} k | {:.0} | {:.2} | {:.0} | {:.2} |",
                 size_name(size),
                 mb(soft),
-                soft / size as f64 / 1e6,
+                soft / size as f64 / 1e3,
                 mb(udp),
                 soft / udp,
                 mb(tcp),

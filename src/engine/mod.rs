@@ -16,7 +16,6 @@
 
 mod cm;
 
-use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -26,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use mio::{Events, Interest, Poll, Token, Waker};
+use rustc_hash::FxHashMap;
 
 pub(crate) use cm::{CmCommand, ConnectCall};
 
@@ -251,7 +251,7 @@ struct Engine<B: Backend> {
     backend: B,
     start: Instant,
     commands: Receiver<Command>,
-    qps: HashMap<Qpn, QpPosts>,
+    qps: FxHashMap<Qpn, QpPosts>,
     /// Indexed by CQ number; `None` where a CQ was destroyed.
     cqs: Vec<Option<Sender<WorkCompletion>>>,
     events: Sender<AsyncEvent>,
@@ -308,7 +308,7 @@ pub(crate) fn start<B: Backend>(
         backend,
         start: Instant::now(),
         commands: command_rx,
-        qps: HashMap::new(),
+        qps: FxHashMap::default(),
         cqs: Vec::new(),
         events: event_tx,
         next_iova: first_iova + cm::AGENT_REGION,

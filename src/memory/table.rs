@@ -6,11 +6,11 @@
 //! first failing rule says: the key, the protection domain (and for a type 2 window the QP),
 //! the bounds, then the rights.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
+use rustc_hash::FxHashMap;
 
 use super::window::Window;
 use super::{Access, MemoryError, MemoryRegion, PdId, Span};
@@ -31,9 +31,9 @@ pub(super) enum Target {
 pub struct MemoryTable {
     next_pd: u32,
     /// Regions by lkey.
-    pub(super) regions: HashMap<u32, MemoryRegion>,
+    pub(super) regions: FxHashMap<u32, MemoryRegion>,
     /// What each remote key names.
-    pub(super) rkeys: HashMap<u32, Target>,
+    pub(super) rkeys: FxHashMap<u32, Target>,
     /// Windows by slot; `None` where one was deallocated, its slot in `free_windows`.
     pub(super) windows: Vec<Option<Window>>,
     pub(super) free_windows: Vec<usize>,
@@ -67,8 +67,8 @@ impl MemoryTable {
     pub fn new(seed: u64) -> Self {
         MemoryTable {
             next_pd: 1,
-            regions: HashMap::new(),
-            rkeys: HashMap::new(),
+            regions: FxHashMap::default(),
+            rkeys: FxHashMap::default(),
             windows: Vec::new(),
             free_windows: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(seed),

@@ -24,7 +24,9 @@ mod responder;
 mod srq;
 mod wr;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -389,7 +391,7 @@ pub struct Endpoint {
     /// Indexed by handle; `None` where one was destroyed, its slot in `free_ahs`.
     ahs: Vec<Option<(PdId, AddressVector)>>,
     free_ahs: Vec<AddressHandle>,
-    qps: HashMap<Qpn, Qp>,
+    qps: FxHashMap<Qpn, Qp>,
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
     out: VecDeque<Transmit>,
@@ -442,7 +444,7 @@ impl Endpoint {
             srqs: Vec::new(),
             ahs: Vec::new(),
             free_ahs: Vec::new(),
-            qps: HashMap::new(),
+            qps: FxHashMap::default(),
             rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
             pool: Vec::new(),
