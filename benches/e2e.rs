@@ -9,8 +9,8 @@
 //! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
-//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `pingpong thread`,
-//! `pingpong inline`), for a profile of one row: baselines are then not run.
+//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `x8 (+1000 idle)`,
+//! `pingpong thread`, `pingpong inline`), for a profile of one row: baselines are then not run.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -24,6 +24,8 @@ use softroce::verbs::{
 };
 
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
+/// QPs that do nothing, on each device, in the row that measures what they cost.
+const IDLE_QPS: usize = 1000;
 const MTU: usize = 4096;
 /// BTH and ICRC around a RoCE payload.
 const ROCE_OVERHEAD: usize = 16;
@@ -53,12 +55,15 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Two connected devices; the QPs, CQs and regions keep them open.
 struct Pair {
     qps: Vec<(QueuePair, QueuePair)>,
+    /// QPs that do nothing, on both devices: what a busy device's turns cost for them.
+    _idle: Vec<QueuePair>,
     cqs: [CompletionQueue; 2],
     mrs: [softroce::memory::MemoryRegion; 2],
 }
 
-/// Two devices on fresh loopback addresses, `n` connected RC QPs between them.
-fn pair(n: usize, region: usize, id: u8, progress: Progress) -> Pair {
+/// Two devices on fresh loopback addresses, `n` connected RC QPs between them, and `idle`
+/// QPs more on each that are never connected.
+fn pair(n: usize, idle: usize, region: usize, id: u8, progress: Progress) -> Pair {
     let addr = |k: u8| -> std::net::IpAddr { Ipv4Addr::new(127, 0, 1 + id, 1 + k).into() };
     let devices = [0, 1].map(|k| {
         Device::open(DeviceConfig {
@@ -107,15 +112,36 @@ fn pair(n: usize, region: usize, id: u8, progress: Progress) -> Pair {
             (a, b)
         })
         .collect();
-    Pair { qps, cqs, mrs }
+    let idle = (0..2 * idle)
+        .map(|k| {
+            pds[k % 2]
+                .create_qp()
+                .send_cq(&cqs[k % 2])
+                .recv_cq(&cqs[k % 2])
+                .build()
+                .unwrap()
+        })
+        .collect();
+    Pair {
+        qps,
+        _idle: idle,
+        cqs,
+        mrs,
+    }
 }
 
 /// RC WRITE goodput in bytes/s: `count` messages of `size` spread over the QPs, `depth` in
-/// flight on each.
-fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
+/// flight on each, with `idle` QPs besides on each device.
+fn softroce_write(size: usize, (nqp, idle): (usize, usize), id: u8) -> f64 {
     let count = ((256usize << 20) / size).clamp(256, 100_000);
     let depth = ((4usize << 20) / size).clamp(4, 256);
-    let p = pair(nqp, size.max(4096) * depth.min(64), id, Progress::Thread);
+    let p = pair(
+        nqp,
+        idle,
+        size.max(4096) * depth.min(64),
+        id,
+        Progress::Thread,
+    );
     let slot = |i: usize| (i % depth.min(64)) * size;
     let post = |q: usize, i: usize| {
         let op = SendOp::Write {
@@ -165,7 +191,7 @@ fn softroce_write(size: usize, nqp: usize, id: u8) -> f64 {
 
 /// Half the round trip of an 8-byte SEND ping-pong, in seconds.
 fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
-    let p = pair(1, 4096, id, progress);
+    let p = pair(1, 0, 4096, id, progress);
     let (a, b) = &p.qps[0];
     let iters = 20_000;
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
@@ -327,20 +353,31 @@ fn main() {
     for size in SIZES {
         let datagram = size.min(MTU) + ROCE_OVERHEAD;
         let udp = baseline(runs, || udp_blast(datagram));
-        for nqp in [1, 8] {
-            if !selected(&format!("write {} x{nqp}", size_name(size))) {
+        // The 64 B row again with 1000 QPs more on each device that do nothing: what a turn
+        // of a busy engine costs for a QP with no work.
+        let shapes: &[(usize, usize)] = if size == 64 {
+            &[(1, 0), (8, 0), (8, IDLE_QPS)]
+        } else {
+            &[(1, 0), (8, 0)]
+        };
+        for &(nqp, idle) in shapes {
+            let name = match idle {
+                0 => format!("{nqp}"),
+                _ => format!("{nqp} (+{idle} idle)"),
+            };
+            if !selected(&format!("write {} x{name}", size_name(size))) {
                 continue;
             }
             let soft = median(
                 (0..runs)
                     .map(|_| {
                         id = id.wrapping_add(1) % 200;
-                        softroce_write(size, nqp, id)
+                        softroce_write(size, (nqp, idle), id)
                     })
                     .collect(),
             );
             println!(
-                "| {} | {nqp} | {:.0} | {:.0} k | {:.0} | {:.2} | {:.0} | {:.2} |",
+                "| {} | {name} | {:.0} | {:.0} k | {:.0} | {:.2} | {:.0} | {:.2} |",
                 size_name(size),
                 mb(soft),
                 soft / size as f64 / 1e3,

@@ -506,3 +506,55 @@ fn memory_windows_over_real_sockets() {
     drop((window, reader, other, pd));
     assert_eq!(b.device.resources().unwrap().windows, 0);
 }
+
+/// Requests posted while the core's send queue is full wait in the QP's channel. The engine
+/// turn whose ACKs make room takes them, with no further post to wake it: once everything in
+/// flight is acknowledged no timer is armed, and a turn that slept on them would sleep for
+/// ever (engine::Doorbell).
+#[test]
+fn requests_posted_to_a_full_queue_go_out_without_another_post() {
+    let (a, b) = (open("127.0.0.34", None), open("127.0.0.35", None));
+    let qp =
+        a.pd.create_qp()
+            .send_cq(&a.cq)
+            .recv_cq(&a.cq)
+            .max_send_wr(2)
+            .build()
+            .unwrap();
+    let remote = |device: &Device, qpn| Remote {
+        addr: device.address(),
+        qpn,
+        psn: 100,
+    };
+    let options = ConnectOptions {
+        timeout: 12,
+        ..Default::default()
+    };
+    qp.connect(&remote(&b.device, b.qp.qpn()), 100, &options)
+        .unwrap();
+    // b's QP is still in RESET: it drops the WRITEs, and nothing is acknowledged until the
+    // queue and the channel behind it are full.
+    let write = |i: u64| {
+        let op = SendOp::Write {
+            remote_addr: b.mr.iova() + 64 * i,
+            rkey: b.mr.rkey(),
+        };
+        SendWr::new(i, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 64)]))
+    };
+    let mut posted = 0;
+    loop {
+        match qp.post_send(write(posted)) {
+            Ok(()) => posted += 1,
+            Err(softroce::verbs::Error::QueueFull) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(posted < 64, "the queue never filled");
+    }
+    b.qp.connect(&remote(&a.device, qp.qpn()), 100, &options)
+        .unwrap();
+    for _ in 0..posted {
+        let wc = a.cq.wait(Duration::from_secs(5)).unwrap();
+        let wc = wc.unwrap_or_else(|| panic!("stalled: {:?}", a.device.counters()));
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+}

@@ -97,12 +97,16 @@ pub(crate) enum Command {
 pub(crate) struct QpQueues {
     pub send: Sender<SendWr>,
     pub recv: Sender<RecvWr>,
+    qpn: Qpn,
+    /// Set while the QP is on the engine's list of QPs posted to (`Doorbell::ready`).
+    listed: Arc<AtomicBool>,
 }
 
 /// The engine's ends.
 struct QpPosts {
     send: Receiver<SendWr>,
     recv: Receiver<RecvWr>,
+    listed: Arc<AtomicBool>,
 }
 
 /// Who drives a device's engine.
@@ -127,10 +131,16 @@ pub enum Progress {
 /// A poster sets `posted`, then wakes the engine if `asleep` was set; the engine sets `asleep`,
 /// then looks at `posted` before it sleeps. Both are sequentially consistent, so one of the two
 /// sees the other's store: either the engine does not sleep, or the poster wakes it.
-#[derive(Debug, Default)]
+///
+/// A QP posted to is put on `ready` once until the engine takes it off, so that a turn looks
+/// only at the QPs posted to, not at every QP of the device: the poster sets the QP's `listed`
+/// flag and sends its number if the flag was clear; the engine clears the flag before it
+/// drains the QP's channels, so a request posted after the drain lists the QP again.
+#[derive(Debug)]
 struct Doorbell {
     posted: AtomicBool,
     asleep: AtomicBool,
+    ready: Sender<Qpn>,
 }
 
 /// Why an engine stopped on its own: the socket's error, once set.
@@ -174,7 +184,11 @@ impl EngineHandle {
 
     /// A work request was posted: the engine thread takes it at its next turn, and is woken
     /// only if it sleeps (see [`Doorbell`]); inline, a turn runs.
-    pub fn ring(&self) -> Result<(), EngineGone> {
+    pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
+        if !queues.listed.swap(true, SeqCst) {
+            // Unbounded, but a QP is on it at most once: as long as the device has QPs.
+            let _ = self.doorbell.ready.send(queues.qpn);
+        }
         self.doorbell.posted.store(true, SeqCst);
         match &self.driver {
             Driver::Thread(_) => {
@@ -261,8 +275,12 @@ struct Engine<B: Backend> {
     poll: Poll,
     readiness: Events,
     doorbell: Arc<Doorbell>,
-    /// Posted requests the core had no room for at the last turn: taken at the next.
-    posts_left: bool,
+    /// The QPs posted to (see [`Doorbell`]).
+    ready: Receiver<Qpn>,
+    /// QPs with posted requests the core had no room for at the last look: looked at again.
+    posts_left: Vec<Qpn>,
+    /// `posts`' list of the QPs to look at, kept for its capacity.
+    looking: Vec<Qpn>,
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
@@ -290,7 +308,12 @@ pub(crate) fn start<B: Backend>(
 ) -> io::Result<EngineHandle> {
     let poll = Poll::new()?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
-    let doorbell = Arc::new(Doorbell::default());
+    let (ready_tx, ready) = crossbeam_channel::unbounded();
+    let doorbell = Arc::new(Doorbell {
+        posted: AtomicBool::new(false),
+        asleep: AtomicBool::new(false),
+        ready: ready_tx,
+    });
     poll.registry()
         .register(backend.source(), SOCKET, Interest::READABLE)?;
     let (commands, command_rx) = crossbeam_channel::unbounded();
@@ -315,7 +338,9 @@ pub(crate) fn start<B: Backend>(
         poll,
         readiness: Events::with_capacity(64),
         doorbell: doorbell.clone(),
-        posts_left: false,
+        ready,
+        posts_left: Vec::new(),
+        looking: Vec::new(),
         backlog: false,
         stopped: false,
         failure: Failure::default(),
@@ -411,7 +436,7 @@ impl<B: Backend> Engine<B> {
             self.stopped = true;
             return Ok(false);
         }
-        if self.doorbell.posted.swap(false, SeqCst) || self.posts_left {
+        if self.doorbell.posted.swap(false, SeqCst) || !self.posts_left.is_empty() {
             self.posts();
         }
         let now = self.now();
@@ -432,7 +457,7 @@ impl<B: Backend> Engine<B> {
         self.unreachable_peers(now);
         // Requests that found their queue full may fit now that this turn's ACKs have
         // completed others: take them now, or a turn that sleeps would leave them waiting.
-        if self.posts_left {
+        if !self.posts_left.is_empty() {
             self.posts();
             self.backlog |= self.endpoint.has_transmits();
         }
@@ -498,14 +523,22 @@ impl<B: Backend> Engine<B> {
                     let result = created.map(|qpn| {
                         let (send, send_rx) = bounded(init.max_send_wr.max(1));
                         let (recv, recv_rx) = bounded(init.max_recv_wr.max(1));
+                        let listed = Arc::new(AtomicBool::new(false));
                         self.qps.insert(
                             qpn,
                             QpPosts {
                                 send: send_rx,
                                 recv: recv_rx,
+                                listed: listed.clone(),
                             },
                         );
-                        (qpn, QpQueues { send, recv })
+                        let queues = QpQueues {
+                            send,
+                            recv,
+                            qpn,
+                            listed,
+                        };
+                        (qpn, queues)
                     });
                     let _ = reply.send(result);
                 }
@@ -559,8 +592,17 @@ impl<B: Backend> Engine<B> {
     fn posts(&mut self) {
         let now = self.now();
         let endpoint = &mut self.endpoint;
-        self.posts_left = false;
-        for (&qpn, posts) in &self.qps {
+        // Both lists keep their capacity from turn to turn: no allocation here.
+        let mut look_at = std::mem::take(&mut self.looking);
+        look_at.clear();
+        look_at.append(&mut self.posts_left);
+        look_at.extend(self.ready.try_iter());
+        for &qpn in &look_at {
+            // Gone: destroyed after it was posted to.
+            let Some(posts) = self.qps.get(&qpn) else {
+                continue;
+            };
+            posts.listed.store(false, SeqCst);
             for _ in 0..endpoint.recv_queue_room(qpn) {
                 let Ok(wr) = posts.recv.try_recv() else { break };
                 let wr_id = wr.wr_id;
@@ -575,8 +617,14 @@ impl<B: Backend> Engine<B> {
                     refused(endpoint, qpn, wr_id, opcode);
                 }
             }
-            self.posts_left |= !posts.send.is_empty() || !posts.recv.is_empty();
+            if !posts.send.is_empty() || !posts.recv.is_empty() {
+                self.posts_left.push(qpn);
+            }
         }
+        // A QP can be both left over and posted to again.
+        self.posts_left.sort_unstable_by_key(|qpn| qpn.value());
+        self.posts_left.dedup();
+        self.looking = look_at;
     }
 
     /// Sends up to a budget of packets; true if more are waiting.

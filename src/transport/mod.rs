@@ -26,7 +26,7 @@ mod wr;
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -148,6 +148,10 @@ pub struct QpInit {
     /// Ignored by [`Endpoint::create_qp_with_srq`].
     pub max_recv_wr: usize,
 }
+
+/// QPs noted as handled before the active set is brought up to date anyway, so that a caller
+/// that never polls for transmits does not grow the list without bound.
+const MAX_TOUCHED: usize = 256;
 
 /// How far back in the transmit queue an ACK looks for an unsent ACK of its QP to replace.
 const COALESCE_WINDOW: usize = 64;
@@ -392,6 +396,12 @@ pub struct Endpoint {
     ahs: Vec<Option<(PdId, AddressVector)>>,
     free_ahs: Vec<AddressHandle>,
     qps: FxHashMap<Qpn, Qp>,
+    /// The QPs with a timer armed or responses left to build, as of their last handling: the
+    /// only ones the work of every engine turn (`next_deadline`, `handle_timeout`,
+    /// `poll_transmit`) looks at, so that a QP with nothing to do costs nothing a turn.
+    active: FxHashSet<Qpn>,
+    /// QPs handled since `active` was last brought up to date ([`Endpoint::settle`]).
+    touched: Vec<Qpn>,
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
     out: VecDeque<Transmit>,
@@ -413,10 +423,15 @@ impl fmt::Debug for Endpoint {
     }
 }
 
-/// Splits the endpoint into one QP and the context its handlers need.
+/// Splits the endpoint into one QP and the context its handlers need. The QP counts as
+/// touched: whether it is active is looked at again (see [`Endpoint::settle`]).
 macro_rules! qp_and_ctx {
     ($self:ident, $qpn:expr, $now:expr) => {{
         $self.last_now = $self.last_now.max($now);
+        if $self.touched.len() >= MAX_TOUCHED {
+            $self.settle();
+        }
+        $self.touched.push($qpn);
         let qp = $self.qps.get_mut(&$qpn);
         let ctx = Ctx {
             now: $now,
@@ -445,6 +460,8 @@ impl Endpoint {
             ahs: Vec::new(),
             free_ahs: Vec::new(),
             qps: FxHashMap::default(),
+            active: FxHashSet::default(),
+            touched: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
             pool: Vec::new(),
@@ -991,8 +1008,17 @@ impl Endpoint {
 
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
-        let qpns: Vec<Qpn> = self.qps.keys().copied().collect();
-        for qpn in qpns {
+        self.settle();
+        let due: Vec<Qpn> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|qpn| {
+                let deadline = self.qps.get(qpn).and_then(|qp| qp.req.deadline());
+                deadline.is_some_and(|d| d <= now)
+            })
+            .collect();
+        for qpn in due {
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             if let Some(qp) = qp {
                 qp.on_timer(&mut ctx);
@@ -1004,7 +1030,39 @@ impl Endpoint {
 
     /// The earliest time `handle_timeout` has work to do.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.qps.values().filter_map(|qp| qp.req.deadline()).min()
+        let next = self.candidates().filter_map(|qp| qp.req.deadline()).min();
+        debug_assert_eq!(
+            next,
+            self.qps.values().filter_map(|qp| qp.req.deadline()).min(),
+            "a QP with a timer is missing from the active set"
+        );
+        next
+    }
+
+    /// The QPs that may have a timer armed or responses to build: the active ones, and those
+    /// handled since the set was brought up to date.
+    fn candidates(&self) -> impl Iterator<Item = &Qp> {
+        self.active
+            .iter()
+            .chain(&self.touched)
+            .filter_map(|qpn| self.qps.get(qpn))
+    }
+
+    /// Brings the active set up to date with the QPs handled since: a QP is in it while it has
+    /// a timer armed or responses left to build. Every handling of a QP goes through
+    /// `qp_and_ctx!`, which notes it.
+    fn settle(&mut self) {
+        for qpn in self.touched.drain(..) {
+            let busy = self
+                .qps
+                .get(&qpn)
+                .is_some_and(|qp| qp.req.deadline().is_some() || qp.resp.has_pending_responses());
+            if busy {
+                self.active.insert(qpn);
+            } else {
+                self.active.remove(&qpn);
+            }
+        }
     }
 
     /// The next packet to send. READ responses are built here, a batch at a time, as the
@@ -1012,11 +1070,16 @@ impl Endpoint {
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if self.out.is_empty() {
             let now = self.last_now;
+            self.settle();
             let qpns: Vec<Qpn> = self
-                .qps
+                .active
                 .iter()
-                .filter(|(_, qp)| qp.resp.has_pending_responses())
-                .map(|(&qpn, _)| qpn)
+                .copied()
+                .filter(|qpn| {
+                    self.qps
+                        .get(qpn)
+                        .is_some_and(|qp| qp.resp.has_pending_responses())
+                })
                 .collect();
             for qpn in qpns {
                 let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
@@ -1030,7 +1093,13 @@ impl Endpoint {
 
     /// Whether `poll_transmit` has more to give: packets queued or READ responses to build.
     pub fn has_transmits(&self) -> bool {
-        !self.out.is_empty() || self.qps.values().any(|qp| qp.resp.has_pending_responses())
+        let pending = self.candidates().any(|qp| qp.resp.has_pending_responses());
+        debug_assert_eq!(
+            pending,
+            self.qps.values().any(|qp| qp.resp.has_pending_responses()),
+            "a QP with responses to build is missing from the active set"
+        );
+        !self.out.is_empty() || pending
     }
 
     /// Hands a sent packet's buffer back for reuse, so that the hot path does not allocate.

@@ -669,7 +669,7 @@ impl QueuePair {
             Err(TrySendError::Full(_)) => return Err(Error::QueueFull),
             Err(TrySendError::Disconnected(_)) => return Err(self.device.engine().gone().into()),
         }
-        self.device.engine().ring()?;
+        self.device.engine().ring(&self.queues)?;
         Ok(())
     }
 
