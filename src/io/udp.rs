@@ -32,7 +32,8 @@
 //!
 //! `send` seals a packet and queues it; [`flush`](Backend::flush) (or a full queue) sends the
 //! queue. Consecutive packets to one peer of one size, the last possibly shorter, go as one
-//! "train": one `sendto` with `UDP_SEGMENT`, which the kernel (or the NIC) cuts into datagrams.
+//! "train": one `sendmsg` with its segment size in a `UDP_SEGMENT` control message, which the
+//! kernel (or the NIC) cuts into datagrams.
 //! Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one buffer, with its
 //! segment size in a control message, and is handed over datagram by datagram.
 //!
@@ -63,7 +64,7 @@
 //! be off toward a [`RawBackend`](super::RawBackend) on the same host: on loopback a raw socket
 //! sees a train as one oversized datagram, since loopback never segments.
 
-use std::io::{self, IoSliceMut};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
@@ -71,7 +72,8 @@ use mio::net::UdpSocket;
 use nix::errno::Errno;
 // `sockopt_impl!` expands to `setsockopt_impl!`, which calls `libc::setsockopt` by that path.
 use nix::sys::socket::{
-    recvmsg, setsockopt, sockopt as nix_sockopt, ControlMessageOwned, MsgFlags, SockaddrStorage,
+    recvmsg, sendmsg, setsockopt, sockopt as nix_sockopt, ControlMessage, ControlMessageOwned,
+    MsgFlags, SockaddrStorage,
 };
 use nix::{libc, setsockopt_impl, sockopt_impl};
 use rustix::net::sockopt;
@@ -168,8 +170,6 @@ pub struct UdpBackend {
     local: SocketAddr,
     /// 1 when segmentation is off.
     max_segments: usize,
-    /// The `UDP_SEGMENT` size the socket has now; 0 for none.
-    segment_size: usize,
     queue: Box<[u8]>,
     queued: usize,
     trains: Vec<Train>,
@@ -240,7 +240,6 @@ impl UdpBackend {
             socket: UdpSocket::from_std(socket.into()),
             local,
             max_segments: if segments { MAX_SEGMENTS } else { 1 },
-            segment_size: 0,
             queue: vec![0u8; QUEUE_BYTES].into_boxed_slice(),
             queued: 0,
             trains: Vec::with_capacity(MAX_TRAINS),
@@ -260,22 +259,22 @@ impl UdpBackend {
     /// Sends the queued trains, each with the `UDP_SEGMENT` size it needs. A train the kernel
     /// refuses is counted and dropped; only a dead socket is an error.
     fn send_trains(&mut self) -> io::Result<()> {
+        let fd = self.socket.as_raw_fd();
         for train in &self.trains {
-            // A lone datagram goes out whole if it fits the current size; a run needs its own.
-            let resize = if train.count > 1 {
-                self.segment_size != train.segment
-            } else {
-                self.segment_size != 0 && train.len > self.segment_size
-            };
-            let bytes = &self.queue[train.start..train.start + train.len];
-            let sent = if resize {
-                let size = train.segment as i32;
-                setsockopt(&self.socket, nix_sockopt::UdpGsoSegment, &size)
-                    .map_err(io::Error::from)
-                    .inspect(|()| self.segment_size = train.segment)
-                    .and_then(|()| self.socket.send_to(bytes, train.dst))
-            } else {
-                self.socket.send_to(bytes, train.dst)
+            let bytes = [IoSlice::new(
+                &self.queue[train.start..train.start + train.len],
+            )];
+            // The segment size goes with each send, as a control message: the socket keeps no
+            // size, so trains of different sizes cost no setsockopt between them.
+            let segment = u16::try_from(train.segment).unwrap_or(u16::MAX);
+            let gso = [ControlMessage::UdpGsoSegments(&segment)];
+            let control: &[ControlMessage<'_>] = if train.count > 1 { &gso } else { &[] };
+            let to = SockaddrStorage::from(train.dst);
+            let sent = loop {
+                match sendmsg(fd, &bytes, control, MsgFlags::empty(), Some(&to)) {
+                    Err(Errno::EINTR) => continue,
+                    sent => break sent.map_err(io::Error::from),
+                }
             };
             let error = match sent {
                 Ok(_) => {
