@@ -9,7 +9,7 @@
 //! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
-//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `x8 (+1000 idle)`,
+//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `batches`, `idle`,
 //! `pingpong thread`, `pingpong inline`), for a profile of one row: baselines are then not run.
 
 use std::io::{Read, Write};
@@ -26,6 +26,8 @@ use softroce::verbs::{
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
 /// QPs that do nothing, on each device, in the row that measures what they cost.
 const IDLE_QPS: usize = 1000;
+/// Messages posted together, the last signalled, in the batch rows.
+const BATCH: usize = 16;
 const MTU: usize = 4096;
 /// BTH and ICRC around a RoCE payload.
 const ROCE_OVERHEAD: usize = 16;
@@ -130,33 +132,43 @@ fn pair(n: usize, idle: usize, region: usize, id: u8, progress: Progress) -> Pai
     }
 }
 
+/// The shape of a WRITE row: how many QPs carry the messages, how many idle QPs each device
+/// has besides, and how many messages are posted together, the last of them signalled.
+#[derive(Clone, Copy)]
+struct Shape {
+    qps: usize,
+    idle: usize,
+    batch: usize,
+}
+
 /// RC WRITE goodput in bytes/s: `count` messages of `size` spread over the QPs, `depth` in
-/// flight on each, with `idle` QPs besides on each device.
-fn softroce_write(size: usize, (nqp, idle): (usize, usize), id: u8) -> f64 {
-    let count = ((256usize << 20) / size).clamp(256, 100_000);
-    let depth = ((4usize << 20) / size).clamp(4, 256);
+/// flight on each, posted in batches whose last message alone is signalled.
+fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
+    let Shape { qps, idle, batch } = shape;
+    let count = ((256usize << 20) / size).clamp(256, 100_000) / batch * batch;
+    let depth = (((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch;
     let p = pair(
-        nqp,
+        qps,
         idle,
         size.max(4096) * depth.min(64),
         id,
         Progress::Thread,
     );
     let slot = |i: usize| (i % depth.min(64)) * size;
+    // Message `i` goes on QP `q`; batches are runs of consecutive `i` on one QP.
     let post = |q: usize, i: usize| {
         let op = SendOp::Write {
             remote_addr: p.mrs[1].iova() + slot(i) as u64,
             rkey: p.mrs[1].rkey(),
         };
         let sge = Sge::new(&p.mrs[0], slot(i), size);
-        p.qps[q]
-            .0
-            .post_send(SendWr::new(q as u64, op, Payload::Sges(vec![sge])))
-            .unwrap();
+        let mut wr = SendWr::new(q as u64, op, Payload::Sges(vec![sge]));
+        wr.signaled = i % batch == batch - 1;
+        p.qps[q].0.post_send(wr).unwrap();
     };
     let start = Instant::now();
     let mut posted = 0;
-    for q in 0..nqp {
+    for q in 0..qps {
         for _ in 0..depth {
             if posted < count {
                 post(q, posted);
@@ -177,10 +189,12 @@ fn softroce_write(size: usize, (nqp, idle): (usize, usize), id: u8) -> f64 {
         }
         for wc in &wcs {
             assert_eq!(wc.status, WcStatus::Success);
-            done += 1;
-            if posted < count {
-                post(wc.wr_id as usize, posted);
-                posted += 1;
+            done += batch;
+            for _ in 0..batch {
+                if posted < count {
+                    post(wc.wr_id as usize, posted);
+                    posted += 1;
+                }
             }
         }
     }
@@ -320,6 +334,22 @@ fn udp_pingpong() -> f64 {
     })
 }
 
+/// The process's resident set (VmRSS), in MiB: whether memory stays level as bytes move.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        });
+    kib.map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
 /// A message size as the table names it.
 fn size_name(size: usize) -> String {
     if size >= 1 << 20 {
@@ -350,32 +380,65 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     let tcp = baseline(runs, tcp_stream);
     let mut id = 0u8;
+    let mut rss_rows = Vec::new();
     for size in SIZES {
         let datagram = size.min(MTU) + ROCE_OVERHEAD;
         let udp = baseline(runs, || udp_blast(datagram));
-        // The 64 B row again with 1000 QPs more on each device that do nothing: what a turn
-        // of a busy engine costs for a QP with no work.
-        let shapes: &[(usize, usize)] = if size == 64 {
-            &[(1, 0), (8, 0), (8, IDLE_QPS)]
-        } else {
-            &[(1, 0), (8, 0)]
+        // The small messages again: posted in batches of 16 with one signalled, and (64 B)
+        // with 1000 QPs more on each device that do nothing, what a turn of a busy engine
+        // costs for a QP with no work.
+        let one = |qps| Shape {
+            qps,
+            idle: 0,
+            batch: 1,
         };
-        for &(nqp, idle) in shapes {
-            let name = match idle {
-                0 => format!("{nqp}"),
-                _ => format!("{nqp} (+{idle} idle)"),
+        let mut shapes = vec![one(1), one(8)];
+        if size <= 4096 {
+            shapes.push(Shape {
+                batch: BATCH,
+                ..one(1)
+            });
+        }
+        if size == 64 {
+            shapes.push(Shape {
+                idle: IDLE_QPS,
+                ..one(8)
+            });
+        }
+        for shape in shapes {
+            let name = match shape {
+                Shape {
+                    idle: 0,
+                    batch: 1,
+                    qps,
+                } => format!("{qps}"),
+                Shape {
+                    idle: 0,
+                    batch,
+                    qps,
+                } => format!("{qps}, batches of {batch}"),
+                Shape { idle, qps, .. } => format!("{qps} (+{idle} idle)"),
             };
             if !selected(&format!("write {} x{name}", size_name(size))) {
                 continue;
             }
+            let mut rss = Vec::with_capacity(runs);
             let soft = median(
                 (0..runs)
                     .map(|_| {
                         id = id.wrapping_add(1) % 200;
-                        softroce_write(size, (nqp, idle), id)
+                        let rate = softroce_write(size, shape, id);
+                        rss.push(rss_mib());
+                        rate
                     })
                     .collect(),
             );
+            if let (Some(first), Some(last)) = (rss.first(), rss.last()) {
+                rss_rows.push(format!(
+                    "| {} | {name} | {first:.0} | {last:.0} |",
+                    size_name(size)
+                ));
+            }
             println!(
                 "| {} | {name} | {:.0} | {:.0} k | {:.0} | {:.2} | {:.0} | {:.2} |",
                 size_name(size),
@@ -386,6 +449,16 @@ fn main() {
                 mb(tcp),
                 soft / tcp
             );
+        }
+    }
+    if !rss_rows.is_empty() {
+        println!(
+            "\nResident memory of the bench process after the first and the last run of each row\n"
+        );
+        println!("| message | QPs | RSS after run 1, MiB | after run {runs}, MiB |");
+        println!("|---|---|---|---|");
+        for row in &rss_rows {
+            println!("{row}");
         }
     }
     let udp = baseline(runs, udp_pingpong);

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "<!-- $(date -u +%F), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(rustc --version) -->"
-cargo bench --bench e2e 2>/dev/null | grep -E '^\||^RC|^8-byte|^$'
+cargo bench --bench e2e 2>/dev/null | grep -E '^\||^RC|^8-byte|^Resident|^$'

@@ -1089,3 +1089,51 @@ fn acks_of_one_batch_are_coalesced_but_not_across_a_read_response() {
     );
     assert_eq!(sim.nodes[1].counters().coalesced_acks, 5);
 }
+
+/// Only the packets whose acknowledgement someone waits for ask for one (BTH AckReq): in a
+/// batch of unsignalled WRITEs ending in a signalled one, the signalled one's, and one in
+/// every ACK_REQ_INTERVAL (32) packets so that the window moves. The ACK of the last covers
+/// every PSN before it (IBTA 9.7.5.1.1), so all complete.
+#[test]
+fn in_a_batch_only_the_signalled_end_and_every_32nd_packet_ask_for_an_ack() {
+    let mut sim = Sim::new(2, seed(32), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    let seen = sim::record(&mut sim);
+    let wrs = (0..40u64).map(|i| {
+        let op = SendOp::Write {
+            remote_addr: IOVA + 64 * i,
+            rkey: b.mr.rkey(),
+        };
+        let mut wr = SendWr::new(i, op, sge(&a, 64 * i, 64));
+        wr.signaled = i == 39;
+        wr
+    });
+    let now = sim.now;
+    sim.nodes[0].post_send_batch(now, a.qpn, wrs, |id, _, e| panic!("{id}: {e}"));
+    sim.run_idle(LIMIT);
+    let sent = drain(&mut sim, 0, a.cq);
+    let ids: Vec<_> = sent.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(ids, [(39, WcStatus::Success)]);
+    let asking: Vec<_> = seen
+        .borrow()
+        .iter()
+        .filter(|s| s.from == 0 && s.ack_req)
+        .map(|s| s.psn)
+        .collect();
+    let psn = |k: u32| Psn::new(Options::default().psn[0] + k);
+    assert_eq!(asking, [psn(31), psn(39)]);
+    // Posted one at a time, each is the last queued when it is sent, and asks.
+    let write = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    post_send(&mut sim, 0, &a, SendWr::new(40, write, sge(&a, 0, 64)));
+    sim.run_idle(LIMIT);
+    assert_eq!(
+        seen.borrow()
+            .iter()
+            .rfind(|s| s.from == 0)
+            .map(|s| s.ack_req),
+        Some(true)
+    );
+}

@@ -281,6 +281,8 @@ struct Engine<B: Backend> {
     posts_left: Vec<Qpn>,
     /// `posts`' list of the QPs to look at, kept for its capacity.
     looking: Vec<Qpn>,
+    /// Requests the core refused in `posts`, to complete with LOC_QP_OP_ERR.
+    refusals: Vec<(u64, WcOpcode)>,
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
@@ -341,6 +343,7 @@ pub(crate) fn start<B: Backend>(
         ready,
         posts_left: Vec::new(),
         looking: Vec::new(),
+        refusals: Vec::new(),
         backlog: false,
         stopped: false,
         failure: Failure::default(),
@@ -610,12 +613,15 @@ impl<B: Backend> Engine<B> {
                     refused(endpoint, qpn, wr_id, WcOpcode::Recv);
                 }
             }
-            for _ in 0..endpoint.send_queue_room(qpn) {
-                let Ok(wr) = posts.send.try_recv() else { break };
-                let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-                if endpoint.post_send(now, qpn, wr).is_err() {
-                    refused(endpoint, qpn, wr_id, opcode);
-                }
+            // One batch: queued first, then sent as one run.
+            let room = endpoint.send_queue_room(qpn);
+            let batch = (0..room).map_while(|_| posts.send.try_recv().ok());
+            let refusals = &mut self.refusals;
+            endpoint.post_send_batch(now, qpn, batch, |wr_id, opcode, _| {
+                refusals.push((wr_id, opcode));
+            });
+            for (wr_id, opcode) in self.refusals.drain(..) {
+                refused(endpoint, qpn, wr_id, opcode);
             }
             if !posts.send.is_empty() || !posts.recv.is_empty() {
                 self.posts_left.push(qpn);

@@ -805,6 +805,42 @@ impl Endpoint {
         posted
     }
 
+    /// [`post_send`](Self::post_send) of several requests: all are queued before any is sent,
+    /// so that a batch goes out as one run and only what waits for it asks for an ACK (the
+    /// last packet of a batch of unsignalled requests, not of each). A request refused is
+    /// handed to `refused` with why, as `post_send` would have returned it.
+    pub fn post_send_batch(
+        &mut self,
+        now: Duration,
+        qpn: Qpn,
+        wrs: impl Iterator<Item = SendWr>,
+        mut refused: impl FnMut(u64, WcOpcode, VerbsError),
+    ) {
+        for wr in wrs {
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+            let ud_dest = match self.resolve_ud(qpn, &wr) {
+                Ok(ud_dest) => ud_dest,
+                Err(e) => {
+                    refused(wr_id, opcode, e);
+                    continue;
+                }
+            };
+            let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+            let queued = match qp {
+                Some(qp) => qp.enqueue_send(wr, ud_dest, &mut ctx),
+                None => Err(VerbsError::UnknownQp(qpn)),
+            };
+            if let Err(e) = queued {
+                refused(wr_id, opcode, e);
+            }
+        }
+        let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+        if let Some(qp) = qp {
+            qp.pump(&mut ctx);
+        }
+        self.err_overrun_qps(now);
+    }
+
     /// The destination address of a UD send, copied from its address handle when it is posted
     /// (as rxe copies the address vector into the send WQE); `None` for connected QPs.
     fn resolve_ud(&self, qpn: Qpn, wr: &SendWr) -> Result<Option<IpAddr>, VerbsError> {

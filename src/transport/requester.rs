@@ -21,7 +21,8 @@ use crate::wire::{
 /// The most PSNs a requester keeps unacknowledged (rxe keeps 128).
 pub const MAX_UNACKED_PSNS: u32 = 128;
 
-/// Within a long message, every this many packets asks for an ACK, so the window keeps moving.
+/// Every this many packets, across messages, at least one asks for an ACK, so that the window
+/// keeps moving when the messages themselves do not ask.
 pub const ACK_REQ_INTERVAL: u32 = 32;
 
 /// The local ACK timeout: 4.096 µs × 2^timeout (IBTA 9.7.6.1.3); `None` for 0, "forever".
@@ -76,6 +77,8 @@ pub(crate) struct Requester {
     /// Set when the requester went back to `una`; cleared by progress. Keeps a burst of
     /// out-of-order responses from rewinding more than once.
     rewound: bool,
+    /// Packets sent since the last one that asked for an ACK.
+    unasked: u32,
 }
 
 impl Requester {
@@ -222,6 +225,18 @@ impl Qp {
         ud_dest: Option<IpAddr>,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), VerbsError> {
+        self.enqueue_send(wr, ud_dest, ctx)?;
+        self.pump(ctx);
+        Ok(())
+    }
+
+    /// Checks and queues a send request, without sending: `pump` sends what a batch queued.
+    pub(crate) fn enqueue_send(
+        &mut self,
+        wr: SendWr,
+        ud_dest: Option<IpAddr>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), VerbsError> {
         let carried = match self.qp_type {
             QpType::Rc => true,
             QpType::Uc => matches!(
@@ -290,7 +305,6 @@ impl Qp {
             started: false,
             done: None,
         });
-        self.pump(ctx);
         Ok(())
     }
 
@@ -402,6 +416,21 @@ impl Qp {
         }
     }
 
+    /// Whether the next packet, of `sq[idx]`, asks for an ACK (BTH AckReq). An ACK
+    /// acknowledges every PSN before its own (IBTA 9.7.5.1.1), so only the packets whose
+    /// acknowledgement someone waits for ask: the last of a signalled message (its completion)
+    /// or of a fenced one, a READ or atomic request (answered in any case), the last packet
+    /// sent while nothing else is queued (or the last messages, unsignalled, would complete
+    /// only after a retry timeout), and one in every ACK_REQ_INTERVAL, so that the window
+    /// moves. rxe asks on the last packet of every message and every 64 packets (rxe_req.c);
+    /// ConnectX, from its traffic, as here.
+    fn asks_for_ack(&self, idx: usize, last: bool) -> bool {
+        let wr = &self.req.sq[idx].wr;
+        wr.op.is_read_or_atomic()
+            || (last && (wr.signaled || wr.fence || idx + 1 == self.req.sq.len()))
+            || self.req.unasked + 1 >= ACK_REQ_INTERVAL
+    }
+
     /// The Q_Key a UD send carries: QP1 always sends its own (rxe_req.c), and a work request's
     /// Q_Key with the high bit set stands for the QP's (IBTA 10.2.4.1; rxe sends it unchanged).
     fn send_qkey(&self, requested: QKey) -> QKey {
@@ -437,7 +466,7 @@ impl Qp {
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
         bth.solicited = last && wqe.wr.solicited;
-        bth.ack_req = self.qp_type == QpType::Rc && (last || (k + 1) % ACK_REQ_INTERVAL == 0);
+        bth.ack_req = self.qp_type == QpType::Rc && self.asks_for_ack(idx, last);
         let mut ext = ExtHeaders::default();
         let dst = match wqe.wr.ud {
             Some(ud) => {
@@ -530,7 +559,13 @@ impl Qp {
             }
             Payload::Sges(sges) => gather(memory, pd, sges, offset, out),
         })
-        .map_err(|_: MemoryError| WcStatus::LocProtErr)
+        .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
+        self.req.unasked = if bth.ack_req {
+            0
+        } else {
+            self.req.unasked.saturating_add(1)
+        };
+        Ok(())
     }
 }
 

@@ -317,6 +317,7 @@ pub struct Seen {
     pub opcode: Opcode,
     pub psn: Psn,
     pub payload_len: usize,
+    pub ack_req: bool,
 }
 
 /// Records every packet any node sends from now on (it replaces the filter).
@@ -330,6 +331,7 @@ pub fn record(sim: &mut Sim) -> Rc<RefCell<Vec<Seen>>> {
                 opcode: p.bth().opcode(),
                 psn: p.bth().psn(),
                 payload_len: p.payload().len(),
+                ack_req: p.bth().ack_req(),
             });
         }
         true
