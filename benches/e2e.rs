@@ -9,7 +9,7 @@
 //! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
-//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8`, `batches`, `idle`,
+//! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
 //! `pingpong thread`, `pingpong inline`), for a profile of one row: baselines are then not run.
 
 use std::io::{Read, Write};
@@ -39,9 +39,13 @@ fn runs() -> usize {
         .unwrap_or(5)
 }
 
-/// Whether the row `name` runs (`SOFTROCE_BENCH_ONLY`).
+/// Whether the row `name` runs (`SOFTROCE_BENCH_ONLY`: a part of its name, or its whole name
+/// followed by `$`).
 fn selected(name: &str) -> bool {
-    std::env::var("SOFTROCE_BENCH_ONLY").map_or(true, |only| name.contains(&only))
+    std::env::var("SOFTROCE_BENCH_ONLY").map_or(true, |only| match only.strip_suffix('$') {
+        Some(whole) => name == whole,
+        None => name.contains(&only),
+    })
 }
 
 /// Baselines run only in a full run.
