@@ -23,7 +23,7 @@ done" >/dev/null
 # sides' output and vmB's rxe counters; sets SR_OUT/SR_RC, G_OUT/G_RC, SR_ROLE and
 # SR_CNT_BEFORE/SR_CNT_AFTER as softroce_guest_pair does. SR_PREPARE runs after vmB's reset.
 softroce_cm_pair() {
-  local role=$1 tag=$2 port=$3 gcmd=$4 scmd=$5 ready=$6 out pid i
+  local role=$1 tag=$2 port=$3 gcmd=$4 scmd=$5 ready=$6
   softroce_build || return 1
   lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
   if [ -n "$SR_PREPARE" ]; then $SR_PREPARE || { echo "'$SR_PREPARE' failed"; return 1; }; fi
@@ -41,32 +41,12 @@ softroce_cm_pair() {
       gcmd="$gcmd (server)" scmd="$scmd (client)"
       ;;
     server)
-      out=$LAB_RUN/softroce-$tag-server.out
-      # `ip netns exec` execs timeout, so $! is its PID, and a TERM to it reaches the server
-      # (lab_ns_exec, a function, would run in a subshell of its own).
-      ip netns exec "$LAB_NS" timeout "$SR_TIMEOUT" $scmd >"$out" 2>&1 &
-      pid=$!
-      for i in $(seq 1 100); do
-        grep -q "$ready" "$out" && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-      done
-      G_OUT=$(gexec vmB "$SR_TIMEOUT" "$gcmd") || G_RC=$?
-      [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
-      wait "$pid" || SR_RC=$?
-      SR_OUT=$(cat "$out")
+      sr_serve_guest_client "$scmd" "$ready" "$gcmd" "$LAB_RUN/softroce-$tag-server.out"
       gcmd="$gcmd (client)" scmd="$scmd (server)"
       ;;
     *) echo "softroce_cm_pair: ROLE is client or server, not '$role'"; return 1;;
   esac
-  echo "---- softroce (host side, $SR_BIND): $scmd"
-  printf '%s\n' "$SR_OUT"
-  echo "---- softroce exit status $SR_RC"
-  echo "---- vmB: $gcmd"
-  printf '%s\n' "$G_OUT"
-  echo "---- vmB exit status $G_RC"
-  SR_CNT_AFTER=$(guest_rxe_counters vmB)
-  echo "---- vmB rxe0 counters after"; printf '%s\n' "$SR_CNT_AFTER"
+  sr_pair_report "$scmd" "$gcmd"
 }
 
 # rping_pair ROLE ARGS [SOFTROCE_ARGS]: softroce rping against rping in vmB, both with ARGS

@@ -640,7 +640,7 @@ softroce_pair() {
 # line matching READY (grep). Also sets SR_ROLE to ROLE, and SR_CNT_BEFORE and SR_CNT_AFTER to
 # vmB's rxe counters (guest_rxe_counters) before and after the pair.
 softroce_guest_pair() {
-  local role=$1 tag=$2 gcmd=$3 scmd=$4 ready=$5 out pid i
+  local role=$1 tag=$2 gcmd=$3 scmd=$4 ready=$5
   softroce_build || return 1
   lab_guest_reset vmB || { echo "cannot reset vmB"; return 1; }
   if [ -n "$SR_PREPARE" ]; then $SR_PREPARE || { echo "'$SR_PREPARE' failed"; return 1; }; fi
@@ -659,26 +659,42 @@ softroce_guest_pair() {
       gcmd="$gcmd (server)" scmd="$scmd $VM_B (client)"
       ;;
     server)
-      out=$LAB_RUN/softroce-$tag-server.out
-      lab_ns_exec timeout "$SR_TIMEOUT" $scmd >"$out" 2>&1 &
-      pid=$!
-      for i in $(seq 1 100); do
-        grep -q "$ready" "$out" && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-      done
-      G_OUT=$(gexec vmB "$SR_TIMEOUT" "$gcmd $LAB_HOST_IP") || G_RC=$?
-      [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
-      wait "$pid" || SR_RC=$?
-      SR_OUT=$(cat "$out")
+      sr_serve_guest_client "$scmd" "$ready" "$gcmd $LAB_HOST_IP" "$LAB_RUN/softroce-$tag-server.out"
       gcmd="$gcmd $LAB_HOST_IP (client)" scmd="$scmd (server)"
       ;;
     *) echo "softroce_guest_pair: ROLE is client or server, not '$role'"; return 1;;
   esac
-  echo "---- softroce (host side, $SR_BIND): $scmd"
+  sr_pair_report "$scmd" "$gcmd"
+}
+
+# sr_serve_guest_client SOFTROCE_CMD READY GUEST_CMD OUT: SOFTROCE_CMD, softroce's server, in
+# the background on the host side (its output in OUT) until a line of it matches READY, then
+# GUEST_CMD in vmB as its client; the server is stopped if the client failed. Each side is given
+# $SR_TIMEOUT seconds. Sets SR_OUT/SR_RC and G_OUT/G_RC.
+sr_serve_guest_client() {
+  local scmd=$1 ready=$2 gcmd=$3 out=$4 pid i
+  # `ip netns exec` execs timeout, so $! is its PID, and a TERM to it reaches the server
+  # (lab_ns_exec, a function, would run in a subshell of its own).
+  ip netns exec "$LAB_NS" timeout "$SR_TIMEOUT" $scmd >"$out" 2>&1 &
+  pid=$!
+  for i in $(seq 1 100); do
+    grep -q "$ready" "$out" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  G_OUT=$(gexec vmB "$SR_TIMEOUT" "$gcmd") || G_RC=$?
+  [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" || SR_RC=$?
+  SR_OUT=$(cat "$out")
+}
+
+# sr_pair_report SOFTROCE_CMD GUEST_CMD: prints both sides of the last pair, their exit
+# statuses and vmB's rxe counters after it (SR_CNT_AFTER).
+sr_pair_report() {
+  echo "---- softroce (host side, $SR_BIND): $1"
   printf '%s\n' "$SR_OUT"
   echo "---- softroce exit status $SR_RC"
-  echo "---- vmB: $gcmd"
+  echo "---- vmB: $2"
   printf '%s\n' "$G_OUT"
   echo "---- vmB exit status $G_RC"
   SR_CNT_AFTER=$(guest_rxe_counters vmB)
