@@ -1109,7 +1109,7 @@ fn in_a_batch_only_the_signalled_end_and_every_32nd_packet_ask_for_an_ack() {
         wr
     });
     let now = sim.now;
-    sim.nodes[0].post_send_batch(now, a.qpn, wrs, |id, _, e| panic!("{id}: {e}"));
+    sim.nodes[0].post_send_batch(now, a.qpn, wrs);
     sim.run_idle(LIMIT);
     let sent = drain(&mut sim, 0, a.cq);
     let ids: Vec<_> = sent.iter().map(|wc| (wc.wr_id, wc.status)).collect();
@@ -1136,4 +1136,30 @@ fn in_a_batch_only_the_signalled_end_and_every_32nd_packet_ask_for_an_ack() {
             .map(|s| s.ack_req),
         Some(true)
     );
+}
+
+/// An unsignalled WRITE followed by a signalled local operation (here a local invalidate, as
+/// iSER and NVMe over Fabrics post after a transfer) in one batch: the local operation takes
+/// no packet, so the WRITE's packet is the last the requester sends and asks for the ACK that
+/// lets the invalidate complete, with no retry timeout.
+#[test]
+fn a_local_operation_after_an_unsignalled_write_completes_without_a_timeout() {
+    let mut sim = Sim::new(2, seed(33), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    let rkey = bind_type2_window(&mut sim, 0, &a, 0x1000, 64);
+    let write = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    let mut invalidate = SendWr::new(2, SendOp::LocalInv { rkey }, Payload::Sges(Vec::new()));
+    invalidate.signaled = true;
+    let mut unsignalled = SendWr::new(1, write, sge(&a, 0, 64));
+    unsignalled.signaled = false;
+    let now = sim.now;
+    sim.nodes[0].post_send_batch(now, a.qpn, [unsignalled, invalidate].into_iter());
+    sim.run_idle(LIMIT);
+    let sent = drain(&mut sim, 0, a.cq);
+    let got: Vec<_> = sent.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(got, [(2, WcStatus::Success)]);
+    assert_eq!(sim.nodes[0].counters().retry_timeouts, 0);
 }

@@ -1042,3 +1042,50 @@ fn ud_send_packets_match_rxe() {
     assert_eq!(our_packets(&wire), rxe);
     assert_eq!(rxe[0].qkey, Some(QKEY));
 }
+
+/// A batch posted at once (what the engine takes in one turn, `Endpoint::post_send_batch`)
+/// completes in posting order, a request the QP refuses included: a WRITE on UD (IBTA 9.2,
+/// UD carries SEND only) completes with LOC_QP_OP_ERR between the two SENDs around it, which
+/// complete as their packets go out.
+#[test]
+fn a_batch_with_a_refused_request_completes_in_posting_order() {
+    let mut sim = Sim::new(2, seed(44), Faults::default());
+    let ([a, b], [qa, qb], _) = pair(&mut sim, QpType::Ud, false);
+    let dest = ud_dest(&mut sim, 0, a.pd, 1, qb, QKEY);
+    for i in 0..2 {
+        post_recv(
+            &mut sim,
+            1,
+            qb,
+            None,
+            recv(i, &b, 0x1000 * i as usize, 64 + GRH_LEN),
+        );
+    }
+    let datagram = |wr_id, op| {
+        let mut wr = send(wr_id, op, &a, 0, 64);
+        wr.ud = Some(dest);
+        wr
+    };
+    let write = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: b.mr.rkey(),
+    };
+    let batch = [
+        datagram(1, SendOp::Send),
+        datagram(2, write),
+        datagram(3, SendOp::Send),
+    ];
+    let now = sim.now;
+    sim.nodes[0].post_send_batch(now, qa, batch.into_iter());
+    sim.run_idle(LIMIT);
+    let sent = drain(&mut sim, 0, a.cq);
+    assert_eq!(
+        statuses(&sent),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::LocQpOpErr),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(drain(&mut sim, 1, b.cq).len(), 2);
+}

@@ -281,8 +281,6 @@ struct Engine<B: Backend> {
     posts_left: Vec<Qpn>,
     /// `posts`' list of the QPs to look at, kept for its capacity.
     looking: Vec<Qpn>,
-    /// Requests the core refused in `posts`, to complete with LOC_QP_OP_ERR.
-    refusals: Vec<(u64, WcOpcode)>,
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
@@ -343,7 +341,6 @@ pub(crate) fn start<B: Backend>(
         ready,
         posts_left: Vec::new(),
         looking: Vec::new(),
-        refusals: Vec::new(),
         backlog: false,
         stopped: false,
         failure: Failure::default(),
@@ -613,16 +610,11 @@ impl<B: Backend> Engine<B> {
                     refused(endpoint, qpn, wr_id, WcOpcode::Recv);
                 }
             }
-            // One batch: queued first, then sent as one run.
+            // One batch: queued first, then sent as one run; a request refused completes
+            // with LOC_QP_OP_ERR in its place.
             let room = endpoint.send_queue_room(qpn);
             let batch = (0..room).map_while(|_| posts.send.try_recv().ok());
-            let refusals = &mut self.refusals;
-            endpoint.post_send_batch(now, qpn, batch, |wr_id, opcode, _| {
-                refusals.push((wr_id, opcode));
-            });
-            for (wr_id, opcode) in self.refusals.drain(..) {
-                refused(endpoint, qpn, wr_id, opcode);
-            }
+            endpoint.post_send_batch(now, qpn, batch);
             if !posts.send.is_empty() || !posts.recv.is_empty() {
                 self.posts_left.push(qpn);
             }

@@ -807,31 +807,20 @@ impl Endpoint {
 
     /// [`post_send`](Self::post_send) of several requests: all are queued before any is sent,
     /// so that a batch goes out as one run and only what waits for it asks for an ACK (the
-    /// last packet of a batch of unsignalled requests, not of each). A request refused is
-    /// handed to `refused` with why, as `post_send` would have returned it.
-    pub fn post_send_batch(
-        &mut self,
-        now: Duration,
-        qpn: Qpn,
-        wrs: impl Iterator<Item = SendWr>,
-        mut refused: impl FnMut(u64, WcOpcode, VerbsError),
-    ) {
+    /// last packet of a batch of unsignalled requests, not of each). A request the QP refuses
+    /// completes with LOC_QP_OP_ERR in its place: what was queued before it is sent first.
+    pub fn post_send_batch(&mut self, now: Duration, qpn: Qpn, wrs: impl Iterator<Item = SendWr>) {
         for wr in wrs {
             let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-            let ud_dest = match self.resolve_ud(qpn, &wr) {
-                Ok(ud_dest) => ud_dest,
-                Err(e) => {
-                    refused(wr_id, opcode, e);
-                    continue;
-                }
-            };
+            let ud_dest = self.resolve_ud(qpn, &wr);
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
-            let queued = match qp {
-                Some(qp) => qp.enqueue_send(wr, ud_dest, &mut ctx),
-                None => Err(VerbsError::UnknownQp(qpn)),
-            };
-            if let Err(e) = queued {
-                refused(wr_id, opcode, e);
+            let Some(qp) = qp else { return };
+            if let Err(_refused) =
+                ud_dest.and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
+            {
+                qp.pump(&mut ctx);
+                let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, opcode, qpn);
+                ctx.complete(qp.send_cq, wc);
             }
         }
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);

@@ -14,7 +14,7 @@ use super::{on_transport, CqId};
 use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
 use crate::memory::{Access, MemoryError, MemoryTable, PdId};
 use crate::wire::{
-    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr,
+    AckSyndrome, AethRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr,
     NakCode, Opcode, PacketRepr, Position, Psn, QKey, Qpn, RethRepr,
 };
 
@@ -308,8 +308,27 @@ impl Qp {
         Ok(())
     }
 
-    /// Sends what the window, the READ/atomic limit, fences and RNR waits allow.
+    /// Sends what the window, the READ/atomic limit, fences and RNR waits allow. On RC, the
+    /// last packet a pump sends asks for an ACK, whatever stopped it (the end of the queue, the
+    /// window, a fence, the READ/atomic limit, a local operation, the QP's state): nothing sent
+    /// then waits on a later request for its acknowledgement. The packet is still in the
+    /// transmit queue, unsealed, so its AckReq bit can be set in place.
     pub(crate) fn pump(&mut self, ctx: &mut Ctx<'_>) {
+        let queued = ctx.out.len();
+        self.pump_packets(ctx);
+        if self.qp_type != QpType::Rc || ctx.out.len() == queued {
+            return;
+        }
+        if let Some(last) = ctx.out.back_mut() {
+            let mut bth = Bth::new_unchecked(&mut last.packet[..]);
+            if !bth.ack_req() {
+                bth.set_ack_req(true);
+                self.req.unasked = 0;
+            }
+        }
+    }
+
+    fn pump_packets(&mut self, ctx: &mut Ctx<'_>) {
         if self.state != QpState::Rts {
             return;
         }
@@ -419,15 +438,17 @@ impl Qp {
     /// Whether the next packet, of `sq[idx]`, asks for an ACK (BTH AckReq). An ACK
     /// acknowledges every PSN before its own (IBTA 9.7.5.1.1), so only the packets whose
     /// acknowledgement someone waits for ask: the last of a signalled message (its completion)
-    /// or of a fenced one, a READ or atomic request (answered in any case), the last packet
-    /// sent while nothing else is queued (or the last messages, unsignalled, would complete
-    /// only after a retry timeout), and one in every ACK_REQ_INTERVAL, so that the window
-    /// moves. rxe asks on the last packet of every message and every 64 packets (rxe_req.c);
-    /// ConnectX, from its traffic, as here.
+    /// or of a fenced one, a READ or atomic request (answered in any case), one in every
+    /// ACK_REQ_INTERVAL, so that the window moves, and the last a pump sends ([`pump`]), so
+    /// that unsignalled requests at the end of a run complete without a retry timeout. rxe
+    /// asks on the last packet of every message and every 64 packets (rxe_req.c); ConnectX,
+    /// from its traffic, as here.
+    ///
+    /// [`pump`]: Self::pump
     fn asks_for_ack(&self, idx: usize, last: bool) -> bool {
         let wr = &self.req.sq[idx].wr;
         wr.op.is_read_or_atomic()
-            || (last && (wr.signaled || wr.fence || idx + 1 == self.req.sq.len()))
+            || (last && (wr.signaled || wr.fence))
             || self.req.unasked + 1 >= ACK_REQ_INTERVAL
     }
 
