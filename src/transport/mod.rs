@@ -25,11 +25,11 @@ mod srq;
 mod wr;
 
 use std::collections::VecDeque;
-
-use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -402,6 +402,9 @@ pub struct Endpoint {
     active: FxHashSet<Qpn>,
     /// QPs handled since `active` was last brought up to date ([`Endpoint::settle`]).
     touched: Vec<Qpn>,
+    /// The QPs a timeout or `poll_transmit` works on, kept for its capacity: no allocation a
+    /// turn.
+    due: Vec<Qpn>,
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
     out: VecDeque<Transmit>,
@@ -462,6 +465,7 @@ impl Endpoint {
             qps: FxHashMap::default(),
             active: FxHashSet::default(),
             touched: Vec::new(),
+            due: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
             pool: Vec::new(),
@@ -1034,22 +1038,20 @@ impl Endpoint {
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.settle();
-        let due: Vec<Qpn> = self
-            .active
-            .iter()
-            .copied()
-            .filter(|qpn| {
-                let deadline = self.qps.get(qpn).and_then(|qp| qp.req.deadline());
-                deadline.is_some_and(|d| d <= now)
-            })
-            .collect();
-        for qpn in due {
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
+        due.extend(self.active.iter().copied().filter(|qpn| {
+            let deadline = self.qps.get(qpn).and_then(|qp| qp.req.deadline());
+            deadline.is_some_and(|d| d <= now)
+        }));
+        for &qpn in &due {
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             if let Some(qp) = qp {
                 qp.on_timer(&mut ctx);
                 qp.pump(&mut ctx);
             }
         }
+        self.due = due;
         self.err_overrun_qps(now);
     }
 
@@ -1096,22 +1098,20 @@ impl Endpoint {
         if self.out.is_empty() {
             let now = self.last_now;
             self.settle();
-            let qpns: Vec<Qpn> = self
-                .active
-                .iter()
-                .copied()
-                .filter(|qpn| {
-                    self.qps
-                        .get(qpn)
-                        .is_some_and(|qp| qp.resp.has_pending_responses())
-                })
-                .collect();
-            for qpn in qpns {
+            let mut responding = std::mem::take(&mut self.due);
+            responding.clear();
+            responding.extend(self.active.iter().copied().filter(|qpn| {
+                self.qps
+                    .get(qpn)
+                    .is_some_and(|qp| qp.resp.has_pending_responses())
+            }));
+            for &qpn in &responding {
                 let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
                 if let Some(qp) = qp {
                     qp.continue_responses(READ_RESPONSE_BATCH, &mut ctx);
                 }
             }
+            self.due = responding;
         }
         self.out.pop_front()
     }
