@@ -9,11 +9,14 @@
 
 pub mod capture;
 pub mod cm;
+#[cfg(feature = "cli")]
 pub mod decode;
+#[cfg(feature = "cli")]
 pub mod demo;
 mod engine;
 pub mod io;
 pub mod memory;
+#[cfg(feature = "cli")]
 pub mod tools;
 pub mod transport;
 pub mod verbs;

@@ -3,7 +3,6 @@
 
 use proptest::prelude::*;
 
-use softroce::capture::Capture;
 use softroce::wire::frame::{EthernetRepr, UdpRepr, VlanTag};
 use softroce::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, CnpPad, DethRepr, ExtHeader,
@@ -201,7 +200,8 @@ proptest! {
                        Frame::parse_linux_sll(&bytes)].into_iter().flatten() {
             let _ = parsed.icrc_status();
         }
-        if let Ok(capture) = Capture::new(&bytes) {
+        #[cfg(feature = "cli")]
+        if let Ok(capture) = softroce::capture::Capture::new(&bytes) {
             for record in capture.flatten() {
                 let _ = softroce::decode::decode_record(&record, std::time::Duration::ZERO);
             }
