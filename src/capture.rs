@@ -17,6 +17,7 @@ use crate::wire::{Frame, FrameError};
 /// How a record's bytes start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkType {
+    /// The record starts at an Ethernet II header.
     Ethernet,
     /// The record starts at the IPv4 or IPv6 header.
     RawIp,
@@ -44,8 +45,11 @@ pub struct Record<'a> {
     pub number: usize,
     /// Where the record starts in the file.
     pub offset: usize,
+    /// When the frame was captured, since the Unix epoch; zero for a pcapng simple packet block.
     pub timestamp: Duration,
+    /// How the record's bytes start.
     pub link: LinkType,
+    /// The captured bytes, possibly fewer than the frame had on the wire.
     pub data: Cow<'a, [u8]>,
 }
 
@@ -66,6 +70,7 @@ impl Record<'_> {
 pub struct CaptureError {
     /// The byte offset where the bad header, block or record starts.
     pub offset: usize,
+    /// What was wrong, in words.
     pub reason: String,
 }
 

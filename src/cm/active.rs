@@ -19,10 +19,13 @@ use crate::wire::{PKey, Psn, QKey, Qpn};
 /// What an active side asks for in its REQ.
 #[derive(Debug, Clone, Copy)]
 pub struct ReqParams<'a> {
+    /// The passive side's address.
     pub dst: IpAddr,
+    /// The service to connect to.
     pub service_id: ServiceId,
     /// RDMA-CM's source port: the header's, and half of the flow label's seed.
     pub src_port: u16,
+    /// Our QP's number, sent as the REQ's Local QPN.
     pub local_qpn: Qpn,
     /// The PSN our QP expects first (its `rq_psn`): the peer sends from it.
     pub starting_psn: Psn,
@@ -30,13 +33,17 @@ pub struct ReqParams<'a> {
     pub qp_type: QpType,
     /// Our `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
+    /// Our `max_rd_atomic`: READs and atomics we keep outstanding.
     pub initiator_depth: u8,
     /// The retry counts the passive side is to use: its transport retries and RNR retries.
     pub retry_count: u8,
+    /// The RNR retry count the passive side is to use (3 bits; 7 means no limit).
     pub rnr_retry_count: u8,
+    /// The path MTU to ask for.
     pub path_mtu: PathMtu,
     /// The local ACK timeout we use, and ask the passive side to use.
     pub local_ack_timeout: u8,
+    /// Whether our QP takes its receives from a shared receive queue.
     pub srq: bool,
     /// Up to 56 bytes in RDMA-CM's IP port spaces (after its header), 92 otherwise.
     pub private_data: &'a [u8],

@@ -89,14 +89,18 @@ pub struct ListenerId(pub u32);
 /// A SIDR request: the requester's address and request ID (ours, or a peer's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SidrId {
+    /// The other side: the requester of a request we received, the responder to one we sent.
     pub peer: IpAddr,
+    /// The SIDR_REQ's Request ID.
     pub request_id: u32,
 }
 
 /// A MAD to send to QP1 of `dst`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
+    /// The peer's address; the MAD goes to its QP1.
     pub dst: IpAddr,
+    /// The whole 256-byte MAD, the payload of a UD SEND to QP1.
     pub mad: Box<[u8; MAD_LEN]>,
 }
 
@@ -143,27 +147,34 @@ pub fn gid_of(addr: IpAddr) -> Ipv6Addr {
 /// What a REQ asks of the passive side, as the active side's CM sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectRequest {
+    /// The service ID the REQ names.
     pub service_id: ServiceId,
     /// The active side's address and, from RDMA-CM's header, its source port (0 for a
     /// service outside RDMA-CM's IP port spaces).
     pub peer: IpAddr,
+    /// The active side's source port, from RDMA-CM's header; 0 outside its IP port spaces.
     pub peer_port: u16,
     /// The active side's QPN, and the PSN its QP expects first: the passive side sends from
     /// it. (Each side's starting PSN is its receive queue's, as cm.c sets it: the fixture of
     /// kernel rxe's rping shows the client sending from the REP's PSN.)
     pub peer_qpn: Qpn,
+    /// The PSN the active side's QP expects first (the REQ's Starting PSN).
     pub peer_psn: Psn,
     /// RC or UC.
     pub qp_type: QpType,
+    /// The path MTU the REQ names.
     pub path_mtu: PathMtu,
     /// The active side's `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
+    /// The active side's `max_rd_atomic` (the REQ's Initiator Depth).
     pub initiator_depth: u8,
     /// The transport retry count and RNR retry count the passive side is to use.
     pub retry_count: u8,
+    /// The RNR retry count the passive side is to use.
     pub rnr_retry_count: u8,
     /// The local ACK timeout the active side uses, which the passive side uses too.
     pub local_ack_timeout: u8,
+    /// Whether the active side's QP takes its receives from a shared receive queue.
     pub srq: bool,
     /// The application's private data, after RDMA-CM's header: 56 bytes in an IP service
     /// (zero-padded by the sender), 92 otherwise.
@@ -175,12 +186,16 @@ pub struct ConnectRequest {
 pub struct Reply {
     /// The passive side's QPN, and the PSN its QP expects first: the active side sends from it.
     pub peer_qpn: Qpn,
+    /// The PSN the passive side's QP expects first (the REP's Starting PSN).
     pub peer_psn: Psn,
     /// The passive side's `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
+    /// The passive side's `max_rd_atomic` (the REP's Initiator Depth).
     pub initiator_depth: u8,
     /// The RNR retry count the active side is to use.
     pub rnr_retry_count: u8,
+    /// The REP's Target ACK Delay: how long the passive side may take to ACK
+    /// (4.096 µs × 2^value).
     pub target_ack_delay: u8,
     /// 196 bytes, zero-padded by the sender.
     pub private_data: Vec<u8>,
@@ -191,7 +206,9 @@ pub struct Reply {
 pub enum Failure {
     /// The peer rejected it (REJ), with its reason and private data.
     Rejected {
+        /// The REJ's reason.
         reason: RejReason,
+        /// The REJ's 148 bytes of private data.
         private_data: Vec<u8>,
     },
     /// The peer never answered, however often asked (`RDMA_CM_EVENT_UNREACHABLE`,
@@ -223,36 +240,66 @@ pub enum CmEvent {
     /// A REQ for `listener`'s service: answer with [`CmEndpoint::accept`] or
     /// [`CmEndpoint::reject`].
     ConnectRequest {
+        /// The new connection's handle, for `accept` or `reject`.
         conn: ConnId,
+        /// The listener whose service ID the REQ names.
         listener: ListenerId,
+        /// What the REQ asks.
         request: Box<ConnectRequest>,
     },
     /// The peer accepted: move the QP to RTR and RTS with these values, then call
     /// [`CmEndpoint::establish`].
-    Reply { conn: ConnId, reply: Box<Reply> },
+    Reply {
+        /// The connection's handle, as `connect` returned it.
+        conn: ConnId,
+        /// What the REP says.
+        reply: Box<Reply>,
+    },
     /// Both sides are ready: the passive side got its RTU, or the active side sent it.
-    Established { conn: ConnId },
+    Established {
+        /// The connection's handle.
+        conn: ConnId,
+    },
     /// The attempt or the connection ended: rejected, or unanswered.
-    Failed { conn: ConnId, failure: Failure },
+    Failed {
+        /// The connection's handle; it is no longer valid.
+        conn: ConnId,
+        /// Why it ended.
+        failure: Failure,
+    },
     /// The connection is over: a DREQ arrived (answered already), or our DREQ was answered or
     /// went unanswered. Its QP should leave RTS.
-    Disconnected { conn: ConnId },
+    Disconnected {
+        /// The connection's handle.
+        conn: ConnId,
+    },
     /// A SIDR_REQ for `listener`'s UD service: answer with [`CmEndpoint::sidr_reply`].
     SidrRequest {
+        /// The request's handle, for `sidr_reply`.
         id: SidrId,
+        /// The listener whose service ID the SIDR_REQ names.
         listener: ListenerId,
+        /// The service ID to resolve.
         service_id: ServiceId,
+        /// The requester's source port, from RDMA-CM's header; 0 outside its IP port spaces.
         peer_port: u16,
+        /// The SIDR_REQ's private data, after RDMA-CM's header if it has one.
         private_data: Vec<u8>,
     },
     /// A SIDR_REQ of ours was answered: the QPN and Q_Key serving the service, or the status.
     SidrResolved {
+        /// The request's handle, as `sidr_resolve` returned it.
         id: SidrId,
+        /// The serving QPN and Q_Key, or the SIDR_REP's status if it is not success.
         result: Result<(Qpn, QKey), SidrStatus>,
+        /// The SIDR_REP's 136 bytes of private data.
         private_data: Vec<u8>,
     },
     /// A SIDR_REQ of ours was never answered.
-    SidrTimedOut { id: SidrId },
+    SidrTimedOut {
+        /// The request's handle, as `sidr_resolve` returned it.
+        id: SidrId,
+    },
 }
 
 macro_rules! cm_counters {
@@ -273,8 +320,11 @@ macro_rules! cm_counters {
 }
 
 cm_counters!(
+    /// MADs handed to `handle_mad`, whether they parsed or not.
     mads_received,
+    /// MADs queued for sending, retransmissions included.
     mads_sent,
+    /// MADs sent again because the peer did not answer in time.
     retransmissions,
     /// Repeated messages: answered as the first was, or ignored where no answer is due.
     duplicates,
@@ -304,7 +354,12 @@ pub enum CmError {
     /// The service ID has a listener already.
     ServiceInUse(ServiceId),
     /// Private data beyond what the message carries.
-    PrivateDataTooLong { len: usize, max: usize },
+    PrivateDataTooLong {
+        /// The private data's length, in bytes.
+        len: usize,
+        /// The most the message carries, in bytes.
+        max: usize,
+    },
     /// Every communication ID, or the table's room, is taken.
     NoResources,
     /// The address cannot be connected to; the text says why.
@@ -525,14 +580,17 @@ impl CmEndpoint {
         }
     }
 
+    /// The device's address; an IPv4-mapped IPv6 address is given as IPv4.
     pub fn local_addr(&self) -> IpAddr {
         self.local
     }
 
+    /// The configuration the CM was made with.
     pub fn config(&self) -> &CmConfig {
         &self.config
     }
 
+    /// What the CM received, sent and dropped so far.
     pub fn counters(&self) -> &CmCounters {
         &self.counters
     }
@@ -578,10 +636,12 @@ impl CmEndpoint {
         self.listeners.retain(|_, id| *id != listener);
     }
 
+    /// The next MAD to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Outgoing> {
         self.outbox.queue.pop_front()
     }
 
+    /// The next event for the application, if any.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
     }

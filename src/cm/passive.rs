@@ -20,14 +20,17 @@ use crate::wire::{Psn, QKey, Qpn};
 /// The passive side's answer to a REQ, for its REP.
 #[derive(Debug, Clone, Copy)]
 pub struct RepParams<'a> {
+    /// Our QP's number, sent as the REP's Local QPN.
     pub local_qpn: Qpn,
     /// The PSN our QP expects first (its `rq_psn`): the peer sends from it.
     pub starting_psn: Psn,
     /// Our `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
+    /// Our `max_rd_atomic`: READs and atomics we keep outstanding.
     pub initiator_depth: u8,
     /// The RNR retry count the active side is to use.
     pub rnr_retry_count: u8,
+    /// Whether our QP takes its receives from a shared receive queue.
     pub srq: bool,
     /// Up to 196 bytes.
     pub private_data: &'a [u8],

@@ -43,11 +43,13 @@ pub(super) struct SidrTable {
 }
 
 impl SidrTable {
+    /// The earliest deadline of any request in flight, ours or a peer's.
     pub(super) fn deadline(&self) -> Option<Duration> {
         let ours = self.resolving.values().map(|r| r.deadline);
         ours.chain(self.asked.values().map(|a| a.deadline)).min()
     }
 
+    /// Requests in flight, both ways.
     pub(super) fn len(&self) -> usize {
         self.resolving.len() + self.asked.len()
     }

@@ -9,7 +9,9 @@ use nix::ifaddrs::{getifaddrs, InterfaceAddress};
 /// A network interface and its IP MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
+    /// The interface's name, e.g. `eth0`; an alias's label is cut at the colon.
     pub name: String,
+    /// The interface's IP MTU, in bytes.
     pub mtu: u32,
 }
 

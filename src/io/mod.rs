@@ -29,7 +29,9 @@ use crate::transport::Datagram;
 /// Packets moved and dropped by a backend, each drop by its cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoCounters {
+    /// Packets the kernel took for sending.
     pub sent: u64,
+    /// Datagrams read off the socket (each GRO segment one), foreign ones included.
     pub received: u64,
     /// Packets the kernel would not take for now: its send buffer was full (EAGAIN, ENOBUFS,
     /// ENOMEM). RC retransmits them.
@@ -112,12 +114,14 @@ pub(crate) struct Unreachable {
 const UNREACHABLE_KEPT: usize = 64;
 
 impl Unreachable {
+    /// Remembers `dst`, once; beyond the first 64 destinations, drops it.
     pub fn note(&mut self, dst: IpAddr) {
         if self.destinations.len() < UNREACHABLE_KEPT && !self.destinations.contains(&dst) {
             self.destinations.push(dst);
         }
     }
 
+    /// Hands each remembered destination to `each`, and forgets them all.
     pub fn drain(&mut self, each: &mut dyn FnMut(IpAddr)) {
         for dst in self.destinations.drain(..) {
             each(dst);
@@ -169,6 +173,7 @@ pub trait Backend: Send + 'static {
     /// What the engine's poll waits on for received datagrams.
     fn source(&mut self) -> &mut dyn mio::event::Source;
 
+    /// The backend's counters so far.
     fn counters(&self) -> IoCounters;
 }
 

@@ -87,6 +87,7 @@ pub struct RawConfig {
     pub dscp: u8,
     /// ECN codepoint, 0 to 3.
     pub ecn: u8,
+    /// The IPv4 identification to write.
     pub ip_id: IpIdMode,
 }
 
@@ -107,6 +108,7 @@ impl RawConfig {
 pub enum RawError {
     /// The process may not open raw sockets.
     NeedsCapNetRaw,
+    /// Any other failure: an invalid configuration, or a socket call that failed.
     Io(io::Error),
 }
 
@@ -174,6 +176,8 @@ impl event::Source for RawSocket {
     }
 }
 
+/// A [`Backend`] over a raw IPv4 socket: it writes every header itself and verifies
+/// every received ICRC fully. Opening it needs `CAP_NET_RAW`.
 #[derive(Debug)]
 pub struct RawBackend {
     raw: RawSocket,

@@ -164,6 +164,8 @@ struct Arrival {
     segment: usize,
 }
 
+/// A [`Backend`] over a UDP socket bound to port 4791, with segmentation offload both ways;
+/// the kernel writes the IP and UDP headers. Needs no privileges.
 #[derive(Debug)]
 pub struct UdpBackend {
     socket: UdpSocket,

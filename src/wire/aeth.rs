@@ -44,6 +44,7 @@ impl CreditCode {
         CreditCode(code & VALUE_MASK)
     }
 
+    /// The 5-bit code, 0 to 31.
     pub const fn code(self) -> u8 {
         self.0
     }
@@ -80,6 +81,7 @@ impl RnrTimer {
         RnrTimer(code & VALUE_MASK)
     }
 
+    /// The 5-bit code, 0 to 31.
     pub const fn code(self) -> u8 {
         self.0
     }
@@ -109,6 +111,7 @@ pub enum NakCode {
 }
 
 impl NakCode {
+    /// Decodes the low five bits of a NAK syndrome; codes 5 to 31 become `Reserved`.
     pub const fn from_code(code: u8) -> Self {
         match code & VALUE_MASK {
             0 => NakCode::PsnSequenceError,
@@ -120,6 +123,7 @@ impl NakCode {
         }
     }
 
+    /// The 5-bit code, as the low bits of the syndrome carry it.
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -149,6 +153,8 @@ impl AckSyndrome {
     /// An ACK without a credit count, as rxe sends it (syndrome 0x1F).
     pub const ACK_NO_CREDITS: AckSyndrome = AckSyndrome::Ack(CreditCode::INVALID);
 
+    /// Decodes a syndrome byte: bits 6..5 give the type, bits 4..0 its value; a set top bit or the
+    /// reserved type 0b10 gives `Reserved`.
     pub const fn from_byte(byte: u8) -> Self {
         if byte & 0x80 != 0 {
             return AckSyndrome::Reserved(byte);
@@ -162,6 +168,7 @@ impl AckSyndrome {
         }
     }
 
+    /// Encodes the syndrome byte; `from_byte` of the result gives `self` back.
     pub const fn to_byte(self) -> u8 {
         match self {
             AckSyndrome::Ack(credits) => TYPE_ACK | credits.0,
@@ -205,20 +212,24 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> Aeth<T> {
+    /// The syndrome byte (byte 0): ACK, RNR NAK or NAK, with its 5-bit value.
     pub fn syndrome(&self) -> AckSyndrome {
         AckSyndrome::from_byte(self.bytes()[field::SYNDROME])
     }
 
+    /// The MSN (bytes 1 to 3): the responder's message sequence number, 24 bits.
     pub fn msn(&self) -> Msn {
         Msn::new(u24_at(self.bytes(), field::MSN))
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Aeth<T> {
+    /// Writes the syndrome byte.
     pub fn set_syndrome(&mut self, syndrome: AckSyndrome) {
         self.bytes_mut()[field::SYNDROME] = syndrome.to_byte();
     }
 
+    /// Writes the 24-bit MSN.
     pub fn set_msn(&mut self, msn: Msn) {
         set_u24(self.bytes_mut(), field::MSN, msn.value());
     }
@@ -227,11 +238,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Aeth<T> {
 /// The fields of an AETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AethRepr {
+    /// The syndrome: ACK with credits, RNR NAK with timer, or NAK with code.
     pub syndrome: AckSyndrome,
+    /// The responder's message sequence number, 24 bits.
     pub msn: Msn,
 }
 
 impl AethRepr {
+    /// Reads the fields out of a checked view; never fails, every syndrome byte decodes.
     pub fn parse<T: AsRef<[u8]>>(aeth: &Aeth<T>) -> Result<Self> {
         Ok(AethRepr {
             syndrome: aeth.syndrome(),
@@ -239,6 +253,7 @@ impl AethRepr {
         })
     }
 
+    /// Writes the fields into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, aeth: &mut Aeth<T>) {
         aeth.set_syndrome(self.syndrome);
         aeth.set_msn(self.msn);

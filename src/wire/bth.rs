@@ -45,6 +45,7 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> Bth<T> {
+    /// The opcode (byte 0): transport in the top three bits, operation in the low five.
     pub fn opcode(&self) -> Opcode {
         Opcode::from_u8(self.bytes()[field::OPCODE])
     }
@@ -69,6 +70,7 @@ impl<T: AsRef<[u8]>> Bth<T> {
         self.bytes()[field::FLAGS] & TVER_MASK
     }
 
+    /// The partition key (bytes 2 and 3).
     pub fn pkey(&self) -> PKey {
         PKey(u16_at(self.bytes(), field::PKEY))
     }
@@ -83,6 +85,7 @@ impl<T: AsRef<[u8]>> Bth<T> {
         self.bytes()[field::ECN] & BECN != 0
     }
 
+    /// The destination QP number (bytes 5 to 7), 24 bits.
     pub fn dest_qp(&self) -> Qpn {
         Qpn::new(u24_at(self.bytes(), field::DEST_QP))
     }
@@ -92,12 +95,14 @@ impl<T: AsRef<[u8]>> Bth<T> {
         self.bytes()[field::ACK_REQ] & ACK_REQ != 0
     }
 
+    /// The packet sequence number (bytes 9 to 11), 24 bits.
     pub fn psn(&self) -> Psn {
         Psn::new(u24_at(self.bytes(), field::PSN))
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
+    /// Writes the opcode byte.
     pub fn set_opcode(&mut self, opcode: Opcode) {
         self.bytes_mut()[field::OPCODE] = opcode.value();
     }
@@ -114,6 +119,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
         self.bytes_mut()[field::FLAGS] = byte;
     }
 
+    /// Writes the partition key.
     pub fn set_pkey(&mut self, pkey: PKey) {
         set_u16(self.bytes_mut(), field::PKEY, pkey.0);
     }
@@ -123,6 +129,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
         self.bytes_mut()[field::ECN] = if fecn { FECN } else { 0 } | if becn { BECN } else { 0 };
     }
 
+    /// Writes the 24-bit destination QP number.
     pub fn set_dest_qp(&mut self, qpn: Qpn) {
         set_u24(self.bytes_mut(), field::DEST_QP, qpn.value());
     }
@@ -132,6 +139,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
         self.bytes_mut()[field::ACK_REQ] = if ack_req { ACK_REQ } else { 0 };
     }
 
+    /// Writes the 24-bit PSN.
     pub fn set_psn(&mut self, psn: Psn) {
         set_u24(self.bytes_mut(), field::PSN, psn.value());
     }
@@ -141,15 +149,25 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
 /// (IBTA 9.2, "reserved fields").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BthRepr {
+    /// The opcode: transport and operation.
     pub opcode: Opcode,
+    /// SE: the responder should raise a solicited event on completion.
     pub solicited: bool,
+    /// MigReq: carried only, since RoCE has no path migration.
     pub mig_req: bool,
+    /// PadCnt: pad bytes (0 to 3) that bring the payload to a multiple of 4.
     pub pad_count: u8,
+    /// The partition key.
     pub pkey: PKey,
+    /// FECN: a switch saw congestion on the way here.
     pub fecn: bool,
+    /// BECN: the receiver saw congestion; set in CNPs.
     pub becn: bool,
+    /// The destination QP number, 24 bits.
     pub dest_qp: Qpn,
+    /// AckReq: the requester asks for an acknowledgement.
     pub ack_req: bool,
+    /// The packet sequence number, 24 bits.
     pub psn: Psn,
 }
 
@@ -195,6 +213,7 @@ impl BthRepr {
         })
     }
 
+    /// Writes every field into a checked view, with TVer 0 and reserved bits zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, bth: &mut Bth<T>) {
         bth.set_opcode(self.opcode);
         bth.set_flags(self.solicited, self.mig_req, self.pad_count);

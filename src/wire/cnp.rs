@@ -23,10 +23,12 @@ impl<T: AsRef<[u8]>> Cnp<T> {
 pub struct CnpPad;
 
 impl CnpPad {
+    /// Accepts any reserved bytes: a receiver ignores them.
     pub fn parse<T: AsRef<[u8]>>(_cnp: &Cnp<T>) -> Result<Self> {
         Ok(CnpPad)
     }
 
+    /// Writes the 16 reserved bytes as zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, cnp: &mut Cnp<T>) {
         cnp.bytes_mut()[..16].fill(0);
     }

@@ -24,16 +24,19 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> Deth<T> {
+    /// The Q_Key (bytes 0 to 3) the receiving UD QP checks before it accepts the packet.
     pub fn qkey(&self) -> QKey {
         QKey(u32_at(self.bytes(), field::QKEY))
     }
 
+    /// The source QP number (bytes 5 to 7), 24 bits: the sender's UD QP, where replies go.
     pub fn src_qp(&self) -> Qpn {
         Qpn::new(u24_at(self.bytes(), field::SRC_QP))
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
+    /// Writes the Q_Key.
     pub fn set_qkey(&mut self, qkey: QKey) {
         set_u32(self.bytes_mut(), field::QKEY, qkey.0);
     }
@@ -48,11 +51,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Deth<T> {
 /// The fields of a DETH. The reserved byte is sent as zero and ignored on receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DethRepr {
+    /// The Q_Key the destination QP must hold.
     pub qkey: QKey,
+    /// The sender's QP number, 24 bits.
     pub src_qp: Qpn,
 }
 
 impl DethRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(deth: &Deth<T>) -> Result<Self> {
         Ok(DethRepr {
             qkey: deth.qkey(),
@@ -60,6 +66,7 @@ impl DethRepr {
         })
     }
 
+    /// Writes the fields into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, deth: &mut Deth<T>) {
         deth.set_qkey(self.qkey);
         deth.set_src_qp(self.src_qp);

@@ -10,32 +10,57 @@ use super::opcode::Transport;
 /// The header a wire error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layer {
+    /// The Ethernet II header.
     Ethernet,
+    /// An 802.1Q VLAN tag.
     Vlan,
+    /// The IPv4 header.
     Ipv4,
+    /// The IPv6 header.
     Ipv6,
+    /// The UDP header.
     Udp,
+    /// The Base Transport Header.
     Bth,
+    /// The RDMA Extended Transport Header.
     Reth,
+    /// The ACK Extended Transport Header.
     Aeth,
+    /// The Datagram Extended Transport Header.
     Deth,
+    /// The Immediate Data header.
     ImmDt,
+    /// The Invalidate Extended Transport Header.
     Ieth,
+    /// The Atomic Extended Transport Header.
     AtomicEth,
+    /// The Atomic Acknowledge Extended Transport Header.
     AtomicAckEth,
+    /// The 16 reserved bytes of a congestion notification packet.
     Cnp,
+    /// The payload and its pad bytes.
     Payload,
+    /// The 4-byte invariant CRC at the end of the packet.
     Icrc,
     /// The 24-byte header of a management datagram (IBTA 13.4.3).
     Mad,
+    /// A CM REQ message.
     CmReq,
+    /// A CM MRA message.
     CmMra,
+    /// A CM REJ message.
     CmRej,
+    /// A CM REP message.
     CmRep,
+    /// A CM RTU message.
     CmRtu,
+    /// A CM DREQ message.
     CmDreq,
+    /// A CM DREP message.
     CmDrep,
+    /// A CM SIDR_REQ message.
     CmSidrReq,
+    /// A CM SIDR_REP message.
     CmSidrRep,
     /// RDMA-CM's IP addressing header at the start of a REQ's or SIDR_REQ's private data.
     CmaHeader,
@@ -88,25 +113,43 @@ impl fmt::Display for Layer {
 pub enum Error {
     /// The buffer ends before the header does.
     Truncated {
+        /// The header that does not fit.
         layer: Layer,
+        /// The buffer length, in bytes, that would hold the header.
         needed: usize,
+        /// The buffer length, in bytes.
         available: usize,
     },
     /// A field holds a value that is not allowed here.
     Field {
+        /// The header that holds the field.
         layer: Layer,
+        /// The field's name.
         field: &'static str,
+        /// The value found.
         found: u64,
+        /// What the field may hold, in words.
         expected: &'static str,
     },
     /// The BTH opcode is not one the IBTA defines for RC, UC, RD, UD, CNP or XRC.
-    UnknownOpcode { value: u8 },
+    UnknownOpcode {
+        /// The opcode byte.
+        value: u8,
+    },
     /// The opcode belongs to a transport that softroce recognises but does not implement.
-    UnsupportedTransport { opcode: u8, transport: Transport },
+    UnsupportedTransport {
+        /// The opcode byte.
+        opcode: u8,
+        /// The transport its top three bits name.
+        transport: Transport,
+    },
     /// An emitted packet lacks a header its opcode requires, or has one it forbids.
     HeaderMismatch {
+        /// The opcode of the packet being emitted.
         opcode: u8,
+        /// The header that is missing or extra.
         layer: Layer,
+        /// Whether the opcode requires the header (true) or forbids it (false).
         required: bool,
     },
 }

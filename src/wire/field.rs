@@ -10,6 +10,7 @@ fn array<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
     out
 }
 
+/// A big-endian 16-bit field.
 pub fn u16_at(bytes: &[u8], at: usize) -> u16 {
     u16::from_be_bytes(array(bytes, at))
 }
@@ -20,14 +21,17 @@ pub fn u24_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([0, a, b, c])
 }
 
+/// A big-endian 32-bit field.
 pub fn u32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(array(bytes, at))
 }
 
+/// A big-endian 64-bit field.
 pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(array(bytes, at))
 }
 
+/// Writes a big-endian 16-bit field.
 pub fn set_u16(bytes: &mut [u8], at: usize, value: u16) {
     bytes[at..at + 2].copy_from_slice(&value.to_be_bytes());
 }
@@ -37,10 +41,12 @@ pub fn set_u24(bytes: &mut [u8], at: usize, value: u32) {
     bytes[at..at + 3].copy_from_slice(&value.to_be_bytes()[1..]);
 }
 
+/// Writes a big-endian 32-bit field.
 pub fn set_u32(bytes: &mut [u8], at: usize, value: u32) {
     bytes[at..at + 4].copy_from_slice(&value.to_be_bytes());
 }
 
+/// Writes a big-endian 64-bit field.
 pub fn set_u64(bytes: &mut [u8], at: usize, value: u64) {
     bytes[at..at + 8].copy_from_slice(&value.to_be_bytes());
 }

@@ -26,7 +26,12 @@ pub enum FrameError {
     /// A well-formed frame that is not RoCEv2 (not IP, not UDP, not to port 4791, a fragment).
     NotRoce(&'static str),
     /// RoCEv2, framed in a way softroce does not handle.
-    Unsupported { layer: Layer, reason: &'static str },
+    Unsupported {
+        /// The header whose framing is not handled.
+        layer: Layer,
+        /// What is not handled.
+        reason: &'static str,
+    },
     /// The RoCE packet, or a field of an emitted frame, is invalid.
     Wire(Error),
     /// A RoCEv2 packet whose opcode softroce does not parse: its BTH and ICRC are read.
@@ -38,10 +43,13 @@ pub enum FrameError {
 /// are unknown, but the ICRC covers the packet whatever they are, so it is still checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpaqueRoce {
+    /// Where the packet sits: the Ethernet, IP and UDP headers in front of it.
     pub repr: FrameRepr,
+    /// The packet's BTH, which parses whatever the opcode.
     pub bth: BthRepr,
     /// The RoCE packet's length, from the BTH through the ICRC.
     pub len: usize,
+    /// Whether the packet's last four bytes hold the ICRC of the rest.
     pub icrc: IcrcStatus,
     /// Why softroce does not parse it.
     pub reason: Error,
@@ -78,16 +86,22 @@ impl From<Error> for FrameError {
 /// An 802.1Q tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct VlanTag {
+    /// Priority code point, 0 to 7.
     pub pcp: u8,
+    /// Drop eligible indicator.
     pub dei: bool,
+    /// VLAN identifier, 12 bits (0 to 4095).
     pub vid: u16,
 }
 
 /// The Ethernet header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EthernetRepr {
+    /// Source MAC address.
     pub src: [u8; 6],
+    /// Destination MAC address.
     pub dst: [u8; 6],
+    /// The 802.1Q tag between the MAC addresses and the EtherType, if any.
     pub vlan: Option<VlanTag>,
 }
 
@@ -100,22 +114,36 @@ impl EthernetRepr {
 /// The IP header fields of a RoCEv2 frame. Lengths, the protocol and checksums are derived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IpRepr {
+    /// An IPv4 header without options.
     V4 {
+        /// Source address.
         src: Ipv4Addr,
+        /// Destination address.
         dst: Ipv4Addr,
+        /// Differentiated services code point, 6 bits (0 to 63).
         dscp: u8,
+        /// Explicit congestion notification, 2 bits (0 to 3).
         ecn: u8,
         /// Covered by the ICRC: rxe sends a hash, ConnectX a counter, a DF UDP socket 0.
         identification: u16,
+        /// The DF flag.
         dont_fragment: bool,
+        /// Time to live.
         ttl: u8,
     },
+    /// An IPv6 header without extension headers.
     V6 {
+        /// Source address.
         src: Ipv6Addr,
+        /// Destination address.
         dst: Ipv6Addr,
+        /// Differentiated services code point: the top 6 bits of the traffic class (0 to 63).
         dscp: u8,
+        /// Explicit congestion notification: the low 2 bits of the traffic class (0 to 3).
         ecn: u8,
+        /// Flow label, 20 bits.
         flow_label: u32,
+        /// Hop limit.
         hop_limit: u8,
     },
 }
@@ -209,8 +237,11 @@ pub enum UdpChecksum {
 /// The UDP header fields of a RoCEv2 frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UdpRepr {
+    /// Source port; RoCEv2 senders vary it per QP for ECMP entropy.
     pub src_port: u16,
+    /// Destination port, 4791 for RoCEv2.
     pub dst_port: u16,
+    /// Whether the UDP checksum is zero or computed.
     pub checksum: UdpChecksum,
 }
 
@@ -219,16 +250,20 @@ pub struct UdpRepr {
 pub struct FrameRepr {
     /// `None` for a frame that starts at the IP header.
     pub ethernet: Option<EthernetRepr>,
+    /// The IP header.
     pub ip: IpRepr,
+    /// The UDP header.
     pub udp: UdpRepr,
 }
 
 /// A parsed frame, borrowing its bytes.
 #[derive(Debug, Clone)]
 pub struct Frame<'a> {
+    /// The framing in front of the BTH.
     pub repr: FrameRepr,
     ip_header: &'a [u8],
     udp_header: [u8; 8],
+    /// The RoCE packet: the UDP payload, from the BTH through the ICRC.
     pub packet: RocePacket<&'a [u8]>,
 }
 

@@ -77,9 +77,13 @@ const IP_PROTO_UDP: u8 = 17;
 /// The outcome of checking a received packet's ICRC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IcrcStatus {
+    /// The received ICRC matches the one computed.
     Ok,
+    /// The received ICRC differs from the one computed.
     Bad {
+        /// The ICRC the covered bytes call for.
         computed: u32,
+        /// The ICRC the packet carried.
         received: u32,
     },
     /// The covered bytes were not all known, so nothing was checked.
@@ -165,12 +169,18 @@ pub fn icrc_ipv6(
 /// `IP_PMTUDISC_DO` (unconnected): IPv4 with DF and ID 0, or IPv6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelFraming {
+    /// IPv4 with DF, fragment offset 0 and a 20-byte header.
     V4 {
+        /// The sender's address and UDP port.
         src: SocketAddrV4,
+        /// The receiver's address and UDP port.
         dst: SocketAddrV4,
     },
+    /// IPv6 with no extension headers.
     V6 {
+        /// The sender's address and UDP port.
         src: SocketAddrV6,
+        /// The receiver's address and UDP port.
         dst: SocketAddrV6,
     },
 }

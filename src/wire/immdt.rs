@@ -25,6 +25,7 @@ impl<T: AsRef<[u8]>> ImmDt<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ImmDt<T> {
+    /// Writes the immediate data, big-endian.
     pub fn set_data(&mut self, data: u32) {
         set_u32(self.bytes_mut(), field::DATA, data);
     }
@@ -33,14 +34,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> ImmDt<T> {
 /// The immediate data of a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ImmDtRepr {
+    /// The 32-bit immediate data, as a big-endian read of its 4 bytes.
     pub data: u32,
 }
 
 impl ImmDtRepr {
+    /// Reads the field out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(imm: &ImmDt<T>) -> Result<Self> {
         Ok(ImmDtRepr { data: imm.data() })
     }
 
+    /// Writes the field into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, imm: &mut ImmDt<T>) {
         imm.set_data(self.data);
     }

@@ -25,6 +25,7 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// The transport's usual abbreviation, e.g. `RC`.
     pub const fn name(self) -> &'static str {
         match self {
             Transport::Rc => "RC",
@@ -46,21 +47,32 @@ impl fmt::Display for Transport {
 /// Where a packet stands in its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Position {
+    /// The first packet of a message of two or more.
     First,
+    /// Neither the first nor the last packet.
     Middle,
+    /// The last packet of a message of two or more.
     Last,
+    /// The only packet of its message.
     Only,
 }
 
 /// An extension header that may follow the BTH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExtHeader {
+    /// RDMA Extended Transport Header, 16 bytes.
     Reth,
+    /// ACK Extended Transport Header, 4 bytes.
     Aeth,
+    /// Datagram Extended Transport Header, 8 bytes.
     Deth,
+    /// Immediate Data, 4 bytes.
     ImmDt,
+    /// Invalidate Extended Transport Header, 4 bytes.
     Ieth,
+    /// Atomic Extended Transport Header, 28 bytes.
     AtomicEth,
+    /// Atomic Acknowledge Extended Transport Header, 8 bytes.
     AtomicAckEth,
     /// The 16 reserved bytes after a CNP's BTH.
     CnpPad,
@@ -102,11 +114,13 @@ impl ExtHeader {
 pub struct OpcodeInfo {
     /// The name used by the kernel and by Wireshark, e.g. `RC_SEND_FIRST`.
     pub name: &'static str,
+    /// The transport the opcode's top three bits name.
     pub transport: Transport,
     /// The extension headers after the BTH, in wire order.
     pub headers: &'static [ExtHeader],
     /// Whether the packet carries payload (it may still be zero bytes long).
     pub payload: bool,
+    /// Where the packet stands in its message.
     pub position: Position,
 }
 
@@ -132,7 +146,7 @@ macro_rules! opcode_table {
         /// A BTH opcode. Every byte value maps to a variant, and `value` gives it back.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Opcode {
-            $($(#[$meta])* $variant,)*
+            $(#[doc = concat!("`", $name, "` (", stringify!($code), ").")] $(#[$meta])* $variant,)*
             /// An RD opcode (0x40 to 0x5F).
             Rd(u8),
             /// An XRC opcode (0xA0 to 0xBF).
@@ -145,6 +159,7 @@ macro_rules! opcode_table {
             /// Every opcode softroce implements, in table order.
             pub const SUPPORTED: &'static [Opcode] = &[$(Opcode::$variant),*];
 
+            /// Maps a BTH opcode byte to its variant; never fails.
             pub const fn from_u8(value: u8) -> Opcode {
                 match value {
                     $($code => Opcode::$variant,)*
@@ -154,6 +169,7 @@ macro_rules! opcode_table {
                 }
             }
 
+            /// The BTH opcode byte.
             pub const fn value(self) -> u8 {
                 match self {
                     $(Opcode::$variant => $code,)*

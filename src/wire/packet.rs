@@ -95,6 +95,7 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         self.info
     }
 
+    /// A view of the packet's BTH, its first 12 bytes.
     pub fn bth(&self) -> Bth<&[u8]> {
         Bth::new_unchecked(self.buffer.as_ref())
     }
@@ -174,6 +175,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RocePacket<T> {
         &mut self.buffer.as_mut()[range]
     }
 
+    /// Writes the ICRC into the last four bytes, least-significant byte first.
     pub fn set_icrc(&mut self, icrc: u32) {
         let at = self.icrc_start();
         self.buffer.as_mut()[at..].copy_from_slice(&icrc.to_le_bytes());
@@ -183,12 +185,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RocePacket<T> {
 /// The extension headers of a packet. Which are present is set by the opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ExtHeaders {
+    /// The RETH, in RDMA WRITE FIRST and ONLY and in RDMA READ requests.
     pub reth: Option<RethRepr>,
+    /// The AETH, in ACKs, atomic ACKs and the READ responses that carry one.
     pub aeth: Option<AethRepr>,
+    /// The DETH, in every UD packet.
     pub deth: Option<DethRepr>,
+    /// The immediate data, in the `..._WITH_IMMEDIATE` opcodes.
     pub immdt: Option<ImmDtRepr>,
+    /// The IETH, in the `SEND_..._WITH_INVALIDATE` opcodes.
     pub ieth: Option<IethRepr>,
+    /// The AtomicETH, in CMP_SWAP and FETCH_ADD.
     pub atomic_eth: Option<AtomicEthRepr>,
+    /// The AtomicAckETH, in atomic ACKs.
     pub atomic_ack_eth: Option<AtomicAckEthRepr>,
 }
 
@@ -256,7 +265,9 @@ const ALL_EXT_HEADERS: [ExtHeader; 7] = [
 /// The owned representation of a whole packet, except the payload bytes and the ICRC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PacketRepr {
+    /// The BTH; [`PacketRepr::new`] sets its PadCnt from `payload_len`.
     pub bth: BthRepr,
+    /// The extension headers, present as the opcode requires.
     pub ext: ExtHeaders,
     /// The payload length, without the pad.
     pub payload_len: usize,
@@ -273,6 +284,7 @@ impl PacketRepr {
         }
     }
 
+    /// Reads the BTH and the extension headers of a checked packet.
     pub fn parse<T: AsRef<[u8]>>(packet: &RocePacket<T>) -> Result<Self> {
         let bth = BthRepr::parse(&packet.bth())?;
         let mut ext = ExtHeaders::default();

@@ -24,28 +24,34 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> Reth<T> {
+    /// The virtual address (bytes 0 to 7) where the message starts in the responder's memory.
     pub fn virtual_address(&self) -> u64 {
         u64_at(self.bytes(), field::VA)
     }
 
+    /// The R_Key (bytes 8 to 11) that grants access to the responder's region.
     pub fn rkey(&self) -> RKey {
         RKey(u32_at(self.bytes(), field::RKEY))
     }
 
+    /// The DMA length (bytes 12 to 15): the whole message's length in bytes.
     pub fn dma_len(&self) -> u32 {
         u32_at(self.bytes(), field::DMA_LEN)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
+    /// Writes the virtual address.
     pub fn set_virtual_address(&mut self, va: u64) {
         set_u64(self.bytes_mut(), field::VA, va);
     }
 
+    /// Writes the R_Key.
     pub fn set_rkey(&mut self, rkey: RKey) {
         set_u32(self.bytes_mut(), field::RKEY, rkey.0);
     }
 
+    /// Writes the DMA length.
     pub fn set_dma_len(&mut self, len: u32) {
         set_u32(self.bytes_mut(), field::DMA_LEN, len);
     }
@@ -54,12 +60,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Reth<T> {
 /// The fields of a RETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RethRepr {
+    /// The responder's virtual address where the message starts.
     pub virtual_address: u64,
+    /// The R_Key that grants access to the responder's region.
     pub rkey: RKey,
+    /// The whole message's length in bytes, not this packet's.
     pub dma_len: u32,
 }
 
 impl RethRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(reth: &Reth<T>) -> Result<Self> {
         Ok(RethRepr {
             virtual_address: reth.virtual_address(),
@@ -68,6 +78,7 @@ impl RethRepr {
         })
     }
 
+    /// Writes the fields into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, reth: &mut Reth<T>) {
         reth.set_virtual_address(self.virtual_address);
         reth.set_rkey(self.rkey);

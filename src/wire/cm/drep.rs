@@ -28,12 +28,16 @@ header_view!(
 /// The fields of a DREP.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmDrepRepr {
+    /// Local Communication ID: the sender's ID for the connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's ID for the connection.
     pub remote_comm_id: u32,
+    /// Private Data: 224 bytes for the application.
     pub private_data: [u8; DREP_PRIVATE_DATA],
 }
 
 impl CmDrepRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(message: &CmDrep<T>) -> Result<Self> {
         let b = message.bytes();
         Ok(CmDrepRepr {
@@ -43,6 +47,7 @@ impl CmDrepRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, message: &mut CmDrep<T>) {
         let b = &mut message.bytes_mut()[..232];
         set_u32(b, field::LOCAL_COMM_ID, self.local_comm_id);

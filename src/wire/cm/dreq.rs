@@ -30,14 +30,18 @@ header_view!(
 /// The fields of a DREQ. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmDreqRepr {
+    /// Local Communication ID: the sender's ID for the connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's ID for the connection.
     pub remote_comm_id: u32,
     /// The receiver's QPN, as the sender knows it.
     pub remote_qpn: Qpn,
+    /// Private Data: 220 bytes for the application.
     pub private_data: [u8; DREQ_PRIVATE_DATA],
 }
 
 impl CmDreqRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(dreq: &CmDreq<T>) -> Result<Self> {
         let b = dreq.bytes();
         Ok(CmDreqRepr {
@@ -48,6 +52,7 @@ impl CmDreqRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, dreq: &mut CmDreq<T>) {
         let b = &mut dreq.bytes_mut()[..232];
         b.fill(0);

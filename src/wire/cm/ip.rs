@@ -41,6 +41,7 @@ header_view!(
 pub struct CmaHeaderRepr {
     /// The active side's address and source port.
     pub src: IpAddr,
+    /// The active side's source port (bytes 2 and 3).
     pub src_port: u16,
     /// The passive side's address; its port is in the service ID.
     pub dst: IpAddr,
@@ -107,6 +108,7 @@ impl CmaHeaderRepr {
         })
     }
 
+    /// Writes the 36 bytes, the IP version taken from `src`'s family.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut CmaHeader<T>) {
         let b = &mut header.bytes_mut()[..CMA_HEADER_LEN];
         b[field::VERSION] = CMA_VERSION;

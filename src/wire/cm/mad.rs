@@ -48,38 +48,47 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> MadHeader<T> {
+    /// BaseVersion (byte 0): 1 for every MAD.
     pub fn base_version(&self) -> u8 {
         self.bytes()[field::BASE_VERSION]
     }
 
+    /// MgmtClass (byte 1): 0x07 for communication management.
     pub fn mgmt_class(&self) -> u8 {
         self.bytes()[field::MGMT_CLASS]
     }
 
+    /// ClassVersion (byte 2): 2 for the CM the kernel speaks.
     pub fn class_version(&self) -> u8 {
         self.bytes()[field::CLASS_VERSION]
     }
 
+    /// The R bit and Method (byte 3): 0x03, Send, for every CM message.
     pub fn method(&self) -> u8 {
         self.bytes()[field::METHOD]
     }
 
+    /// Status (bytes 4 and 5).
     pub fn status(&self) -> u16 {
         u16_at(self.bytes(), field::STATUS)
     }
 
+    /// ClassSpecific (bytes 6 and 7).
     pub fn class_specific(&self) -> u16 {
         u16_at(self.bytes(), field::CLASS_SPECIFIC)
     }
 
+    /// TransactionID (bytes 8 to 15): pairs a reply with its request.
     pub fn tid(&self) -> u64 {
         u64_at(self.bytes(), field::TID)
     }
 
+    /// AttributeID (bytes 16 and 17): which CM message follows; see [`attr`](super::attr).
     pub fn attr_id(&self) -> u16 {
         u16_at(self.bytes(), field::ATTR_ID)
     }
 
+    /// AttributeModifier (bytes 20 to 23).
     pub fn attr_mod(&self) -> u32 {
         u32_at(self.bytes(), field::ATTR_MOD)
     }
@@ -104,14 +113,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> MadHeader<T> {
 /// The fields of a MAD header. The reserved field is sent as zero and not kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MadHeaderRepr {
+    /// BaseVersion: 1.
     pub base_version: u8,
+    /// MgmtClass: 0x07 for CM.
     pub mgmt_class: u8,
+    /// ClassVersion: 2 for CM.
     pub class_version: u8,
+    /// The R bit and Method; CM sends 0x03, Send.
     pub method: u8,
+    /// Status; CM sends 0.
     pub status: u16,
+    /// ClassSpecific; CM sends 0.
     pub class_specific: u16,
+    /// TransactionID, which replies echo.
     pub tid: u64,
+    /// AttributeID: which CM message the MAD carries.
     pub attr_id: u16,
+    /// AttributeModifier.
     pub attr_mod: u32,
 }
 
@@ -131,6 +149,7 @@ impl MadHeaderRepr {
         }
     }
 
+    /// Reads the fields out of a checked view, without [`check_cm`](Self::check_cm)'s checks.
     pub fn parse<T: AsRef<[u8]>>(mad: &MadHeader<T>) -> Result<Self> {
         Ok(MadHeaderRepr {
             base_version: mad.base_version(),
@@ -145,6 +164,7 @@ impl MadHeaderRepr {
         })
     }
 
+    /// Writes the fields into a checked view, with the reserved field zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, mad: &mut MadHeader<T>) {
         mad.set(self);
     }

@@ -46,16 +46,27 @@ pub const CM_DATA_AT: usize = 24;
 
 /// The attribute IDs of CM messages (IBTA table 104).
 pub mod attr {
+    /// ConnectRequest (REQ): the active side asks for a connection.
     pub const REQ: u16 = 0x0010;
+    /// MsgRcptAck (MRA): the message arrived; a reply will take longer than the sender's timeout.
     pub const MRA: u16 = 0x0011;
+    /// ConnectReject (REJ): a connection attempt is refused.
     pub const REJ: u16 = 0x0012;
+    /// ConnectReply (REP): the passive side accepts a REQ.
     pub const REP: u16 = 0x0013;
+    /// ReadyToUse (RTU): the active side's QP is ready to send.
     pub const RTU: u16 = 0x0014;
+    /// DisconnectRequest (DREQ): one side leaves the connection.
     pub const DREQ: u16 = 0x0015;
+    /// DisconnectReply (DREP): the answer to a DREQ.
     pub const DREP: u16 = 0x0016;
+    /// ServiceIDResReq (SIDR_REQ): asks which UD QP serves a service ID.
     pub const SIDR_REQ: u16 = 0x0017;
+    /// ServiceIDResReqResp (SIDR_REP): the answer to a SIDR_REQ.
     pub const SIDR_REP: u16 = 0x0018;
+    /// LoadAlternatePath (LAP): not used on RoCE.
     pub const LAP: u16 = 0x0019;
+    /// AlternatePathResponse (APR): not used on RoCE.
     pub const APR: u16 = 0x001a;
 }
 
@@ -71,6 +82,7 @@ pub enum PortSpace {
 }
 
 impl PortSpace {
+    /// The port space's value: bits 16 to 31 of an RDMA-CM service ID.
     pub const fn value(self) -> u16 {
         match self {
             PortSpace::Tcp => 0x0106,
@@ -79,6 +91,7 @@ impl PortSpace {
         }
     }
 
+    /// librdmacm's short name, e.g. `TCP`.
     pub const fn name(self) -> &'static str {
         match self {
             PortSpace::Tcp => "TCP",
@@ -120,17 +133,27 @@ impl fmt::Display for ServiceId {
 /// A CM message of any kind, its fields parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CmMessage {
+    /// A ConnectRequest.
     Req(Box<CmReqRepr>),
+    /// A MsgRcptAck.
     Mra(Box<CmMraRepr>),
+    /// A ConnectReject.
     Rej(Box<CmRejRepr>),
+    /// A ConnectReply.
     Rep(Box<CmRepRepr>),
+    /// A ReadyToUse.
     Rtu(Box<CmRtuRepr>),
+    /// A DisconnectRequest.
     Dreq(Box<CmDreqRepr>),
+    /// A DisconnectReply.
     Drep(Box<CmDrepRepr>),
+    /// A ServiceIDResReq.
     SidrReq(Box<CmSidrReqRepr>),
+    /// A ServiceIDResReqResp.
     SidrRep(Box<CmSidrRepRepr>),
     /// LAP, APR, ClassPortInfo, or an attribute IBTA does not define: kept by its ID.
     Other {
+        /// The MAD header's AttributeID.
         attr_id: u16,
     },
 }

@@ -33,15 +33,20 @@ header_view!(
 /// The fields of an MRA. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmMraRepr {
+    /// Local Communication ID: the sender's ID for the connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the ID the receiver's REQ, REP or LAP gave.
     pub remote_comm_id: u32,
     /// Which message is acknowledged: 0 REQ, 1 REP, 2 LAP.
     pub message_mraed: u8,
+    /// Service Timeout: how much longer to wait (5 bits: 4.096 µs × 2^value).
     pub service_timeout: u8,
+    /// Private Data: 222 bytes for the application.
     pub private_data: [u8; MRA_PRIVATE_DATA],
 }
 
 impl CmMraRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(mra: &CmMra<T>) -> Result<Self> {
         let b = mra.bytes();
         Ok(CmMraRepr {
@@ -53,6 +58,7 @@ impl CmMraRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, mra: &mut CmMra<T>) {
         let b = &mut mra.bytes_mut()[..232];
         b.fill(0);

@@ -26,8 +26,11 @@ pub const REJ_PRIVATE_DATA: usize = 148;
 pub const REJ_ARI: usize = 72;
 
 /// Which message a REJ rejects (2 bits).
+/// 0: the REJ rejects a REQ.
 pub const REJECTED_REQ: u8 = 0;
+/// 1: the REJ rejects a REP.
 pub const REJECTED_REP: u8 = 1;
+/// 2: the REJ answers no REQ or REP, or a message other than them.
 pub const REJECTED_OTHER: u8 = 2;
 
 /// A rejection reason (IBTA table 112; `enum ib_cm_rej_reason` in the kernel), kept whatever
@@ -104,6 +107,7 @@ header_view!(
 /// The fields of a REJ. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmRejRepr {
+    /// Local Communication ID: the rejecter's ID for the connection.
     pub local_comm_id: u32,
     /// Zero when rejecting a REQ whose sender's ID is all one knows.
     pub remote_comm_id: u32,
@@ -111,12 +115,16 @@ pub struct CmRejRepr {
     pub message_rejected: u8,
     /// 7 bits: how much of the additional rejection information is set.
     pub info_length: u8,
+    /// Reason, as IBTA table 112 numbers it.
     pub reason: RejReason,
+    /// Additional Rejection Information: 72 bytes whose meaning the reason sets.
     pub ari: [u8; REJ_ARI],
+    /// Private Data: 148 bytes for the application.
     pub private_data: [u8; REJ_PRIVATE_DATA],
 }
 
 impl CmRejRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(rej: &CmRej<T>) -> Result<Self> {
         let b = rej.bytes();
         Ok(CmRejRepr {
@@ -130,6 +138,7 @@ impl CmRejRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, rej: &mut CmRej<T>) {
         let b = &mut rej.bytes_mut()[..232];
         b.fill(0);

@@ -46,27 +46,41 @@ header_view!(
 /// The fields of a REP. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmRepRepr {
+    /// Local Communication ID: the replier's ID for this connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the REQ's Local Communication ID, echoed.
     pub remote_comm_id: u32,
+    /// Local Q_Key: UD and RD only; zero for RC.
     pub local_qkey: QKey,
+    /// Local QPN: the replier's QP, 24 bits.
     pub local_qpn: Qpn,
+    /// Local EE Context Number: RD only (24 bits).
     pub local_eecn: u32,
+    /// Starting PSN, 24 bits: the PSN the replier's QP expects first, from which the active side
+    /// sends (as Linux's CM uses it).
     pub starting_psn: Psn,
+    /// Responder Resources: READs and atomics the replier answers at once.
     pub responder_resources: u8,
+    /// Initiator Depth: READs and atomics the replier keeps outstanding.
     pub initiator_depth: u8,
     /// 5 bits.
     pub target_ack_delay: u8,
     /// 2 bits.
     pub failover_accepted: u8,
+    /// End-to-End Flow Control: whether the replier's ACKs carry real credit counts.
     pub end_to_end_flow_control: bool,
     /// 3 bits.
     pub rnr_retry_count: u8,
+    /// SRQ: the replier's QP takes its receives from a shared receive queue.
     pub srq: bool,
+    /// Local CA GUID: the replier's channel adapter GUID.
     pub local_ca_guid: u64,
+    /// Private Data: 196 bytes for the application.
     pub private_data: [u8; REP_PRIVATE_DATA],
 }
 
 impl CmRepRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(rep: &CmRep<T>) -> Result<Self> {
         let b = rep.bytes();
         Ok(CmRepRepr {
@@ -88,6 +102,7 @@ impl CmRepRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, rep: &mut CmRep<T>) {
         let b = &mut rep.bytes_mut()[..232];
         b.fill(0);

@@ -70,18 +70,23 @@ header_view!(
 pub struct CmPath {
     /// 0xFFFF, the permissive LID, on RoCE with a hop limit above 1 (cm.c `cm_format_req`).
     pub local_lid: u16,
+    /// Remote Port LID: the receiver's LID, also 0xFFFF on routed RoCE.
     pub remote_lid: u16,
     /// The sender's GID and the receiver's: on RoCEv2 their IP addresses (IPv4-mapped).
     pub local_gid: Ipv6Addr,
+    /// Remote Port GID: the receiver's GID.
     pub remote_gid: Ipv6Addr,
     /// 20 bits.
     pub flow_label: u32,
     /// 6 bits.
     pub packet_rate: u8,
+    /// Traffic Class: on RoCEv2 the IP DSCP and ECN byte.
     pub traffic_class: u8,
+    /// Hop Limit: on RoCEv2 the IP TTL or hop limit.
     pub hop_limit: u8,
     /// 4 bits.
     pub sl: u8,
+    /// Subnet Local: set when both ends are on one subnet; the kernel clears it on routed RoCE.
     pub subnet_local: bool,
     /// The local ACK timeout the requester will use (5 bits: 4.096 µs × 2^value).
     pub local_ack_timeout: u8,
@@ -156,44 +161,64 @@ impl CmPath {
 /// The fields of a REQ. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmReqRepr {
+    /// Local Communication ID: the sender's ID for this connection, echoed back in replies.
     pub local_comm_id: u32,
+    /// Service ID: the service the sender asks to connect to.
     pub service_id: ServiceId,
+    /// Local CA GUID: the sender's channel adapter GUID.
     pub local_ca_guid: u64,
     /// UD and RD only; zero for RC.
     pub local_qkey: QKey,
+    /// Local QPN: the sender's QP, 24 bits.
     pub local_qpn: Qpn,
     /// READs and atomics the sender answers at once (its `max_dest_rd_atomic`).
     pub responder_resources: u8,
+    /// Local EECN: the sender's end-to-end context, RD only (24 bits).
     pub local_eecn: u32,
     /// READs and atomics the sender keeps outstanding (its `max_rd_atomic`).
     pub initiator_depth: u8,
+    /// Remote EECN: the receiver's end-to-end context, RD only (24 bits).
     pub remote_eecn: u32,
     /// How long the receiver may take to answer (5 bits: 4.096 µs × 2^value).
     pub remote_cm_response_timeout: u8,
     /// 0 RC, 1 UC, 2 RD (2 bits).
     pub transport_service_type: u8,
+    /// End-to-End Flow Control: whether the sender's ACKs carry real credit counts.
     pub end_to_end_flow_control: bool,
+    /// Starting PSN, 24 bits: the PSN the sender's QP expects first, from which the receiver sends
+    /// (as Linux's CM uses it).
     pub starting_psn: Psn,
+    /// Local CM Response Timeout: how long the sender takes to answer
+    /// (5 bits: 4.096 µs × 2^value).
     pub local_cm_response_timeout: u8,
     /// The transport retry count the receiver is to use (3 bits).
     pub retry_count: u8,
+    /// Partition Key of the connection.
     pub pkey: PKey,
     /// `enum ibv_mtu`, 1 (256) to 5 (4096) (4 bits).
     pub path_mtu: u8,
+    /// RDC Exists: RD only.
     pub rdc_exists: bool,
+    /// RNR Retry Count the receiver is to use (3 bits; 7 means no limit).
     pub rnr_retry_count: u8,
     /// How many times the sender retransmits (4 bits).
     pub max_cm_retries: u8,
+    /// SRQ: the sender's QP takes its receives from a shared receive queue.
     pub srq: bool,
+    /// Extended Transport Type (3 bits): 0, or 1 for XRC.
     pub extended_transport_type: u8,
+    /// The primary path (bytes 52 to 95).
     pub primary_path: CmPath,
     /// All zero when there is none, as on RoCE.
     pub alternate_path: CmPath,
+    /// SAP Supported: one bit in the alternate path's last byte.
     pub sap_supported: bool,
+    /// Private Data: 92 bytes for the application; RDMA-CM puts its IP header first.
     pub private_data: [u8; REQ_PRIVATE_DATA],
 }
 
 impl CmReqRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(req: &CmReq<T>) -> Result<Self> {
         let b = req.bytes();
         Ok(CmReqRepr {
@@ -226,6 +251,7 @@ impl CmReqRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, req: &mut CmReq<T>) {
         let b = &mut req.bytes_mut()[..232];
         b.fill(0);

@@ -29,12 +29,16 @@ header_view!(
 /// The fields of a RTU.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmRtuRepr {
+    /// Local Communication ID: the active side's ID for the connection.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the passive side's ID, from its REP.
     pub remote_comm_id: u32,
+    /// Private Data: 224 bytes for the application.
     pub private_data: [u8; RTU_PRIVATE_DATA],
 }
 
 impl CmRtuRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(message: &CmRtu<T>) -> Result<Self> {
         let b = message.bytes();
         Ok(CmRtuRepr {
@@ -44,6 +48,7 @@ impl CmRtuRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, message: &mut CmRtu<T>) {
         let b = &mut message.bytes_mut()[..232];
         set_u32(b, field::LOCAL_COMM_ID, self.local_comm_id);

@@ -33,13 +33,16 @@ pub const SIDR_REP_INFO: usize = 72;
 pub struct SidrStatus(pub u8);
 
 impl SidrStatus {
+    /// 0: the service is found; QPN and Q_Key are valid.
     pub const SUCCESS: SidrStatus = SidrStatus(0);
     /// No one serves the service ID.
     pub const UNSUPPORTED: SidrStatus = SidrStatus(1);
     /// The service refused.
     pub const REJECT: SidrStatus = SidrStatus(2);
+    /// 3: the service has no QP to offer.
     pub const NO_QP: SidrStatus = SidrStatus(3);
 
+    /// The status's name in IBTA table 121, or "reserved".
     pub fn name(self) -> &'static str {
         match self.0 {
             0 => "success",
@@ -64,17 +67,26 @@ header_view!(
 /// The fields of a SIDR_REP. Reserved fields are sent as zero and not kept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmSidrRepRepr {
+    /// Request ID: the SIDR_REQ's, echoed.
     pub request_id: u32,
+    /// Status: whether the service ID was resolved.
     pub status: SidrStatus,
+    /// Additional Information Length: how many bytes of `info` are set.
     pub info_length: u8,
+    /// QPN of the UD QP serving the service, 24 bits.
     pub qpn: Qpn,
+    /// Service ID: the SIDR_REQ's, echoed.
     pub service_id: ServiceId,
+    /// Q_Key the serving QP expects.
     pub qkey: QKey,
+    /// Additional Information: 72 bytes whose meaning the status sets.
     pub info: [u8; SIDR_REP_INFO],
+    /// Private Data: 136 bytes for the application.
     pub private_data: [u8; SIDR_REP_PRIVATE_DATA],
 }
 
 impl CmSidrRepRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(rep: &CmSidrRep<T>) -> Result<Self> {
         let b = rep.bytes();
         Ok(CmSidrRepRepr {
@@ -89,6 +101,7 @@ impl CmSidrRepRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, rep: &mut CmSidrRep<T>) {
         let b = &mut rep.bytes_mut()[..232];
         b.fill(0);

@@ -34,12 +34,16 @@ header_view!(
 pub struct CmSidrReqRepr {
     /// The requester's ID for this request, which the reply echoes.
     pub request_id: u32,
+    /// Partition Key the requester uses.
     pub pkey: PKey,
+    /// Service ID: the service to resolve.
     pub service_id: ServiceId,
+    /// Private Data: 216 bytes; RDMA-CM puts its IP header first.
     pub private_data: [u8; SIDR_REQ_PRIVATE_DATA],
 }
 
 impl CmSidrReqRepr {
+    /// Reads the fields out of a checked view.
     pub fn parse<T: AsRef<[u8]>>(req: &CmSidrReq<T>) -> Result<Self> {
         let b = req.bytes();
         Ok(CmSidrReqRepr {
@@ -50,6 +54,7 @@ impl CmSidrReqRepr {
         })
     }
 
+    /// Writes all 232 bytes into a checked view, reserved fields zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, req: &mut CmSidrReq<T>) {
         let b = &mut req.bytes_mut()[..232];
         b.fill(0);
