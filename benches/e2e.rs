@@ -18,10 +18,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{setsockopt, sockopt};
 use softroce::memory::Access;
-use softroce::transport::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
-use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair, Remote,
-};
+use softroce::transport::{Payload, RecvWr, SendOp, SendWr, WcStatus};
+use softroce::verbs::{CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair};
 
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
 /// QPs that do nothing, on each device, in the row that measures what they cost.
@@ -95,26 +93,8 @@ fn pair(n: usize, idle: usize, region: usize, id: u8, progress: Progress) -> Pai
                     .unwrap()
             };
             let (a, b) = (build(0), build(1));
-            a.connect(
-                &Remote {
-                    addr: addr(1),
-                    qpn: b.qpn(),
-                    psn: 0,
-                },
-                0,
-                &options,
-            )
-            .unwrap();
-            b.connect(
-                &Remote {
-                    addr: addr(0),
-                    qpn: a.qpn(),
-                    psn: 0,
-                },
-                0,
-                &options,
-            )
-            .unwrap();
+            a.connect(&b.endpoint(), &options).unwrap();
+            b.connect(&a.endpoint(), &options).unwrap();
             (a, b)
         })
         .collect();
@@ -165,8 +145,8 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
             remote_addr: p.mrs[1].iova() + slot(i) as u64,
             rkey: p.mrs[1].rkey(),
         };
-        let sge = Sge::new(&p.mrs[0], slot(i), size);
-        let mut wr = SendWr::new(q as u64, op, Payload::Sges(vec![sge]));
+        let sge = (p.mrs[0]).sge(slot(i), size).unwrap();
+        let mut wr = SendWr::new(q as u64, op, Payload::Sges([sge].into()));
         wr.signaled = i % batch == batch - 1;
         p.qps[q].0.post_send(wr).unwrap();
     };
@@ -215,12 +195,16 @@ fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
         qp.post_recv(RecvWr {
             wr_id: 0,
-            sges: vec![Sge::new(mr, 0, 64)],
+            sges: [mr.sge(0, 64).unwrap()].into(),
         })
         .unwrap();
     };
     let send = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
-        let wr = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(mr, 64, 8)]));
+        let wr = SendWr::new(
+            1,
+            SendOp::Send,
+            Payload::Sges([mr.sge(64, 8).unwrap()].into()),
+        );
         qp.post_send(wr).unwrap();
     };
     // Block on the CQ's completion channel. Spinning, as perftest's latency tests do, starves

@@ -9,10 +9,10 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, Payload, QpInit, QpType, Remote,
-    SendOp, SendWr, Sge, WcStatus,
+    connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, PathMtu, Payload, QpEndpoint,
+    QpInit, QpType, SendOp, SendWr, Sge, WcStatus,
 };
-use softroce::wire::{KernelFraming, Qpn, RnrTimer, ROCEV2_UDP_PORT};
+use softroce::wire::{KernelFraming, Psn, QKey, Qpn, RnrTimer, ROCEV2_UDP_PORT};
 
 const MSG: usize = 1 << 20;
 
@@ -57,17 +57,19 @@ fn pair() -> Pair {
             .unwrap();
     }
     for n in 0..2 {
-        let remote = Remote {
+        let remote = QpEndpoint {
             addr: IpAddr::V4(ip(1 - n as u8)),
             qpn: qpn[1 - n],
-            psn: 0,
+            psn: Psn::new(0),
+            mtu: PathMtu::Mtu4096,
+            qkey: QKey(0),
         };
         let options = ConnectOptions {
             access: all,
             min_rnr_timer: RnrTimer::new(1),
             ..ConnectOptions::default()
         };
-        let attrs = connect_steps(QpType::Rc, &remote, 0, &options);
+        let attrs = connect_steps(QpType::Rc, &remote, Psn::new(0), &options);
         for attr in &attrs {
             ends[n].modify_qp(Duration::ZERO, qpn[n], attr).unwrap();
         }
@@ -111,7 +113,7 @@ impl Pair {
             .post_send(
                 self.now,
                 self.qpn[0],
-                SendWr::new(id, op, Payload::Sges(vec![sge])),
+                SendWr::new(id, op, Payload::Sges([sge].into())),
             )
             .unwrap();
         loop {

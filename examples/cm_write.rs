@@ -1,8 +1,6 @@
 //! An RC connection made by RDMA-CM, and one RDMA WRITE over it: two softroce devices on
 //! loopback, the server listening on port 7174 as rping's does.
-use softroce::memory::Access;
-use softroce::transport::{ConnectOptions, Payload, SendOp, SendWr, Sge, WcStatus};
-use softroce::verbs::{Connection, Device, DeviceConfig, Error};
+use softroce::prelude::*;
 use std::time::Duration;
 
 fn main() -> Result<(), Error> {
@@ -13,7 +11,8 @@ fn main() -> Result<(), Error> {
         server.listen(7174)?,
     );
     let target = pd.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    let (rkey, addr) = (target.rkey(), target.iova());
+    // What the server would send the client: in rping, inside the RDMA-CM private data.
+    let target_region = target.remote();
     let accepted = std::thread::spawn(move || -> Result<Connection, Error> {
         let request = listener
             .next_request(Duration::from_secs(10))?
@@ -34,15 +33,7 @@ fn main() -> Result<(), Error> {
         &[],
     )?;
     let _server_side = accepted.join().expect("the server thread")?;
-    let write = SendOp::Write {
-        remote_addr: addr,
-        rkey,
-    };
-    conn.post_send(SendWr::new(
-        1,
-        write,
-        Payload::Sges(vec![Sge::new(&source, 0, 18)]),
-    ))?;
+    conn.post_send(SendWr::write(1, source.sge(0, 18)?, target_region))?;
     let done = cq.wait(Duration::from_secs(10))?.expect("a completion");
     assert_eq!(done.status, WcStatus::Success);
     assert_eq!(&target.to_vec()[..18], b"hello over RDMA-CM");

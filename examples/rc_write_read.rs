@@ -3,16 +3,13 @@
 
 use std::time::Duration;
 
-use softroce::memory::Access;
-use softroce::transport::{Payload, SendOp, SendWr, Sge, WcStatus};
-use softroce::verbs::{ConnectOptions, Device, DeviceConfig, Remote};
+use softroce::prelude::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addresses = ["127.0.0.5".parse()?, "127.0.0.6".parse()?];
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mut ends = Vec::new();
-    for address in addresses {
-        let device = Device::open(DeviceConfig::udp(address))?;
+    for address in ["127.0.0.5", "127.0.0.6"] {
+        let device = Device::open(DeviceConfig::udp(address.parse()?))?;
         let pd = device.alloc_pd()?;
         let cq = device.create_cq(16)?;
         let mr = pd.register(4096, access)?;
@@ -22,53 +19,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_, cq, local, qp) = &ends[0];
     let (_, _, remote, peer_qp) = &ends[1];
 
-    // What an out-of-band exchange would carry: address, QPN and starting PSN of each side.
+    // What an out-of-band exchange carries: each side's endpoint (address, QPN, the PSN it
+    // sends from, its MTU) and the region the peer may reach.
     let options = ConnectOptions::default();
-    qp.connect(
-        &Remote {
-            addr: addresses[1],
-            qpn: peer_qp.qpn(),
-            psn: 7,
-        },
-        3,
-        &options,
-    )?;
-    peer_qp.connect(
-        &Remote {
-            addr: addresses[0],
-            qpn: qp.qpn(),
-            psn: 3,
-        },
-        7,
-        &options,
-    )?;
+    qp.connect(&peer_qp.endpoint(), &options)?;
+    peer_qp.connect(&qp.endpoint(), &options)?;
+    let target: RemoteRegion = remote.remote();
 
     let greeting = b"hello over RoCEv2, from a host with no RDMA NIC";
-    local.write(0, greeting)?;
     let len = greeting.len();
-    let write = SendOp::Write {
-        remote_addr: remote.iova(),
-        rkey: remote.rkey(),
-    };
-    qp.post_send(SendWr::new(
-        1,
-        write,
-        Payload::Sges(vec![Sge::new(local, 0, len)]),
-    ))?;
-    let read = SendOp::Read {
-        remote_addr: remote.iova(),
-        rkey: remote.rkey(),
-    };
-    qp.post_send(SendWr::new(
-        2,
-        read,
-        Payload::Sges(vec![Sge::new(local, 1024, len)]),
-    ))?;
+    local.write(0, greeting)?;
+    qp.post_send(SendWr::write(1, local.sge(0, len)?, target))?;
+    qp.post_send(SendWr::read(2, local.sge(1024, len)?, target))?;
     for _ in 0..2 {
         let wc = cq
             .wait(Duration::from_secs(5))?
             .ok_or("no completion within 5 s")?;
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        if wc.status != WcStatus::Success {
+            return Err(format!("work request {} failed: {}", wc.wr_id, wc.status).into());
+        }
     }
 
     let mut landed = vec![0; len];

@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{Payload, SendOp, SendWr, Sge, WcStatus};
-use crate::verbs::{
-    CompletionQueue, ConnectOptions, Device, DeviceConfig, QueuePair, Remote, Result,
-};
+use crate::verbs::{CompletionQueue, ConnectOptions, Device, DeviceConfig, QueuePair, Result};
 use crate::wire::RKey;
 
 /// How the demo runs.
@@ -65,14 +63,14 @@ fn transfer(
     side: &Side,
     window: usize,
     message: usize,
-    op: impl Fn(usize) -> (SendOp, Sge),
+    op: impl Fn(usize) -> Result<(SendOp, Sge)>,
     mut progress: impl FnMut(usize),
 ) -> Result<()> {
     let count = window.div_ceil(message);
     for i in 0..count {
-        let (op, sge) = op(i * message);
+        let (op, sge) = op(i * message)?;
         side.qp
-            .post_send(SendWr::new(i as u64, op, Payload::Sges(vec![sge])))?;
+            .post_send(SendWr::new(i as u64, op, Payload::Sges(sge.into())))?;
     }
     let mut done = 0;
     while done < count {
@@ -128,24 +126,8 @@ pub fn run(config: DemoConfig) -> Result<(DemoReport, [Device; 2])> {
     }
     let (a, b) = (&sides[0], &sides[1]);
     let options = ConnectOptions::default();
-    a.qp.connect(
-        &Remote {
-            addr: config.addresses[1],
-            qpn: b.qp.qpn(),
-            psn: 2000,
-        },
-        1000,
-        &options,
-    )?;
-    b.qp.connect(
-        &Remote {
-            addr: config.addresses[0],
-            qpn: a.qp.qpn(),
-            psn: 1000,
-        },
-        2000,
-        &options,
-    )?;
+    a.qp.connect(&b.qp.endpoint(), &options)?;
+    b.qp.connect(&a.qp.endpoint(), &options)?;
 
     let rounds = config.total.div_ceil(config.window as u64);
     let total = rounds * config.window as u64;
@@ -169,9 +151,9 @@ pub fn run(config: DemoConfig) -> Result<(DemoReport, [Device; 2])> {
         // One phase: the message-sized operations `op` builds, over the whole window.
         let mut phase = |op: fn(u64, RKey) -> SendOp| -> Result<Duration> {
             let started_phase = Instant::now();
-            let build = |at| {
+            let build = |at| -> Result<(SendOp, Sge)> {
                 let remote = op(b.mr.iova() + at as u64, b.mr.rkey());
-                (remote, Sge::new(&a.mr, at, message(at)))
+                Ok((remote, a.mr.sge(at, message(at))?))
             };
             transfer(a, config.window, config.message, build, |n| {
                 moved += n as u64;

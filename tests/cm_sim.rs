@@ -15,7 +15,7 @@ use sim::{seed, Faults};
 use softroce::cm::agent::Connect;
 use softroce::cm::{ib_timeout, CmEvent, ConnId, Failure};
 use softroce::transport::{
-    ConnectOptions, PathMtu, Payload, QpState, RecvWr, SendOp, SendWr, Sge, WcStatus,
+    ConnectOptions, PathMtu, Payload, QpState, RecvWr, SendOp, SendWr, WcStatus,
 };
 use softroce::wire::cm::{PortSpace, RejReason, ServiceId};
 
@@ -24,7 +24,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn options() -> ConnectOptions {
     ConnectOptions {
-        mtu: PathMtu::Mtu1024,
+        mtu: Some(PathMtu::Mtu1024),
         timeout: 10,
         ..ConnectOptions::default()
     }
@@ -83,16 +83,24 @@ fn carry_data(cm: &mut CmSim, peers: &[Peer; 2]) {
     a.mr.write(4096, b"written through it").unwrap();
     let recv = RecvWr {
         wr_id: 7,
-        sges: vec![Sge::new(&b.mr, 0, 64)],
+        sges: [b.mr.sge(0, 64).unwrap()].into(),
     };
     cm.sim.nodes[1].post_recv(b.qpn, recv).unwrap();
     let now = cm.sim.now;
-    let send = SendWr::new(1, SendOp::Send, Payload::Sges(vec![Sge::new(&a.mr, 0, 28)]));
+    let send = SendWr::new(
+        1,
+        SendOp::Send,
+        Payload::Sges([a.mr.sge(0, 28).unwrap()].into()),
+    );
     let write_op = SendOp::Write {
         remote_addr: b.mr.iova() + 4096,
         rkey: b.mr.rkey(),
     };
-    let write = SendWr::new(2, write_op, Payload::Sges(vec![Sge::new(&a.mr, 4096, 18)]));
+    let write = SendWr::new(
+        2,
+        write_op,
+        Payload::Sges([a.mr.sge(4096, 18).unwrap()].into()),
+    );
     cm.sim.nodes[0].post_send(now, a.qpn, send).unwrap();
     cm.sim.nodes[0].post_send(now, a.qpn, write).unwrap();
     let mut done = Vec::new();
@@ -372,7 +380,7 @@ fn each_side_sends_from_the_psn_its_peer_named() {
     let wr = SendWr::new(
         9,
         read,
-        Payload::Sges(vec![Sge::new(&peers[1].mr, 8192, 8)]),
+        Payload::Sges([(peers[1].mr).sge(8192, 8).unwrap()].into()),
     );
     seen.borrow_mut().clear();
     let now = cm.sim.now;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::Access;
 use softroce::transport::{
-    Datagram, Payload, Remote, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+    Datagram, Payload, QpEndpoint, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{
     CompletionQueue, ConnectOptions, Device, DeviceConfig, Error, MemoryRegion, QueuePair,
@@ -90,19 +90,18 @@ fn open(address: IpAddr) -> End {
     end_on(Device::open(DeviceConfig::udp(address)).unwrap())
 }
 
-/// Connects `a`'s QP to `peer` (a device address and QPN), with a short ACK timeout.
-fn connect_to(a: &End, addr: IpAddr, qpn: Qpn) {
+/// Connects `a`'s QP to `peer`, with a short ACK timeout.
+fn connect_to(a: &End, peer: &QpEndpoint) {
     let options = ConnectOptions {
         timeout: 10,
         ..Default::default()
     };
-    let remote = Remote { addr, qpn, psn: 0 };
-    a.qp.connect(&remote, 0, &options).unwrap();
+    a.qp.connect(peer, &options).unwrap();
 }
 
 fn connect(a: &End, b: &End) {
-    connect_to(a, b.device.address(), b.qp.qpn());
-    connect_to(b, a.device.address(), a.qp.qpn());
+    connect_to(a, &b.qp.endpoint());
+    connect_to(b, &a.qp.endpoint());
 }
 
 fn write(a: &End, b: &End, wr_id: u64) -> SendWr {
@@ -110,7 +109,7 @@ fn write(a: &End, b: &End, wr_id: u64) -> SendWr {
         remote_addr: b.mr.iova(),
         rkey: b.mr.rkey(),
     };
-    SendWr::new(wr_id, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 64)]))
+    SendWr::new(wr_id, op, Payload::Sges([a.mr.sge(0, 64).unwrap()].into()))
 }
 
 fn next(cq: &CompletionQueue) -> WorkCompletion {
@@ -135,8 +134,8 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
     connect(&a, &b);
     // SENDs that B has no receives for: they wait in RNR retries, outstanding.
     for wr_id in 1..=3 {
-        let sge = Sge::new(&a.mr, 0, 8);
-        let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(vec![sge]));
+        let sge = a.mr.sge(0, 8).unwrap();
+        let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges([sge].into()));
         a.qp.post_send(wr).unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
@@ -176,7 +175,12 @@ fn an_unreachable_peer_fails_only_the_qps_connected_to_it() {
     connect(&a, &b);
     let lost = end_on(a.device.clone());
     // TEST-NET-3 (RFC 5737): never assigned; unreachable from a loopback source.
-    connect_to(&lost, "203.0.113.9".parse().unwrap(), Qpn::new(0x42));
+    let nowhere = QpEndpoint {
+        addr: "203.0.113.9".parse().unwrap(),
+        qpn: Qpn::new(0x42),
+        ..lost.qp.endpoint()
+    };
+    connect_to(&lost, &nowhere);
 
     lost.qp.post_send(write(&lost, &b, 1)).unwrap();
     let wc = next(&lost.cq);
@@ -206,23 +210,24 @@ fn a_refused_ud_destination_costs_one_datagram() {
             .qp_type(softroce::transport::QpType::Ud)
             .send_cq(&cq)
             .recv_cq(&cq)
+            .qkey(QKey(0x1111))
             .build()
             .unwrap();
-        qp.ready_datagram(QKey(0x1111), 0).unwrap();
+        qp.ready_datagram().unwrap();
         (pd, cq, mr, qp)
     };
     let (a_pd, a_cq, a_mr, a_qp) = ud(&a);
     let (_b_pd, b_cq, b_mr, b_qp) = ud(&b);
     let recv = softroce::transport::RecvWr {
         wr_id: 7,
-        sges: vec![Sge::new(&b_mr, 0, 4096)],
+        sges: [b_mr.sge(0, 4096).unwrap()].into(),
     };
     b_qp.post_recv(recv).unwrap();
     let send = |ah, wr_id| {
         let mut wr = SendWr::new(
             wr_id,
             SendOp::Send,
-            Payload::Sges(vec![Sge::new(&a_mr, 0, 32)]),
+            Payload::Sges([a_mr.sge(0, 32).unwrap()].into()),
         );
         wr.ud = Some(UdDest {
             ah,

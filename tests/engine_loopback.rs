@@ -9,9 +9,7 @@ use std::time::Duration;
 use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::{Access, MemoryRegion, MwType};
 use softroce::transport::{Datagram, Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus};
-use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Device, ProtectionDomain, QueuePair, Remote,
-};
+use softroce::verbs::{CompletionQueue, ConnectOptions, Device, ProtectionDomain, QueuePair};
 
 /// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
 /// from a seeded generator. Not every `every`th: go-back-N's answer to a retry can be a multiple
@@ -107,13 +105,8 @@ fn connect(a: &End, b: &End) {
         timeout: 12,
         ..Default::default()
     };
-    let remote = |end: &End| Remote {
-        addr: end.device.address(),
-        qpn: end.qp.qpn(),
-        psn: 100,
-    };
-    a.qp.connect(&remote(b), 100, &options).unwrap();
-    b.qp.connect(&remote(a), 100, &options).unwrap();
+    a.qp.connect(&b.qp.endpoint(), &options).unwrap();
+    b.qp.connect(&a.qp.endpoint(), &options).unwrap();
 }
 
 /// Writes 8 MiB from `a` to `b` in 256 KiB messages, reads it back, and checks every byte.
@@ -127,7 +120,7 @@ fn round_trip(a: &End, b: &End) {
             let wr = SendWr::new(
                 i as u64,
                 op,
-                Payload::Sges(vec![Sge::new(&a.mr, at, message)]),
+                Payload::Sges([a.mr.sge(at, message).unwrap()].into()),
             );
             a.qp.post_send(wr).unwrap();
         }
@@ -188,7 +181,7 @@ fn shutdown_closes_the_socket() {
 
 /// Posts a UD SEND of `sge` to `dest`.
 fn post_ud_send(qp: &QueuePair, wr_id: u64, sge: Sge, dest: UdDest) {
-    let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges(vec![sge]));
+    let mut wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges([sge].into()));
     wr.ud = Some(dest);
     qp.post_send(wr).unwrap();
 }
@@ -222,19 +215,19 @@ fn the_port_mtu_follows_the_link_unless_configured() {
         .qp_type(QpType::Ud)
         .send_cq(&cq)
         .recv_cq(&cq)
+        .qkey(QKey(0x1111_1111))
         .build()
         .unwrap();
-    let qkey = QKey(0x1111_1111);
-    qp.ready_datagram(qkey, 0).unwrap();
+    qp.ready_datagram().unwrap();
     // To itself: it has no receive posted, so the message that fits is sent and then dropped.
     let ah = pd.create_ah(device.address()).unwrap();
     let to_itself = UdDest {
         ah,
         remote_qpn: qp.qpn(),
-        remote_qkey: qkey,
+        remote_qkey: QKey(0x1111_1111),
     };
     for (wr_id, len, status) in [(1, 1024, WcStatus::Success), (2, 1025, WcStatus::LocLenErr)] {
-        post_ud_send(&qp, wr_id, Sge::new(&mr, 0, len), to_itself);
+        post_ud_send(&qp, wr_id, mr.sge(0, len).unwrap(), to_itself);
         let done = cq
             .wait(Duration::from_secs(5))
             .unwrap()
@@ -263,9 +256,10 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
             .send_cq(&cq)
             .recv_cq(&cq)
             .srq(&srq)
+            .qkey(qkey)
             .build()
             .unwrap();
-        qp.ready_datagram(qkey, 0).unwrap();
+        qp.ready_datagram().unwrap();
         (device, pd, cq, mr, srq, qp)
     };
     let (a_dev, a_pd, a_cq, a_mr, _a_srq, a_qp) = open_ud("127.0.0.26");
@@ -273,13 +267,13 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     // The receiver's buffer starts with the 40 bytes verbs reserve for the GRH.
     let recv = RecvWr {
         wr_id: 7,
-        sges: vec![Sge::new(&b_mr, 0, 1024)],
+        sges: [b_mr.sge(0, 1024).unwrap()].into(),
     };
     b_srq.post_recv(recv).unwrap();
     assert!(
         b_qp.post_recv(RecvWr {
             wr_id: 8,
-            sges: vec![]
+            sges: [].into()
         })
         .is_err(),
         "its SRQ takes receives"
@@ -292,7 +286,7 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
         remote_qpn: b_qp.qpn(),
         remote_qkey: qkey,
     };
-    post_ud_send(&a_qp, 1, Sge::new(&a_mr, 0, 29), to_b);
+    post_ud_send(&a_qp, 1, a_mr.sge(0, 29).unwrap(), to_b);
 
     let sent = a_cq
         .wait(Duration::from_secs(5))
@@ -340,8 +334,8 @@ fn a_pcap_records_every_packet_with_a_good_icrc() {
         rkey: b.mr.rkey(),
     };
     for (id, op) in [(1, write), (2, read)] {
-        let sge = Sge::new(&a.mr, 0, 256 << 10);
-        a.qp.post_send(SendWr::new(id, op, Payload::Sges(vec![sge])))
+        let sge = a.mr.sge(0, 256 << 10).unwrap();
+        a.qp.post_send(SendWr::new(id, op, Payload::Sges([sge].into())))
             .unwrap();
         let wc =
             a.cq.wait(Duration::from_secs(10))
@@ -392,12 +386,8 @@ fn inline_progress_moves_data_with_no_engine_thread() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for k in 0..3 {
-                let sges = vec![Sge::new(&b.mr, (4 << 20) + k * 4096, 4096)];
-                b.qp.post_recv(RecvWr {
-                    wr_id: k as u64,
-                    sges,
-                })
-                .unwrap();
+                let sge = b.mr.sge((4 << 20) + k * 4096, 4096).unwrap();
+                b.qp.post_recv(RecvWr::new(k as u64, sge)).unwrap();
             }
             wait_for(&b, 3);
         });
@@ -405,12 +395,12 @@ fn inline_progress_moves_data_with_no_engine_thread() {
             remote_addr: b.mr.iova(),
             rkey: b.mr.rkey(),
         };
-        let sge = Sge::new(&a.mr, 0, 1 << 20);
-        a.qp.post_send(SendWr::new(0, write, Payload::Sges(vec![sge])))
+        let sge = a.mr.sge(0, 1 << 20).unwrap();
+        a.qp.post_send(SendWr::new(0, write, Payload::Sges([sge].into())))
             .unwrap();
         for k in 0..3 {
-            let sge = Sge::new(&a.mr, (2 << 20) + k * 4096, 4096);
-            let wr = SendWr::new(1 + k as u64, SendOp::Send, Payload::Sges(vec![sge]));
+            let sge = a.mr.sge((2 << 20) + k * 4096, 4096).unwrap();
+            let wr = SendWr::new(1 + k as u64, SendOp::Send, Payload::Sges([sge].into()));
             a.qp.post_send(wr).unwrap();
         }
         wait_for(&a, 4);
@@ -455,7 +445,7 @@ fn memory_windows_over_real_sockets() {
 
     let window = b_pd.alloc_mw(MwType::Type2).unwrap();
     let bind = window.bind_request(&b.mr, 4096, 4096, Access::REMOTE_WRITE);
-    let wr = SendWr::new(1, SendOp::BindMw(bind), Payload::Sges(Vec::new()));
+    let wr = SendWr::new(1, SendOp::BindMw(bind), Payload::Sges(Default::default()));
     b.qp.post_send(wr).unwrap();
     let bound = next(&b);
     assert_eq!((bound.wr_id, bound.status), (1, WcStatus::Success));
@@ -465,7 +455,7 @@ fn memory_windows_over_real_sockets() {
             remote_addr: b.mr.iova() + at,
             rkey,
         };
-        SendWr::new(2, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 16)]))
+        SendWr::new(2, op, Payload::Sges([a.mr.sge(0, 16).unwrap()].into()))
     };
     a.mr.write(0, b"through a window").unwrap();
     a.qp.post_send(write(4096 + 100, window.rkey())).unwrap();
@@ -481,7 +471,11 @@ fn memory_windows_over_real_sockets() {
         remote_addr: b.mr.iova() + 4196,
         rkey: reader.rkey(),
     };
-    let wr = SendWr::new(4, read, Payload::Sges(vec![Sge::new(&a.mr, 1 << 20, 16)]));
+    let wr = SendWr::new(
+        4,
+        read,
+        Payload::Sges([a.mr.sge(1 << 20, 16).unwrap()].into()),
+    );
     a.qp.post_send(wr).unwrap();
     assert_eq!(next(&a).status, WcStatus::Success);
     assert_eq!(&a.mr.to_vec()[1 << 20..(1 << 20) + 16], b"through a window");
@@ -490,13 +484,13 @@ fn memory_windows_over_real_sockets() {
     // The peer frees the type 2 window; from then on its rkey reaches nothing.
     let recv = RecvWr {
         wr_id: 5,
-        sges: vec![Sge::new(&b.mr, 0, 64)],
+        sges: [b.mr.sge(0, 64).unwrap()].into(),
     };
     b.qp.post_recv(recv).unwrap();
     let inv = SendOp::SendWithInv {
         rkey: window.rkey(),
     };
-    let wr = SendWr::new(6, inv, Payload::Sges(vec![Sge::new(&a.mr, 0, 8)]));
+    let wr = SendWr::new(6, inv, Payload::Sges([a.mr.sge(0, 8).unwrap()].into()));
     a.qp.post_send(wr).unwrap();
     assert_eq!(next(&a).status, WcStatus::Success);
     assert_eq!(next(&b).invalidated_rkey, Some(window.rkey()));
@@ -521,17 +515,11 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
             .max_send_wr(2)
             .build()
             .unwrap();
-    let remote = |device: &Device, qpn| Remote {
-        addr: device.address(),
-        qpn,
-        psn: 100,
-    };
     let options = ConnectOptions {
         timeout: 12,
         ..Default::default()
     };
-    qp.connect(&remote(&b.device, b.qp.qpn()), 100, &options)
-        .unwrap();
+    qp.connect(&b.qp.endpoint(), &options).unwrap();
     // b's QP is still in RESET: it drops the WRITEs, and nothing is acknowledged until the
     // queue and the channel behind it are full.
     let write = |i: u64| {
@@ -539,7 +527,7 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
             remote_addr: b.mr.iova() + 64 * i,
             rkey: b.mr.rkey(),
         };
-        SendWr::new(i, op, Payload::Sges(vec![Sge::new(&a.mr, 0, 64)]))
+        SendWr::new(i, op, Payload::Sges([a.mr.sge(0, 64).unwrap()].into()))
     };
     let mut posted = 0;
     loop {
@@ -550,8 +538,7 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
         }
         assert!(posted < 64, "the queue never filled");
     }
-    b.qp.connect(&remote(&a.device, qp.qpn()), 100, &options)
-        .unwrap();
+    b.qp.connect(&qp.endpoint(), &options).unwrap();
     for _ in 0..posted {
         let wc = a.cq.wait(Duration::from_secs(5)).unwrap();
         let wc = wc.unwrap_or_else(|| panic!("stalled: {:?}", a.device.counters()));

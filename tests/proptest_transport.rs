@@ -15,10 +15,10 @@ use proptest::prelude::*;
 use sim::{addr, Faults, Sim};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpType, RecvWr, Remote, SendOp,
-    SendWr, Sge, WcStatus,
+    connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpEndpoint, QpInit, QpType, RecvWr,
+    SendOp, SendWr, Sge, WcStatus,
 };
-use softroce::wire::{Qpn, RnrTimer};
+use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
 
 const IOVA: u64 = 0x4000_0000;
 /// The remote region: WRITE targets, READ sources, atomic words.
@@ -97,19 +97,20 @@ fn connect(sim: &mut Sim) -> [Peer; 2] {
         let ep = &mut sim.nodes[n];
         let (qpn, peer) = (peers[n].qpn, peers[1 - n].qpn);
         let now = Duration::ZERO;
-        let remote = Remote {
+        let remote = QpEndpoint {
             addr: addr(1 - n),
             qpn: peer,
-            psn: 0xfff000,
+            psn: Psn::new(0xfff000),
+            mtu: PathMtu::Mtu1024,
+            qkey: QKey(0),
         };
         let options = ConnectOptions {
-            mtu: PathMtu::Mtu1024,
             access: all,
             timeout: 8,
             min_rnr_timer: RnrTimer::new(1),
             ..ConnectOptions::default()
         };
-        let steps = connect_steps(QpType::Rc, &remote, 0xfff000, &options);
+        let steps = connect_steps(QpType::Rc, &remote, Psn::new(0xfff000), &options);
         for attr in &steps {
             ep.modify_qp(now, qpn, attr).unwrap();
         }
@@ -144,11 +145,14 @@ fn run(ops: &[Op], seed: u64, faults: Faults) -> Result<(), TestCaseError> {
     for (i, op) in ops.iter().enumerate() {
         let id = i as u64;
         let sge = |at: usize, len: usize| {
-            Payload::Sges(vec![Sge {
-                addr: IOVA + at as u64,
-                len: len as u32,
-                lkey: a.mr.lkey(),
-            }])
+            Payload::Sges(
+                [Sge {
+                    addr: IOVA + at as u64,
+                    len: len as u32,
+                    lkey: a.mr.lkey(),
+                }]
+                .into(),
+            )
         };
         let remote_addr = |at: usize| IOVA + at as u64;
         let overlaps_read = |at: usize, len: usize, reads: &[(usize, usize)]| {
@@ -184,11 +188,12 @@ fn run(ops: &[Op], seed: u64, faults: Faults) -> Result<(), TestCaseError> {
                 let slot = received.len() % 64;
                 let recv = RecvWr {
                     wr_id: received.len() as u64,
-                    sges: vec![Sge {
+                    sges: [Sge {
                         addr: IOVA + (RECV_AREA + slot * RECV_SLOT) as u64,
                         len: RECV_SLOT as u32,
                         lkey: b.mr.lkey(),
-                    }],
+                    }]
+                    .into(),
                 };
                 sim.nodes[1].post_recv(b.qpn, recv).unwrap();
                 received.push(init_local[src..src + len].to_vec());

@@ -15,7 +15,8 @@ use sim::rc::{
 use sim::{drain, forge, pattern, record, seed, Faults, Sim};
 use softroce::memory::Access;
 use softroce::transport::{
-    AsyncEvent, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    AsyncEvent, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, WcOpcode,
+    WcStatus,
 };
 use softroce::wire::{
     AckSyndrome, AethRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, PKey, Psn, RKey, RethRepr,
@@ -226,7 +227,7 @@ fn zero_length_write_and_read_with_rkey_0_are_executed() {
     let mut sim = Sim::new(2, seed(15), Faults::default());
     let [a, b] = connect(&mut sim, Options::default());
     post_recv(&mut sim, 1, &b, 9, 0x1000, 64);
-    let none = || Payload::Sges(Vec::new());
+    let none = || Payload::Sges(Default::default());
     let notify = SendOp::WriteWithImm {
         remote_addr: 0,
         rkey: RKey(0),
@@ -604,7 +605,7 @@ fn multi_sge_gather_and_scatter() {
     let local = pattern(6, 0x10000);
     a.mr.write(0, &local).unwrap();
     b.mr.write(0x40000, &pattern(7, 0x10000)).unwrap();
-    let sges = |side: &Side, parts: &[(u64, u32)]| -> Vec<Sge> {
+    let sges = |side: &Side, parts: &[(u64, u32)]| -> SgeList {
         parts
             .iter()
             .map(|&(offset, len)| Sge {

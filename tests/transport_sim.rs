@@ -110,6 +110,15 @@ fn every_operation_without_loss() {
     );
     assert_eq!(sent[4].opcode, WcOpcode::RdmaRead);
     assert_eq!(sent[4].byte_len, 3000);
+    // ibv_poll_cq(3): READs and atomics report their length on the send queue; an atomic's is
+    // its 8-byte word, as rxe_comp.c `make_send_cqe` reports it.
+    assert_eq!(
+        [
+            (sent[5].opcode, sent[5].byte_len),
+            (sent[6].opcode, sent[6].byte_len)
+        ],
+        [(WcOpcode::FetchAdd, 8), (WcOpcode::CompSwap, 8)]
+    );
 
     let recv = drain(&mut sim, 1, b.cq);
     assert_eq!(recv.len(), 5, "{recv:?}");
@@ -1151,7 +1160,11 @@ fn a_local_operation_after_an_unsignalled_write_completes_without_a_timeout() {
         remote_addr: IOVA,
         rkey: b.mr.rkey(),
     };
-    let mut invalidate = SendWr::new(2, SendOp::LocalInv { rkey }, Payload::Sges(Vec::new()));
+    let mut invalidate = SendWr::new(
+        2,
+        SendOp::LocalInv { rkey },
+        Payload::Sges(Default::default()),
+    );
     invalidate.signaled = true;
     let mut unsignalled = SendWr::new(1, write, sge(&a, 0, 64));
     unsignalled.signaled = false;

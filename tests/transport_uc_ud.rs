@@ -131,23 +131,20 @@ fn pair(sim: &mut Sim, qp_type: QpType, with_srq: bool) -> ([Node; 2], [Qpn; 2],
     (nodes, [q0, q1], srq)
 }
 
-fn sges(node: &Node, offset: usize, len: usize) -> Vec<Sge> {
-    vec![Sge {
+fn sge(node: &Node, offset: usize, len: usize) -> Sge {
+    Sge {
         addr: IOVA + offset as u64,
         len: len as u32,
         lkey: node.mr.lkey(),
-    }]
+    }
 }
 
 fn send(wr_id: u64, op: SendOp, node: &Node, offset: usize, len: usize) -> SendWr {
-    SendWr::new(wr_id, op, Payload::Sges(sges(node, offset, len)))
+    SendWr::new(wr_id, op, Payload::Sges(sge(node, offset, len).into()))
 }
 
 fn recv(wr_id: u64, node: &Node, offset: usize, len: usize) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sges: sges(node, offset, len),
-    }
+    RecvWr::new(wr_id, sge(node, offset, len))
 }
 
 /// Posts a receive request on node `n`: to the SRQ if there is one, else to the QP.

@@ -20,7 +20,7 @@ use super::{
 use crate::memory::{Access, MemoryRegion, PdId};
 use crate::transport::{
     connect_steps, AddressHandle, AddressVector, ConnectOptions, CqId, Endpoint, Payload, QpAttr,
-    QpInit, QpState, QpType, RecvWr, Remote, Resources, SendOp, SendWr, Sge, UdDest, VerbsError,
+    QpEndpoint, QpInit, QpState, QpType, RecvWr, Resources, SendOp, SendWr, UdDest, VerbsError,
     WcOpcode, WcStatus, GRH_LEN,
 };
 use crate::wire::cm::{RejReason, ServiceId, MAD_LEN};
@@ -63,13 +63,16 @@ struct Bound {
 pub struct Connect<'a> {
     /// An RC or UC QP in RESET or INIT.
     pub qpn: Qpn,
+    /// The passive side's address.
     pub dst: IpAddr,
+    /// The service to connect to.
     pub service_id: ServiceId,
     /// RDMA-CM's source port, for its header.
     pub src_port: u16,
     /// The QP's attributes: its access flags, path MTU, ACK timeout and RNR timer, the retry
     /// counts asked of the peer, and the READ/atomic depth offered both ways.
     pub options: &'a ConnectOptions,
+    /// Private data for the REQ: up to 56 bytes in RDMA-CM's IP port spaces, 92 otherwise.
     pub private_data: &'a [u8],
 }
 
@@ -149,6 +152,7 @@ impl Agent {
         Ok(agent)
     }
 
+    /// The CM the agent drives.
     pub fn cm(&self) -> &CmEndpoint {
         &self.cm
     }
@@ -158,6 +162,7 @@ impl Agent {
         &mut self.cm
     }
 
+    /// What the agent itself dropped so far.
     pub fn counters(&self) -> &AgentCounters {
         &self.counters
     }
@@ -203,7 +208,7 @@ impl Agent {
                 initiator_depth: depth,
                 retry_count: o.retry_cnt,
                 rnr_retry_count: o.rnr_retry,
-                path_mtu: o.mtu.min(ep.port_mtu()),
+                path_mtu: o.mtu.map_or(ep.port_mtu(), |mtu| mtu.min(ep.port_mtu())),
                 local_ack_timeout: o.timeout,
                 srq: false,
                 private_data: c.private_data,
@@ -262,7 +267,7 @@ impl Agent {
         // The passive side uses the REQ's ACK timeout and retry counts (cm.c
         // `cm_init_qp_rts_attr`): its own RNR retry count it names in the REP, for the peer.
         let negotiated = ConnectOptions {
-            mtu: request.path_mtu,
+            mtu: Some(request.path_mtu),
             access: options.access,
             timeout: request.local_ack_timeout,
             retry_cnt: request.retry_count,
@@ -270,18 +275,16 @@ impl Agent {
             min_rnr_timer: options.min_rnr_timer,
             max_rd_atomic: 0,
         };
-        let remote = Remote {
+        let remote = QpEndpoint {
             addr: request.peer,
             qpn: request.peer_qpn,
-            psn: rq_psn.value(),
+            psn: rq_psn,
+            mtu: request.path_mtu,
+            qkey: QKey(0),
         };
         init_qp(now, ep, qpn, options.access)?;
-        let [_, mut rtr, mut rts] = connect_steps(
-            request.qp_type,
-            &remote,
-            request.peer_psn.value(),
-            &negotiated,
-        );
+        let [_, mut rtr, mut rts] =
+            connect_steps(request.qp_type, &remote, request.peer_psn, &negotiated);
         if rc {
             rtr.max_dest_rd_atomic = Some(responder_resources);
             rts.max_rd_atomic = Some(initiator_depth);
@@ -338,10 +341,12 @@ impl Agent {
         self.pump(now, ep);
     }
 
+    /// The next CM event, after the agent has done what it asks of the QPs.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
     }
 
+    /// When [`pump`](Self::pump) next has timer work: the CM's earliest deadline.
     pub fn next_deadline(&self) -> Option<Duration> {
         self.cm.next_deadline()
     }
@@ -413,18 +418,22 @@ impl Agent {
         let qp_type = ep
             .qp_type(bound.qpn)
             .ok_or(VerbsError::UnknownQp(bound.qpn))?;
+        let mtu = options
+            .mtu
+            .map_or(ep.port_mtu(), |mtu| mtu.min(ep.port_mtu()));
         let negotiated = ConnectOptions {
-            mtu: options.mtu.min(ep.port_mtu()),
+            mtu: Some(mtu),
             rnr_retry: reply.rnr_retry_count,
             ..options
         };
-        let remote = Remote {
+        let remote = QpEndpoint {
             addr: bound.peer,
             qpn: reply.peer_qpn,
-            psn: rq_psn.value(),
+            psn: rq_psn,
+            mtu,
+            qkey: QKey(0),
         };
-        let sq_psn = reply.peer_psn.value();
-        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, sq_psn, &negotiated);
+        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, reply.peer_psn, &negotiated);
         if qp_type == QpType::Rc {
             rts.max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
         }
@@ -466,10 +475,7 @@ impl Agent {
     }
 
     fn post_buffer(&mut self, ep: &mut Endpoint, slot: usize) -> Result<(), VerbsError> {
-        let wr = RecvWr {
-            wr_id: slot as u64,
-            sges: vec![Sge::new(&self.buffers, slot * SLOT, SLOT)],
-        };
+        let wr = RecvWr::new(slot as u64, self.buffers.sge(slot * SLOT, SLOT)?);
         ep.post_recv(Qpn::GSI, wr)
     }
 

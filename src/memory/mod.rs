@@ -21,7 +21,7 @@ mod window;
 
 use std::fmt;
 
-pub use region::{MemoryRegion, Span};
+pub use region::{MemoryRegion, RemoteRegion, Span};
 pub use table::MemoryTable;
 pub use window::{inc_rkey, BindMw, MwType};
 

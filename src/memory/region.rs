@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{Access, MemoryError, PdId};
+use crate::transport::Sge;
 use crate::wire::{LKey, RKey};
 
 const WORD: usize = 8;
@@ -124,6 +125,31 @@ impl Words {
 
 /// A registered memory region, as the application holds it.
 ///
+/// A peer's memory as this side addresses it: where it starts, how long it is, and its rkey.
+/// The type to exchange out of band for RDMA READ, WRITE and atomics
+/// ([`MemoryRegion::remote`] on the peer's side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RemoteRegion {
+    /// The first byte's address in the peer's space (its region's `iova`).
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The key the peer's responder checks.
+    pub rkey: RKey,
+}
+
+impl RemoteRegion {
+    /// The part of the region from `offset` on; `None` if `offset` is past its end.
+    pub fn at(&self, offset: u64) -> Option<RemoteRegion> {
+        Some(RemoteRegion {
+            addr: self.addr.checked_add(offset)?,
+            len: self.len.checked_sub(offset)?,
+            rkey: self.rkey,
+        })
+    }
+}
+
 /// Cloning gives another handle to the same memory. The handle stays usable after
 /// deregistration, but the keys no longer reach it.
 #[derive(Clone)]
@@ -218,6 +244,33 @@ impl MemoryRegion {
                 addr: self.iova.wrapping_add(offset as u64),
                 len: len as u64,
             }),
+        }
+    }
+
+    /// A scatter/gather element for `len` bytes at `offset` into the region, checked here: a
+    /// range that leaves the region, or is longer than an SGE holds (2^32 - 1 bytes), is
+    /// refused at the call rather than failing the work request later.
+    pub fn sge(&self, offset: usize, len: usize) -> Result<Sge, MemoryError> {
+        self.range(offset, len)?;
+        let len = u32::try_from(len).map_err(|_| MemoryError::OutOfBounds {
+            addr: self.iova.wrapping_add(offset as u64),
+            len: len as u64,
+        })?;
+        Ok(Sge {
+            addr: self.iova + offset as u64,
+            len,
+            lkey: self.lkey,
+        })
+    }
+
+    /// The whole region, as a peer addresses it: hand this to the peer out of band (it
+    /// serialises with the `serde` feature). It reaches the memory only if the region grants
+    /// the remote access the peer's request needs.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.iova,
+            len: self.len() as u64,
+            rkey: self.rkey,
         }
     }
 
@@ -322,6 +375,32 @@ mod tests {
     use super::super::MemoryTable;
     use super::*;
     use crate::wire::Qpn;
+
+    /// An SGE is checked where it is made: a range past the region's end is an error with
+    /// its address, not a request that fails later with LOC_PROT_ERR.
+    #[test]
+    fn sges_are_checked_against_the_region() {
+        let (_, _, mr) = table();
+        let sge = mr.sge(8, 16).unwrap();
+        assert_eq!(
+            (sge.addr, sge.len, sge.lkey),
+            (mr.iova() + 8, 16, mr.lkey())
+        );
+        assert_eq!(mr.sge(mr.len(), 0).map(|s| s.len), Ok(0));
+        assert_eq!(
+            mr.sge(mr.len() - 4, 5),
+            Err(MemoryError::OutOfBounds {
+                addr: mr.iova() + mr.len() as u64 - 4,
+                len: 5
+            })
+        );
+        assert!(mr.sge(usize::MAX, 2).is_err(), "an end that overflows");
+        let remote = mr.remote();
+        assert_eq!(
+            (remote.addr, remote.len, remote.rkey),
+            (mr.iova(), mr.len() as u64, mr.rkey())
+        );
+    }
 
     #[test]
     fn unaligned_reads_and_writes() {

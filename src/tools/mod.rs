@@ -68,6 +68,15 @@ pub enum Error {
     DataCheck(String),
 }
 
+/// What a failed verb becomes: `doing` names the step, in rdma-core's words where it has
+/// them (`"Couldn't post send"`), beside why it failed.
+pub(crate) fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(E) -> Error {
+    move |e| Error::Device {
+        doing: doing.into(),
+        error: e.into(),
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

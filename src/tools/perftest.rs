@@ -39,17 +39,19 @@ use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
 };
-use super::pingpong::{accept, connect, failed, gid_of, listen, local_address, random_psn};
-use super::{peer_address, DeviceOptions, Error, Limits, PeerActivity, Reservation, Result, Watch};
+use super::pingpong::{accept, connect, gid_of, listen, local_address, random_psn};
+use super::{
+    failed, peer_address, DeviceOptions, Error, Limits, PeerActivity, Reservation, Result, Watch,
+};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
-    PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
+    PathMtu, Payload, RecvWr, SendOp, SendWr, WcStatus, WorkCompletion, MAX_RD_ATOMIC,
 };
 use crate::verbs::{
     CompletionQueue, ConnectOptions, Connection, ConnectionRequest, Device, ProtectionDomain,
-    QueuePair, Remote,
+    QpEndpoint, QueuePair,
 };
-use crate::wire::RnrTimer;
+use crate::wire::{QKey, RnrTimer};
 
 /// `DEF_SIZE_BW`, `DEF_SIZE_LAT`, `DEF_SIZE_ATOMIC`.
 const DEFAULT_SIZE_BW: u64 = 65536;
@@ -650,7 +652,7 @@ fn qp_options(verb: Verb, mtu: PathMtu, out_reads: u16) -> ConnectOptions {
         Verb::Send => Access::REMOTE_WRITE | Access::LOCAL_WRITE,
     };
     ConnectOptions {
-        mtu,
+        mtu: Some(mtu),
         access,
         timeout: QP_TIMEOUT,
         retry_cnt: RETRY_COUNT,
@@ -939,7 +941,7 @@ impl Context {
             lid: 0,
             out_reads,
             qpn: self.qps[qp].qpn(),
-            psn: random_psn(),
+            psn: self.qps[qp].endpoint().psn,
             rkey: self.mr.rkey(),
             vaddr: self.mr.iova() + self.recv_offset(qp),
             gid: self.gid,
@@ -975,8 +977,11 @@ impl Context {
             },
         };
         let at = self.send_offset(qp) + offset;
-        let sge = Sge::new(&self.mr, at as usize, size as usize);
-        let mut wr = SendWr::new(qp as u64, op, Payload::Sges(vec![sge]));
+        let sge = self
+            .mr
+            .sge(at as usize, size as usize)
+            .map_err(failed("Couldn't post send"))?;
+        let mut wr = SendWr::new(qp as u64, op, Payload::Sges(sge.into()));
         wr.signaled = signaled;
         self.qps[qp]
             .post_send(wr)
@@ -986,10 +991,11 @@ impl Context {
     /// A receive of `size` bytes into QP `qp`'s receive slice at `offset`.
     fn post_recv(&self, qp: usize, offset: u64, size: u64) -> Result<()> {
         let at = self.recv_offset(qp) + offset;
-        let wr = RecvWr {
-            wr_id: qp as u64,
-            sges: vec![Sge::new(&self.mr, at as usize, size as usize)],
-        };
+        let sge = self
+            .mr
+            .sge(at as usize, size as usize)
+            .map_err(failed("Couldn't post recv"))?;
+        let wr = RecvWr::new(qp as u64, sge);
         self.qps[qp]
             .post_recv(wr)
             .map_err(failed("Couldn't post recv"))
@@ -1224,12 +1230,14 @@ impl Session<'_, '_> {
             let addr = peer_address(theirs.gid, self.ctx.gid.to_canonical(), peer)?;
             let out_reads = mine.out_reads.min(theirs.out_reads).max(1);
             let options = qp_options(self.o.test.verb(), self.mtu, out_reads);
-            let remote = Remote {
+            let remote = QpEndpoint {
                 addr,
                 qpn: theirs.qpn,
-                psn: theirs.psn.value(),
+                psn: theirs.psn,
+                mtu: self.mtu,
+                qkey: QKey(0),
             };
-            qp.connect(&remote, mine.psn.value(), &options)
+            qp.connect(&remote, &options)
                 .map_err(failed("Failed to modify QP to RTR or RTS"))?;
         }
         Ok(())

@@ -17,10 +17,10 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use super::perftest_oob::Keys;
-use super::{Error, Result};
+use super::{failed, Error, Result};
 use crate::cm::Failure;
 use crate::memory::{Access, MemoryRegion};
-use crate::transport::{ConnectOptions, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use crate::transport::{ConnectOptions, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use crate::verbs::{self, CompletionQueue, Connection, Device, Listener, QueuePair};
 use crate::wire::cm::RejReason;
 use crate::wire::{Psn, Qpn, RKey};
@@ -109,19 +109,12 @@ impl std::fmt::Debug for CmLink {
 /// no READs, seven retries of each kind; the path MTU the port's.
 fn control_options(device: &Device) -> ConnectOptions {
     ConnectOptions {
-        mtu: device.port_mtu(),
+        mtu: Some(device.port_mtu()),
         access: Access::LOCAL_WRITE,
         max_rd_atomic: 0,
         retry_cnt: 7,
         rnr_retry: 7,
         ..ConnectOptions::default()
-    }
-}
-
-fn failed(doing: &'static str) -> impl Fn(verbs::Error) -> Error {
-    move |error| Error::Device {
-        doing: doing.into(),
-        error,
     }
 }
 
@@ -302,7 +295,7 @@ impl CmLink {
         let mut msg = vec![0; len];
         self.recv
             .read(0, &mut msg)
-            .map_err(|e| failed("Couldn't read")(e.into()))?;
+            .map_err(failed("Couldn't read"))?;
         post_recv(&self.conn, &self.recv)?;
         Ok(msg)
     }
@@ -314,9 +307,9 @@ impl CmLink {
 }
 
 fn post_recv(qp: &QueuePair, recv: &MemoryRegion) -> Result<()> {
-    let wr = RecvWr {
-        wr_id: 5,
-        sges: vec![Sge::new(recv, 0, DEST_LEN)],
-    };
-    qp.post_recv(wr).map_err(failed("Couldn't post receive"))
+    let sge = recv
+        .sge(0, DEST_LEN)
+        .map_err(failed("Couldn't post receive"))?;
+    qp.post_recv(RecvWr::new(5, sge))
+        .map_err(failed("Couldn't post receive"))
 }

@@ -27,13 +27,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::oob::{self, Dest, DEFAULT_PORT};
-use super::{peer_address, DeviceOptions, Error, Limits, Reservation, Result, Watch};
+use super::{failed, peer_address, DeviceOptions, Error, Limits, Reservation, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
-    PathMtu, Payload, QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus,
-    WorkCompletion, GRH_LEN,
+    PathMtu, QpAttr, QpState, QpType, RecvWr, SendWr, UdDest, WcStatus, WorkCompletion, GRH_LEN,
 };
-use crate::verbs::{self, CompletionQueue, ConnectOptions, Device, QueuePair, Remote};
+use crate::verbs::{self, CompletionQueue, ConnectOptions, Device, QpEndpoint, QueuePair};
 use crate::wire::{Psn, QKey, RnrTimer};
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
@@ -345,13 +344,6 @@ pub(super) fn random_psn() -> Psn {
     Psn::new(hasher.finish() as u32)
 }
 
-pub(super) fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(E) -> Error {
-    move |e| Error::Device {
-        doing: doing.into(),
-        error: e.into(),
-    }
-}
-
 /// The bytes a session registers: the message, and for UD the 40 bytes of the GRH before it.
 pub fn buffer_len(o: &Options) -> usize {
     o.transport.offset() + o.size
@@ -407,6 +399,7 @@ impl Context {
             .recv_cq(&cq)
             .max_send_wr(1)
             .max_recv_wr(o.rx_depth)
+            .qkey(UD_QKEY)
             .build()
             .map_err(failed("Couldn't create QP"))?;
         // INIT before the receives are posted: a QP in RESET takes none.
@@ -423,7 +416,7 @@ impl Context {
         let me = Dest {
             lid: 0,
             qpn: qp.qpn(),
-            psn: random_psn(),
+            psn: qp.endpoint().psn,
             gid: gid_of(device.address()),
         };
         let ctx = Context {
@@ -470,7 +463,7 @@ impl Context {
         let addr = peer_address(peer.gid, self.me.gid.to_canonical(), "peer")?;
         if self.transport == Transport::Ud {
             self.qp
-                .ready_datagram(UD_QKEY, self.me.psn.value())
+                .ready_datagram()
                 .map_err(failed("Failed to modify QP to RTS"))?;
             let ah = self
                 .pd
@@ -484,7 +477,7 @@ impl Context {
             return Ok(());
         }
         let options = ConnectOptions {
-            mtu,
+            mtu: Some(mtu),
             access: Access::NONE,
             timeout: 14,
             retry_cnt: 7,
@@ -492,30 +485,35 @@ impl Context {
             min_rnr_timer: RnrTimer::new(12),
             max_rd_atomic: 1,
         };
-        let remote = Remote {
+        let remote = QpEndpoint {
             addr,
             qpn: peer.qpn,
-            psn: peer.psn.value(),
+            psn: peer.psn,
+            mtu,
+            qkey: UD_QKEY,
         };
         self.qp
-            .connect(&remote, self.me.psn.value(), &options)
+            .connect(&remote, &options)
             .map_err(failed("Couldn't connect to remote QP"))
     }
 
     /// Posts up to `n` receives, stopping at the first refused; returns how many were posted.
     fn post_recvs(&self, n: usize) -> usize {
-        let wr = RecvWr {
-            wr_id: RECV_WRID,
-            sges: vec![Sge::new(&self.mr, 0, self.transport.offset() + self.size)],
+        let Ok(sge) = self.mr.sge(0, self.transport.offset() + self.size) else {
+            return 0;
         };
+        let wr = RecvWr::new(RECV_WRID, sge);
         (0..n)
             .take_while(|_| self.qp.post_recv(wr.clone()).is_ok())
             .count()
     }
 
     fn post_send(&self) -> Result<()> {
-        let sge = Sge::new(&self.mr, self.transport.offset(), self.size);
-        let mut wr = SendWr::new(SEND_WRID, SendOp::Send, Payload::Sges(vec![sge]));
+        let sge = self
+            .mr
+            .sge(self.transport.offset(), self.size)
+            .map_err(failed("Couldn't post send"))?;
+        let mut wr = SendWr::send(SEND_WRID, sge);
         wr.ud = self.ud;
         self.qp.post_send(wr).map_err(failed("Couldn't post send"))
     }

@@ -18,11 +18,10 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{DeviceOptions, Error, Limits, Result, Watch};
+use super::{failed, DeviceOptions, Error, Limits, Result, Watch};
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
-    ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion,
+    ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::verbs::{
     self, CompletionQueue, Connection, ConnectionEvent, Device, ProtectionDomain, QueuePair,
@@ -91,7 +90,7 @@ impl Default for Options {
 /// retries of each kind; the path MTU is `--mtu` or the port's.
 fn conn_options(o: &Options, device: &Device) -> ConnectOptions {
     ConnectOptions {
-        mtu: o.mtu.unwrap_or(device.port_mtu()).min(device.port_mtu()),
+        mtu: Some(o.mtu.unwrap_or(device.port_mtu()).min(device.port_mtu())),
         max_rd_atomic: 1,
         retry_cnt: 7,
         rnr_retry: 7,
@@ -212,10 +211,7 @@ impl Resources {
 }
 
 fn post_recv(qp: &QueuePair, recv: &MemoryRegion) -> Result<()> {
-    let wr = RecvWr {
-        wr_id: 0,
-        sges: vec![Sge::new(recv, 0, INFO_LEN)],
-    };
+    let wr = RecvWr::new(0, recv.sge(0, INFO_LEN).map_err(failed("post recv error"))?);
     qp.post_recv(wr).map_err(|error| Error::Device {
         doing: "post recv error".into(),
         error,
@@ -463,7 +459,8 @@ fn serve_pings(
             remote_addr: addr,
             rkey,
         };
-        let wr = SendWr::new(2, read, Payload::Sges(vec![Sge::new(&r.buffers, 0, len)]));
+        let sge = r.buffers.sge(0, len).map_err(failed("post send error"))?;
+        let wr = SendWr::new(2, read, Payload::Sges(sge.into()));
         post_send(conn, wr)?;
         if completions.expect(WcOpcode::RdmaRead)?.is_none() {
             return Ok(());
@@ -487,8 +484,11 @@ fn serve_pings(
             remote_addr: addr,
             rkey,
         };
-        let sges = vec![Sge::new(&r.buffers, 0, text_len.min(sink_len))];
-        post_send(conn, SendWr::new(3, write, Payload::Sges(sges)))?;
+        let sge = r
+            .buffers
+            .sge(0, text_len.min(sink_len))
+            .map_err(failed("post send error"))?;
+        post_send(conn, SendWr::new(3, write, Payload::Sges(sge.into())))?;
         if !completions.expect_all(&[WcOpcode::Send, WcOpcode::RdmaWrite])? {
             return Ok(());
         }

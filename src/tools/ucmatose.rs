@@ -14,11 +14,9 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{DeviceOptions, Error, Result};
+use super::{failed, DeviceOptions, Error, Result};
 use crate::memory::{Access, MemoryRegion};
-use crate::transport::{
-    ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
+use crate::transport::{ConnectOptions, PathMtu, RecvWr, SendWr, WcOpcode, WcStatus};
 use crate::verbs::{self, CompletionQueue, Connection, ConnectionEvent, Device, QueuePair};
 
 /// ucmatose's port.
@@ -70,19 +68,13 @@ impl Node {
     /// The node's CQs, buffer and QP in INIT with its `-C` receives posted (`init_node`,
     /// `post_recvs`): the peer may send as soon as it is connected.
     fn new(device: &Device, o: &Options) -> Result<(Node, QueuePair)> {
-        let doing = |what: &'static str| {
-            move |error| Error::Device {
-                doing: what.into(),
-                error,
-            }
-        };
         let depth = o.messages.max(1);
-        let pd = device.alloc_pd().map_err(doing("ibv_alloc_pd"))?;
-        let send_cq = device.create_cq(depth).map_err(doing("ibv_create_cq"))?;
-        let recv_cq = device.create_cq(depth).map_err(doing("ibv_create_cq"))?;
+        let pd = device.alloc_pd().map_err(failed("ibv_alloc_pd"))?;
+        let send_cq = device.create_cq(depth).map_err(failed("ibv_create_cq"))?;
+        let recv_cq = device.create_cq(depth).map_err(failed("ibv_create_cq"))?;
         let buffer = pd
             .register(o.size.max(1), Access::LOCAL_WRITE)
-            .map_err(doing("ibv_reg_mr"))?;
+            .map_err(failed("ibv_reg_mr"))?;
         let qp = pd
             .create_qp()
             .send_cq(&send_cq)
@@ -90,15 +82,16 @@ impl Node {
             .max_send_wr(depth)
             .max_recv_wr(depth)
             .build()
-            .map_err(doing("rdma_create_qp"))?;
+            .map_err(failed("rdma_create_qp"))?;
         qp.init(Access::LOCAL_WRITE)
-            .map_err(doing("rdma_create_qp"))?;
+            .map_err(failed("rdma_create_qp"))?;
         for i in 0..o.messages {
-            let wr = RecvWr {
-                wr_id: i as u64,
-                sges: vec![Sge::new(&buffer, 0, o.size)],
-            };
-            qp.post_recv(wr).map_err(doing("failed to post receives"))?;
+            let sge = buffer
+                .sge(0, o.size)
+                .map_err(failed("failed to post receives"))?;
+            let wr = RecvWr::new(i as u64, sge);
+            qp.post_recv(wr)
+                .map_err(failed("failed to post receives"))?;
         }
         let node = Node {
             send_cq,
@@ -110,8 +103,11 @@ impl Node {
 
     fn post_sends(&self, qp: &QueuePair, o: &Options) -> Result<()> {
         for i in 0..o.messages {
-            let sges = vec![Sge::new(&self.buffer, 0, o.size)];
-            let wr = SendWr::new(i as u64, SendOp::Send, Payload::Sges(sges));
+            let sge = self
+                .buffer
+                .sge(0, o.size)
+                .map_err(failed("failed to post send"))?;
+            let wr = SendWr::send(i as u64, sge);
             qp.post_send(wr).map_err(|error| Error::Device {
                 doing: "failed to post sends".into(),
                 error,
@@ -171,7 +167,7 @@ fn server(o: &Options, out: &mut dyn Write) -> Result<()> {
     // The peer's retry counts and depths come with its REQ; the server asks for 7 RNR retries
     // of the client, as rdma_accept with no parameters does.
     let options = ConnectOptions {
-        mtu: device.port_mtu(),
+        mtu: Some(device.port_mtu()),
         rnr_retry: 7,
         retry_cnt: 7,
         ..ConnectOptions::default()
@@ -229,7 +225,7 @@ fn client(o: &Options, server: IpAddr, out: &mut dyn Write) -> Result<()> {
     // memset zero), which becomes the server's QP's RNR retry count.
     let port_mtu = device.port_mtu();
     let options = ConnectOptions {
-        mtu: o.mtu.unwrap_or(port_mtu).min(port_mtu),
+        mtu: Some(o.mtu.unwrap_or(port_mtu).min(port_mtu)),
         max_rd_atomic: 1,
         retry_cnt: 5,
         rnr_retry: 0,

@@ -13,15 +13,15 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::{DeviceOptions, Error, Result};
+use super::{failed, DeviceOptions, Error, Result};
 use crate::cm::RDMA_UDP_QKEY;
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
-    AddressHandle, Payload, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
+    AddressHandle, Payload, QpType, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
     WorkCompletion, GRH_LEN,
 };
 use crate::verbs::{self, CompletionQueue, Device, QueuePair};
-use crate::wire::Qpn;
+use crate::wire::{Psn, Qpn};
 
 /// udaddy's port: fixed in udaddy.c, whose `-p` sets the port space.
 pub const PORT: u16 = 7174;
@@ -62,20 +62,14 @@ struct Node {
 
 impl Node {
     fn new(device: &Device, o: &Options) -> Result<Node> {
-        let doing = |what: &'static str| {
-            move |error| Error::Device {
-                doing: what.into(),
-                error,
-            }
-        };
         let depth = o.messages.max(1);
-        let pd = device.alloc_pd().map_err(doing("ibv_alloc_pd"))?;
+        let pd = device.alloc_pd().map_err(failed("ibv_alloc_pd"))?;
         let cq = device
             .create_cq(2 * depth)
-            .map_err(doing("ibv_create_cq"))?;
+            .map_err(failed("ibv_create_cq"))?;
         let buffer = pd
             .register(o.size + GRH_LEN, Access::LOCAL_WRITE)
-            .map_err(doing("ibv_reg_mr"))?;
+            .map_err(failed("ibv_reg_mr"))?;
         let qp = pd
             .create_qp()
             .qp_type(QpType::Ud)
@@ -83,16 +77,19 @@ impl Node {
             .recv_cq(&cq)
             .max_send_wr(depth)
             .max_recv_wr(depth)
+            // librdmacm's UD QPs send from PSN 0 (`ucma_init_ud_qp`).
+            .sq_psn(Psn::new(0))
+            .qkey(RDMA_UDP_QKEY)
             .build()
-            .map_err(doing("rdma_create_qp"))?;
-        qp.ready_datagram(RDMA_UDP_QKEY, 0)
-            .map_err(doing("rdma_create_qp"))?;
+            .map_err(failed("rdma_create_qp"))?;
+        qp.ready_datagram().map_err(failed("rdma_create_qp"))?;
         for i in 0..o.messages {
-            let wr = RecvWr {
-                wr_id: i as u64,
-                sges: vec![Sge::new(&buffer, 0, o.size + GRH_LEN)],
-            };
-            qp.post_recv(wr).map_err(doing("failed to post receives"))?;
+            let sge = buffer
+                .sge(0, o.size + GRH_LEN)
+                .map_err(failed("failed to post receives"))?;
+            let wr = RecvWr::new(i as u64, sge);
+            qp.post_recv(wr)
+                .map_err(failed("failed to post receives"))?;
         }
         Ok(Node { qp, cq, buffer, pd })
     }
@@ -103,8 +100,11 @@ impl Node {
             let op = SendOp::SendWithImm {
                 imm: self.qp.qpn().value(),
             };
-            let sges = vec![Sge::new(&self.buffer, GRH_LEN, o.size)];
-            let mut wr = SendWr::new(i as u64, op, Payload::Sges(sges));
+            let sge = self
+                .buffer
+                .sge(GRH_LEN, o.size)
+                .map_err(failed("failed to post send"))?;
+            let mut wr = SendWr::new(i as u64, op, Payload::Sges(sge.into()));
             wr.signaled = signaled;
             wr.ud = Some(dest);
             self.qp.post_send(wr).map_err(|error| Error::Device {

@@ -38,11 +38,14 @@ pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
 pub use qp::{
     check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
-    QpAttr, QpSettings, QpState, QpType, Remote, MAX_RD_ATOMIC,
+    QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
 pub use srq::{SrqAttr, SrqId, SrqModify};
-pub use wr::{Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{
+    Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest, WcOpcode, WcStatus, WorkCompletion,
+    INLINE_SGES,
+};
 
 use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, MwType, PdId};
 use crate::wire::icrc::ICRC_LEN;

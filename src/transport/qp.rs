@@ -31,8 +31,10 @@ pub enum QpState {
     Error,
 }
 
-/// The path MTU, 256 to 4096 bytes.
+/// The path MTU, 256 to 4096 bytes. Serialised as its size in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
 pub enum PathMtu {
     Mtu256,
     Mtu512,
@@ -503,31 +505,76 @@ impl QpSettings {
     }
 }
 
-/// What the peer of a connected QP told us out of band.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remote {
+impl TryFrom<u32> for PathMtu {
+    type Error = &'static str;
+
+    /// The path MTU of `bytes` bytes: 256, 512, 1024, 2048 or 4096, and nothing else.
+    fn try_from(bytes: u32) -> Result<PathMtu, Self::Error> {
+        Ok(match bytes {
+            256 => PathMtu::Mtu256,
+            512 => PathMtu::Mtu512,
+            1024 => PathMtu::Mtu1024,
+            2048 => PathMtu::Mtu2048,
+            4096 => PathMtu::Mtu4096,
+            _ => return Err("a path MTU is 256, 512, 1024, 2048 or 4096 bytes"),
+        })
+    }
+}
+
+impl From<PathMtu> for u32 {
+    fn from(mtu: PathMtu) -> u32 {
+        mtu.bytes() as u32
+    }
+}
+
+/// One side of a connection, as its peer needs to know it: what an out-of-band exchange
+/// carries (perftest's and ibv_rc_pingpong's `pingpong_dest`, a CM REQ's or REP's fields).
+///
+/// Each side hands its own to the other ([`QueuePair::endpoint`](crate::verbs::QueuePair::endpoint))
+/// and connects with the one it receives. With the `serde` feature it serialises, the numbers
+/// as plain integers and the MTU in bytes; deserialising refuses a QPN or PSN wider than 24 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct QpEndpoint {
+    /// The address the side's device is reached at (its GID).
     pub addr: IpAddr,
+    /// The side's queue pair.
     pub qpn: Qpn,
-    pub psn: u32,
+    /// The PSN this side sends from: the first one its peer expects (the peer's `rq_psn`).
+    pub psn: Psn,
+    /// The largest path MTU this side takes: its port's active MTU. A connection uses the
+    /// smaller of the two sides' unless told otherwise.
+    pub mtu: PathMtu,
+    /// The Q_Key a UD QP checks on receive, which senders to it put in their requests. RC and
+    /// UC QPs carry none (0).
+    pub qkey: QKey,
 }
 
 /// The attributes [`connect_steps`] sets, with the values ibv_rc_pingpong and perftest use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectOptions {
-    pub mtu: PathMtu,
+    /// The path MTU. `None` (the default): the smaller of the peer's [`QpEndpoint::mtu`] and
+    /// this port's active MTU.
+    pub mtu: Option<PathMtu>,
+    /// What the peer may do to this side's memory through the QP.
     pub access: Access,
     /// 4.096 µs × 2^timeout.
     pub timeout: u8,
+    /// Transport retries before a request completes with RETRY_EXC_ERR (0 to 7).
     pub retry_cnt: u8,
+    /// RNR NAK retries before RNR_RETRY_EXC_ERR; 7 retries for ever (IBTA 9.7.5.2.8).
     pub rnr_retry: u8,
+    /// How long this side asks a peer to wait after an RNR NAK.
     pub min_rnr_timer: RnrTimer,
+    /// READs and atomics outstanding at once, each way (`max_rd_atomic` and
+    /// `max_dest_rd_atomic`).
     pub max_rd_atomic: u8,
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
-            mtu: PathMtu::Mtu4096,
+            mtu: None,
             access: Access::LOCAL_WRITE
                 | Access::REMOTE_WRITE
                 | Access::REMOTE_READ
@@ -543,11 +590,12 @@ impl Default for ConnectOptions {
 
 /// `ibv_modify_qp` to INIT, RTR and RTS: what connects a QP of type `qp_type` to `remote`,
 /// sending from `sq_psn`. UC gets only the attributes UC takes: the timeouts, retry counts and
-/// READ/atomic depths are RC's alone, and `check_modify` refuses them on UC.
+/// READ/atomic depths are RC's alone, and `check_modify` refuses them on UC. Without an MTU in
+/// `o`, the path MTU is the peer's; the transport lowers it to the port's.
 pub fn connect_steps(
     qp_type: QpType,
-    remote: &Remote,
-    sq_psn: u32,
+    remote: &QpEndpoint,
+    sq_psn: Psn,
     o: &ConnectOptions,
 ) -> [QpAttr; 3] {
     let rc = qp_type == QpType::Rc;
@@ -562,16 +610,16 @@ pub fn connect_steps(
         QpAttr {
             state: Some(QpState::Rtr),
             av: Some(AddressVector { dest: remote.addr }),
-            path_mtu: Some(o.mtu),
+            path_mtu: Some(o.mtu.unwrap_or(remote.mtu)),
             dest_qpn: Some(remote.qpn),
-            rq_psn: Some(Psn::new(remote.psn)),
+            rq_psn: Some(remote.psn),
             max_dest_rd_atomic: rc.then_some(o.max_rd_atomic),
             min_rnr_timer: rc.then_some(o.min_rnr_timer),
             ..Default::default()
         },
         QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(sq_psn)),
+            sq_psn: Some(sq_psn),
             timeout: rc.then_some(o.timeout),
             retry_cnt: rc.then_some(o.retry_cnt),
             rnr_retry: rc.then_some(o.rnr_retry),

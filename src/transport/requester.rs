@@ -894,7 +894,9 @@ impl Qp {
             if wqe.wr.signaled || status != WcStatus::Success {
                 let mut wc =
                     WorkCompletion::new(wqe.wr.wr_id, status, wqe.wr.op.wc_opcode(), self.qpn);
-                if matches!(wqe.wr.op, SendOp::Read { .. }) {
+                // ibv_poll_cq(3): the send queue reports a length for READs and atomics (an
+                // atomic's 8 bytes, as rxe_comp.c `make_send_cqe` does).
+                if wqe.wr.op.is_read_or_atomic() {
                     wc.byte_len = wqe.wr.payload.len() as u32;
                 }
                 ctx.complete(self.send_cq, wc);

@@ -9,9 +9,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use softroce::memory::Access;
-//! use softroce::transport::{ConnectOptions, Payload, SendOp, SendWr, Sge, WcStatus};
-//! use softroce::verbs::{Connection, Device, DeviceConfig};
+//! use softroce::prelude::*;
 //!
 //! # fn main() -> Result<(), softroce::verbs::Error> {
 //! let (server, client) = (Device::open(DeviceConfig::udp("127.0.0.61".parse().unwrap()))?,
@@ -31,8 +29,8 @@
 //! let connection = Connection::connect(qp, "127.0.0.61:7174".parse().unwrap(),
 //!                                      &ConnectOptions::default(), &[])?;
 //! let _server_side = accepting.join().unwrap()?;
-//! let write = SendOp::Write { remote_addr: target.iova(), rkey: target.rkey() };
-//! connection.post_send(SendWr::new(1, write, Payload::Sges(vec![Sge::new(&source, 0, 15)])))?;
+//! let region = target.remote(); // What the server would tell the client, in private data.
+//! connection.post_send(SendWr::write(1, source.sge(0, 15)?, region))?;
 //! assert_eq!(cq.wait(Duration::from_secs(10))?.map(|wc| wc.status), Some(WcStatus::Success));
 //! assert_eq!(&target.to_vec()[..15], b"written by RDMA");
 //! # Ok(()) }

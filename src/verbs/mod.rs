@@ -1,18 +1,21 @@
 //! The verbs API: devices, protection domains, memory regions, completion queues and queue
 //! pairs, in the shape of libibverbs, over the engine thread.
 //!
-//! ```no_run
-//! use softroce::verbs::{Device, DeviceConfig, Remote};
-//! use softroce::memory::Access;
+//! ```
+//! use softroce::prelude::*;
 //!
 //! let device = Device::open(DeviceConfig::udp("127.0.0.1".parse().unwrap()))?;
 //! let pd = device.alloc_pd()?;
 //! let cq = device.create_cq(256)?;
 //! let mr = pd.register(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build()?;
-//! // Exchange (qp.qpn(), psn, address) with the peer out of band, then:
-//! # let peer = Remote { addr: "127.0.0.2".parse().unwrap(), qpn: qp.qpn(), psn: 0 };
-//! qp.connect(&peer, 0, &Default::default())?;
+//! // Hand these two to the peer out of band (with the `serde` feature they serialise) ...
+//! let (mine, memory): (QpEndpoint, RemoteRegion) = (qp.endpoint(), mr.remote());
+//! // ... and connect to the endpoint the peer hands back. Here, a QP of the same device:
+//! let peer = pd.create_qp().send_cq(&cq).recv_cq(&cq).build()?;
+//! qp.connect(&peer.endpoint(), &ConnectOptions::default())?;
+//! peer.connect(&mine, &ConnectOptions::default())?;
+//! # let _ = memory;
 //! # Ok::<(), softroce::verbs::Error>(())
 //! ```
 //!
@@ -40,10 +43,10 @@ use crate::io::{
 use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
 use crate::transport::{
     connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, Payload, QpAttr, QpInit,
-    QpState, QpType, RecvWr, Resources, SendOp, SendWr, SrqAttr, SrqId, VerbsError, WorkCompletion,
-    DEFAULT_PORT_MTU,
+    QpState, QpType, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr, SrqId, VerbsError,
+    WorkCompletion, DEFAULT_PORT_MTU,
 };
-pub use crate::transport::{AddressHandle, ConnectOptions, Remote, SrqModify};
+pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
 use crate::wire::{Psn, QKey, Qpn, RKey};
 
@@ -205,12 +208,19 @@ impl DeviceConfig {
     }
 }
 
-/// An unpredictable seed without a dependency: std's hasher keys are random per process.
+/// An unpredictable seed without a dependency: std's hasher keys are random per process, and
+/// each `RandomState` after the first in a thread differs from the one before.
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(std::process::id().into());
     hasher.finish()
+}
+
+/// A random starting PSN, as librdmacm and perftest draw one (`lrand48() & 0xffffff`): a stale
+/// packet of an earlier connection between the same QPNs then seldom falls in the window.
+fn random_psn() -> Psn {
+    Psn::new(random_seed() as u32)
 }
 
 struct DeviceInner {
@@ -424,6 +434,8 @@ impl ProtectionDomain {
             srq: None,
             max_send_wr: 256,
             max_recv_wr: 256,
+            sq_psn: None,
+            qkey: QKey(0),
         }
     }
 
@@ -551,9 +563,25 @@ pub struct QpBuilder<'a> {
     srq: Option<SrqId>,
     max_send_wr: usize,
     max_recv_wr: usize,
+    sq_psn: Option<Psn>,
+    qkey: QKey,
 }
 
 impl QpBuilder<'_> {
+    /// The PSN the QP sends from, which its [`endpoint`](QueuePair::endpoint) tells the peer.
+    /// Without it, a random one.
+    pub fn sq_psn(mut self, psn: Psn) -> Self {
+        self.sq_psn = Some(psn);
+        self
+    }
+
+    /// The Q_Key a UD QP checks on receive and sends by default (see
+    /// [`QueuePair::ready_datagram`]); 0 unless told.
+    pub fn qkey(mut self, qkey: QKey) -> Self {
+        self.qkey = qkey;
+        self
+    }
+
     /// Takes receive requests from `srq` instead of a queue of its own.
     pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
         self.srq = Some(srq.id);
@@ -609,6 +637,8 @@ impl QpBuilder<'_> {
             queues,
             has_srq: srq.is_some(),
             qp_type,
+            sq_psn: self.sq_psn.unwrap_or_else(random_psn),
+            qkey: self.qkey,
             _cqs: [send_cq, recv_cq],
         })
     }
@@ -622,6 +652,8 @@ pub struct QueuePair {
     queues: QpQueues,
     has_srq: bool,
     qp_type: QpType,
+    sq_psn: Psn,
+    qkey: QKey,
     /// The send and receive CQs, kept alive until the QP is destroyed, as libibverbs refuses
     /// to destroy a CQ that a QP uses.
     _cqs: [CompletionQueue; 2],
@@ -653,11 +685,26 @@ impl QueuePair {
         })
     }
 
-    /// Takes a connected QP from RESET (or INIT) through INIT and RTR to RTS, towards `remote`,
-    /// sending from `sq_psn`. A UC QP gets only the attributes UC takes: the timeouts, retry
+    /// This side of the connection, to hand to the peer: the device's address, the QPN, the
+    /// PSN this QP sends from ([`QpBuilder::sq_psn`], or random), the port's MTU and the QP's
+    /// Q_Key.
+    pub fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            addr: self.device.address(),
+            qpn: self.qpn,
+            psn: self.sq_psn,
+            mtu: self.device.port_mtu(),
+            qkey: self.qkey,
+        }
+    }
+
+    /// Takes a connected QP from RESET (or INIT) through INIT and RTR to RTS, towards the peer
+    /// whose [`endpoint`](Self::endpoint) is `remote`. This QP sends from its own endpoint's
+    /// PSN and expects `remote.psn` first; the path MTU is the smaller of the two sides'
+    /// unless `o` names one. A UC QP gets only the attributes UC takes: the timeouts, retry
     /// counts and READ/atomic depths are RC's alone, and `ibv_modify_qp` refuses them on UC.
-    pub fn connect(&self, remote: &Remote, sq_psn: u32, o: &ConnectOptions) -> Result<()> {
-        for step in connect_steps(self.qp_type, remote, sq_psn, o) {
+    pub fn connect(&self, remote: &QpEndpoint, o: &ConnectOptions) -> Result<()> {
+        for step in connect_steps(self.qp_type, remote, self.sq_psn, o) {
             self.modify(&step)?;
         }
         Ok(())
@@ -691,7 +738,7 @@ impl QueuePair {
         access: Access,
     ) -> Result<()> {
         let bind = window.bind_request(region, offset, len, access);
-        let wr = SendWr::new(wr_id, SendOp::BindMw(bind), Payload::Sges(Vec::new()));
+        let wr = SendWr::new(wr_id, SendOp::BindMw(bind), Payload::Sges(SgeList::new()));
         self.post_send(wr)
     }
 
@@ -705,14 +752,15 @@ impl QueuePair {
         self.post(&self.queues.recv, wr)
     }
 
-    /// Takes a UD QP from RESET through INIT and RTR to RTS, with the Q_Key it checks on
-    /// receive and sends when a request's Q_Key has its high bit set.
-    pub fn ready_datagram(&self, qkey: QKey, sq_psn: u32) -> Result<()> {
+    /// Takes a UD QP from RESET through INIT and RTR to RTS, with the Q_Key it was built with
+    /// ([`QpBuilder::qkey`]), which it checks on receive and sends when a request's Q_Key has
+    /// its high bit set.
+    pub fn ready_datagram(&self) -> Result<()> {
         self.modify(&QpAttr {
             state: Some(QpState::Init),
             pkey_index: Some(0),
             port: Some(1),
-            qkey: Some(qkey),
+            qkey: Some(self.qkey),
             ..Default::default()
         })?;
         self.modify(&QpAttr {
@@ -721,7 +769,7 @@ impl QueuePair {
         })?;
         self.modify(&QpAttr {
             state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(sq_psn)),
+            sq_psn: Some(self.sq_psn),
             ..Default::default()
         })
     }

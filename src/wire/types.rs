@@ -25,7 +25,24 @@ macro_rules! u24_type {
     ($(#[$meta:meta])* $name:ident, $layer:expr, $field:literal) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        #[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
         pub struct $name(u32);
+
+        impl TryFrom<u32> for $name {
+            type Error = Error;
+
+            /// As [`try_new`](Self::try_new): a value wider than 24 bits is refused.
+            fn try_from(value: u32) -> Result<Self, Error> {
+                Self::try_new(value)
+            }
+        }
+
+        impl From<$name> for u32 {
+            fn from(number: $name) -> u32 {
+                number.0
+            }
+        }
 
         impl $name {
             /// The largest value the 24-bit field holds.
@@ -203,6 +220,8 @@ impl Default for PKey {
 
 /// A queue key, checked by UD and RD receivers (IBTA 10.2.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct QKey(pub u32);
 
 impl QKey {
@@ -218,10 +237,14 @@ impl QKey {
 
 /// A remote key: names a memory region to a peer's RDMA READ, WRITE or atomic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct RKey(pub u32);
 
 /// A local key: names a memory region to the local scatter/gather lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct LKey(pub u32);
 
 hex_display!(PKey: 4, QKey: 8, RKey: 8, LKey: 8);

@@ -12,7 +12,7 @@ use super::rc::{connect, connect_end, Options, Side, ALL, IOVA, MR_LEN};
 use super::{addr, forge, Faults, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType};
 use softroce::transport::{
-    Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge,
+    Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList,
 };
 use softroce::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeader,
@@ -214,8 +214,9 @@ impl World {
     }
 
     /// An SGE list of node `side` within its region: up to three elements, lengths up to 8 KiB.
-    fn sges(side: &Side, input: &mut Input<'_>) -> Vec<Sge> {
-        (0..input.below(4))
+    /// Up to 5 SGEs: past `INLINE_SGES`, so that a list on the heap is covered too.
+    fn sges(side: &Side, input: &mut Input<'_>) -> SgeList {
+        (0..input.below(6))
             .map(|_| {
                 let len = input.below(8192);
                 Sge {
@@ -270,11 +271,14 @@ impl World {
         };
         let payload = if op.is_atomic() {
             let at = IOVA + u64::from(input.below((MR_LEN / 8) as u32 - 1)) * 8;
-            Payload::Sges(vec![Sge {
-                addr: at,
-                len: 8,
-                lkey: self.a.mr.lkey(),
-            }])
+            Payload::Sges(
+                [Sge {
+                    addr: at,
+                    len: 8,
+                    lkey: self.a.mr.lkey(),
+                }]
+                .into(),
+            )
         } else if !op.is_read_or_atomic() && input.bool() {
             Payload::Inline(vec![input.u8(); input.below(512) as usize])
         } else {
@@ -476,13 +480,17 @@ impl World {
                     access: if input.bool() { access } else { ALL },
                 };
                 self.windows[i] = bind.new_rkey;
-                let wr = SendWr::new(self.next_id(), SendOp::BindMw(bind), Payload::Sges(vec![]));
+                let wr = SendWr::new(
+                    self.next_id(),
+                    SendOp::BindMw(bind),
+                    Payload::Sges([].into()),
+                );
                 let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
             }
             _ if !self.windows.is_empty() => {
                 let rkey = input.pick(&self.windows);
                 let op = SendOp::LocalInv { rkey };
-                let wr = SendWr::new(self.next_id(), op, Payload::Sges(vec![]));
+                let wr = SendWr::new(self.next_id(), op, Payload::Sges([].into()));
                 let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
             }
             _ => {}

@@ -5,10 +5,10 @@ use std::time::Duration;
 use super::{addr, drain, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType, PdId};
 use softroce::transport::{
-    connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpInit, QpType, RecvWr, Remote, SendOp,
-    SendWr, Sge, VerbsError, WcOpcode, WcStatus,
+    connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpEndpoint, QpInit, QpType, RecvWr,
+    SendOp, SendWr, Sge, SgeList, VerbsError, WcOpcode, WcStatus,
 };
-use softroce::wire::{Opcode, Qpn, RKey, RnrTimer, RocePacket};
+use softroce::wire::{Opcode, Psn, QKey, Qpn, RKey, RnrTimer, RocePacket};
 
 pub const IOVA: u64 = 0x10_0000;
 pub const MR_LEN: usize = 1 << 20;
@@ -99,13 +99,15 @@ pub fn connect_end(
 ) -> Result<(), VerbsError> {
     let (node, qpn) = ends[me];
     let them = 1 - me;
-    let remote = Remote {
+    let remote = QpEndpoint {
         addr: addr(ends[them].0),
         qpn: ends[them].1,
-        psn: o.psn[them],
+        psn: Psn::new(o.psn[them]),
+        mtu: o.mtu,
+        qkey: QKey(0),
     };
     let options = ConnectOptions {
-        mtu: o.mtu,
+        mtu: None,
         access: o.qp_access,
         timeout: o.timeout,
         retry_cnt: o.retry_cnt,
@@ -114,28 +116,32 @@ pub fn connect_end(
         max_rd_atomic: o.rd_atomic[me],
     };
     let now = sim.now;
-    for step in connect_steps(QpType::Rc, &remote, o.psn[me], &options) {
+    for step in connect_steps(QpType::Rc, &remote, Psn::new(o.psn[me]), &options) {
         sim.nodes[node].modify_qp(now, qpn, &step)?;
     }
     Ok(())
 }
 
 pub fn sge(side: &Side, offset: u64, len: u32) -> Payload {
-    Payload::Sges(vec![Sge {
-        addr: IOVA + offset,
-        len,
-        lkey: side.mr.lkey(),
-    }])
+    Payload::Sges(
+        [Sge {
+            addr: IOVA + offset,
+            len,
+            lkey: side.mr.lkey(),
+        }]
+        .into(),
+    )
 }
 
 pub fn post_recv(sim: &mut Sim, node: usize, side: &Side, wr_id: u64, offset: u64, len: u32) {
     let wr = RecvWr {
         wr_id,
-        sges: vec![Sge {
+        sges: [Sge {
             addr: IOVA + offset,
             len,
             lkey: side.mr.lkey(),
-        }],
+        }]
+        .into(),
     };
     sim.nodes[node].post_recv(side.qpn, wr).unwrap();
 }
@@ -164,7 +170,7 @@ pub fn bind_type2_window(sim: &mut Sim, node: usize, side: &Side, offset: u64, l
         len,
         access: Access::REMOTE_WRITE | Access::REMOTE_READ,
     };
-    let mut wr = SendWr::new(0xb1d, SendOp::BindMw(bind), Payload::Sges(Vec::new()));
+    let mut wr = SendWr::new(0xb1d, SendOp::BindMw(bind), Payload::Sges(SgeList::new()));
     wr.signaled = true;
     post_send(sim, node, side, wr);
     sim.run_idle(LIMIT);
