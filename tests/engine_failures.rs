@@ -164,6 +164,56 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
     assert!(is_ebadf(&a.device.alloc_pd().unwrap_err()));
 }
 
+/// A task awaiting a CQ whose device dies is woken: it gets the flushed completions, then the
+/// reason, instead of waiting for ever on a channel nobody will write to. The second task
+/// awaits a CQ that nothing completes into: only the device's end can wake it.
+#[test]
+fn a_task_awaiting_a_cq_learns_that_its_device_died() {
+    let dead = Arc::new(AtomicBool::new(false));
+    let backend = Breakable {
+        inner: UdpBackend::bind(ip(11)).unwrap(),
+        dead: dead.clone(),
+    };
+    let a = end_on(Device::with_backend(backend, None).unwrap());
+    let idle = a.device.create_cq(4).unwrap();
+    let b = open(ip(12));
+    connect(&a, &b);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let drain = |cq: CompletionQueue| async move {
+        let mut flushed = Vec::new();
+        loop {
+            match cq.next_completion().await {
+                Ok(wc) => flushed.push((wc.wr_id, wc.status)),
+                Err(error) => return (flushed, error),
+            }
+        }
+    };
+    let killing = async {
+        // A SEND that B has no receive for waits in RNR retries, outstanding.
+        a.qp.post_send(SendWr::send(1, a.mr.sge(0, 8).unwrap()))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        dead.store(true, Ordering::Relaxed);
+    };
+    // Tasks of their own, so that one being woken does not poll the other.
+    let all = async {
+        let busy = tokio::spawn(drain(a.cq.clone()));
+        let idle = tokio::spawn(drain(idle));
+        killing.await;
+        (busy.await.unwrap(), idle.await.unwrap())
+    };
+    let (busy, idle) = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), all).await })
+        .expect("both awaiting tasks were woken");
+    assert_eq!(busy.0, [(1, WcStatus::WrFlushErr)]);
+    assert!(matches!(busy.1, Error::DeviceFailed(_)), "{}", busy.1);
+    assert_eq!(idle.0, []);
+    assert!(matches!(idle.1, Error::DeviceFailed(_)), "{}", idle.1);
+}
+
 /// A destination the host cannot send to at all (here the kernel's EINVAL for a
 /// non-loopback address from a loopback one; without a route, ENETUNREACH) killed the whole
 /// device. Now the QP connected to it fails its work with LOC_QP_OP_ERR, as rxe fails a

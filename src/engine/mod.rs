@@ -15,6 +15,7 @@
 //! completion queue, whose overflow raises a CQ overrun event.
 
 mod cm;
+mod notify;
 
 use std::io;
 use std::net::IpAddr;
@@ -28,6 +29,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use rustc_hash::FxHashMap;
 
 pub(crate) use cm::{CmCommand, ConnectCall};
+pub(crate) use notify::CqNotify;
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
@@ -65,6 +67,7 @@ pub(crate) enum Command {
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
     CreateCq {
         capacity: usize,
+        notify: Arc<CqNotify>,
         reply: Reply<(CqId, Receiver<WorkCompletion>)>,
     },
     CreateQp {
@@ -253,6 +256,12 @@ impl EngineHandle {
     }
 }
 
+/// A CQ's channel to the application, and how to tell the application it has news.
+struct CqChannel {
+    tx: Sender<WorkCompletion>,
+    notify: Arc<CqNotify>,
+}
+
 /// The engine has stopped: shut down by the application (`None`), or by the error that killed
 /// its socket.
 #[derive(Debug, Clone)]
@@ -267,7 +276,7 @@ struct Engine<B: Backend> {
     commands: Receiver<Command>,
     qps: FxHashMap<Qpn, QpPosts>,
     /// Indexed by CQ number; `None` where a CQ was destroyed.
-    cqs: Vec<Option<Sender<WorkCompletion>>>,
+    cqs: Vec<Option<CqChannel>>,
     events: Sender<AsyncEvent>,
     /// The next address handed to a registered region: regions never overlap, so an address
     /// names one region, as it does in a process's address space.
@@ -503,16 +512,20 @@ impl<B: Backend> Engine<B> {
                 Command::DeallocMw(rkey, reply) => {
                     let _ = reply.send(self.endpoint.dealloc_mw(rkey));
                 }
-                Command::CreateCq { capacity, reply } => {
+                Command::CreateCq {
+                    capacity,
+                    notify,
+                    reply,
+                } => {
                     let cq = self.endpoint.create_cq(capacity);
                     let (tx, rx) = bounded(capacity.max(1));
                     // The core reuses a destroyed CQ's number, and so its slot here; the CM's
                     // own CQ has a number but no slot.
                     let slot = cq.0 as usize;
                     if slot >= self.cqs.len() {
-                        self.cqs.resize(slot + 1, None);
+                        self.cqs.resize_with(slot + 1, || None);
                     }
-                    self.cqs[slot] = Some(tx);
+                    self.cqs[slot] = Some(CqChannel { tx, notify });
                     let _ = reply.send((cq, rx));
                 }
                 Command::CreateQp { init, srq, reply } => {
@@ -652,17 +665,26 @@ impl<B: Backend> Engine<B> {
 
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
-        for (index, tx) in self.cqs.iter().enumerate() {
-            let Some(tx) = tx else { continue };
+        for (index, channel) in self.cqs.iter().enumerate() {
+            let Some(CqChannel { tx, notify }) = channel else {
+                continue;
+            };
             let cq = CqId(index as u32);
+            let (mut delivered, mut solicited) = (false, false);
             while !tx.is_full() {
                 let Some(wc) = self.endpoint.poll_cq(cq) else {
                     break;
                 };
+                let asks = wc.solicited || wc.status != WcStatus::Success;
                 if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = tx.try_send(wc)
                 {
                     break;
                 }
+                delivered = true;
+                solicited |= asks;
+            }
+            if delivered {
+                notify.delivered(solicited);
             }
         }
         while let Some(event) = self.endpoint.poll_event() {
@@ -682,7 +704,11 @@ impl<B: Backend> Engine<B> {
         }
         self.completions();
         self.qps.clear();
-        self.cqs.clear();
+        // Dropping the senders first, so that a woken task finds the channel closed.
+        let notifiers: Vec<_> = self.cqs.drain(..).flatten().map(|c| c.notify).collect();
+        for notify in notifiers {
+            notify.closed();
+        }
         // Commands still queued, and any sent later, get no answer: their callers see the
         // engine gone.
         while self.commands.try_recv().is_ok() {}

@@ -178,10 +178,12 @@ struct ReadStream {
 const MAX_QUEUED_REPLIES: usize = 1024;
 
 impl Responder {
+    /// Whether READ responses, or replies queued behind them, are left to build.
     pub fn has_pending_responses(&self) -> bool {
         !self.queue.is_empty()
     }
 
+    /// Expects `rq_psn` next (from the modify that sets it).
     pub fn start(&mut self, rq_psn: Psn) {
         self.epsn = rq_psn;
     }
@@ -524,6 +526,7 @@ impl Qp {
                     WorkCompletion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
                 wc.byte_len = received as u32;
                 wc.imm_data = repr.ext.immdt.map(|i| i.data);
+                wc.solicited = repr.bth.solicited;
                 if let Some(ieth) = repr.ext.ieth {
                     // Only a type 2 window bound through this QP can be invalidated by its peer
                     // (rxe_resp.c `invalidate_rkey`): a region, or another QP's window, gets
@@ -583,6 +586,7 @@ impl Qp {
                     );
                     wc.byte_len = received as u32;
                     wc.imm_data = Some(imm.data);
+                    wc.solicited = repr.bth.solicited;
                     wc.src_qp = Some(self.source_qpn(repr));
                     wc.src_addr = Some(datagram.src);
                     self.finish_message();

@@ -478,6 +478,9 @@ pub struct WorkCompletion {
     pub imm_data: Option<u32>,
     /// The rkey a SEND with Invalidate invalidated, on the receive completion.
     pub invalidated_rkey: Option<RKey>,
+    /// A receive completion whose message asked for a solicited event (the SE bit of its last
+    /// packet, IBTA 9.2.2): what wakes a CQ armed for solicited completions only.
+    pub solicited: bool,
     /// The sender's QPN (from the DETH on UD) and address, on receive completions.
     pub src_qp: Option<Qpn>,
     pub src_addr: Option<IpAddr>,
@@ -493,6 +496,7 @@ impl WorkCompletion {
             byte_len: 0,
             imm_data: None,
             invalidated_rkey: None,
+            solicited: false,
             src_qp: None,
             src_addr: None,
         }

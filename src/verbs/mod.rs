@@ -25,18 +25,22 @@
 mod cm;
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::cm::{CmConfig, CmError, Failure};
 pub use crate::engine::Progress;
-use crate::engine::{self, Command, EngineGone, EngineHandle, QpQueues};
+use crate::engine::{self, Command, CqNotify, EngineGone, EngineHandle, QpQueues};
 use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
@@ -337,14 +341,19 @@ impl Device {
 
     /// A completion queue holding up to `capacity` completions.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
-        let (id, completions) = self
-            .engine()
-            .call(|reply| Command::CreateCq { capacity, reply })?;
+        let notify = Arc::new(CqNotify::new()?);
+        let engine_side = Arc::clone(&notify);
+        let (id, completions) = self.engine().call(|reply| Command::CreateCq {
+            capacity,
+            notify: engine_side,
+            reply,
+        })?;
         Ok(CompletionQueue {
             inner: Arc::new(CqInner {
                 device: self.clone(),
                 id,
                 completions,
+                notify,
             }),
         })
     }
@@ -798,6 +807,7 @@ struct CqInner {
     device: Device,
     id: CqId,
     completions: Receiver<WorkCompletion>,
+    notify: Arc<CqNotify>,
 }
 
 impl Drop for CqInner {
@@ -839,6 +849,95 @@ impl CompletionQueue {
     /// that do not want to spin.
     pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
         receive(self.inner.device.engine(), &self.inner.completions, timeout)
+    }
+
+    /// The next completion, as a future that any executor can run: it is woken when the
+    /// device delivers a completion to this CQ (or stops). One task at a time should await a
+    /// CQ, as one thread at a time polls a CQ in libibverbs.
+    ///
+    /// With [`Progress::Inline`] nothing runs the engine between the application's calls, so
+    /// the future runs a turn each time it is polled and asks to be polled again: it works,
+    /// but it spins. Async programs want the engine thread ([`Progress::Thread`]).
+    pub fn next_completion(&self) -> NextCompletion<'_> {
+        NextCompletion { cq: self }
+    }
+
+    /// `ibv_req_notify_cq`: the CQ's file descriptor ([`AsFd`]) becomes readable at the next
+    /// completion delivered to it, or with `solicited_only`, at the next solicited one (a
+    /// receive whose message set the SE bit, see [`SendWr::solicited`]) or failed one. One
+    /// event per call: arm again after handling it.
+    ///
+    /// As with libibverbs, arm first and then poll, so that a completion delivered in between
+    /// is not left waiting for an event that was never armed:
+    /// `req_notify`, `poll` until empty, wait for the descriptor, [`take_events`](Self::take_events),
+    /// and again.
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.inner.notify.arm(solicited_only);
+    }
+
+    /// `ibv_get_cq_event` and `ibv_ack_cq_events` in one: how many armed events fired since the
+    /// last call (0 if none), clearing the descriptor's readiness.
+    pub fn take_events(&self) -> u64 {
+        self.inner.notify.take_events()
+    }
+
+    /// The next completion if one is waiting; `None` if not; the device's end once it has
+    /// stopped and every completion it flushed has been taken.
+    fn try_next(&self) -> Option<Result<WorkCompletion>> {
+        match self.inner.completions.try_recv() {
+            Ok(wc) => Some(Ok(wc)),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(self.inner.device.engine().gone().into())),
+        }
+    }
+}
+
+/// The CQ's notification descriptor (an eventfd), readable once an armed event fired: for a
+/// completion channel's `poll(2)` or epoll, mio, or tokio's `AsyncFd`. See
+/// [`req_notify`](CompletionQueue::req_notify). The descriptor stays open, and stays the same,
+/// for as long as any handle to the CQ lives: what `AsyncFd::register` asks of the object it
+/// is given (a clone of the CQ).
+impl AsFd for CompletionQueue {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.notify.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionQueue {
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
+/// The future of [`CompletionQueue::next_completion`].
+#[derive(Debug)]
+#[must_use = "a future does nothing unless awaited"]
+pub struct NextCompletion<'a> {
+    cq: &'a CompletionQueue,
+}
+
+impl Future for NextCompletion<'_> {
+    type Output = Result<WorkCompletion>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let cq = self.cq;
+        let engine = cq.inner.device.engine();
+        if engine.inline() {
+            // An engine that has stopped has no completions to add: the channel says the rest.
+            let _ = engine.drive(Duration::ZERO);
+        }
+        if let Some(next) = cq.try_next() {
+            return Poll::Ready(next);
+        }
+        cq.inner.notify.wait_with(cx.waker());
+        // Again: a completion delivered before the waker was in place woke nobody.
+        if let Some(next) = cq.try_next() {
+            return Poll::Ready(next);
+        }
+        if engine.inline() {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 

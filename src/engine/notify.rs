@@ -1,0 +1,163 @@
+//! How the engine tells an application that a completion queue has news, without a thread of
+//! the application's blocked on it: an eventfd that a completion channel's `poll(2)`, epoll,
+//! tokio's `AsyncFd` or any reactor can watch, armed as `ibv_req_notify_cq` arms a CQ, and a
+//! waker for the runtime-agnostic future.
+//!
+//! The engine calls [`CqNotify::delivered`] once per batch it hands to the CQ's channel, not
+//! per completion: a fence and two loads when nobody waits.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::task::Waker;
+
+use rustix::event::{eventfd, EventfdFlags};
+
+/// Not armed: completions raise no event.
+const DISARMED: u8 = 0;
+/// Armed for the next completion of any kind.
+const NEXT: u8 = 1;
+/// Armed for the next solicited completion: a receive whose message had the SE bit set, or
+/// any completion in error (ibv_req_notify_cq(3)).
+const SOLICITED: u8 = 2;
+
+/// A CQ's notifier, shared by its handles and the engine.
+#[derive(Debug)]
+pub(crate) struct CqNotify {
+    armed: AtomicU8,
+    /// Readable while an armed notification has fired and not been taken.
+    event: OwnedFd,
+    /// A task waits for the next completion ([`waker`](Self::waker) is set).
+    waiting: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl CqNotify {
+    pub(crate) fn new() -> io::Result<CqNotify> {
+        Ok(CqNotify {
+            armed: AtomicU8::new(DISARMED),
+            event: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            waiting: AtomicBool::new(false),
+            waker: Mutex::new(None),
+        })
+    }
+
+    /// Arms the notifier for the next completion, or only the next solicited (or failed) one.
+    /// One event per arming, as `ibv_req_notify_cq`.
+    pub(crate) fn arm(&self, solicited_only: bool) {
+        let how = if solicited_only { SOLICITED } else { NEXT };
+        // A request for any completion widens one for solicited ones, never the reverse.
+        let _ = self
+            .armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                (now != NEXT).then_some(how)
+            });
+    }
+
+    /// How many notifications fired since the last call (0 if none): reading the eventfd
+    /// resets it, so a reactor sees it readable again only after the next one.
+    pub(crate) fn take_events(&self) -> u64 {
+        let mut count = [0u8; 8];
+        match rustix::io::read(&self.event, &mut count) {
+            Ok(8) => u64::from_ne_bytes(count),
+            _ => 0,
+        }
+    }
+
+    /// A task waits for the CQ's next completion: `waker` is woken when the engine delivers
+    /// one. Callers look at the channel again after this, so that a completion delivered
+    /// between their first look and this call is not missed.
+    pub(crate) fn wait_with(&self, waker: &Waker) {
+        let mut slot = self
+            .waker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match slot.as_ref() {
+            Some(kept) if kept.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+        drop(slot);
+        self.waiting.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `delivered`: either the engine sees `waiting`, or the
+        // caller's next look at the channel sees the completion.
+        fence(Ordering::SeqCst);
+    }
+
+    /// The engine delivered completions to the CQ's channel; `solicited` says whether one of
+    /// them was solicited or failed.
+    pub(crate) fn delivered(&self, solicited: bool) {
+        fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) {
+            self.wake_task();
+        }
+        let armed = self.armed.load(Ordering::Relaxed);
+        let fires = armed == NEXT || (armed == SOLICITED && solicited);
+        if fires && self.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
+            self.signal();
+        }
+    }
+
+    /// The engine stopped: whoever waits must look, and learn it from the channel.
+    pub(crate) fn closed(&self) {
+        self.wake_task();
+        self.signal();
+    }
+
+    fn wake_task(&self) {
+        self.waiting.store(false, Ordering::Relaxed);
+        let waker = self
+            .waker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn signal(&self) {
+        // The counter saturates only after 2^64 - 2 unread events; a full counter makes the
+        // write fail with EAGAIN, and the fd stays readable, which is all a reader needs.
+        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+    }
+}
+
+impl AsFd for CqNotify {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.event.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_armed_notifier_fires_once_and_solicited_arming_waits_for_a_solicited_batch() {
+        let notify = CqNotify::new().unwrap();
+        notify.delivered(true);
+        assert_eq!(notify.take_events(), 0, "not armed: no event");
+        notify.arm(false);
+        notify.delivered(false);
+        notify.delivered(false);
+        assert_eq!(notify.take_events(), 1, "one event per arming");
+        notify.arm(true);
+        notify.delivered(false);
+        assert_eq!(
+            notify.take_events(),
+            0,
+            "an unsolicited batch does not fire"
+        );
+        notify.delivered(true);
+        assert_eq!(notify.take_events(), 1);
+        notify.arm(false);
+        notify.arm(true);
+        notify.delivered(false);
+        assert_eq!(
+            notify.take_events(),
+            1,
+            "solicited arming does not narrow NEXT"
+        );
+    }
+}
