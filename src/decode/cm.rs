@@ -10,8 +10,11 @@ use crate::wire::cm::{CmMessage, CmaHeader, CmaHeaderRepr, ServiceId, CMA_HEADER
 /// RDMA-CM's IP header (`struct cma_hdr`).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct CmaJson {
+    /// The active side's IP address.
     pub src: String,
+    /// The active side's source port.
     pub src_port: u16,
+    /// The passive side's IP address; its port is the service ID's.
     pub dst: String,
 }
 
@@ -20,37 +23,48 @@ pub struct CmaJson {
 pub struct CmJson {
     /// `REQ`, `REP`, ... `SIDR_REP`, or the attribute's name for the others.
     pub message: &'static str,
+    /// The MAD header's transaction ID.
     pub tid: u64,
+    /// The sender's Local Communication ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_comm_id: Option<u32>,
+    /// The Remote Communication ID: the peer's Local Communication ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_comm_id: Option<u32>,
     /// A SIDR request's ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<u32>,
+    /// The Service ID of a REQ, SIDR_REQ or SIDR_REP.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_id: Option<u64>,
     /// RDMA-CM's port space (`TCP`, `UDP`, `IB`) and port, from an IP service ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port_space: Option<&'static str>,
+    /// RDMA-CM's port, from an IP service ID (see `port_space`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// The sender's QPN (a REQ's or REP's), a DREQ's remote QPN, a SIDR_REP's answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qpn: Option<u32>,
+    /// A REQ's or REP's starting PSN.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub starting_psn: Option<u32>,
     /// A REQ's path MTU, in bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_mtu: Option<usize>,
+    /// A REJ's reason code (IBTA table 112).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<u16>,
+    /// The name of `reason`, e.g. `consumer defined`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason_name: Option<&'static str>,
+    /// A SIDR_REP's status (IBTA table 121).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u8>,
+    /// The name of `status`, e.g. `success`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status_name: Option<&'static str>,
+    /// A SIDR_REP's Q_Key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qkey: Option<u32>,
     /// RDMA-CM's IP header at the start of a REQ's or SIDR_REQ's private data, where the

@@ -20,31 +20,47 @@ use crate::wire::{
 };
 pub use cm::CmJson;
 
+/// A RETH (IBTA 9.3.3.1) in JSON form: the target of an RDMA READ or WRITE.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct RethJson {
+    /// The remote virtual address.
     pub va: u64,
+    /// The R_Key of the remote region or window.
     pub rkey: u32,
+    /// The DMA length of the whole message, in bytes.
     pub dma_len: u32,
 }
 
+/// An AETH (IBTA 9.3.5) in JSON form: an ACK, RNR NAK or NAK.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct AethJson {
+    /// The syndrome byte, as on the wire.
     pub syndrome: u8,
+    /// The syndrome in words, e.g. `ACK credits=4` or `RNR-NAK timer=640us`.
     pub meaning: String,
+    /// The message sequence number, 24 bits.
     pub msn: u32,
 }
 
+/// A DETH (IBTA 9.3.4) in JSON form: a UD packet's Q_Key and source QP.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct DethJson {
+    /// The Q_Key the receiving QP checks.
     pub qkey: u32,
+    /// The sending QP's number.
     pub src_qp: u32,
 }
 
+/// An AtomicETH (IBTA 9.3.3.2) in JSON form: the target and operands of an atomic.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct AtomicEthJson {
+    /// The remote virtual address, 8-byte aligned.
     pub va: u64,
+    /// The R_Key of the remote region or window.
     pub rkey: u32,
+    /// The value to add (FETCH & ADD) or to swap in (COMPARE & SWAP).
     pub swap_add: u64,
+    /// The value COMPARE & SWAP compares against; unused by FETCH & ADD.
     pub compare: u64,
 }
 
@@ -52,18 +68,27 @@ pub struct AtomicEthJson {
 /// and the BTH fields that name it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PacketHead {
+    /// The frame's 1-based number in the capture, as Wireshark counts.
     pub frame: usize,
     /// Seconds since the epoch, as captured.
     pub time: f64,
     /// Seconds since the capture's first frame.
     pub time_relative: f64,
+    /// The source IP address.
     pub src: String,
+    /// The destination IP address.
     pub dst: String,
+    /// The UDP source port (the destination is 4791).
     pub src_port: u16,
+    /// The BTH opcode byte.
     pub opcode: u8,
+    /// IBTA's name for the opcode, e.g. `RC_SEND_ONLY`.
     pub opcode_name: &'static str,
+    /// The BTH's destination QP number.
     pub dest_qp: u32,
+    /// The BTH's packet sequence number, 24 bits.
     pub psn: u32,
+    /// The BTH's AckReq bit: the requester asks for an acknowledgement.
     pub ack_req: bool,
 }
 
@@ -107,28 +132,43 @@ impl PacketHead {
 /// One decoded RoCE packet.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Decoded {
+    /// What every RoCEv2 packet shows.
     #[serde(flatten)]
     pub head: PacketHead,
+    /// The BTH's SE bit: the responder should raise a solicited event.
     pub solicited: bool,
+    /// The BTH's MigReq bit, shown as sent.
     pub mig_req: bool,
+    /// The BTH's PadCnt: 0 to 3 pad bytes after the payload.
     pub pad_count: u8,
+    /// The BTH's partition key.
     pub pkey: u16,
+    /// The BTH's FECN bit: congestion seen on the way.
     pub fecn: bool,
+    /// The BTH's BECN bit: set in CNPs.
     pub becn: bool,
+    /// The RETH, if the opcode has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reth: Option<RethJson>,
+    /// The AETH, if the opcode has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aeth: Option<AethJson>,
+    /// The DETH of a UD packet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deth: Option<DethJson>,
+    /// The immediate data (ImmDt), if the opcode carries it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub immdt: Option<u32>,
+    /// The R_Key a SEND with Invalidate's IETH names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ieth: Option<u32>,
+    /// The AtomicETH of an atomic request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub atomic_eth: Option<AtomicEthJson>,
+    /// An ATOMIC ACKNOWLEDGE's original remote value, from its AtomicAckETH.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub atomic_ack_eth: Option<u64>,
+    /// The payload length in bytes, without pad or ICRC.
     pub payload_len: usize,
     /// `ok`, `bad` or `unverified`.
     pub icrc: &'static str,
@@ -238,10 +278,12 @@ fn icrc_label(icrc: &'static str) -> &'static str {
 /// A RoCEv2 packet whose opcode softroce does not parse: its BTH, length and ICRC verdict.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Unparsed {
+    /// What every RoCEv2 packet shows.
     #[serde(flatten)]
     pub head: PacketHead,
     /// The RoCE packet's length, BTH through ICRC.
     pub len: usize,
+    /// `ok`, `bad` or `unverified`.
     pub icrc: &'static str,
     /// Why it is not parsed.
     pub not_parsed: String,
@@ -268,6 +310,7 @@ impl Unparsed {
         }
     }
 
+    /// A one-line summary like [`Decoded::summary`], with why the packet is not parsed.
     pub fn summary(&self) -> String {
         let dc = if self.head.opcode_name.starts_with("RD_") {
             " (RD, or ConnectX DC)"
@@ -287,12 +330,15 @@ impl Unparsed {
 /// What one capture record turned out to be.
 #[derive(Debug)]
 pub enum Item {
+    /// RoCEv2 that softroce parses.
     Roce(Box<Decoded>),
     /// RoCEv2 whose opcode softroce does not parse; its ICRC is checked all the same.
     Unparsed(Box<Unparsed>),
     /// UDP to port 4791 whose RoCE packet is malformed.
     Malformed {
+        /// The frame's 1-based number in the capture.
         frame: usize,
+        /// What is wrong with it.
         error: FrameError,
     },
     /// Any other frame.
@@ -323,15 +369,20 @@ pub fn decode_record(record: &Record<'_>, first: Duration) -> Item {
 /// Counts kept over a whole capture.
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
 pub struct Summary {
+    /// RoCE packets per opcode name; unparsed ones as [`Unparsed::counted_as`] names them.
     pub by_opcode: BTreeMap<String, usize>,
+    /// RoCE packets per ICRC verdict: `ok`, `bad` or `unverified`.
     pub by_icrc: BTreeMap<&'static str, usize>,
+    /// Frames to UDP port 4791 whose RoCE packet is malformed.
     pub malformed: usize,
+    /// Frames that are not RoCEv2, skipped.
     pub not_roce: usize,
     /// RoCEv2 packets whose opcode softroce does not parse (also counted by opcode and ICRC).
     pub not_parsed: usize,
 }
 
 impl Summary {
+    /// Counts one decoded record.
     pub fn count(&mut self, item: &Item) {
         match item {
             Item::Roce(d) => {

@@ -30,19 +30,25 @@ pub use window::{inc_rkey, BindMw, MwType};
 pub struct Access(u8);
 
 impl Access {
+    /// No rights: local read only, which every region has.
     pub const NONE: Access = Access(0);
     /// The local side may write: receive buffers, READ responses, atomic results.
     pub const LOCAL_WRITE: Access = Access(1);
+    /// A peer may RDMA WRITE into it (`IBV_ACCESS_REMOTE_WRITE`).
     pub const REMOTE_WRITE: Access = Access(2);
+    /// A peer may RDMA READ from it (`IBV_ACCESS_REMOTE_READ`).
     pub const REMOTE_READ: Access = Access(4);
+    /// A peer may run atomics on it (`IBV_ACCESS_REMOTE_ATOMIC`).
     pub const REMOTE_ATOMIC: Access = Access(8);
     /// Memory windows may be bound over the region (`IBV_ACCESS_MW_BIND`, IBTA C10-73).
     pub const MW_BIND: Access = Access(16);
 
+    /// The rights of both; the same as `self | other`.
     pub const fn union(self, other: Access) -> Access {
         Access(self.0 | other.0)
     }
 
+    /// Whether every one of `other`'s rights is here.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
@@ -70,24 +76,53 @@ pub struct PdId(pub u32);
 pub enum MemoryError {
     /// No registered region or bound window has this key (never had one, it was
     /// deregistered, or the window was invalidated).
-    UnknownKey { key: u32 },
+    UnknownKey {
+        /// The key presented.
+        key: u32,
+    },
     /// The key belongs to a region or window of another protection domain.
-    WrongPd { key: u32 },
+    WrongPd {
+        /// The key presented.
+        key: u32,
+    },
     /// The key is a type 2 window bound to another queue pair (IBTA 10.6.7.2.2).
-    WrongQp { key: u32 },
+    WrongQp {
+        /// The window's rkey.
+        key: u32,
+    },
     /// The range leaves the region or window, or its end overflows 64 bits.
-    OutOfBounds { addr: u64, len: u64 },
+    OutOfBounds {
+        /// The first address of the range.
+        addr: u64,
+        /// The range's length, in bytes.
+        len: u64,
+    },
     /// The region or window does not grant the access asked for.
-    AccessDenied { needed: Access },
+    AccessDenied {
+        /// The rights the access needs.
+        needed: Access,
+    },
     /// An atomic's address is not 8-byte aligned.
-    Misaligned { addr: u64 },
+    Misaligned {
+        /// The address that is not a multiple of 8.
+        addr: u64,
+    },
     /// The host could not allocate a region this large: an error, not an abort.
-    NoMemory { len: u64 },
+    NoMemory {
+        /// The region's length, in bytes.
+        len: u64,
+    },
     /// A region with windows bound over it cannot be deregistered (rxe: `num_mw`).
-    WindowsBound { lkey: u32 },
+    WindowsBound {
+        /// The region's lkey.
+        lkey: u32,
+    },
     /// The key cannot be invalidated: a plain region, or a type 1 window (rxe_mw.c,
     /// `rxe_invalidate_mr`: only windows and fast-register regions can).
-    NotInvalidatable { key: u32 },
+    NotInvalidatable {
+        /// The key presented.
+        key: u32,
+    },
     /// A window bind broke one of IBTA's rules; the text names it.
     Bind(&'static str),
 }

@@ -75,6 +75,7 @@ impl MemoryTable {
         }
     }
 
+    /// A new protection domain (`ibv_alloc_pd`); IDs count up from 1 and are never reused.
     pub fn alloc_pd(&mut self) -> PdId {
         let pd = PdId(self.next_pd);
         self.next_pd += 1;

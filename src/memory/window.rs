@@ -27,7 +27,9 @@ use rand_core::RngCore;
 /// The two kinds of memory window (`IBV_MW_TYPE_1`, `IBV_MW_TYPE_2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MwType {
+    /// Bound with `ibv_bind_mw`; serves every QP of its PD and cannot be invalidated.
     Type1,
+    /// Bound by a bind work request; serves only that QP, freed by a local or remote invalidate.
     Type2,
 }
 
@@ -43,6 +45,7 @@ pub struct BindMw {
     pub region: LKey,
     /// The range, by the region's addresses. A zero length unbinds a type 1 window.
     pub addr: u64,
+    /// The range's length, in bytes.
     pub len: u64,
     /// What peers may do through the window: remote read, write and atomic rights.
     pub access: Access,

@@ -41,7 +41,9 @@ use crate::verbs::{ConnectionRequest, Device};
 /// A tool the daemon serves, with the options its clients must match (size, iterations, QPs).
 #[derive(Debug, Clone)]
 pub enum Service {
+    /// `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` in the server role, over TCP.
     Pingpong(pingpong::Options),
+    /// A perftest `ib_*_bw` or `ib_*_lat` server: over TCP, or RDMA-CM with `-R`.
     Perftest(perftest::Options),
     /// `rping -s`, on RDMA-CM.
     Rping(rping::Options),
@@ -66,6 +68,7 @@ impl Service {
         }
     }
 
+    /// The port it listens on (`-p`): a TCP port, or one of RDMA-CM's TCP port space.
     pub fn port(&self) -> u16 {
         match self {
             Service::Pingpong(o) => o.port,
@@ -133,6 +136,7 @@ impl Service {
 pub struct Options {
     /// The device: `bind`, its address, is required.
     pub device: DeviceOptions,
+    /// The tools served, each on a port of its own.
     pub services: Vec<Service>,
     /// How long a session may hear nothing from its peer.
     pub idle: Duration,
@@ -140,14 +144,18 @@ pub struct Options {
     pub max_sessions: usize,
     /// The most memory one session, and all of them together, may register ([`MemoryBudget`]).
     pub max_session_memory: u64,
+    /// The most all sessions together may register, in bytes (`--max-memory`).
     pub max_memory: u64,
 }
 
 /// What the daemon has done since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
+    /// Sessions started.
     pub accepted: u64,
+    /// Sessions whose server side ran to the end.
     pub succeeded: u64,
+    /// Sessions that failed, or could not start.
     pub failed: u64,
     /// Connections closed at once: `max_sessions` were running.
     pub refused: u64,

@@ -31,7 +31,9 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// A client's request for a CM service, for the daemon's loop.
 pub(super) struct Arrival {
+    /// The service's index in the daemon's `Options::services`.
     pub service: usize,
+    /// The client's connection request, to accept or drop.
     pub request: ConnectionRequest,
 }
 

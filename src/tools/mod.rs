@@ -50,11 +50,24 @@ pub enum Error {
     /// The out-of-band exchange failed: TCP, or a message that is not what the tool sends.
     Exchange(String),
     /// A verb failed; `doing` says which step, in rdma-core's words where it has them.
-    Device { doing: String, error: verbs::Error },
+    Device {
+        /// The step that failed, e.g. `Couldn't post send`.
+        doing: String,
+        /// Why the verb failed.
+        error: verbs::Error,
+    },
     /// A completion with an error status.
-    Completion { wr_id: u64, status: WcStatus },
+    Completion {
+        /// The work request's ID, as the tool posted it.
+        wr_id: u64,
+        /// The completion's status.
+        status: WcStatus,
+    },
     /// Fewer receive requests could be posted than the receive depth.
-    PostRecv { posted: usize },
+    PostRecv {
+        /// How many were posted, as `ibv_rc_pingpong`'s "Couldn't post receive (n)" prints.
+        posted: usize,
+    },
     /// Writing the tool's output failed.
     Output(io::Error),
     /// A served session heard nothing from its peer for this long ([`Limits::idle`]).
@@ -111,6 +124,7 @@ impl From<io::Error> for Error {
     }
 }
 
+/// The tools' result: a value, or why the tool stopped.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// `ibv_wc_status_str` (libibverbs/enum_strs.c).
@@ -153,6 +167,7 @@ pub struct DeviceOptions {
     /// The device's address (its GID). `None`: the local address of the exchange's TCP
     /// connection, which is the address the peer reaches this host at.
     pub bind: Option<IpAddr>,
+    /// What carries the packets: a UDP socket (the default) or a raw IP socket.
     pub backend: BackendKind,
     /// Record every RoCE packet sent and received into this pcap file.
     pub pcap: Option<PathBuf>,
@@ -343,6 +358,7 @@ fn in_units(bytes: u64) -> String {
 }
 
 impl MemoryBudget {
+    /// A budget of `per_session` bytes for each session and `total` bytes for all, none used.
     pub fn new(per_session: u64, total: u64) -> Self {
         MemoryBudget {
             per_session,

@@ -30,8 +30,11 @@ pub const DONE: &[u8; 5] = b"done\0";
 pub struct Dest {
     /// Always 0 on RoCE, which addresses by GID.
     pub lid: u16,
+    /// The QP number, six hex digits on the wire.
     pub qpn: Qpn,
+    /// The first PSN this side sends, six hex digits on the wire.
     pub psn: Psn,
+    /// The GID, 32 hex digits on the wire; IPv4-mapped for an IPv4 device.
     pub gid: Ipv6Addr,
 }
 

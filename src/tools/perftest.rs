@@ -96,25 +96,37 @@ const POLL_BATCH: usize = 16;
 /// The verb a test measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {
+    /// SEND into the peer's posted receives.
     Send,
+    /// RDMA WRITE into the peer's buffer.
     Write,
+    /// RDMA READ from the peer's buffer.
     Read,
+    /// An 8-byte atomic on the peer's buffer (`-A`).
     Atomic,
 }
 
 /// The seven tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
+    /// `ib_write_bw`: RDMA WRITE bandwidth.
     WriteBw,
+    /// `ib_read_bw`: RDMA READ bandwidth.
     ReadBw,
+    /// `ib_send_bw`: SEND bandwidth.
     SendBw,
+    /// `ib_atomic_bw`: atomic bandwidth and message rate.
     AtomicBw,
+    /// `ib_write_lat`: RDMA WRITE ping-pong latency.
     WriteLat,
+    /// `ib_read_lat`: RDMA READ round-trip latency.
     ReadLat,
+    /// `ib_send_lat`: SEND ping-pong latency.
     SendLat,
 }
 
 impl Test {
+    /// The verb the test measures.
     pub fn verb(self) -> Verb {
         match self {
             Test::WriteBw | Test::WriteLat => Verb::Write,
@@ -124,6 +136,7 @@ impl Test {
         }
     }
 
+    /// Whether it is a bandwidth test (`ib_*_bw`) rather than a latency one (`ib_*_lat`).
     pub fn is_bw(self) -> bool {
         matches!(
             self,
@@ -174,7 +187,9 @@ impl Test {
 /// The atomic `atomic-bw` issues (`-A`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomicOp {
+    /// `CMP_AND_SWAP`: compares with 0 and swaps in 0.
     CompareSwap,
+    /// `FETCH_AND_ADD`: adds 1.
     FetchAdd,
 }
 
@@ -191,6 +206,7 @@ impl AtomicOp {
 /// What to run: perftest's options, and the device's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
+    /// Which of the seven tools runs.
     pub test: Test,
     /// The server to connect to (a host name or address); `None` makes this side the server.
     pub server: Option<String>,
@@ -215,6 +231,7 @@ pub struct Options {
     pub gid_index: u32,
     /// `-A`, for `atomic-bw`.
     pub atomic: AtomicOp,
+    /// How the device is opened: softroce's `--bind`, `--backend` and `--pcap`.
     pub device: DeviceOptions,
     /// Print one JSON document instead of perftest's text.
     pub json: bool,

@@ -69,11 +69,15 @@ pub struct Keys {
     /// READs and atomics the sender answers at once (its `max_dest_rd_atomic`); 1 in the tests
     /// that issue neither.
     pub out_reads: u16,
+    /// The sender's QP number.
     pub qpn: Qpn,
+    /// The first PSN the sender sends.
     pub psn: Psn,
+    /// The R_Key of the sender's buffer, for its peer's WRITEs, READs and atomics.
     pub rkey: RKey,
     /// Where the sender's peer writes, reads or adds: the sender's receive buffer.
     pub vaddr: u64,
+    /// The sender's GID; IPv4-mapped for an IPv4 device.
     pub gid: Ipv6Addr,
     /// Only XRC and DC use it; 0 otherwise.
     pub srqn: u32,
@@ -148,6 +152,7 @@ pub struct BwReport {
     pub iters: u64,
     /// In the unit the client reports in (MB/sec or Gb/sec).
     pub bw_peak: f64,
+    /// The average bandwidth, in the same unit.
     pub bw_avg: f64,
     /// Millions of messages per second.
     pub msg_rate: f64,
@@ -166,7 +171,9 @@ fn version_number(version: &str) -> f64 {
 /// connection.
 #[derive(Debug)]
 pub enum Link {
+    /// perftest's TCP connection, to port `-p`.
     Tcp(TcpStream),
+    /// `-R`: SENDs on an RDMA-CM connected control QP.
     RdmaCm(Box<CmLink>),
 }
 

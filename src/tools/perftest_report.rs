@@ -54,7 +54,9 @@ pub struct BwSamples {
     /// When the completion counting each message arrived (one completion counts `cq_mod`
     /// messages, so only every `cq_mod`-th entry is set); with `no_peak`, one entry: the end.
     pub completed: Vec<u64>,
+    /// Messages per signalled completion: perftest's CQ moderation (`-Q`).
     pub cq_mod: u64,
+    /// No peak is computed, as with perftest's `-N`: only the start and end are kept.
     pub no_peak: bool,
 }
 
@@ -98,14 +100,23 @@ pub fn bw_report(size: u64, unit: BwUnit, s: &BwSamples) -> BwReport {
 /// One row of a latency table (`print_report_lat`), in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatReport {
+    /// `#bytes`: the message size.
     pub size: u64,
+    /// `#iterations`: round trips, or READs or atomics, timed.
     pub iters: u64,
+    /// `t_min[usec]`: the shortest gap.
     pub t_min: f64,
+    /// `t_max[usec]`: the longest gap kept, the two longest dropped.
     pub t_max: f64,
+    /// `t_typical[usec]`: the median gap.
     pub t_typical: f64,
+    /// `t_avg[usec]`: the mean gap.
     pub t_avg: f64,
+    /// `t_stdev[usec]`: the standard deviation of the gaps.
     pub t_stdev: f64,
+    /// `99% percentile[usec]`.
     pub p99: f64,
+    /// `99.9% percentile[usec]`.
     pub p999: f64,
 }
 
@@ -150,7 +161,9 @@ pub fn lat_report(size: u64, posted: &[u64], rtt_factor: u32) -> LatReport {
 /// One row of a latency table with `-D` (`print_report_lat_duration`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatDurationReport {
+    /// `#bytes`: the message size.
     pub size: u64,
+    /// `#iterations`: messages counted in the sampling period.
     pub iters: u64,
     /// Microseconds per message.
     pub t_avg: f64,
@@ -177,16 +190,22 @@ pub fn lat_duration_report(
 /// A result row.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Row {
+    /// A bandwidth row, in this unit.
     Bw(BwReport, BwUnit),
+    /// A latency row.
     Lat(LatReport),
+    /// A latency row with `-D`.
     LatDuration(LatDurationReport),
 }
 
 /// Which table a test prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
+    /// The bandwidth table, in this unit.
     Bw(BwUnit),
+    /// The latency table.
     Lat,
+    /// The latency table with `-D`.
     LatDuration,
 }
 
@@ -195,7 +214,9 @@ pub enum Table {
 pub struct TestInfo {
     /// "RDMA_Write BW Test", "Atomic FETCH_AND_ADD BW Test", "Send Latency Test", ...
     pub title: String,
+    /// The `Device` line: the device's IP address, where perftest names the HCA.
     pub device: String,
+    /// `Number of qps` (`-q`).
     pub qps: usize,
     /// Printed on the side that sends (the client).
     pub tx_depth: Option<u64>,
@@ -203,12 +224,15 @@ pub struct TestInfo {
     pub rx_depth: Option<u64>,
     /// Printed in the bandwidth tests.
     pub cq_mod: Option<u64>,
+    /// `Mtu`: the path MTU in bytes.
     pub mtu: usize,
+    /// `GID index` (`-x`).
     pub gid_index: u32,
     /// READ and atomic tests print their outstanding reads; the others their inline size.
     pub out_reads: Option<u16>,
     /// `-R`: the QPs and the exchange on RDMA-CM, and the server's lines about it.
     pub rdma_cm: bool,
+    /// Whether this side is the server.
     pub server: bool,
 }
 
@@ -224,7 +248,9 @@ fn exchange_method(rdma_cm: bool) -> (&'static str, &'static str) {
 /// Which side an address line describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
+    /// This side's QP: `local address`.
     Local,
+    /// The peer's QP: `remote address`.
     Remote,
 }
 
@@ -270,6 +296,7 @@ impl std::fmt::Debug for Output<'_> {
 }
 
 impl<'a> Output<'a> {
+    /// Writes perftest's text to `out`, or with `json` one JSON document at the end.
     pub fn new(out: &'a mut dyn Write, json: bool) -> Self {
         Output {
             out,
@@ -297,6 +324,7 @@ impl<'a> Output<'a> {
         self.out.flush()
     }
 
+    /// The test's banner (`ctx_print_test_info`), or the JSON document's `test_info`.
     pub fn info(&mut self, info: &TestInfo) -> io::Result<()> {
         if let Some(doc) = &mut self.json {
             let map = &mut doc.test_info;
@@ -445,6 +473,7 @@ impl<'a> Output<'a> {
         writeln!(self.out, "{RESULT_LINE}\n{columns}")
     }
 
+    /// One result row, or an entry of the JSON document's `results`.
     pub fn row(&mut self, row: &Row) -> io::Result<()> {
         if let Some(doc) = &mut self.json {
             doc.results.push(match *row {

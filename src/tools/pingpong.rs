@@ -53,8 +53,11 @@ const EVENT_WAIT: Duration = Duration::from_secs(1);
 /// Which of the three programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
+    /// `ibv_rc_pingpong`: a Reliable Connected QP.
     Rc,
+    /// `ibv_uc_pingpong`: an Unreliable Connected QP.
     Uc,
+    /// `ibv_ud_pingpong`: an Unreliable Datagram QP and an address handle.
     Ud,
 }
 
@@ -97,6 +100,7 @@ impl Transport {
 /// What to run: the options of rdma-core's programs, and the device's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
+    /// Which of the three programs runs.
     pub transport: Transport,
     /// The server to connect to (a host name or address); `None` makes this side the server.
     pub server: Option<String>,
@@ -115,6 +119,7 @@ pub struct Options {
     /// `-c`: the client marks the start of each page of what it sends, the server checks the
     /// marks in what it received last and prints `invalid data in page N` for each one missing.
     pub validate: bool,
+    /// How the device is opened: softroce's `--bind`, `--backend` and `--pcap`.
     pub device: DeviceOptions,
 }
 
@@ -162,7 +167,9 @@ pub fn gid_of(address: IpAddr) -> Ipv6Addr {
 pub struct Report {
     /// Bytes moved both ways: size × iters × 2.
     pub bytes: u64,
+    /// Messages each way (`-n`), as the `iters in` line shows.
     pub iters: u32,
+    /// From after the client's first send to the last completion; printed in whole µs.
     pub elapsed: Duration,
 }
 

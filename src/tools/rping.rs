@@ -64,6 +64,8 @@ pub struct Options {
     pub persistent: bool,
     /// softroce's: the path MTU a client's REQ asks for; `None`, the port's.
     pub mtu: Option<PathMtu>,
+    /// How the device is opened: softroce's `--bind` (`-a` or `-I` comes first), `--backend`,
+    /// `--pcap`.
     pub device: DeviceOptions,
 }
 

@@ -39,6 +39,7 @@ pub struct Options {
     pub size: usize,
     /// softroce's: the path MTU a client's REQs ask for; `None`, the port's.
     pub mtu: Option<PathMtu>,
+    /// How the device is opened: softroce's `--bind` (`-b` comes first), `--backend`, `--pcap`.
     pub device: DeviceOptions,
 }
 

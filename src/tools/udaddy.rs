@@ -37,6 +37,7 @@ pub struct Options {
     pub messages: usize,
     /// `-S`: datagram size, at most the port MTU.
     pub size: usize,
+    /// How the device is opened: softroce's `--bind` (`-b` comes first), `--backend`, `--pcap`.
     pub device: DeviceOptions,
 }
 

@@ -23,35 +23,52 @@ macro_rules! counters {
 }
 
 counters! {
+    /// Packets queued for the wire, ACKs and retransmissions included.
     sent_packets,
     /// ACKs that replaced an unsent ACK of the same QP instead of being sent too.
     coalesced_acks,
+    /// Datagrams handed in by the io layer, before any check.
     received_packets,
+    /// Request packets sent again for a PSN already sent once (RC).
     retransmitted_packets,
+    /// Expiries of the RC retry timer with requests outstanding (rxe_comp.c's retransmit timer).
     retry_timeouts,
+    /// NAKs the responder sent, RNR NAKs included.
     naks_sent,
+    /// NAKs the requester received, RNR NAKs not included.
     naks_received,
+    /// RC requests with a PSN past the expected one, or PSN gaps that cost a UC message.
     sequence_errors,
+    /// RNR NAKs the responder sent for want of a receive request (IBTA 9.7.5.2.8).
     rnr_naks_sent,
+    /// RNR NAKs the requester received, each a wait before resending.
     rnr_waits,
+    /// RC requests with a PSN before the expected one: duplicates, answered again if they can be.
     duplicate_requests,
     /// Duplicate READs and atomics that no responder resource answers: outside the ring, or
     /// asking for more than the original was granted. Dropped.
     unmatched_duplicates,
+    /// Packets dropped unread because their ICRC does not match.
     icrc_errors,
+    /// Remote accesses the memory check refused: key, PD, bounds, rights or alignment.
     rkey_violations,
     /// Responses for PSNs never sent.
     ghost_acks,
     /// Responses for PSNs already acknowledged (duplicates, late arrivals).
     stale_responses,
+    /// Packets that do not parse, or lack a header their opcode needs.
     dropped_malformed,
+    /// Packets for a destination QP that does not exist.
     dropped_unknown_qp,
+    /// RC and UC packets from an address other than the QP's peer (rxe_recv.c `check_addr`).
     dropped_wrong_source,
+    /// Packets for a QP whose state does not take them (IBTA 10.3.1), e.g. requests before RTR.
     dropped_wrong_state,
     /// Packets whose P_Key does not match the QP's (IBTA 10.9.3).
     dropped_bad_pkey,
     /// UD packets whose DETH Q_Key is not the QP's (rxe: the port's qkey_viol_cntr).
     qkey_violations,
+    /// Packets of another transport than the QP's, or responses that do not fit the request.
     dropped_unexpected,
     /// UC and UD messages the responder dropped without a word, having no NAK: a PSN gap, no
     /// receive request, or a failed length, rkey or access check.

@@ -33,6 +33,7 @@ pub(crate) enum Pushed {
 }
 
 impl CompletionQueue {
+    /// A live, empty CQ that holds `capacity` completions.
     pub fn new(capacity: usize) -> Self {
         CompletionQueue {
             entries: VecDeque::new(),
@@ -50,6 +51,7 @@ impl CompletionQueue {
         }
     }
 
+    /// Queues a completion, unless the CQ is full (it overruns) or in error already.
     pub fn push(&mut self, wc: WorkCompletion) -> Pushed {
         if self.overrun {
             return Pushed::Dropped;
@@ -62,6 +64,7 @@ impl CompletionQueue {
         Pushed::Queued
     }
 
+    /// The oldest completion, if any.
     pub fn pop(&mut self) -> Option<WorkCompletion> {
         self.entries.pop_front()
     }

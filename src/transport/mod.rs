@@ -63,7 +63,9 @@ use srq::SharedRq;
 /// the io layer computes it for the framing it uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
+    /// The IP address to send it to.
     pub dst: IpAddr,
+    /// The RoCE packet, from the BTH through the zeroed ICRC.
     pub packet: Vec<u8>,
 }
 
@@ -79,25 +81,47 @@ pub struct AddressHandle(u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// The QP went to the error state.
-    QpFatal { qpn: Qpn },
+    QpFatal {
+        /// The QP.
+        qpn: Qpn,
+    },
     /// A remote request broke the QP's or a region's access rules.
-    QpAccessError { qpn: Qpn },
+    QpAccessError {
+        /// The QP the request came to.
+        qpn: Qpn,
+    },
     /// A completion did not fit its CQ: that completion (of work request `wr_id` on QP `qpn`)
     /// is lost, the CQ is in error, and so is every QP that completes into it.
-    CqOverrun { cq: CqId, qpn: Qpn, wr_id: u64 },
+    CqOverrun {
+        /// The CQ that overran.
+        cq: CqId,
+        /// The QP of the lost completion.
+        qpn: Qpn,
+        /// The lost completion's work request ID.
+        wr_id: u64,
+    },
     /// Fewer requests than its armed limit are left on a shared receive queue; the limit is
     /// now disarmed.
-    SrqLimitReached { srq: SrqId },
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqId,
+    },
 }
 
 /// Why a verb was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerbsError {
+    /// No QP has this number.
     UnknownQp(Qpn),
+    /// No live CQ has this handle.
     UnknownCq(CqId),
+    /// No SRQ has this handle.
     UnknownSrq(SrqId),
+    /// No live address handle has this handle.
     UnknownAh(AddressHandle),
+    /// `ibv_modify_qp` refused the transition or an attribute.
     Modify(ModifyError),
+    /// A memory verb or memory check failed.
     Memory(MemoryError),
     /// The queue already holds its configured number of requests.
     QueueFull,
@@ -143,10 +167,15 @@ impl From<MemoryError> for VerbsError {
 /// How a QP is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInit {
+    /// The transport service: RC, UC or UD.
     pub qp_type: QpType,
+    /// The protection domain whose regions and address handles the QP may use.
     pub pd: PdId,
+    /// Where send completions go.
     pub send_cq: CqId,
+    /// Where receive completions go.
     pub recv_cq: CqId,
+    /// The most send requests the QP holds at once (`max_send_wr` of `ibv_qp_cap`).
     pub max_send_wr: usize,
     /// Ignored by [`Endpoint::create_qp_with_srq`].
     pub max_recv_wr: usize,
@@ -168,14 +197,21 @@ fn is_plain_ack(packet: &[u8]) -> bool {
 
 /// Everything a QP's packet handlers may touch besides the QP itself.
 pub(crate) struct Ctx<'a> {
+    /// The time of the call being handled.
     pub now: Duration,
+    /// Every region and window of the device, for the access checks and data.
     pub memory: &'a mut MemoryTable,
+    /// Packets queued for the io layer.
     pub out: &'a mut VecDeque<Transmit>,
     /// Packet buffers the io layer has handed back, reused before allocating.
     pub pool: &'a mut Vec<Vec<u8>>,
+    /// Every completion queue, by [`CqId`].
     pub cqs: &'a mut [CompletionQueue],
+    /// Every shared receive queue, by [`SrqId`].
     pub srqs: &'a mut [SharedRq],
+    /// Asynchronous events not yet polled.
     pub events: &'a mut VecDeque<AsyncEvent>,
+    /// The endpoint's counters.
     pub counters: &'a mut Counters,
     /// CQs that overran since the endpoint last put their QPs in error.
     pub overrun: &'a mut Vec<CqId>,
@@ -257,18 +293,31 @@ impl Ctx<'_> {
 
 /// One queue pair.
 pub(crate) struct Qp {
+    /// Its number, in every BTH sent to it.
     pub qpn: Qpn,
+    /// RC, UC or UD.
     pub qp_type: QpType,
+    /// The protection domain its memory accesses are checked against.
     pub pd: PdId,
+    /// Its IBTA 10.3.1 state.
     pub state: QpState,
+    /// What its modifies have set.
     pub settings: QpSettings,
+    /// Where send completions go.
     pub send_cq: CqId,
+    /// Where receive completions go.
     pub recv_cq: CqId,
+    /// The most send requests it holds at once.
     pub max_send_wr: usize,
+    /// The most receive requests its own queue holds at once.
     pub max_recv_wr: usize,
+    /// Its receive queue, oldest first; empty when it takes from an SRQ.
     pub rq: VecDeque<RecvWr>,
+    /// The SRQ it takes receive requests from, if any.
     pub srq: Option<SrqId>,
+    /// The send side: segmentation, retries and send completions.
     pub req: Requester,
+    /// The receive side: validation, execution, ACKs and receive completions.
     pub resp: Responder,
     /// Packets accepted from the peer: past the P_Key, Q_Key and source checks.
     pub received: u64,
@@ -455,6 +504,7 @@ macro_rules! qp_and_ctx {
 }
 
 impl Endpoint {
+    /// An endpoint with no objects yet; `config.seed` seeds its memory keys and QP numbers.
     pub fn new(config: EndpointConfig) -> Self {
         Endpoint {
             config,
@@ -479,6 +529,7 @@ impl Endpoint {
         }
     }
 
+    /// The address peers reach this endpoint at.
     pub fn local_addr(&self) -> IpAddr {
         self.config.local_addr
     }
@@ -498,6 +549,7 @@ impl Endpoint {
         self.port_mtu
     }
 
+    /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&mut self) -> PdId {
         self.memory.alloc_pd()
     }
@@ -513,6 +565,7 @@ impl Endpoint {
         self.memory.register(pd, iova, len, access)
     }
 
+    /// `ibv_dereg_mr`: refused while windows are bound over the region.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), MemoryError> {
         self.memory.deregister(lkey)
     }
@@ -528,6 +581,7 @@ impl Endpoint {
         self.memory.dealloc_mw(rkey)
     }
 
+    /// `ibv_create_cq`: a CQ of `capacity` completions; one more overruns it (IBTA 11.4.2.1).
     pub fn create_cq(&mut self, capacity: usize) -> CqId {
         let cq = CompletionQueue::new(capacity);
         // A long-running process creates and destroys CQs without end: slots are reused, so
@@ -668,6 +722,7 @@ impl Endpoint {
             .ok_or(VerbsError::UnknownSrq(srq))
     }
 
+    /// `ibv_post_srq_recv`: adds a receive request to the SRQ's pool.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
         self.srq_mut(srq)?.post(wr)
     }
@@ -749,10 +804,12 @@ impl Endpoint {
         self.qps.get(&qpn).map(|qp| qp.received)
     }
 
+    /// The QP's transport service; `None` if there is no such QP.
     pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
         self.qps.get(&qpn).map(|qp| qp.qp_type)
     }
 
+    /// The QP's state, as `ibv_query_qp` reports it; `None` if there is no such QP.
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
         self.qps.get(&qpn).map(|qp| qp.state)
     }
@@ -803,6 +860,7 @@ impl Endpoint {
         Ok(())
     }
 
+    /// `ibv_post_send` of one request: queued, and sent at once as far as the QP may.
     pub fn post_send(&mut self, now: Duration, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
         let ud_dest = self.resolve_ud(qpn, &wr)?;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
@@ -865,6 +923,7 @@ impl Endpoint {
         }
     }
 
+    /// `ibv_post_recv`: queued on the QP's receive queue; in Error it completes flushed at once.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let now = self.last_now;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
@@ -1137,14 +1196,17 @@ impl Endpoint {
         }
     }
 
+    /// `ibv_poll_cq` for one entry: the oldest completion on `cq`, if any.
     pub fn poll_cq(&mut self, cq: CqId) -> Option<WorkCompletion> {
         self.cqs.get_mut(cq.0 as usize)?.pop()
     }
 
+    /// `ibv_get_async_event`: the oldest event not yet taken, if any.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
     }
 
+    /// What the endpoint has sent, received and dropped since it was created.
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -1165,12 +1227,17 @@ impl Endpoint {
 /// The objects an [`Endpoint`] holds at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resources {
+    /// Queue pairs, QP1 included.
     pub qps: usize,
+    /// Completion queues not destroyed.
     pub cqs: usize,
+    /// Registered memory regions.
     pub regions: usize,
+    /// Allocated memory windows, bound or not.
     pub windows: usize,
     /// SRQs live as long as the endpoint: they have no destroy verb yet.
     pub srqs: usize,
+    /// Address handles not destroyed.
     pub address_handles: usize,
 }
 

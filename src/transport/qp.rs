@@ -10,15 +10,20 @@ use crate::wire::{PKey, Psn, QKey, Qpn, RnrTimer};
 /// The transport service of a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
+    /// Reliable Connected (`IBV_QPT_RC`): acknowledged, retried, in order.
     Rc,
+    /// Unreliable Connected (`IBV_QPT_UC`): no ACKs; a lost packet loses its message.
     Uc,
+    /// Unreliable Datagram (`IBV_QPT_UD`): single-packet SENDs to any QP, checked by Q_Key.
     Ud,
 }
 
 /// IBTA 10.3.1 queue-pair states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
+    /// Reset: nothing may be posted and packets are dropped; a new QP starts here.
     Reset,
+    /// Initialized: receive requests may be posted; nothing is sent or received yet.
     Init,
     /// Ready to receive.
     Rtr,
@@ -28,6 +33,7 @@ pub enum QpState {
     Sqd,
     /// Send queue error (UC and UD only).
     Sqe,
+    /// Error: outstanding and newly posted requests complete with `WR_FLUSH_ERR`.
     Error,
 }
 
@@ -36,14 +42,20 @@ pub enum QpState {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
 pub enum PathMtu {
+    /// 256 bytes (`IBV_MTU_256`).
     Mtu256,
+    /// 512 bytes (`IBV_MTU_512`).
     Mtu512,
+    /// 1024 bytes (`IBV_MTU_1024`).
     Mtu1024,
+    /// 2048 bytes (`IBV_MTU_2048`).
     Mtu2048,
+    /// 4096 bytes (`IBV_MTU_4096`).
     Mtu4096,
 }
 
 impl PathMtu {
+    /// The MTU in bytes: the most payload one packet carries.
     pub const fn bytes(self) -> usize {
         match self {
             PathMtu::Mtu256 => 256,
@@ -97,6 +109,7 @@ impl PathMtu {
 /// Where a connected QP's peer is: the IP address its GID maps to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AddressVector {
+    /// The peer's IP address, which its RoCEv2 GID maps to.
     pub dest: IpAddr,
 }
 
@@ -130,21 +143,33 @@ pub struct QpAttr {
     pub state: Option<QpState>,
     /// The state the caller believes the QP is in.
     pub cur_state: Option<QpState>,
+    /// The P_Key table index; only 0, whose P_Key is 0xFFFF.
     pub pkey_index: Option<u16>,
+    /// The port number; only 1.
     pub port: Option<u8>,
+    /// What the peer may do to this side's memory: remote read, write and atomic rights.
     pub access: Option<Access>,
+    /// UD: the Q_Key received DETHs must carry.
     pub qkey: Option<QKey>,
+    /// RC and UC: where the peer is.
     pub av: Option<AddressVector>,
+    /// The path MTU; capped at the port's active MTU.
     pub path_mtu: Option<PathMtu>,
+    /// RC and UC: the peer's QP number.
     pub dest_qpn: Option<Qpn>,
+    /// The first PSN the receive side expects.
     pub rq_psn: Option<Psn>,
+    /// The first PSN the send side uses.
     pub sq_psn: Option<Psn>,
+    /// RC: READs and atomics the responder answers at once (responder resources), 0 to 16.
     pub max_dest_rd_atomic: Option<u8>,
+    /// RC: READs and atomics the requester has outstanding at once, 0 to 16.
     pub max_rd_atomic: Option<u8>,
+    /// RC: the delay this side's RNR NAKs ask for (IBTA table 45 code).
     pub min_rnr_timer: Option<RnrTimer>,
     /// Local ACK timeout: 4.096 µs × 2^timeout; 0 waits forever.
     pub timeout: Option<u8>,
-    /// 0 to 7; 7 retries forever.
+    /// 0 to 7; 7 gives up after 7 retries, as ConnectX does (rxe retries forever).
     pub retry_cnt: Option<u8>,
     /// 0 to 7; 7 retries forever.
     pub rnr_retry: Option<u8>,
@@ -153,22 +178,39 @@ pub struct QpAttr {
 /// One attribute, by the name `ibv_qp_attr_mask` gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttrName {
+    /// `IBV_QP_STATE`: [`QpAttr::state`].
     State,
+    /// `IBV_QP_CUR_STATE`: [`QpAttr::cur_state`].
     CurState,
+    /// `IBV_QP_PKEY_INDEX`: [`QpAttr::pkey_index`].
     PkeyIndex,
+    /// `IBV_QP_PORT`: [`QpAttr::port`].
     Port,
+    /// `IBV_QP_ACCESS_FLAGS`: [`QpAttr::access`].
     AccessFlags,
+    /// `IBV_QP_QKEY`: [`QpAttr::qkey`].
     Qkey,
+    /// `IBV_QP_AV`: [`QpAttr::av`].
     Av,
+    /// `IBV_QP_PATH_MTU`: [`QpAttr::path_mtu`].
     PathMtu,
+    /// `IBV_QP_DEST_QPN`: [`QpAttr::dest_qpn`].
     DestQpn,
+    /// `IBV_QP_RQ_PSN`: [`QpAttr::rq_psn`].
     RqPsn,
+    /// `IBV_QP_SQ_PSN`: [`QpAttr::sq_psn`].
     SqPsn,
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`: [`QpAttr::max_dest_rd_atomic`].
     MaxDestRdAtomic,
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`: [`QpAttr::max_rd_atomic`].
     MaxQpRdAtomic,
+    /// `IBV_QP_MIN_RNR_TIMER`: [`QpAttr::min_rnr_timer`].
     MinRnrTimer,
+    /// `IBV_QP_TIMEOUT`: [`QpAttr::timeout`].
     Timeout,
+    /// `IBV_QP_RETRY_CNT`: [`QpAttr::retry_cnt`].
     RetryCnt,
+    /// `IBV_QP_RNR_RETRY`: [`QpAttr::rnr_retry`].
     RnrRetry,
 }
 
@@ -201,27 +243,43 @@ const ALL_NAMES: [AttrName; 17] = [
 /// Why a modify was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModifyError {
+    /// IBTA 10.3.1 allows no move between these states for this QP type.
     InvalidTransition {
+        /// The QP's state.
         from: QpState,
+        /// The state asked for.
         to: QpState,
     },
     /// `cur_state` does not match the QP's state.
     WrongCurrentState {
+        /// The QP's state.
         actual: QpState,
+        /// The `cur_state` given.
         claimed: QpState,
     },
+    /// The transition requires an attribute the call does not give.
     MissingAttribute {
+        /// The attribute missing.
         name: AttrName,
+        /// The QP's state.
         from: QpState,
+        /// The state asked for (the current one if `state` itself is missing).
         to: QpState,
     },
+    /// The call gives an attribute the transition does not take.
     UnexpectedAttribute {
+        /// The attribute not taken.
         name: AttrName,
+        /// The QP's state.
         from: QpState,
+        /// The state asked for.
         to: QpState,
     },
+    /// An attribute's value is refused whatever the transition.
     InvalidValue {
+        /// The attribute refused.
         name: AttrName,
+        /// The rule it breaks, in words.
         reason: &'static str,
     },
 }
@@ -447,17 +505,29 @@ pub fn check_modify(
 /// The settings a QP accumulates through its modifies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpSettings {
+    /// What the peer may do to this side's memory: remote read, write and atomic rights.
     pub access: Access,
+    /// The P_Key every BTH carries and received ones must match (IBTA 10.9.3); 0xFFFF.
     pub pkey: PKey,
+    /// UD: the Q_Key received DETHs must carry, sent where a request asks for the QP's own.
     pub qkey: QKey,
+    /// RC and UC: where the peer is; `None` until RTR.
     pub av: Option<AddressVector>,
+    /// The most payload bytes per packet.
     pub path_mtu: PathMtu,
+    /// RC and UC: the peer's QP number, every BTH's destination.
     pub dest_qpn: Qpn,
+    /// RC: READs and atomics the responder answers at once; one more is NAKed (IBTA 9.7.5.1.3).
     pub max_dest_rd_atomic: u8,
+    /// RC: READs and atomics the requester has outstanding at once; 0 counts as 1.
     pub max_rd_atomic: u8,
+    /// RC: the delay this side's RNR NAKs ask for (IBTA table 45 code; 12 is 0.64 ms).
     pub min_rnr_timer: RnrTimer,
+    /// RC: the local ACK timeout, 4.096 µs × 2^timeout; 0 waits forever.
     pub timeout: u8,
+    /// RC: resends after a timeout, PSN gap or sequence NAK before `RETRY_EXC_ERR`; 0 to 7.
     pub retry_cnt: u8,
+    /// RC: resends after an RNR NAK before `RNR_RETRY_EXC_ERR`; 7 retries forever.
     pub rnr_retry: u8,
 }
 

@@ -82,6 +82,7 @@ pub(crate) struct Requester {
 }
 
 impl Requester {
+    /// Starts sending at `sq_psn` (from the modify that sets it), with full retry budgets.
     pub fn start(&mut self, sq_psn: Psn, settings: &QpSettings) {
         self.send_psn = sq_psn;
         self.una = sq_psn;
@@ -95,6 +96,7 @@ impl Requester {
         self.sq.len()
     }
 
+    /// When the retry timer or the RNR wait ends, whichever comes first.
     pub fn deadline(&self) -> Option<Duration> {
         match (self.retry_timer, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),

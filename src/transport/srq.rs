@@ -18,7 +18,9 @@ pub struct SrqId(pub u32);
 /// `ibv_srq_attr`: the size of an SRQ and its limit (0: not armed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {
+    /// The most receive requests the SRQ holds at once.
     pub max_wr: usize,
+    /// The limit event's threshold: fewer requests posted than this raises it; 0: not armed.
     pub srq_limit: u32,
 }
 
@@ -33,6 +35,7 @@ pub struct SrqModify {
 
 #[derive(Debug)]
 pub(crate) struct SharedRq {
+    /// The protection domain of the SRQ and of every QP it serves.
     pub pd: PdId,
     attr: SrqAttr,
     wqes: VecDeque<RecvWr>,
@@ -58,6 +61,7 @@ fn check(attr: SrqAttr, posted: usize) -> Result<(), VerbsError> {
 }
 
 impl SharedRq {
+    /// An empty SRQ; `attr` as `ibv_create_srq` checks it, a non-zero limit armed.
     pub fn new(pd: PdId, attr: SrqAttr) -> Result<Self, VerbsError> {
         check(attr, 0)?;
         Ok(SharedRq {
@@ -67,10 +71,12 @@ impl SharedRq {
         })
     }
 
+    /// Its size and limit, the limit 0 once the event has fired.
     pub fn attr(&self) -> SrqAttr {
         self.attr
     }
 
+    /// Applies a resize or a new limit, if the result still passes the checks.
     pub fn modify(&mut self, change: &SrqModify) -> Result<(), VerbsError> {
         let attr = SrqAttr {
             max_wr: change.max_wr.unwrap_or(self.attr.max_wr),
@@ -81,6 +87,7 @@ impl SharedRq {
         Ok(())
     }
 
+    /// Adds a receive request; `QueueFull` at `max_wr`.
     pub fn post(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
         if self.wqes.len() >= self.attr.max_wr {
             return Err(VerbsError::QueueFull);
@@ -89,6 +96,7 @@ impl SharedRq {
         Ok(())
     }
 
+    /// Whether no receive request is posted.
     pub fn is_empty(&self) -> bool {
         self.wqes.is_empty()
     }
