@@ -1,9 +1,10 @@
 //! `softroce demo`: two devices on loopback move data by RDMA WRITE, read it back by RDMA READ,
 //! and check every byte.
 
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{Payload, SendOp, SendWr, Sge, WcStatus};
@@ -13,11 +14,13 @@ use crate::wire::RKey;
 /// How the demo runs.
 #[derive(Debug, Clone, Copy)]
 pub struct DemoConfig {
+    /// How many bytes to move each way (rounded up to whole windows).
     pub total: u64,
     /// The registered window the data passes through, round by round.
     pub window: usize,
     /// The size of each RDMA message.
     pub message: usize,
+    /// The two devices' addresses: data goes from the first to the second and back.
     pub addresses: [IpAddr; 2],
 }
 
@@ -35,9 +38,13 @@ impl Default for DemoConfig {
 /// What the demo measured.
 #[derive(Debug, Clone)]
 pub struct DemoReport {
+    /// The bytes moved each way.
     pub bytes: u64,
+    /// The time the WRITEs took, from the first post to the last completion of each round.
     pub write_time: Duration,
+    /// The time the READs took, likewise.
     pub read_time: Duration,
+    /// Bytes read back that differ from what was written.
     pub mismatches: u64,
 }
 
@@ -89,19 +96,23 @@ fn transfer(
     Ok(())
 }
 
-/// One progress bar line on standard error, redrawn in place.
-fn progress_line(label: &str, done: u64, total: u64, started: Instant) {
-    let width = 30;
-    let filled = (done * width / total.max(1)) as usize;
-    let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e6;
-    let _ = write!(
-        std::io::stderr(),
-        "\r{label:<5} [{}{}] {:>5} / {} MiB  {rate:>7.0} MB/s",
-        "#".repeat(filled),
-        ".".repeat(width as usize - filled),
-        done >> 20,
-        total >> 20
-    );
+/// A bar for one direction on standard error, drawn only if it is a terminal (indicatif hides
+/// it otherwise), and rated as the result lines are: the bytes that direction moved over the
+/// time its transfers took, not counting the filling and checking between them.
+fn direction_bar(bars: &MultiProgress, label: &'static str, total: u64) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{prefix:<5} [{bar:30}] {binary_bytes:>9} / {binary_total_bytes}  {msg}",
+    )
+    .expect("a valid template")
+    .progress_chars("#>.");
+    bars.add(ProgressBar::new(total).with_style(style).with_prefix(label))
+}
+
+/// Moves the bar on by `bytes`, and rates what it has moved over `spent`.
+fn advance(bar: &ProgressBar, bytes: usize, spent: Duration) {
+    bar.inc(bytes as u64);
+    let rate = bar.position() as f64 / spent.as_secs_f64().max(1e-9) / 1e6;
+    bar.set_message(format!("{rate:.0} MB/s"));
 }
 
 /// Runs the demo and returns its figures; the caller prints the counters.
@@ -142,31 +153,35 @@ pub fn run(config: DemoConfig) -> Result<(DemoReport, [Device; 2])> {
     };
     // Each round: A's window gets the round's pattern and is written to B; A's window is zeroed
     // and B's is read back over it; then every byte is compared with the pattern.
-    let mut moved = 0u64;
-    let started = Instant::now();
+    let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+    let write_bar = direction_bar(&bars, "WRITE", total);
+    let read_bar = direction_bar(&bars, "READ", total);
     let message = |at: usize| config.message.min(config.window - at);
     for round in 0..rounds {
         fill(round, 0, &mut pattern);
         a.mr.write(0, &pattern)?;
-        // One phase: the message-sized operations `op` builds, over the whole window.
-        let mut phase = |op: fn(u64, RKey) -> SendOp| -> Result<Duration> {
+        // One phase: the message-sized operations `op` builds, over the whole window; `spent`
+        // is the time the earlier phases of its direction took.
+        let phase = |op: fn(u64, RKey) -> SendOp, bar: &ProgressBar, spent: Duration| {
             let started_phase = Instant::now();
             let build = |at| -> Result<(SendOp, Sge)> {
                 let remote = op(b.mr.iova() + at as u64, b.mr.rkey());
                 Ok((remote, a.mr.sge(at, message(at))?))
             };
             transfer(a, config.window, config.message, build, |n| {
-                moved += n as u64;
-                progress_line("moved", moved, 2 * total, started);
+                advance(bar, n, spent + started_phase.elapsed());
             })?;
-            Ok(started_phase.elapsed())
+            Result::Ok(started_phase.elapsed())
         };
-        report.write_time += phase(|remote_addr, rkey| SendOp::Write { remote_addr, rkey })?;
+        let write = |remote_addr, rkey| SendOp::Write { remote_addr, rkey };
+        report.write_time += phase(write, &write_bar, report.write_time)?;
         a.mr.write(0, &zeros)?;
-        report.read_time += phase(|remote_addr, rkey| SendOp::Read { remote_addr, rkey })?;
+        let read = |remote_addr, rkey| SendOp::Read { remote_addr, rkey };
+        report.read_time += phase(read, &read_bar, report.read_time)?;
         a.mr.read(0, &mut check)?;
         report.mismatches += check.iter().zip(&pattern).filter(|(x, y)| x != y).count() as u64;
     }
-    eprintln!();
+    write_bar.finish();
+    read_bar.finish();
     Ok((report, devices))
 }

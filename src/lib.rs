@@ -55,6 +55,7 @@
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
+#![warn(missing_docs)]
 
 pub mod capture;
 pub mod cm;

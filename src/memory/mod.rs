@@ -1,11 +1,11 @@
 //! Protection domains, memory regions and memory windows, with the one check every memory
 //! access goes through.
 //!
-//! - [`region`]: a region's storage and the two handles onto it, [`MemoryRegion`] for the
+//! - `region`: a region's storage and the two handles onto it, [`MemoryRegion`] for the
 //!   application and [`Span`] for the transport, and why concurrent remote writes are sound;
-//! - [`table`]: [`MemoryTable`], every region and window of a device by its keys, and the
+//! - `table`: [`MemoryTable`], every region and window of a device by its keys, and the
 //!   checks of remote and local access;
-//! - [`window`]: memory windows (IBTA 10.6.7), type 1 and type 2, bound over a region and
+//! - `window`: memory windows (IBTA 10.6.7), type 1 and type 2, bound over a region and
 //!   invalidated locally or by a peer's SEND with Invalidate.
 //!
 //! # Keys

@@ -208,10 +208,12 @@ impl MemoryRegion {
         Arc::strong_count(&self.words)
     }
 
+    /// The local key: names the region in this side's scatter/gather lists.
     pub fn lkey(&self) -> LKey {
         self.lkey
     }
 
+    /// The remote key: what a peer's READ, WRITE or atomic names the region by.
     pub fn rkey(&self) -> RKey {
         self.rkey
     }
@@ -221,18 +223,22 @@ impl MemoryRegion {
         self.iova
     }
 
+    /// The region's length in bytes.
     pub fn len(&self) -> usize {
         self.words.len
     }
 
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.words.len == 0
     }
 
+    /// The protection domain the region belongs to.
     pub fn pd(&self) -> PdId {
         self.pd
     }
 
+    /// What the region allows, locally and to peers.
     pub fn access(&self) -> Access {
         self.access
     }
@@ -311,10 +317,12 @@ impl fmt::Debug for Span {
 }
 
 impl Span {
+    /// The span's length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the span has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

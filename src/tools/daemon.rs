@@ -3,7 +3,7 @@
 //!
 //! Each service is a tool in its server role on a TCP port of its own, since neither
 //! rdma-core's exchange nor perftest's says which test a client runs; or, for rping and the
-//! perftest tools with `-R`, on a port of RDMA-CM's TCP port space ([`super::daemon_cm`]).
+//! perftest tools with `-R`, on a port of RDMA-CM's TCP port space (`daemon_cm`).
 //! Every accepted connection becomes a session: a thread with its own protection domain, CQs,
 //! QPs and buffer on the shared device, which run the tool's server side to the end and then
 //! drop them all.

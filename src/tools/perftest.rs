@@ -236,7 +236,7 @@ pub struct Options {
     /// Print one JSON document instead of perftest's text.
     pub json: bool,
     /// softroce's own, for the bandwidth tests between two softroce sides: fill the buffers
-    /// so that the side that receives can check every byte that landed ([`DataCheck`]).
+    /// so that the side that receives can check every byte that landed (`DataCheck`).
     pub check_data: bool,
     /// `-R`: connect by RDMA-CM, the exchange and every data QP ([`super::perftest_cm`]).
     pub rdma_cm: bool,

@@ -483,6 +483,7 @@ pub struct WorkCompletion {
     pub solicited: bool,
     /// The sender's QPN (from the DETH on UD) and address, on receive completions.
     pub src_qp: Option<Qpn>,
+    /// The sender's IP address, on receive completions.
     pub src_addr: Option<IpAddr>,
 }
 

@@ -193,6 +193,7 @@ impl Drop for Listening {
 pub struct Listener(Listening);
 
 impl Listener {
+    /// The port listened on.
     pub fn port(&self) -> u16 {
         self.0.port
     }
@@ -399,6 +400,7 @@ impl Connection {
         receive(self.qp.device.engine(), &self.events, timeout)
     }
 
+    /// The connected QP (the connection also derefs to it).
     pub fn qp(&self) -> &QueuePair {
         &self.qp
     }
@@ -473,6 +475,7 @@ impl Drop for Connection {
 pub struct DatagramListener(Listening);
 
 impl DatagramListener {
+    /// The port listened on.
     pub fn port(&self) -> u16 {
         self.0.port
     }
@@ -510,6 +513,7 @@ pub struct DatagramRequest {
 }
 
 impl DatagramRequest {
+    /// The client's address and port (RDMA-CM's source port).
     pub fn peer(&self) -> SocketAddr {
         SocketAddr::new(self.id.peer, self.peer_port)
     }
@@ -564,8 +568,11 @@ impl Drop for DatagramRequest {
 /// Where a UD service is: the answer to [`Device::resolve_datagram`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatagramPeer {
+    /// The server's address.
     pub addr: IpAddr,
+    /// The server's UD QP.
     pub qpn: Qpn,
+    /// The Q_Key the server's QP checks: the one to put in sends to it.
     pub qkey: QKey,
     /// The SIDR_REP's private data: 136 bytes, zero-padded by the sender.
     pub private_data: Vec<u8>,

@@ -67,6 +67,7 @@ pub enum Error {
     Io(io::Error),
     /// The transport refused the request.
     Verbs(VerbsError),
+    /// A memory registration or access refused the request.
     Memory(MemoryError),
     /// The queue holds as many requests as it was created for.
     QueueFull,
@@ -157,6 +158,7 @@ impl From<EngineGone> for Error {
     }
 }
 
+/// What the verbs return.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Which backend carries the device's packets.
@@ -164,7 +166,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub enum BackendKind {
     /// A UDP socket on port 4791: no privileges needed. `segmentation` sends runs of packets
     /// as segmentation offload trains ([`UdpConfig::segmentation`]).
-    Udp { segmentation: bool },
+    Udp {
+        /// With UDP segmentation offload ([`UdpConfig::segmentation`]).
+        segmentation: bool,
+    },
     /// A raw IPv4 socket that writes and reads whole IP datagrams ([`RawBackend`]): every
     /// received ICRC is verified in full. Needs `CAP_NET_RAW`; IPv4 only.
     Raw,
@@ -180,6 +185,7 @@ impl BackendKind {
 pub struct DeviceConfig {
     /// The address to bind, and the one peers reach the device at (its GID).
     pub address: IpAddr,
+    /// Which backend carries the packets.
     pub backend: BackendKind,
     /// Seeds the memory keys; `None` draws one from the OS's hasher randomness.
     pub seed: Option<u64>,
@@ -317,6 +323,7 @@ impl Device {
         })
     }
 
+    /// The address the device is bound to, which peers reach it at.
     pub fn address(&self) -> IpAddr {
         self.inner.address
     }
@@ -331,6 +338,8 @@ impl Device {
         &self.inner.engine
     }
 
+    /// `ibv_alloc_pd`: a protection domain, which groups regions, windows, QPs and address
+    /// handles that may be used together.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         let pd = self.engine().call(Command::AllocPd)?;
         Ok(ProtectionDomain {
@@ -408,7 +417,7 @@ impl ProtectionDomain {
 
     /// `ibv_alloc_mw`: a memory window of this protection domain (see [`crate::memory`]'s
     /// window rules). A type 1 window is bound with [`QueuePair::bind_mw`]; a type 2 window
-    /// with a [`SendOp::BindMw`](crate::transport::SendOp::BindMw) work request, after which
+    /// with a [`SendOp::BindMw`] work request, after which
     /// only that QP's peer reaches memory through it. Deallocated when the handle is dropped.
     pub fn alloc_mw(&self, kind: MwType) -> Result<MemoryWindow> {
         let pd = self.pd;
@@ -497,12 +506,13 @@ impl MemoryWindow {
         RKey(self.rkey.load(Ordering::Relaxed))
     }
 
+    /// The window's type, 1 or 2.
     pub fn kind(&self) -> MwType {
         self.kind
     }
 
     /// A bind of this window over `len` bytes at `offset` into `region`, with `access`, for a
-    /// [`SendOp::BindMw`](crate::transport::SendOp::BindMw) work request. The window's rkey
+    /// [`SendOp::BindMw`] work request. The window's rkey
     /// becomes the bind's new one now: the application hands it to its peer once the bind
     /// completes successfully.
     pub fn bind_request(
@@ -544,6 +554,7 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// Posts a receive request, which any QP built with the SRQ may take.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let id = self.id;
         Ok(self
@@ -597,31 +608,38 @@ impl QpBuilder<'_> {
         self
     }
 
+    /// RC (the default), UC or UD.
     pub fn qp_type(mut self, qp_type: QpType) -> Self {
         self.qp_type = qp_type;
         self
     }
 
+    /// The CQ its send completions go to. Required.
     pub fn send_cq(mut self, cq: &CompletionQueue) -> Self {
         self.send_cq = Some(cq.clone());
         self
     }
 
+    /// The CQ its receive completions go to. Required (it may be the send CQ).
     pub fn recv_cq(mut self, cq: &CompletionQueue) -> Self {
         self.recv_cq = Some(cq.clone());
         self
     }
 
+    /// How many send requests may be outstanding at once (256 unless told).
     pub fn max_send_wr(mut self, n: usize) -> Self {
         self.max_send_wr = n;
         self
     }
 
+    /// How many receive requests may be posted and not yet completed (256 unless told).
     pub fn max_recv_wr(mut self, n: usize) -> Self {
         self.max_recv_wr = n;
         self
     }
 
+    /// Creates the QP, in RESET: [`QueuePair::connect`] or [`QueuePair::ready_datagram`] makes
+    /// it ready.
     pub fn build(self) -> Result<QueuePair> {
         let (Some(send_cq), Some(recv_cq)) = (self.send_cq, self.recv_cq) else {
             return Err(VerbsError::InvalidRequest("a QP needs a send and a receive CQ").into());
@@ -669,6 +687,7 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// The QP's number, which its peer sends to.
     pub fn qpn(&self) -> Qpn {
         self.qpn
     }
