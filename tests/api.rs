@@ -150,3 +150,114 @@ async fn a_cq_can_be_awaited_by_its_descriptor_and_by_its_future() {
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
     assert_eq!(a.1.take_events(), 0, "not armed again: no event");
 }
+
+/// What a request can be refused for is refused at the call, with the reason, not later as a
+/// LOC_QP_OP_ERR completion: a QP not ready to send (rxe_verbs.c `rxe_post_send`), an
+/// operation its type does not carry (IBTA 9.2, table 38), a UD send without a destination.
+#[test]
+fn requests_that_cannot_go_are_refused_at_the_call() {
+    let device = Device::open(DeviceConfig::udp("127.0.0.44".parse().unwrap())).unwrap();
+    let pd = device.alloc_pd().unwrap();
+    let cq = device.create_cq(16).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let target = mr.remote();
+    let qp = |qp_type| {
+        let qp = pd.create_qp().qp_type(qp_type).send_cq(&cq).recv_cq(&cq);
+        qp.build().unwrap()
+    };
+    let refusal = |result: Result<(), Error>| match result {
+        Err(Error::Verbs(refused)) => refused.to_string(),
+        other => panic!("not refused at the call: {other:?}"),
+    };
+
+    let rc = qp(QpType::Rc);
+    let write = || SendWr::write(1, mr.sge(0, 8).unwrap(), target);
+    assert!(refusal(rc.post_send(write())).contains("state Reset"));
+    assert!(refusal(rc.post_recv(RecvWr::new(1, mr.sge(0, 8).unwrap()))).contains("state Reset"));
+
+    let uc = qp(QpType::Uc);
+    uc.connect(&rc.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let read = SendWr::read(2, mr.sge(0, 8).unwrap(), target);
+    assert!(refusal(uc.post_send(read)).contains("UC carries"));
+    uc.post_send(write()).unwrap();
+
+    let ud = qp(QpType::Ud);
+    ud.ready_datagram().unwrap();
+    let send = SendWr::send(3, mr.sge(0, 8).unwrap());
+    assert!(refusal(ud.post_send(send)).contains("destination"));
+    assert_eq!(
+        cq.wait(Duration::from_secs(5)).unwrap().map(|wc| wc.wr_id),
+        Some(1)
+    );
+    assert!(
+        cq.wait(Duration::from_millis(50)).unwrap().is_none(),
+        "nothing else completes"
+    );
+}
+
+/// `max_send_wr` and `max_recv_wr` are exact: the QP holds that many outstanding requests and
+/// refuses the next at the call, however far the device has got in taking them in; a slot
+/// comes back when its request completes.
+#[test]
+fn queue_depths_are_exact() {
+    let devices = ["127.0.0.45", "127.0.0.46"]
+        .map(|a| Device::open(DeviceConfig::udp(a.parse().unwrap())).unwrap());
+    let ends = devices.each_ref().map(|device| {
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(64).unwrap();
+        let mr = pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let qp = pd
+            .create_qp()
+            .send_cq(&cq)
+            .recv_cq(&cq)
+            .max_send_wr(4)
+            .max_recv_wr(4)
+            .build()
+            .unwrap();
+        (pd, cq, mr, qp)
+    });
+    let [(_, a_cq, a_mr, a), (_, b_cq, b_mr, b)] = &ends;
+    // a to RTS towards b, whose QP stays in RESET for now: nothing a sends is acknowledged.
+    a.connect(&b.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let write = |wr_id| SendWr::write(wr_id, a_mr.sge(0, 8).unwrap(), b_mr.remote());
+    for wr_id in 0..4 {
+        a.post_send(write(wr_id)).unwrap();
+    }
+    assert!(matches!(a.post_send(write(4)), Err(Error::QueueFull)));
+    let batch = a.post_send_batch((5..7).map(write)).unwrap_err();
+    assert_eq!(batch.posted, 0);
+    assert!(matches!(batch.error, Error::QueueFull));
+
+    b.init(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    for wr_id in 0..4 {
+        b.post_recv(RecvWr::new(wr_id, b_mr.sge(0, 64).unwrap()))
+            .unwrap();
+    }
+    let recv = RecvWr::new(4, b_mr.sge(0, 64).unwrap());
+    assert!(matches!(b.post_recv(recv.clone()), Err(Error::QueueFull)));
+
+    // b connects: a's WRITEs are acknowledged (the retry timer resends them), their slots
+    // come back, and a SEND consumes one of b's receives, whose slot comes back too.
+    b.connect(&a.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    for _ in 0..4 {
+        let wc = a_cq
+            .wait(Duration::from_secs(10))
+            .unwrap()
+            .expect("a WRITE completed");
+        assert_eq!(wc.status, WcStatus::Success);
+    }
+    assert_eq!(a.post_send_batch((10..13).map(write)).unwrap(), 3);
+    a.post_send(SendWr::send(13, a_mr.sge(0, 8).unwrap()))
+        .unwrap();
+    let received = b_cq
+        .wait(Duration::from_secs(10))
+        .unwrap()
+        .expect("a receive completed");
+    assert_eq!((received.wr_id, received.status), (0, WcStatus::Success));
+    b.post_recv(recv).unwrap();
+}

@@ -35,8 +35,8 @@ use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
-    QpAttr, QpInit, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode,
-    WcStatus, WorkCompletion,
+    QpAttr, QpInit, QueueSlots, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
 
@@ -100,6 +100,8 @@ pub(crate) enum Command {
 pub(crate) struct QpQueues {
     pub send: Sender<SendWr>,
     pub recv: Sender<RecvWr>,
+    /// The QP's outstanding requests, which a post takes a slot of first (exact depths).
+    pub slots: Arc<QueueSlots>,
     qpn: Qpn,
     /// Set while the QP is on the engine's list of QPs posted to (`Doorbell::ready`).
     listed: Arc<AtomicBool>,
@@ -536,6 +538,9 @@ impl<B: Backend> Engine<B> {
                     let result = created.map(|qpn| {
                         let (send, send_rx) = bounded(init.max_send_wr.max(1));
                         let (recv, recv_rx) = bounded(init.max_recv_wr.max(1));
+                        let slots = Arc::new(QueueSlots::default());
+                        let shared = self.endpoint.share_slots(qpn, slots.clone());
+                        debug_assert!(shared.is_ok(), "the QP was just created");
                         let listed = Arc::new(AtomicBool::new(false));
                         self.qps.insert(
                             qpn,
@@ -548,6 +553,7 @@ impl<B: Backend> Engine<B> {
                         let queues = QpQueues {
                             send,
                             recv,
+                            slots,
                             qpn,
                             listed,
                         };

@@ -21,12 +21,14 @@ mod datagram;
 mod qp;
 mod requester;
 mod responder;
+mod slots;
 mod srq;
 mod wr;
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -41,6 +43,7 @@ pub use qp::{
     QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
+pub use slots::QueueSlots;
 pub use srq::{SrqAttr, SrqId, SrqModify};
 pub use wr::{
     Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest, WcOpcode, WcStatus, WorkCompletion,
@@ -321,6 +324,9 @@ pub(crate) struct Qp {
     pub resp: Responder,
     /// Packets accepted from the peer: past the P_Key, Q_Key and source checks.
     pub received: u64,
+    /// The outstanding requests its handles count ([`Endpoint::share_slots`]); `None` where
+    /// the caller of the core counts nothing (the simulator, the CM's QP1).
+    pub slots: Option<Arc<QueueSlots>>,
 }
 
 impl Qp {
@@ -351,6 +357,21 @@ impl Qp {
         }
     }
 
+    /// `n` send requests left the send queue, or were refused before entering it.
+    pub(crate) fn retire_sends(&self, n: usize) {
+        if let Some(slots) = &self.slots {
+            slots.retire_sends(n);
+        }
+    }
+
+    /// `n` receive requests of the QP's own queue completed, or were refused before entering
+    /// it. Requests taken from an SRQ are the SRQ's to count.
+    pub(crate) fn retire_recvs(&self, n: usize) {
+        if let (Some(slots), None) = (&self.slots, self.srq) {
+            slots.retire_recvs(n);
+        }
+    }
+
     fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWr> {
         match self.srq {
             Some(id) => ctx.srqs[id.0 as usize].take(id, ctx.events),
@@ -373,19 +394,24 @@ impl Qp {
     /// resumes sending.
     pub fn enter_sq_error(&mut self, ctx: &mut Ctx<'_>) {
         self.state = QpState::Sqe;
-        self.req.flush(self.qpn, self.send_cq, ctx);
+        let flushed = self.req.flush(self.qpn, self.send_cq, ctx);
+        self.retire_sends(flushed);
     }
 
     /// Completes every request with WR_FLUSH_ERR: the send queue, the receive request of a
     /// message half received (even one taken from an SRQ, as rxe_resp.c `check_resource`
     /// does), then the QP's own receive queue. An SRQ's requests stay for its other QPs.
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
-        self.req.flush(self.qpn, self.send_cq, ctx);
+        let flushed = self.req.flush(self.qpn, self.send_cq, ctx);
+        self.retire_sends(flushed);
         let half_received = self.resp.reset();
+        let mut receives = 0;
         for wr in half_received.into_iter().chain(self.rq.drain(..)) {
             let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
+            receives += 1;
         }
+        self.retire_recvs(receives);
     }
 }
 
@@ -699,6 +725,7 @@ impl Endpoint {
                 req: Requester::default(),
                 resp: Responder::default(),
                 received: 0,
+                slots: None,
             },
         );
     }
@@ -770,6 +797,15 @@ impl Endpoint {
         self.qps.get(&qpn).map_or(0, |qp| {
             qp.max_send_wr.saturating_sub(qp.req.outstanding_wrs())
         })
+    }
+
+    /// Counts the QP's outstanding requests in `slots` from now on: each one that leaves its
+    /// queues gives its slot back, so that the application's handles, which take a slot per
+    /// post, never hold more than the QP's depths.
+    pub fn share_slots(&mut self, qpn: Qpn, slots: Arc<QueueSlots>) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        qp.slots = Some(slots);
+        Ok(())
     }
 
     /// The same for receive requests.
@@ -862,9 +898,10 @@ impl Endpoint {
 
     /// `ibv_post_send` of one request: queued, and sent at once as far as the QP may.
     pub fn post_send(&mut self, now: Duration, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let ud_dest = self.resolve_ud(qpn, &wr)?;
+        let ud_dest = self.resolve_ud(qpn, &wr);
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
+        let ud_dest = ud_dest.inspect_err(|_| qp.retire_sends(1))?;
         let posted = qp.post_send(wr, ud_dest, &mut ctx);
         self.err_overrun_qps(now);
         posted
@@ -880,8 +917,9 @@ impl Endpoint {
             let ud_dest = self.resolve_ud(qpn, &wr);
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             let Some(qp) = qp else { return };
-            if let Err(_refused) =
-                ud_dest.and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
+            if let Err(_refused) = ud_dest
+                .inspect_err(|_| qp.retire_sends(1))
+                .and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
             {
                 qp.pump(&mut ctx);
                 let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, opcode, qpn);
@@ -928,6 +966,19 @@ impl Endpoint {
         let now = self.last_now;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
+        let queued = qp.rq.len();
+        let posted = Self::queue_recv(qp, &mut ctx, wr);
+        if qp.rq.len() == queued {
+            // Refused, or flushed at once: not in the queue, so not outstanding.
+            qp.retire_recvs(1);
+        }
+        self.err_overrun_qps(now);
+        posted
+    }
+
+    /// [`post_recv`](Self::post_recv)'s checks and queueing.
+    fn queue_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wr: RecvWr) -> Result<(), VerbsError> {
+        let qpn = qp.qpn;
         if qp.srq.is_some() {
             return Err(VerbsError::InvalidRequest(
                 "the QP takes its receive requests from an SRQ",
@@ -938,7 +989,6 @@ impl Endpoint {
             QpState::Error => {
                 let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
                 ctx.complete(qp.recv_cq, wc);
-                self.err_overrun_qps(now);
                 return Ok(());
             }
             _ => {}

@@ -108,8 +108,9 @@ impl Requester {
         self.una != self.high_psn
     }
 
-    /// Every request left completes with WR_FLUSH_ERR, in order.
-    pub fn flush(&mut self, qpn: Qpn, cq: CqId, ctx: &mut Ctx<'_>) {
+    /// Every request left completes with WR_FLUSH_ERR, in order; returns how many there were.
+    pub fn flush(&mut self, qpn: Qpn, cq: CqId, ctx: &mut Ctx<'_>) -> usize {
+        let flushed = self.sq.len();
         for wqe in self.sq.drain(..) {
             let status = wqe.done.unwrap_or(WcStatus::WrFlushErr);
             if wqe.wr.signaled || status != WcStatus::Success {
@@ -122,6 +123,7 @@ impl Requester {
         self.send_idx = 0;
         self.retry_timer = None;
         self.rnr_until = None;
+        flushed
     }
 }
 
@@ -233,32 +235,28 @@ impl Qp {
     }
 
     /// Checks and queues a send request, without sending: `pump` sends what a batch queued.
+    /// One that does not enter the queue (refused, or flushed at once) gives its slot back.
     pub(crate) fn enqueue_send(
         &mut self,
         wr: SendWr,
         ud_dest: Option<IpAddr>,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), VerbsError> {
-        let carried = match self.qp_type {
-            QpType::Rc => true,
-            QpType::Uc => matches!(
-                wr.op,
-                SendOp::Send
-                    | SendOp::SendWithImm { .. }
-                    | SendOp::Write { .. }
-                    | SendOp::WriteWithImm { .. }
-                    | SendOp::BindMw(_)
-                    | SendOp::LocalInv { .. }
-            ),
-            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
-        };
-        if !carried {
-            // IBTA 9.2, table 38: UC has no READ, atomics or invalidate; UD only SEND. Windows
-            // are bound and invalidated on RC and UC QPs (rxe_opcode.c, `IB_WR_BIND_MW`).
-            return Err(VerbsError::InvalidRequest(
-                "UC carries SEND, RDMA WRITE (with immediate) and window binds only, UD SEND only",
-            ));
+        let queued = self.req.sq.len();
+        let result = self.check_and_queue(wr, ud_dest, ctx);
+        if self.req.sq.len() == queued {
+            self.retire_sends(1);
         }
+        result
+    }
+
+    fn check_and_queue(
+        &mut self,
+        wr: SendWr,
+        ud_dest: Option<IpAddr>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), VerbsError> {
+        wr.check(self.qp_type)?;
         match self.state {
             QpState::Rts | QpState::Sqd => {}
             // A stopped send queue flushes what is posted to it until a modify restarts it.
@@ -278,19 +276,6 @@ impl Qp {
             return Err(VerbsError::QueueFull);
         }
         let len = wr.payload.len();
-        if wr.op.is_atomic() && len != 8 {
-            return Err(VerbsError::InvalidRequest(
-                "an atomic's result buffer is 8 bytes",
-            ));
-        }
-        if len > (1 << 31) {
-            return Err(VerbsError::InvalidRequest("a message is at most 2 GiB"));
-        }
-        if wr.op.is_read_or_atomic() && matches!(wr.payload, Payload::Inline(_)) {
-            return Err(VerbsError::InvalidRequest(
-                "READ and atomics need SGEs for their result",
-            ));
-        }
         let mtu = self.mtu() as u64;
         let npsn = if wr.op.is_local() {
             0
@@ -892,6 +877,7 @@ impl Qp {
     fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
         while let Some(status) = self.req.sq.front().and_then(|w| w.done) {
             let wqe = self.req.sq.pop_front().expect("front exists");
+            self.retire_sends(1);
             self.req.send_idx = self.req.send_idx.saturating_sub(1);
             if wqe.wr.signaled || status != WcStatus::Success {
                 let mut wc =

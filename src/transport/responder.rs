@@ -542,6 +542,7 @@ impl Qp {
                 wc.src_addr = Some(datagram.src);
                 self.finish_message();
                 ctx.complete(self.recv_cq, wc);
+                self.retire_recvs(1);
             }
             self.advance(repr, ctx);
             return Ok(());
@@ -591,6 +592,7 @@ impl Qp {
                     wc.src_addr = Some(datagram.src);
                     self.finish_message();
                     ctx.complete(self.recv_cq, wc);
+                    self.retire_recvs(1);
                 } else {
                     self.finish_message();
                 }

@@ -6,7 +6,7 @@ use std::ops::Deref;
 
 use smallvec::SmallVec;
 
-use super::AddressHandle;
+use super::{AddressHandle, QpType, VerbsError};
 use crate::memory::{BindMw, RemoteRegion};
 use crate::wire::{LKey, QKey, Qpn, RKey};
 
@@ -368,6 +368,48 @@ impl SendWr {
     pub fn to(mut self, dest: UdDest) -> Self {
         self.ud = Some(dest);
         self
+    }
+}
+
+impl SendWr {
+    /// What can be known of a request from itself and its QP's type, checked where it is
+    /// posted (at the call, by the verbs) and again where the core queues it.
+    pub(crate) fn check(&self, qp_type: QpType) -> Result<(), VerbsError> {
+        let carried = match qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                self.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::Write { .. }
+                    | SendOp::WriteWithImm { .. }
+                    | SendOp::BindMw(_)
+                    | SendOp::LocalInv { .. }
+            ),
+            QpType::Ud => matches!(self.op, SendOp::Send | SendOp::SendWithImm { .. }),
+        };
+        if !carried {
+            // IBTA 9.2, table 38: UC has no READ, atomics or invalidate; UD only SEND. Windows
+            // are bound and invalidated on RC and UC QPs (rxe_opcode.c, `IB_WR_BIND_MW`).
+            return Err(VerbsError::InvalidRequest(
+                "UC carries SEND, RDMA WRITE (with immediate) and window binds only, UD SEND only",
+            ));
+        }
+        let len = self.payload.len();
+        if self.op.is_atomic() && len != 8 {
+            return Err(VerbsError::InvalidRequest(
+                "an atomic's result buffer is 8 bytes",
+            ));
+        }
+        if len > (1 << 31) {
+            return Err(VerbsError::InvalidRequest("a message is at most 2 GiB"));
+        }
+        if self.op.is_read_or_atomic() && matches!(self.payload, Payload::Inline(_)) {
+            return Err(VerbsError::InvalidRequest(
+                "READ and atomics need SGEs for their result",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -50,7 +50,7 @@ use crate::cm::{
     CmCounters, CmEvent, ConnId, ConnectRequest, Failure, ListenerId, SidrId, RDMA_UDP_QKEY,
 };
 use crate::engine::{CmCommand, Command, ConnectCall};
-use crate::transport::{ConnectOptions, QpType};
+use crate::transport::{ConnectOptions, QpState, QpType};
 use crate::wire::cm::{PortSpace, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
@@ -382,7 +382,11 @@ impl Connection {
         loop {
             match self.next_cm_event(POLL)? {
                 Some(CmEvent::Reply { reply, .. }) => reply_data = reply.private_data,
-                Some(CmEvent::Established { .. }) => return Ok(reply_data),
+                Some(CmEvent::Established { .. }) => {
+                    // The CM took the QP to RTS in the engine: posts may go out now.
+                    self.qp.note_state(QpState::Rts);
+                    return Ok(reply_data);
+                }
                 Some(CmEvent::Failed { failure, .. }) => {
                     self.ended.store(true, Ordering::Relaxed);
                     return Err(Error::ConnectFailed(failure));

@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -666,8 +666,49 @@ impl QpBuilder<'_> {
             qp_type,
             sq_psn: self.sq_psn.unwrap_or_else(random_psn),
             qkey: self.qkey,
+            depths: (self.max_send_wr, self.max_recv_wr),
+            state: AtomicU8::new(0),
             _cqs: [send_cq, recv_cq],
         })
+    }
+}
+
+/// The states a [`QueuePair`] records, by index; RESET, where a QP starts, first.
+const QP_STATES: [QpState; 7] = [
+    QpState::Reset,
+    QpState::Init,
+    QpState::Rtr,
+    QpState::Rts,
+    QpState::Sqd,
+    QpState::Sqe,
+    QpState::Error,
+];
+
+/// A batch post that stopped early: how many requests were posted before the refused one,
+/// and why that one was refused.
+#[derive(Debug)]
+pub struct PartialPost {
+    /// Requests posted, from the first; the refused one and those after it were not.
+    pub posted: usize,
+    /// Why the next one was refused.
+    pub error: Error,
+}
+
+impl fmt::Display for PartialPost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} posted, then refused: {}", self.posted, self.error)
+    }
+}
+
+impl std::error::Error for PartialPost {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<PartialPost> for Error {
+    fn from(partial: PartialPost) -> Error {
+        partial.error
     }
 }
 
@@ -681,6 +722,10 @@ pub struct QueuePair {
     qp_type: QpType,
     sq_psn: Psn,
     qkey: QKey,
+    /// `max_send_wr` and `max_recv_wr`, which [`QpQueues::slots`] holds it to.
+    depths: (usize, usize),
+    /// The state its last modify left it in, as an index into [`QP_STATES`].
+    state: AtomicU8,
     /// The send and receive CQs, kept alive until the QP is destroyed, as libibverbs refuses
     /// to destroy a CQ that a QP uses.
     _cqs: [CompletionQueue; 2],
@@ -694,11 +739,21 @@ impl QueuePair {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        let (qpn, attr) = (self.qpn, Box::new(attr.clone()));
-        Ok(self
-            .device
+        let (qpn, to) = (self.qpn, attr.state);
+        let attr = Box::new(attr.clone());
+        self.device
             .engine()
-            .call(|reply| Command::ModifyQp(qpn, attr, reply))??)
+            .call(|reply| Command::ModifyQp(qpn, attr, reply))??;
+        if let Some(state) = to {
+            self.note_state(state);
+        }
+        Ok(())
+    }
+
+    /// Records the state a modify made by others (the connection manager) left the QP in.
+    pub(crate) fn note_state(&self, state: QpState) {
+        let code = QP_STATES.iter().position(|&s| s == state).unwrap_or(0);
+        self.state.store(code as u8, Ordering::Release);
     }
 
     /// `ibv_modify_qp` to INIT with `access`, from RESET: receives can be posted from here on,
@@ -738,20 +793,87 @@ impl QueuePair {
         Ok(())
     }
 
-    fn post<T>(&self, queue: &crossbeam_channel::Sender<T>, wr: T) -> Result<()> {
-        match queue.try_send(wr) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(Error::QueueFull),
-            Err(TrySendError::Disconnected(_)) => return Err(self.device.engine().gone().into()),
+    /// The state the application's last modify left the QP in. The device moves it to an
+    /// error state on its own too, but posting to a QP in error is no mistake (the request
+    /// completes flushed), so this is all the checks at the call need.
+    fn state(&self) -> QpState {
+        QP_STATES[usize::from(self.state.load(Ordering::Acquire))]
+    }
+
+    /// What a send request can be refused for at the call: the QP's state (rxe_verbs.c
+    /// `rxe_post_send` refuses a QP before RTS), the operation and lengths its type allows,
+    /// and its UD destination, given exactly where one is needed.
+    fn check_send(&self, wr: &SendWr) -> Result<()> {
+        let state = self.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::WrongState(state).into());
         }
+        wr.check(self.qp_type)?;
+        match (self.qp_type, wr.ud) {
+            (QpType::Ud, None) => Err(VerbsError::InvalidRequest(
+                "a UD send names its destination (SendWr::to)",
+            )
+            .into()),
+            (QpType::Rc | QpType::Uc, Some(_)) => Err(VerbsError::InvalidRequest(
+                "only a UD send takes a destination: a connected QP sends to its peer",
+            )
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands `wr` to the engine's channel, in a slot taken first; the caller rings.
+    fn enqueue_send(&self, wr: SendWr) -> Result<()> {
+        self.check_send(&wr)?;
+        if !self.queues.slots.take_send(self.depths.0) {
+            return Err(Error::QueueFull);
+        }
+        self.queues.send.try_send(wr).map_err(|refused| {
+            self.queues.slots.retire_sends(1);
+            match refused {
+                TrySendError::Full(_) => Error::QueueFull,
+                TrySendError::Disconnected(_) => self.device.engine().gone().into(),
+            }
+        })
+    }
+
+    /// `ibv_post_send`. Refused at the call, with the reason, when the QP is not ready to
+    /// send, the request is not one its type carries (or names a destination wrongly), or
+    /// [`max_send_wr`](QpBuilder::max_send_wr) requests are outstanding
+    /// ([`Error::QueueFull`]). What only the device can know (a key that names no region, a
+    /// peer that refuses) completes in error instead.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.enqueue_send(wr)?;
         self.device.engine().ring(&self.queues)?;
         Ok(())
     }
 
-    /// Posts a send work request. A request the transport refuses later completes with
-    /// LOC_QP_OP_ERR.
-    pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        self.post(&self.queues.send, wr)
+    /// Posts `wrs` in order, waking the device once for all of them: what a linked list of
+    /// work requests is to `ibv_post_send`. Stops at the first request refused, as
+    /// [`post_send`](Self::post_send) would refuse it; the ones before it are posted, and
+    /// [`PartialPost::posted`] says how many. Returns how many were posted.
+    pub fn post_send_batch(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<usize, PartialPost> {
+        let mut posted = 0;
+        let mut refused = None;
+        for wr in wrs {
+            if let Err(error) = self.enqueue_send(wr) {
+                refused = Some(error);
+                break;
+            }
+            posted += 1;
+        }
+        if posted > 0 {
+            if let Err(gone) = self.device.engine().ring(&self.queues) {
+                refused.get_or_insert(gone.into());
+            }
+        }
+        match refused {
+            None => Ok(posted),
+            Some(error) => Err(PartialPost { posted, error }),
+        }
     }
 
     /// `ibv_bind_mw` for a type 1 window: posts the bind as a work request on this QP; its
@@ -771,13 +893,31 @@ impl QueuePair {
     }
 
     /// Posts a receive request; a QP built with an SRQ takes them from the SRQ instead.
+    ///
+    /// Refused at the call in RESET (rxe_verbs.c `rxe_post_recv`), on a QP with an SRQ, and
+    /// once [`max_recv_wr`](QpBuilder::max_recv_wr) receives wait ([`Error::QueueFull`]).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if self.has_srq {
             return Err(Error::Verbs(VerbsError::InvalidRequest(
                 "this QP receives from its SRQ: post to the SRQ",
             )));
         }
-        self.post(&self.queues.recv, wr)
+        let state = self.state();
+        if state == QpState::Reset {
+            return Err(VerbsError::WrongState(state).into());
+        }
+        if !self.queues.slots.take_recv(self.depths.1) {
+            return Err(Error::QueueFull);
+        }
+        if let Err(refused) = self.queues.recv.try_send(wr) {
+            self.queues.slots.retire_recvs(1);
+            return Err(match refused {
+                TrySendError::Full(_) => Error::QueueFull,
+                TrySendError::Disconnected(_) => self.device.engine().gone().into(),
+            });
+        }
+        self.device.engine().ring(&self.queues)?;
+        Ok(())
     }
 
     /// Takes a UD QP from RESET through INIT and RTR to RTS, with the Q_Key it was built with
