@@ -261,3 +261,48 @@ fn queue_depths_are_exact() {
     assert_eq!((received.wr_id, received.status), (0, WcStatus::Success));
     b.post_recv(recv).unwrap();
 }
+
+/// The application's own buffer is the region: no copy at registration, a peer's WRITE lands
+/// in it, and it comes back whole only once deregistered (before that, the handle comes back).
+#[test]
+fn an_application_buffer_is_registered_without_a_copy_and_handed_back() {
+    let Pair { ends: [a, b] } = pair(47, 48);
+    let mut buffer = Vec::with_capacity(1024);
+    buffer.resize(1000, 0xee);
+    let allocation = buffer.as_ptr();
+    // b's own PD and QP: the region must share a PD with the QP the WRITE arrives on.
+    let pd = b.0.alloc_pd().unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let region = pd.register_buffer(buffer, access).unwrap();
+    assert_eq!(region.len(), 1000);
+    let qp = pd.create_qp().send_cq(&b.1).recv_cq(&b.1).build().unwrap();
+    let pd_a = a.0.alloc_pd().unwrap();
+    let a_qp = pd_a
+        .create_qp()
+        .send_cq(&a.1)
+        .recv_cq(&a.1)
+        .build()
+        .unwrap();
+    qp.connect(&a_qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    a_qp.connect(&qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    let source = pd_a.register(8, Access::LOCAL_WRITE).unwrap();
+    source.write(0, b"landed").unwrap();
+    let target = region.remote().at(994).unwrap();
+    a_qp.post_send(SendWr::write(1, source.sge(0, 6).unwrap(), target))
+        .unwrap();
+    let wc =
+        a.1.wait(Duration::from_secs(5))
+            .unwrap()
+            .expect("a completion");
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    let region = region.into_buffer().expect_err("still registered");
+    pd.deregister(&region).unwrap();
+    let back = region
+        .into_buffer()
+        .expect("deregistered, and the last handle");
+    assert_eq!((back.as_ptr(), back.len()), (allocation, 1000));
+    assert_eq!(&back[994..], b"landed");
+    assert!(back[..994].iter().all(|&b| b == 0xee));
+}

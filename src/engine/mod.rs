@@ -62,6 +62,12 @@ pub(crate) enum Command {
         access: Access,
         reply: Reply<Result<MemoryRegion, MemoryError>>,
     },
+    RegBuffer {
+        pd: PdId,
+        buffer: Vec<u8>,
+        access: Access,
+        reply: Reply<Result<MemoryRegion, (Vec<u8>, MemoryError)>>,
+    },
     DeregMr(LKey, Reply<Result<(), MemoryError>>),
     AllocMw(PdId, MwType, Reply<RKey>),
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
@@ -185,6 +191,15 @@ impl EngineHandle {
     pub fn command(&self, command: Command) -> Result<(), EngineGone> {
         self.commands.send(command).map_err(|_| self.gone())?;
         self.wake()
+    }
+
+    /// [`command`](Self::command), but a command the engine can no longer take comes back,
+    /// with why: for commands that carry something of the application's.
+    pub fn offer(&self, command: Command) -> Result<(), (Option<Command>, EngineGone)> {
+        if let Err(unsent) = self.commands.send(command) {
+            return Err((Some(unsent.0), self.gone()));
+        }
+        self.wake().map_err(|gone| (None, gone))
     }
 
     /// A work request was posted: the engine thread takes it at its next turn, and is woken
@@ -500,8 +515,20 @@ impl<B: Backend> Engine<B> {
                     let iova = self.next_iova;
                     let result = self.endpoint.reg_mr(pd, iova, len, access);
                     if result.is_ok() {
-                        // Keep regions page-aligned and apart.
-                        self.next_iova += (len as u64).div_ceil(4096).max(1) * 4096;
+                        self.advance_iova(len);
+                    }
+                    let _ = reply.send(result);
+                }
+                Command::RegBuffer {
+                    pd,
+                    buffer,
+                    access,
+                    reply,
+                } => {
+                    let (iova, len) = (self.next_iova, buffer.len());
+                    let result = self.endpoint.reg_buffer(pd, iova, buffer, access);
+                    if result.is_ok() {
+                        self.advance_iova(len);
                     }
                     let _ = reply.send(result);
                 }
@@ -667,6 +694,12 @@ impl<B: Backend> Engine<B> {
             self.endpoint.handle_unreachable(now, dst);
             self.cm.handle_unreachable(now, &mut self.endpoint, dst);
         }
+    }
+
+    /// Moves the next region's address past one of `len` bytes: regions stay page-aligned and
+    /// apart, so an address names one region.
+    fn advance_iova(&mut self, len: usize) {
+        self.next_iova += (len as u64).div_ceil(4096).max(1) * 4096;
     }
 
     /// Hands completions and events to the application, as far as its channels have room.

@@ -15,6 +15,7 @@
 //! window's rkey keeps its upper 24 bits for life; each bind chooses the low 8, as
 //! `ibv_inc_rkey` does, so that a peer holding an rkey of an earlier binding reaches nothing.
 
+mod lent;
 mod region;
 mod table;
 mod window;
@@ -102,7 +103,8 @@ pub enum MemoryError {
         /// The rights the access needs.
         needed: Access,
     },
-    /// An atomic's address is not 8-byte aligned.
+    /// An address that must be 8-byte aligned is not: an atomic's, a region's iova, or the
+    /// allocation of a buffer handed to `register_buffer`.
     Misaligned {
         /// The address that is not a multiple of 8.
         addr: u64,
@@ -147,7 +149,7 @@ impl fmt::Display for MemoryError {
                 write!(f, "the region does not grant access {:#x}", needed.0)
             }
             MemoryError::Misaligned { addr } => {
-                write!(f, "atomic at {addr:#x} is not 8-byte aligned")
+                write!(f, "{addr:#x} is not 8-byte aligned (an atomic's address, a region's iova, or a buffer to register)")
             }
             MemoryError::NoMemory { len } => {
                 write!(f, "cannot allocate {len} bytes for a region")

@@ -17,15 +17,19 @@
 //! Relaxed ordering is enough: RDMA gives no ordering between a remote write and local reads
 //! except through a completion, and the completion path synchronises through the queues that
 //! carry it. The price is a copy in and out instead of the application writing into the
-//! registered memory in place; `benches/memory.rs` measures it. No `unsafe` is needed.
+//! registered memory in place; `benches/memory.rs` measures it. A region softroce allocates
+//! needs no `unsafe`; one over the application's own buffer views its bytes as the same
+//! atomic words, which `lent.rs` does, in the crate's only `unsafe` code.
 //!
 //! The storage is allocated with `try_reserve_exact`: a region the host cannot hold is a
 //! [`MemoryError::NoMemory`], never an abort of the process.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::lent::Lent;
 use super::{Access, MemoryError, PdId};
 use crate::transport::Sge;
 use crate::wire::{LKey, RKey};
@@ -39,15 +43,42 @@ fn split(offset: usize, len: usize) -> (usize, usize) {
     (head, (len - head) / WORD * WORD)
 }
 
+/// Where a region's words live.
+enum Storage {
+    /// Allocated by softroce, zeroed (`ProtectionDomain::register`).
+    Own(Box<[AtomicU64]>),
+    /// The application's buffer, handed over (`ProtectionDomain::register_buffer`).
+    Lent(Lent),
+}
+
+impl Deref for Storage {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            Storage::Own(words) => words,
+            Storage::Lent(lent) => lent.words(),
+        }
+    }
+}
+
 /// The storage of a region: atomic words, so that concurrent access is never a data race.
 pub(super) struct Words {
-    words: Box<[AtomicU64]>,
+    words: Storage,
     len: usize,
 }
 
 impl Words {
+    /// The application's `buffer`, as it is: its length is the region's.
+    pub(super) fn lent(buffer: Vec<u8>) -> Result<Self, (Vec<u8>, MemoryError)> {
+        let lent = Lent::new(buffer)?;
+        Ok(Words {
+            len: lent.len(),
+            words: Storage::Lent(lent),
+        })
+    }
+
     /// `len` zero bytes, or `NoMemory` if the host cannot allocate them.
-    fn zeroed(len: usize) -> Result<Self, MemoryError> {
+    pub(super) fn zeroed(len: usize) -> Result<Self, MemoryError> {
         let count = len.div_ceil(WORD);
         let mut words = Vec::new();
         words
@@ -55,7 +86,7 @@ impl Words {
             .map_err(|_| MemoryError::NoMemory { len: len as u64 })?;
         words.resize_with(count, || AtomicU64::new(0));
         Ok(Words {
-            words: words.into_boxed_slice(),
+            words: Storage::Own(words.into_boxed_slice()),
             len,
         })
     }
@@ -175,22 +206,42 @@ impl fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
-    /// A zeroed region with these keys, or `NoMemory`.
-    pub(super) fn allocate(
+    /// A region over `words`, with these keys.
+    pub(super) fn new(
         pd: PdId,
         iova: u64,
-        len: usize,
         access: Access,
         (lkey, rkey): (LKey, RKey),
-    ) -> Result<Self, MemoryError> {
-        Ok(MemoryRegion {
+        words: Words,
+    ) -> Self {
+        MemoryRegion {
             pd,
             iova,
             access,
             lkey,
             rkey,
-            words: Arc::new(Words::zeroed(len)?),
-        })
+            words: Arc::new(words),
+        }
+    }
+
+    /// The region's memory as a `Vec`, once this is its last handle: for a buffer registered
+    /// with `register_buffer`, the same allocation, at its length, holding what was last
+    /// written; for a region softroce allocated, a copy. While another handle, the device's
+    /// registration or a transfer in flight still holds the memory, the handle comes back:
+    /// deregister first, and let transfers complete.
+    pub fn into_buffer(self) -> Result<Vec<u8>, MemoryRegion> {
+        match Arc::try_unwrap(self.words) {
+            Ok(Words {
+                words: Storage::Lent(lent),
+                ..
+            }) => Ok(lent.into_vec()),
+            Ok(own) => {
+                let mut copy = vec![0; own.len];
+                own.read(0, &mut copy);
+                Ok(copy)
+            }
+            Err(words) => Err(MemoryRegion { words, ..self }),
+        }
     }
 
     /// The span of `len` bytes at `offset` from the region's start, which the caller checked.
@@ -383,6 +434,117 @@ mod tests {
     use super::super::MemoryTable;
     use super::*;
     use crate::wire::Qpn;
+
+    /// A buffer of `len` bytes, `byte(i)` each, whose allocation is aligned to 8 and holds
+    /// whole words, as the usual allocators give it. Rust promises a `Vec<u8>` no alignment, and Miri gives it any: there,
+    /// buffers are made (and kept, so that each is a new allocation) until one is aligned.
+    fn aligned(len: usize, byte: impl Fn(usize) -> u8) -> Vec<u8> {
+        let mut misaligned = Vec::new();
+        loop {
+            // Room for whole words, so that registering it does not move it.
+            let mut buffer = Vec::with_capacity(len.next_multiple_of(8));
+            buffer.extend((0..len).map(&byte));
+            if buffer.as_ptr() as usize % 8 == 0 {
+                return buffer;
+            }
+            misaligned.push(buffer);
+        }
+    }
+
+    /// A buffer handed over is the region itself: a remote WRITE lands in it, the application
+    /// reads it through the handle, and after deregistration the same allocation comes back,
+    /// at its length, with what was written (Miri runs this: the `unsafe` of `lent.rs`).
+    #[test]
+    fn a_lent_buffer_is_the_region_and_comes_back_whole() {
+        let (mut t, pd, _) = table();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let buffer = aligned(100, |i| i as u8);
+        let allocation = buffer.as_ptr();
+        let mr = t.register_buffer(pd, 0x8000, buffer, access).unwrap();
+        assert_eq!((mr.len(), mr.to_vec()[99]), (100, 99));
+        let span = t
+            .check_remote(
+                mr.rkey(),
+                (pd, Qpn::new(1)),
+                0x8000 + 95,
+                5,
+                Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        span.write(0, b"12345");
+        let mut tail = [0u8; 5];
+        mr.read(95, &mut tail).unwrap();
+        assert_eq!(&tail, b"12345");
+        let held = mr
+            .into_buffer()
+            .expect_err("the table and the span still hold it");
+        drop(span);
+        t.deregister(held.lkey()).unwrap();
+        let back = held.into_buffer().expect("the last handle");
+        assert_eq!(back.as_ptr(), allocation, "the same allocation, not a copy");
+        assert_eq!(back.len(), 100);
+        assert_eq!(&back[95..], b"12345");
+        assert_eq!(back[..95], (0..95).map(|i| i as u8).collect::<Vec<_>>()[..]);
+    }
+
+    /// Buffers of every awkward shape: empty (with and without an allocation), shorter than a
+    /// word, and one dropped while registered rather than handed back.
+    #[test]
+    fn lent_buffers_of_any_length_are_sound() {
+        let (mut t, pd, _) = table();
+        let shapes = [
+            Vec::new(),
+            Vec::with_capacity(16),
+            aligned(3, |_| 7),
+            aligned(4096, |_| 1),
+        ];
+        for buffer in shapes {
+            let len = buffer.len();
+            let mr = t
+                .register_buffer(pd, 0x10_0000, buffer, Access::LOCAL_WRITE)
+                .unwrap();
+            assert_eq!(mr.len(), len);
+            if len > 0 {
+                mr.write(len - 1, &[9]).unwrap();
+            }
+            t.deregister(mr.lkey()).unwrap();
+            let back = mr.into_buffer().unwrap();
+            assert_eq!(back.len(), len);
+            assert!(back.last().is_none_or(|&b| b == 9));
+        }
+        let dropped = t
+            .register_buffer(pd, 0x20_0000, aligned(13, |_| 0), Access::LOCAL_WRITE)
+            .unwrap();
+        drop(dropped);
+        t.release_dropped();
+        // A buffer not aligned to 8 comes back untouched, with the address that refused it.
+        // The usual allocators never give one, so this runs where one turns up (under Miri).
+        let mut made = Vec::new();
+        for _ in 0..64 {
+            let buffer = vec![5u8; 24];
+            if buffer.as_ptr() as usize % 8 != 0 {
+                let addr = buffer.as_ptr() as u64;
+                let (back, why) = t
+                    .register_buffer(pd, 0x30_0000, buffer, Access::LOCAL_WRITE)
+                    .unwrap_err();
+                assert_eq!(
+                    (back, why),
+                    (vec![5u8; 24], MemoryError::Misaligned { addr })
+                );
+                break;
+            }
+            made.push(buffer);
+        }
+        // A region softroce allocated hands back a copy of its bytes, once nothing else holds it.
+        let (own_table, _, own) = table();
+        own.write(0, b"copied").unwrap();
+        assert!(
+            own.clone().into_buffer().is_err(),
+            "its table still holds it"
+        );
+        drop(own_table);
+        assert_eq!(&own.into_buffer().unwrap()[..6], b"copied");
+    }
 
     /// An SGE is checked where it is made: a range past the region's end is an error with
     /// its address, not a request that fails later with LOC_PROT_ERR.

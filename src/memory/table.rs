@@ -12,6 +12,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashMap;
 
+use super::region::Words;
 use super::window::Window;
 use super::{Access, MemoryError, MemoryRegion, PdId, Span};
 use crate::wire::{LKey, Qpn, RKey};
@@ -58,6 +59,21 @@ pub(super) fn within(addr: u64, len: usize, start: u64, size: u64) -> Result<(),
     let end = addr.checked_add(len as u64).ok_or(out_of_bounds)?;
     if addr < start || end > start.saturating_add(size) {
         return Err(out_of_bounds);
+    }
+    Ok(())
+}
+
+/// Where a region may go: an iova on a word boundary (so that its atomics are aligned) and
+/// an end that does not overflow.
+fn check_placement(iova: u64, len: usize) -> Result<(), MemoryError> {
+    if iova % WORD != 0 {
+        return Err(MemoryError::Misaligned { addr: iova });
+    }
+    if iova.checked_add(len as u64).is_none() {
+        return Err(MemoryError::OutOfBounds {
+            addr: iova,
+            len: len as u64,
+        });
     }
     Ok(())
 }
@@ -110,22 +126,42 @@ impl MemoryTable {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, MemoryError> {
-        if iova % WORD != 0 {
-            return Err(MemoryError::Misaligned { addr: iova });
+        check_placement(iova, len)?;
+        let keys = self.fresh_keys();
+        let region = MemoryRegion::new(pd, iova, access, keys, Words::zeroed(len)?);
+        Ok(self.insert(region))
+    }
+
+    /// Registers the application's `buffer` as a region that peers address from `iova`, with
+    /// no copy: the region is the buffer ([`MemoryRegion::into_buffer`] hands it back). A
+    /// buffer that cannot be registered comes back with the reason.
+    pub fn register_buffer(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        buffer: Vec<u8>,
+        access: Access,
+    ) -> Result<MemoryRegion, (Vec<u8>, MemoryError)> {
+        if let Err(refused) = check_placement(iova, buffer.len()) {
+            return Err((buffer, refused));
         }
-        if iova.checked_add(len as u64).is_none() {
-            return Err(MemoryError::OutOfBounds {
-                addr: iova,
-                len: len as u64,
-            });
-        }
+        let words = Words::lent(buffer)?;
+        let region = MemoryRegion::new(pd, iova, access, self.fresh_keys(), words);
+        Ok(self.insert(region))
+    }
+
+    /// A new region's keys, after the regions no one holds any more are released.
+    fn fresh_keys(&mut self) -> (LKey, RKey) {
         self.release_dropped();
-        let lkey = self.fresh_key();
-        let rkey = self.fresh_key();
-        let region = MemoryRegion::allocate(pd, iova, len, access, (LKey(lkey), RKey(rkey)))?;
+        (LKey(self.fresh_key()), RKey(self.fresh_key()))
+    }
+
+    /// Makes a new region's keys reach it.
+    fn insert(&mut self, region: MemoryRegion) -> MemoryRegion {
+        let (lkey, rkey) = (region.lkey().0, region.rkey().0);
         self.rkeys.insert(rkey, Target::Region(lkey));
         self.regions.insert(lkey, region.clone());
-        Ok(region)
+        region
     }
 
     /// Deregisters a region: both its keys stop working at once. Refused while windows are

@@ -591,6 +591,18 @@ impl Endpoint {
         self.memory.register(pd, iova, len, access)
     }
 
+    /// Registers the application's `buffer` as a region that peers address from `iova`, with
+    /// no copy; the buffer comes back with the reason if it cannot be.
+    pub fn reg_buffer(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        buffer: Vec<u8>,
+        access: Access,
+    ) -> Result<MemoryRegion, (Vec<u8>, MemoryError)> {
+        self.memory.register_buffer(pd, iova, buffer, access)
+    }
+
     /// `ibv_dereg_mr`: refused while windows are bound over the region.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), MemoryError> {
         self.memory.deregister(lkey)

@@ -415,6 +415,52 @@ impl ProtectionDomain {
         })??)
     }
 
+    /// Registers `buffer`, which the application hands over, as a region of its length: no
+    /// copy is made, and [`MemoryRegion::into_buffer`] hands the same buffer back once the
+    /// region is deregistered ([`deregister`](Self::deregister)) and its last handle is the
+    /// one given.
+    ///
+    /// While it is registered the buffer is the region's: the application reads and writes it
+    /// through the handle ([`MemoryRegion::read`], [`write`](MemoryRegion::write)), as every
+    /// access is an atomic one, so that a peer's WRITE landing while the application reads is
+    /// not a data race; the `Vec` itself is gone until it is handed back. If its length is not
+    /// a multiple of 8, up to 7 zero bytes complete its last word, in its spare capacity (make
+    /// it with `Vec::with_capacity(len.next_multiple_of(8))` to be sure) or by growing it,
+    /// which may move it once; they come off again when it is handed back.
+    ///
+    /// The region's words are atomic, so its allocation must be aligned to 8 bytes. Rust does
+    /// not promise that of a `Vec<u8>`, but glibc's, jemalloc's and mimalloc's allocators give
+    /// 16; a buffer that is not aligned comes back in the error ([`MemoryError::Misaligned`]),
+    /// untouched, as does every buffer that cannot be registered.
+    pub fn register_buffer(
+        &self,
+        buffer: Vec<u8>,
+        access: Access,
+    ) -> std::result::Result<MemoryRegion, (Vec<u8>, Error)> {
+        let pd = self.pd;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let command = Command::RegBuffer {
+            pd,
+            buffer,
+            access,
+            reply: tx,
+        };
+        let engine = self.device.engine();
+        if let Err((unsent, gone)) = engine.offer(command) {
+            let buffer = match unsent {
+                Some(Command::RegBuffer { buffer, .. }) => buffer,
+                // Taken by an engine that stopped before it answered: freed with it.
+                _ => Vec::new(),
+            };
+            return Err((buffer, gone.into()));
+        }
+        match rx.recv() {
+            Ok(registered) => registered.map_err(|(buffer, error)| (buffer, error.into())),
+            // The engine stopped with the buffer in hand: it was freed with it.
+            Err(_) => Err((Vec::new(), engine.gone().into())),
+        }
+    }
+
     /// `ibv_alloc_mw`: a memory window of this protection domain (see [`crate::memory`]'s
     /// window rules). A type 1 window is bound with [`QueuePair::bind_mw`]; a type 2 window
     /// with a [`SendOp::BindMw`] work request, after which
