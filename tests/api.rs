@@ -267,8 +267,10 @@ fn queue_depths_are_exact() {
 #[test]
 fn an_application_buffer_is_registered_without_a_copy_and_handed_back() {
     let Pair { ends: [a, b] } = pair(47, 48);
-    let mut buffer = Vec::with_capacity(1024);
+    // A boxed slice, as some applications hold their buffers: the same allocation as a Vec.
+    let mut buffer = Vec::with_capacity(1000);
     buffer.resize(1000, 0xee);
+    let buffer: Box<[u8]> = buffer.into_boxed_slice();
     let allocation = buffer.as_ptr();
     // b's own PD and QP: the region must share a PD with the QP the WRITE arrives on.
     let pd = b.0.alloc_pd().unwrap();

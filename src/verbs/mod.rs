@@ -415,8 +415,8 @@ impl ProtectionDomain {
         })??)
     }
 
-    /// Registers `buffer`, which the application hands over, as a region of its length: no
-    /// copy is made, and [`MemoryRegion::into_buffer`] hands the same buffer back once the
+    /// Registers `buffer` (a `Vec<u8>` or a `Box<[u8]>`), which the application hands over, as
+    /// a region of its length: no copy is made, and [`MemoryRegion::into_buffer`] hands the same buffer back once the
     /// region is deregistered ([`deregister`](Self::deregister)) and its last handle is the
     /// one given.
     ///
@@ -434,9 +434,11 @@ impl ProtectionDomain {
     /// untouched, as does every buffer that cannot be registered.
     pub fn register_buffer(
         &self,
-        buffer: Vec<u8>,
+        buffer: impl Into<Vec<u8>>,
         access: Access,
     ) -> std::result::Result<MemoryRegion, (Vec<u8>, Error)> {
+        // A `Box<[u8]>` becomes a `Vec` of the same allocation.
+        let buffer = buffer.into();
         let pd = self.pd;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let command = Command::RegBuffer {
