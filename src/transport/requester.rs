@@ -875,9 +875,9 @@ impl Qp {
 
     /// Reports the finished requests at the head of the queue, in posting order.
     fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
+        let queued = self.req.sq.len();
         while let Some(status) = self.req.sq.front().and_then(|w| w.done) {
             let wqe = self.req.sq.pop_front().expect("front exists");
-            self.retire_sends(1);
             self.req.send_idx = self.req.send_idx.saturating_sub(1);
             if wqe.wr.signaled || status != WcStatus::Success {
                 let mut wc =
@@ -890,5 +890,8 @@ impl Qp {
                 ctx.complete(self.send_cq, wc);
             }
         }
+        // One give-back for all that an ACK completed: the slots' line is shared with the
+        // application's thread.
+        self.retire_sends(queued - self.req.sq.len());
     }
 }

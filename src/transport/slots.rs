@@ -4,63 +4,97 @@
 //!
 //! A send request holds its slot from its post until it leaves the send queue (completed,
 //! signalled or not, flushed, or refused); a receive request until its completion is made
-//! (or it is flushed or refused). Atomics, not a lock: a post is one compare-and-swap.
+//! (or it is flushed or refused). Atomics, not a lock: a post is one compare-and-swap on a
+//! line only posters write, a retirement one add on a line only the engine writes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A counter on a cache line of its own: each is written by one side only (posts by the
+/// application's threads, retirements by the engine), so that neither side's writes evict the
+/// other's line, and the other side only reads it.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line(AtomicUsize);
+
+/// One queue's counts: requests posted and requests retired, both only growing (wrapping), so
+/// that what is outstanding is their difference.
+#[derive(Debug, Default)]
+struct Queue {
+    posted: Line,
+    retired: Line,
+}
+
+impl Queue {
+    fn outstanding(&self) -> usize {
+        let retired = self.retired.0.load(Ordering::Acquire);
+        self.posted.0.load(Ordering::Acquire).wrapping_sub(retired)
+    }
+
+    /// Takes a slot if fewer than `max` are outstanding. Posters race only with each other
+    /// (a compare-and-swap on their own line); the engine's retirements only make room.
+    fn take(&self, max: usize) -> bool {
+        let mut posted = self.posted.0.load(Ordering::Acquire);
+        loop {
+            let retired = self.retired.0.load(Ordering::Acquire);
+            if posted.wrapping_sub(retired) >= max {
+                return false;
+            }
+            match self.posted.0.compare_exchange_weak(
+                posted,
+                posted.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => posted = now,
+            }
+        }
+    }
+
+    /// `n` requests left the queue. The engine retires (and, rarely, a post whose request
+    /// could not be handed over after all); an add, so any number of writers stays exact.
+    fn retire(&self, n: usize) {
+        if n > 0 {
+            self.retired.0.fetch_add(n, Ordering::Release);
+            debug_assert!(
+                self.outstanding() <= isize::MAX as usize,
+                "more requests retired than posted"
+            );
+        }
+    }
+}
 
 /// The counts of one QP, shared by its handles and the transport.
 #[derive(Debug, Default)]
 pub struct QueueSlots {
-    send: AtomicUsize,
-    recv: AtomicUsize,
-}
-
-/// Takes a slot of `taken` if fewer than `max` are taken.
-fn take(taken: &AtomicUsize, max: usize) -> bool {
-    taken
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < max).then_some(n + 1)
-        })
-        .is_ok()
-}
-
-/// Gives `n` slots back; never below zero, so that a miscount cannot wrap into a queue that
-/// refuses every post.
-fn give_back(taken: &AtomicUsize, n: usize) {
-    if n > 0 {
-        let _ = taken.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-            Some(t.saturating_sub(n))
-        });
-    }
+    send: Queue,
+    recv: Queue,
 }
 
 impl QueueSlots {
     /// A slot for a send request, if fewer than `max` are outstanding.
     pub fn take_send(&self, max: usize) -> bool {
-        take(&self.send, max)
+        self.send.take(max)
     }
 
     /// A slot for a receive request, if fewer than `max` are outstanding.
     pub fn take_recv(&self, max: usize) -> bool {
-        take(&self.recv, max)
+        self.recv.take(max)
     }
 
     /// `n` send requests left the QP (or were never handed to it).
     pub fn retire_sends(&self, n: usize) {
-        give_back(&self.send, n);
+        self.send.retire(n);
     }
 
     /// `n` receive requests completed (or were never handed to the QP).
     pub fn retire_recvs(&self, n: usize) {
-        give_back(&self.recv, n);
+        self.recv.retire(n);
     }
 
     /// How many send and receive requests are outstanding.
     pub fn outstanding(&self) -> (usize, usize) {
-        (
-            self.send.load(Ordering::Acquire),
-            self.recv.load(Ordering::Acquire),
-        )
+        (self.send.outstanding(), self.recv.outstanding())
     }
 }
 
@@ -75,8 +109,12 @@ mod tests {
         assert!(!slots.take_send(4), "a fifth send is refused");
         slots.retire_sends(1);
         assert!(slots.take_send(4));
-        slots.retire_recvs(3);
         assert_eq!(slots.outstanding(), (4, 0));
         assert!(slots.take_recv(1) && !slots.take_recv(1));
+        assert_eq!(
+            slots.outstanding(),
+            (4, 1),
+            "a refused take leaves the count as it was"
+        );
     }
 }
