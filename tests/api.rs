@@ -308,3 +308,33 @@ fn an_application_buffer_is_registered_without_a_copy_and_handed_back() {
     assert_eq!(&back[994..], b"landed");
     assert!(back[..994].iter().all(|&b| b == 0xee));
 }
+
+/// Dropping a region's last handle deregisters it then, not at the device's next registration:
+/// its keys stop working and the device stops counting it. A clone keeps it, and a region
+/// deregistered by hand and dropped later is no trouble.
+#[test]
+fn a_region_goes_when_its_last_handle_does() {
+    let device = Device::open(DeviceConfig::udp("127.0.0.49".parse().unwrap())).unwrap();
+    let pd = device.alloc_pd().unwrap();
+    let before = device.resources().unwrap().regions;
+    let region = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let clone = region.clone();
+    drop(region);
+    assert_eq!(
+        device.resources().unwrap().regions,
+        before + 1,
+        "a clone holds it"
+    );
+    drop(clone);
+    assert_eq!(
+        device.resources().unwrap().regions,
+        before,
+        "gone with its last handle"
+    );
+    let by_hand = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    pd.deregister(&by_hand).unwrap();
+    drop(by_hand);
+    let kept = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(device.resources().unwrap().regions, before + 1);
+    drop(kept);
+}

@@ -69,6 +69,8 @@ pub(crate) enum Command {
         reply: Reply<Result<MemoryRegion, (Vec<u8>, MemoryError)>>,
     },
     DeregMr(LKey, Reply<Result<(), MemoryError>>),
+    /// The application dropped its last handle to the region with these keys.
+    ReleaseMr(LKey, RKey),
     AllocMw(PdId, MwType, Reply<RKey>),
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
     CreateCq {
@@ -535,6 +537,7 @@ impl<B: Backend> Engine<B> {
                 Command::DeregMr(lkey, reply) => {
                     let _ = reply.send(self.endpoint.dereg_mr(lkey));
                 }
+                Command::ReleaseMr(lkey, rkey) => self.endpoint.release_mr(lkey, rkey),
                 Command::AllocMw(pd, kind, reply) => {
                     let _ = reply.send(self.endpoint.alloc_mw(pd, kind));
                 }

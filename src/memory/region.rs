@@ -181,6 +181,16 @@ impl RemoteRegion {
     }
 }
 
+/// What runs when the last of the application's handles to a region goes (the device's own
+/// copy and the transport's spans do not count): the verbs deregister the region then.
+struct LastHandle(Box<dyn Fn() + Send + Sync>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
 /// Cloning gives another handle to the same memory. The handle stays usable after
 /// deregistration, but the keys no longer reach it.
 #[derive(Clone)]
@@ -191,6 +201,8 @@ pub struct MemoryRegion {
     lkey: LKey,
     rkey: RKey,
     words: Arc<Words>,
+    /// Shared by the application's handles only ([`on_last_drop`](Self::on_last_drop)).
+    last_handle: Option<Arc<LastHandle>>,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -221,7 +233,15 @@ impl MemoryRegion {
             lkey,
             rkey,
             words: Arc::new(words),
+            last_handle: None,
         }
+    }
+
+    /// This handle, and the clones made of it from now on, run `then` when the last of them
+    /// goes. The copies made before (the device's own) do not count.
+    pub(crate) fn on_last_drop(mut self, then: impl Fn() + Send + Sync + 'static) -> Self {
+        self.last_handle = Some(Arc::new(LastHandle(Box::new(then))));
+        self
     }
 
     /// The region's memory as a `Vec`, once this is its last handle: for a buffer registered

@@ -179,6 +179,16 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// Deregisters the region registered as `lkey` if its rkey is `rkey`: the region whose
+    /// last application handle went, and not one registered since under a key drawn again.
+    /// Kept while windows are bound over it, to go at the next registration after they are
+    /// not.
+    pub fn release(&mut self, lkey: LKey, rkey: RKey) {
+        if self.regions.get(&lkey.0).map(MemoryRegion::rkey) == Some(rkey) {
+            let _ = self.deregister(lkey);
+        }
+    }
+
     /// How many regions are registered.
     pub fn regions(&self) -> usize {
         self.regions.len()

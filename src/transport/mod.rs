@@ -603,6 +603,12 @@ impl Endpoint {
         self.memory.register_buffer(pd, iova, buffer, access)
     }
 
+    /// The region registered as `lkey` with `rkey` lost its last application handle:
+    /// deregistered now ([`MemoryTable::release`]).
+    pub fn release_mr(&mut self, lkey: LKey, rkey: RKey) {
+        self.memory.release(lkey, rkey);
+    }
+
     /// `ibv_dereg_mr`: refused while windows are bound over the region.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), MemoryError> {
         self.memory.deregister(lkey)

@@ -402,17 +402,26 @@ impl ProtectionDomain {
     /// Registers a zeroed region of `len` bytes. The application reads and writes it through
     /// the returned handle; peers address it from `iova()` with its `rkey()`.
     ///
-    /// [`deregister`](Self::deregister) ends it at once. Dropping every handle ends it too,
-    /// lazily: its keys stop working at the device's next registration or QP destruction
-    /// (and never while a request in flight still uses it).
+    /// [`deregister`](Self::deregister) ends it at once; so does dropping its last handle
+    /// (a transfer in flight keeps the memory it was granted until it is done).
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         let pd = self.pd;
-        Ok(self.device.engine().call(|reply| Command::RegMr {
+        let region = self.device.engine().call(|reply| Command::RegMr {
             pd,
             len,
             access,
             reply,
-        })??)
+        })??;
+        Ok(self.deregistered_on_drop(region))
+    }
+
+    /// `region`, deregistered when the application's last handle to it goes.
+    fn deregistered_on_drop(&self, region: MemoryRegion) -> MemoryRegion {
+        let (device, keys) = (self.device.clone(), (region.lkey(), region.rkey()));
+        region.on_last_drop(move || {
+            // A device that has stopped has nothing left to release.
+            let _ = device.engine().command(Command::ReleaseMr(keys.0, keys.1));
+        })
     }
 
     /// Registers `buffer` (a `Vec<u8>` or a `Box<[u8]>`), which the application hands over, as
@@ -457,7 +466,8 @@ impl ProtectionDomain {
             return Err((buffer, gone.into()));
         }
         match rx.recv() {
-            Ok(registered) => registered.map_err(|(buffer, error)| (buffer, error.into())),
+            Ok(Ok(region)) => Ok(self.deregistered_on_drop(region)),
+            Ok(Err((buffer, error))) => Err((buffer, error.into())),
             // The engine stopped with the buffer in hand: it was freed with it.
             Err(_) => Err((Vec::new(), engine.gone().into())),
         }
