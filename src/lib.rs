@@ -80,8 +80,8 @@ pub mod prelude {
         SgeList, UdDest, WcOpcode, WcStatus, WorkCompletion,
     };
     pub use crate::verbs::{
-        CompletionQueue, Connection, Device, DeviceConfig, Error, Listener, ProtectionDomain,
-        QueuePair, SharedReceiveQueue,
+        CompletionQueue, Connection, ConnectionEvent, Device, DeviceConfig, Error, Listener,
+        ProtectionDomain, QueuePair, SharedReceiveQueue,
     };
     pub use crate::wire::{Psn, QKey, Qpn, RKey};
 }

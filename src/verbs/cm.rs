@@ -527,8 +527,8 @@ impl DatagramRequest {
         &self.private_data
     }
 
-    /// Names `qp`, a UD QP readied with [`RDMA_UDP_QKEY`] (`qp.ready_datagram(RDMA_UDP_QKEY,
-    /// 0)`), as the one that serves; up to 136 bytes of private data.
+    /// Names `qp`, a UD QP built with [`RDMA_UDP_QKEY`] (`QpBuilder::qkey`) and readied
+    /// (`ready_datagram`), as the one that serves; up to 136 bytes of private data.
     pub fn reply(mut self, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
         if qp.qp_type != QpType::Ud {
             return Err(Error::Cm(crate::cm::CmError::Invalid(
