@@ -338,3 +338,50 @@ fn a_region_goes_when_its_last_handle_does() {
     assert_eq!(device.resources().unwrap().regions, before + 1);
     drop(kept);
 }
+
+/// A receive that completes in error gives its slot back too: a SEND longer than the receive
+/// (LOC_LEN_ERR, the QP to ERROR) leaves a QP of depth 1 that still takes a receive, flushed at
+/// once, instead of one that refuses every receive for good.
+#[test]
+fn a_receive_that_fails_gives_its_slot_back() {
+    let devices = ["127.0.0.53", "127.0.0.54"]
+        .map(|a| Device::open(DeviceConfig::udp(a.parse().unwrap())).unwrap());
+    let ends = devices.each_ref().map(|device| {
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(8).unwrap();
+        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+        let qp = pd
+            .create_qp()
+            .send_cq(&cq)
+            .recv_cq(&cq)
+            .max_recv_wr(1)
+            .build()
+            .unwrap();
+        (pd, cq, mr, qp)
+    });
+    let [(_, a_cq, a_mr, a), (_, b_cq, b_mr, b)] = &ends;
+    let options = ConnectOptions {
+        retry_cnt: 1,
+        timeout: 10,
+        ..ConnectOptions::default()
+    };
+    a.connect(&b.endpoint(), &options).unwrap();
+    b.connect(&a.endpoint(), &options).unwrap();
+    b.post_recv(RecvWr::new(1, b_mr.sge(0, 16).unwrap()))
+        .unwrap();
+    a.post_send(SendWr::send(2, a_mr.sge(0, 100).unwrap()))
+        .unwrap();
+    let failed = b_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("a receive completion");
+    assert_eq!((failed.wr_id, failed.status), (1, WcStatus::LocLenErr));
+    let _ = a_cq.wait(Duration::from_secs(5));
+    b.post_recv(RecvWr::new(3, b_mr.sge(0, 16).unwrap()))
+        .expect("the failed receive's slot came back");
+    let flushed = b_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("a flushed receive");
+    assert_eq!((flushed.wr_id, flushed.status), (3, WcStatus::WrFlushErr));
+}

@@ -53,6 +53,9 @@ impl CqNotify {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
                 (now != NEXT).then_some(how)
             });
+        // Pairs with the fence in `delivered`, as in `wait_with`: either the engine sees the
+        // notifier armed, or the caller's poll after arming sees the completion.
+        fence(Ordering::SeqCst);
     }
 
     /// How many notifications fired since the last call (0 if none): reading the eventfd

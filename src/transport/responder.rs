@@ -896,6 +896,7 @@ impl Qp {
         if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {
             let wc = WorkCompletion::new(wr.wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
+            self.retire_recvs(1);
         }
         if failure.access_event {
             ctx.events

@@ -33,20 +33,24 @@ impl Queue {
     /// Takes a slot if fewer than `max` are outstanding. Posters race only with each other
     /// (a compare-and-swap on their own line); the engine's retirements only make room.
     fn take(&self, max: usize) -> bool {
-        let mut posted = self.posted.0.load(Ordering::Acquire);
         loop {
+            // `retired` first: a request is retired only after it was posted, so a `retired`
+            // read before `posted` is never ahead of it. Read the other way round, another
+            // poster's request posted and retired in between would make the difference wrap
+            // and refuse a post to an empty queue.
             let retired = self.retired.0.load(Ordering::Acquire);
+            let posted = self.posted.0.load(Ordering::Acquire);
             if posted.wrapping_sub(retired) >= max {
                 return false;
             }
-            match self.posted.0.compare_exchange_weak(
+            let taken = self.posted.0.compare_exchange_weak(
                 posted,
                 posted.wrapping_add(1),
                 Ordering::AcqRel,
                 Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(now) => posted = now,
+            );
+            if taken.is_ok() {
+                return true;
             }
         }
     }

@@ -458,8 +458,11 @@ impl ProtectionDomain {
         };
         let engine = self.device.engine();
         if let Err((unsent, gone)) = engine.offer(command) {
-            let buffer = match unsent {
-                Some(Command::RegBuffer { buffer, .. }) => buffer,
+            let buffer = match (unsent, rx.try_recv()) {
+                (Some(Command::RegBuffer { buffer, .. }), _) => buffer,
+                // An inline turn took it and answered before the device stopped.
+                (None, Ok(Ok(region))) => return Ok(self.deregistered_on_drop(region)),
+                (None, Ok(Err((buffer, _)))) => buffer,
                 // Taken by an engine that stopped before it answered: freed with it.
                 _ => Vec::new(),
             };
