@@ -39,7 +39,7 @@ use super::perftest_report::{
     bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
 };
-use super::pingpong::{accept, connect, gid_of, listen, local_address, random_psn};
+use super::pingpong::{accept, connect, gid_of, listen, local_address};
 use super::{
     failed, peer_address, DeviceOptions, Error, Limits, PeerActivity, Reservation, Result, Watch,
 };
@@ -1110,7 +1110,7 @@ impl DataCheck {
 
 /// Fills a region with pseudo-random bytes, as perftest fills its buffer with `rand()`.
 fn fill_random(mr: &MemoryRegion) -> Result<()> {
-    let mut state = u64::from(random_psn().value()) | 1 << 32;
+    let mut state = u64::from(crate::verbs::random_psn().value()) | 1 << 32;
     let mut chunk = vec![0; 1 << 16];
     for start in (0..mr.len()).step_by(chunk.len()) {
         for word in chunk.chunks_mut(8) {

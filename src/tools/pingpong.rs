@@ -19,9 +19,7 @@
 //! without `-g`, where rdma-core sends a zero GID that RoCE cannot route. The peer's GID is
 //! turned back into an IP address the same way.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -33,7 +31,7 @@ use crate::transport::{
     PathMtu, QpAttr, QpState, QpType, RecvWr, SendWr, UdDest, WcStatus, WorkCompletion, GRH_LEN,
 };
 use crate::verbs::{self, CompletionQueue, ConnectOptions, Device, QpEndpoint, QueuePair};
-use crate::wire::{Psn, QKey, RnrTimer};
+use crate::wire::{QKey, RnrTimer};
 
 /// The Q_Key `ibv_ud_pingpong` gives its QP and sends with.
 pub const UD_QKEY: QKey = QKey(0x1111_1111);
@@ -342,13 +340,6 @@ pub(super) fn accept(listener: TcpListener) -> Result<TcpStream> {
 pub(super) fn connect(host: &str, port: u16) -> Result<TcpStream> {
     TcpStream::connect((host, port))
         .map_err(|e| Error::Exchange(format!("Couldn't connect to {host}:{port}: {e}")))
-}
-
-/// `lrand48() & 0xffffff`, from std's per-process random hasher keys.
-pub(super) fn random_psn() -> Psn {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    Psn::new(hasher.finish() as u32)
 }
 
 /// The bytes a session registers: the message, and for UD the 40 bytes of the GRH before it.

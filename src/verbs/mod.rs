@@ -47,8 +47,8 @@ use crate::io::{
 use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
 use crate::transport::{
     connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, Payload, QpAttr, QpInit,
-    QpState, QpType, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr, SrqId, VerbsError,
-    WorkCompletion, DEFAULT_PORT_MTU,
+    QpState, QpType, QueueSlots, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr, SrqId,
+    VerbsError, WorkCompletion, DEFAULT_PORT_MTU,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
@@ -229,7 +229,7 @@ fn random_seed() -> u64 {
 
 /// A random starting PSN, as librdmacm and perftest draw one (`lrand48() & 0xffffff`): a stale
 /// packet of an earlier connection between the same QPNs then seldom falls in the window.
-fn random_psn() -> Psn {
+pub(crate) fn random_psn() -> Psn {
     Psn::new(random_seed() as u32)
 }
 
@@ -889,8 +889,19 @@ impl QueuePair {
         if !self.queues.slots.take_send(self.depths.0) {
             return Err(Error::QueueFull);
         }
-        self.queues.send.try_send(wr).map_err(|refused| {
-            self.queues.slots.retire_sends(1);
+        self.hand_over(&self.queues.send, wr, QueueSlots::retire_sends)
+    }
+
+    /// Puts a request, whose slot is taken, in the engine's channel; a request the channel
+    /// refuses gives its slot back (`retire`). The caller rings.
+    fn hand_over<T>(
+        &self,
+        queue: &crossbeam_channel::Sender<T>,
+        wr: T,
+        retire: fn(&QueueSlots, usize),
+    ) -> Result<()> {
+        queue.try_send(wr).map_err(|refused| {
+            retire(&self.queues.slots, 1);
             match refused {
                 TrySendError::Full(_) => Error::QueueFull,
                 TrySendError::Disconnected(_) => self.device.engine().gone().into(),
@@ -970,13 +981,7 @@ impl QueuePair {
         if !self.queues.slots.take_recv(self.depths.1) {
             return Err(Error::QueueFull);
         }
-        if let Err(refused) = self.queues.recv.try_send(wr) {
-            self.queues.slots.retire_recvs(1);
-            return Err(match refused {
-                TrySendError::Full(_) => Error::QueueFull,
-                TrySendError::Disconnected(_) => self.device.engine().gone().into(),
-            });
-        }
+        self.hand_over(&self.queues.recv, wr, QueueSlots::retire_recvs)?;
         self.device.engine().ring(&self.queues)?;
         Ok(())
     }
