@@ -10,7 +10,9 @@
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
 //! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
-//! `pingpong thread`, `pingpong inline`), for a profile of one row: baselines are then not run.
+//! `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a profile of one row:
+//! baselines are then not run. `SOFTROCE_BENCH_PROGRESS=hybrid` (or `inline`) runs the WRITE
+//! rows with that progress instead of the engine thread.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -44,6 +46,16 @@ fn selected(name: &str) -> bool {
         Some(whole) => name == whole,
         None => name.contains(&only),
     })
+}
+
+/// Who drives the engines of the WRITE rows: `SOFTROCE_BENCH_PROGRESS=hybrid` (or `inline`)
+/// runs them under that progress instead of the engine thread.
+fn write_progress() -> Progress {
+    match std::env::var("SOFTROCE_BENCH_PROGRESS").as_deref() {
+        Ok("hybrid") => Progress::Hybrid,
+        Ok("inline") => Progress::Inline,
+        _ => Progress::Thread,
+    }
 }
 
 /// Baselines run only in a full run.
@@ -136,7 +148,7 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
         idle,
         size.max(4096) * depth.min(64),
         id,
-        Progress::Thread,
+        write_progress(),
     );
     let slot = |i: usize| (i % depth.min(64)) * size;
     // Message `i` goes on QP `q`; batches are runs of consecutive `i` on one QP.
@@ -459,6 +471,11 @@ fn main() {
             Progress::Inline,
             "pingpong inline",
             "inline (the application's thread)",
+        ),
+        (
+            Progress::Hybrid,
+            "pingpong hybrid",
+            "hybrid (the application's calls, its own thread when they stop)",
         ),
     ] {
         if !selected(key) {

@@ -248,12 +248,20 @@ struct PingpongArgs {
     chk: bool,
     #[command(flatten)]
     device: DeviceArgs,
-    /// softroce: run the engine in this tool's own thread, inside its CQ polls and waits,
-    /// instead of a thread of its own: no thread hand-off per message, so lower latency. Best
-    /// with -e: polling then spins through the socket, which on a small host competes with the
-    /// peer for the cores.
-    #[arg(long)]
-    inline_progress: bool,
+    /// softroce: who runs the engine. `thread`: a thread of its own. `inline`: this tool's own
+    /// thread, inside its CQ polls and waits: no thread hand-off per message, so lower latency;
+    /// best with -e, as polling then spins through the socket, which on a small host competes
+    /// with the peer for the cores. `hybrid`: the tool's calls while it keeps calling, and a
+    /// thread of its own once it stops.
+    #[arg(long, value_enum, default_value = "thread")]
+    progress: ProgressArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ProgressArg {
+    Thread,
+    Inline,
+    Hybrid,
 }
 
 /// The role and the device options that rdma-core's and perftest's tools share. The field
@@ -800,10 +808,10 @@ fn pingpong_options(
         events: args.events,
         validate: args.chk,
         device: DeviceOptions {
-            progress: if args.inline_progress {
-                Progress::Inline
-            } else {
-                Progress::Thread
+            progress: match args.progress {
+                ProgressArg::Thread => Progress::Thread,
+                ProgressArg::Inline => Progress::Inline,
+                ProgressArg::Hybrid => Progress::Hybrid,
             },
             ..args.device.options()?
         },

@@ -545,3 +545,118 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     }
 }
+
+/// Hybrid progress: while the application keeps calling, its calls run the engine; once it
+/// stops, the engine's own thread takes over within about a millisecond (engine `drive`). A
+/// ping-pong runs on the application's calls; then, with the application calling nothing, a
+/// WRITE it posted just before goes out, and the peer's READ of 1 MiB is answered.
+#[test]
+fn hybrid_progress_answers_the_peer_while_the_application_calls_nothing() {
+    use softroce::verbs::{DeviceConfig, Progress};
+
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp("127.0.0.115".parse().unwrap())
+    };
+    let a = end_on(Device::open(config).unwrap());
+    let b = open("127.0.0.116", None);
+    connect(&a, &b);
+    let completes = |end: &End| {
+        let wc = end.cq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!(wc.expect("a completion").status, WcStatus::Success);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 0..50u64 {
+                b.qp.post_recv(RecvWr::new(k, b.mr.sge(0, 64).unwrap()))
+                    .unwrap();
+                completes(&b);
+                let wr = SendWr::new(
+                    k,
+                    SendOp::Send,
+                    Payload::Sges([b.mr.sge(64, 8).unwrap()].into()),
+                );
+                b.qp.post_send(wr).unwrap();
+                completes(&b);
+            }
+        });
+        for k in 0..50u64 {
+            a.qp.post_recv(RecvWr::new(k, a.mr.sge(0, 64).unwrap()))
+                .unwrap();
+            let wr = SendWr::new(
+                k,
+                SendOp::Send,
+                Payload::Sges([a.mr.sge(64, 8).unwrap()].into()),
+            );
+            a.qp.post_send(wr).unwrap();
+            // The SEND's completion and the peer's answer, in either order.
+            completes(&a);
+            completes(&a);
+        }
+    });
+    let written = pattern(1 << 20, 3);
+    a.mr.write(1 << 20, &written).unwrap();
+    let write = SendOp::Write {
+        remote_addr: b.mr.iova() + (2 << 20),
+        rkey: b.mr.rkey(),
+    };
+    let sge = a.mr.sge(1 << 20, 1 << 20).unwrap();
+    a.qp.post_send(SendWr::new(7, write, Payload::Sges([sge].into())))
+        .unwrap();
+    // From here `a`'s application calls nothing until the peer is done.
+    let read = SendOp::Read {
+        remote_addr: a.mr.iova() + (1 << 20),
+        rkey: a.mr.rkey(),
+    };
+    let sge = b.mr.sge(4 << 20, 1 << 20).unwrap();
+    b.qp.post_send(SendWr::new(8, read, Payload::Sges([sge].into())))
+        .unwrap();
+    completes(&b);
+    let landed = b.mr.to_vec();
+    assert_eq!(
+        landed[4 << 20..5 << 20],
+        written[..],
+        "the READ was answered"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while landed_at(&b, 2 << 20) != written && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(landed_at(&b, 2 << 20), written, "the posted WRITE went out");
+    completes(&a);
+}
+
+fn landed_at(end: &End, offset: usize) -> Vec<u8> {
+    end.mr.to_vec()[offset..offset + (1 << 20)].to_vec()
+}
+
+/// A command (here, registering a region) on a hybrid device whose application has paused
+/// long enough for the engine thread to take over and sleep on the socket: the command
+/// interrupts that sleep and runs. Before the hand-over queued such callers, the engine thread
+/// could take the engine back from under one and sleep with its interruption spent: a hang.
+#[test]
+fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
+    use softroce::verbs::{DeviceConfig, Progress};
+
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp("127.0.0.117".parse().unwrap())
+    };
+    let device = Device::open(config).unwrap();
+    let (done, finished) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let pd = device.alloc_pd().unwrap();
+        for i in 0..600u64 {
+            // A large region takes the engine long enough for its thread to look in.
+            let len = if i % 7 == 0 { 16 << 20 } else { 4096 };
+            drop(pd.register(len, Access::LOCAL_WRITE).unwrap());
+            if i % 3 == 0 {
+                std::thread::sleep(Duration::from_micros(900 + (i % 5) * 100));
+            }
+        }
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("every registration returned");
+}

@@ -1,10 +1,11 @@
 //! The engine: what drives the sans-IO core of a device from a [`Backend`] and the clock. With
 //! the io layer, it is the only code that makes syscalls or reads the clock.
 //!
-//! It runs in one of two ways ([`Progress`]): on a thread of its own, or inline, a turn at a
-//! time, in the application's verbs calls. The first keeps the protocol going whatever the
-//! application does; the second saves the two thread hand-offs of every message (application
-//! to engine, engine to application), which dominate small-message latency.
+//! It runs in one of three ways ([`Progress`]): on a thread of its own, inline, a turn at a
+//! time, in the application's verbs calls, or both, handed back and forth (`drive`). The first
+//! keeps the protocol going whatever the application does; the second saves the two thread
+//! hand-offs of every message (application to engine, engine to application), which dominate
+//! small-message latency; the third saves them while the application keeps calling.
 //!
 //! The application talks to it through lock-free crossbeam channels and wakes it with a mio
 //! [`Waker`]: commands (create, modify, register) carry a one-shot reply channel; posted work
@@ -15,13 +16,13 @@
 //! completion queue, whose overflow raises a CQ overrun event.
 
 mod cm;
+mod drive;
 mod notify;
 
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
@@ -29,6 +30,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use rustc_hash::FxHashMap;
 
 pub(crate) use cm::{CmCommand, ConnectCall};
+pub use drive::Progress;
+pub(crate) use drive::{Driven, HANDBACK};
+use drive::{Driver, Turn};
 pub(crate) use notify::CqNotify;
 
 use crate::io::{Backend, IoCounters};
@@ -122,21 +126,6 @@ struct QpPosts {
     listed: Arc<AtomicBool>,
 }
 
-/// Who drives a device's engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Progress {
-    /// A thread of its own: ACKs, retransmissions and READ responses go on whether or not the
-    /// application calls anything.
-    #[default]
-    Thread,
-    /// The application's threads, inside their verbs calls: every post, command, CQ poll and
-    /// CQ wait runs the engine for a turn, so a message crosses no thread. Nothing progresses
-    /// while the application calls nothing: a peer's requests wait unanswered (and may be
-    /// retransmitted) until it polls or waits again. For applications that keep polling, such
-    /// as latency tests.
-    Inline,
-}
-
 /// How posting wakes an engine thread only when it sleeps: waking costs a syscall (an eventfd
 /// write) and the thread a trip through the scheduler, and an engine that is running takes
 /// every posted request at its next turn anyway.
@@ -171,18 +160,6 @@ pub(crate) struct EngineHandle {
     failure: Failure,
 }
 
-enum Driver {
-    Thread(Option<JoinHandle<()>>),
-    Inline(Mutex<Box<dyn Turn>>),
-}
-
-/// An engine the application drives: one turn of its loop at a time.
-trait Turn: Send {
-    /// Waits up to `wait` for the socket (less if a timer is due sooner, not at all if work is
-    /// waiting), then does everything that is due. False once the engine has stopped.
-    fn turn(&mut self, wait: Duration) -> bool;
-}
-
 impl EngineHandle {
     /// The engine has stopped: why, if it stopped on its own.
     pub fn gone(&self) -> EngineGone {
@@ -202,69 +179,6 @@ impl EngineHandle {
             return Err((Some(unsent.0), self.gone()));
         }
         self.wake().map_err(|gone| (None, gone))
-    }
-
-    /// A work request was posted: the engine thread takes it at its next turn, and is woken
-    /// only if it sleeps (see [`Doorbell`]); inline, a turn runs.
-    pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
-        if !queues.listed.swap(true, SeqCst) {
-            // Unbounded, but a QP is on it at most once: as long as the device has QPs.
-            let _ = self.doorbell.ready.send(queues.qpn);
-        }
-        self.doorbell.posted.store(true, SeqCst);
-        match &self.driver {
-            Driver::Thread(_) => {
-                if self.doorbell.asleep.swap(false, SeqCst) {
-                    self.waker.wake().map_err(|_| self.gone())?;
-                }
-                Ok(())
-            }
-            Driver::Inline(_) => self.drive(Duration::ZERO),
-        }
-    }
-
-    /// Has the engine look at its channels: wakes the thread, or runs an inline turn.
-    pub fn wake(&self) -> Result<(), EngineGone> {
-        match &self.driver {
-            Driver::Thread(_) => self.waker.wake().map_err(|_| self.gone()),
-            Driver::Inline(_) => self.drive(Duration::ZERO),
-        }
-    }
-
-    /// Inline: runs a turn, waiting up to `wait` for the socket. A thread-driven engine needs
-    /// no help: nothing happens.
-    pub fn drive(&self, wait: Duration) -> Result<(), EngineGone> {
-        let Driver::Inline(engine) = &self.driver else {
-            return Ok(());
-        };
-        // Another thread may hold the engine in a wait: interrupt it rather than wait it out.
-        let mut engine = match engine.try_lock() {
-            Ok(engine) => engine,
-            Err(_) => {
-                self.waker.wake().map_err(|_| self.gone())?;
-                engine.lock().map_err(|_| self.gone())?
-            }
-        };
-        if engine.turn(wait) {
-            Ok(())
-        } else {
-            Err(self.gone())
-        }
-    }
-
-    /// Whether the application's calls drive the engine.
-    pub fn inline(&self) -> bool {
-        matches!(self.driver, Driver::Inline(_))
-    }
-
-    /// Asks the engine to shut down, and waits until it has.
-    pub fn shut_down(&mut self) {
-        let _ = self.command(Command::Shutdown);
-        if let Driver::Thread(thread) = &mut self.driver {
-            if let Some(thread) = thread.take() {
-                let _ = thread.join();
-            }
-        }
     }
 
     /// Sends a command built around a reply channel, and waits for the reply.
@@ -375,14 +289,8 @@ pub(crate) fn start<B: Backend>(
         unreachable: Vec::new(),
     };
     let failure = engine.failure.clone();
-    let driver = match progress {
-        Progress::Thread => Driver::Thread(Some(
-            std::thread::Builder::new()
-                .name(format!("softroce {local_addr}"))
-                .spawn(move || engine.run())?,
-        )),
-        Progress::Inline => Driver::Inline(Mutex::new(Box::new(engine))),
-    };
+    let name = format!("softroce {local_addr}");
+    let driver = Driver::start(engine, progress, name, &doorbell, Engine::run)?;
     Ok(EngineHandle {
         commands,
         events,
@@ -394,8 +302,8 @@ pub(crate) fn start<B: Backend>(
 }
 
 impl<B: Backend> Turn for Engine<B> {
-    fn turn(&mut self, wait: Duration) -> bool {
-        !self.stopped && self.step_or_stop(Some(wait))
+    fn turn(&mut self, wait: Option<Duration>) -> bool {
+        !self.stopped && self.step_or_stop(wait)
     }
 }
 

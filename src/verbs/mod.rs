@@ -40,7 +40,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::cm::{CmConfig, CmError, Failure};
 pub use crate::engine::Progress;
-use crate::engine::{self, Command, CqNotify, EngineGone, EngineHandle, QpQueues};
+use crate::engine::{
+    self, Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK,
+};
 use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
@@ -1055,7 +1057,7 @@ impl CompletionQueue {
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
         let engine = self.inner.device.engine();
         // An engine that has stopped has no completions to add: the channel says the rest.
-        let _ = engine.drive(Duration::ZERO);
+        let _ = engine.help();
         let before = out.len();
         while out.len() - before < max {
             match self.inner.completions.try_recv() {
@@ -1082,7 +1084,9 @@ impl CompletionQueue {
     ///
     /// With [`Progress::Inline`] nothing runs the engine between the application's calls, so
     /// the future runs a turn each time it is polled and asks to be polled again: it works,
-    /// but it spins. Async programs want the engine thread ([`Progress::Thread`]).
+    /// but it spins. Async programs want the engine thread ([`Progress::Thread`] or
+    /// [`Progress::Hybrid`]; the future runs no turn of a hybrid engine, and leaves the
+    /// engine to its thread).
     pub fn next_completion(&self) -> NextCompletion<'_> {
         NextCompletion { cq: self }
     }
@@ -1147,9 +1151,9 @@ impl Future for NextCompletion<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let cq = self.cq;
         let engine = cq.inner.device.engine();
-        if engine.inline() {
+        if engine.calls_only() {
             // An engine that has stopped has no completions to add: the channel says the rest.
-            let _ = engine.drive(Duration::ZERO);
+            let _ = engine.drive();
         }
         if let Some(next) = cq.try_next() {
             return Poll::Ready(next);
@@ -1159,24 +1163,25 @@ impl Future for NextCompletion<'_> {
         if let Some(next) = cq.try_next() {
             return Poll::Ready(next);
         }
-        if engine.inline() {
+        if engine.calls_only() {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
     }
 }
 
-/// The next message on `channel`, waiting up to `timeout`; with inline progress the wait runs
-/// the engine. A channel the engine has let go of says why the device stopped.
+/// The next message on `channel`, waiting up to `timeout`; with inline or hybrid progress the
+/// wait runs the engine. A channel the engine has let go of says why the device stopped.
 pub(crate) fn receive<T>(
     engine: &EngineHandle,
     channel: &Receiver<T>,
     timeout: Duration,
 ) -> Result<Option<T>> {
-    if engine.inline() {
-        // Run the engine, waiting on its socket, until a message comes or time is up.
+    if engine.waits_drive() {
+        // Run the engine, waiting on its socket, until a message comes or time is up; or, while
+        // another thread does that, wait on the channel its turns fill.
         let deadline = Instant::now() + timeout;
-        engine.drive(Duration::ZERO)?;
+        engine.help()?;
         loop {
             match channel.try_recv() {
                 Ok(message) => return Ok(Some(message)),
@@ -1187,7 +1192,14 @@ pub(crate) fn receive<T>(
             if left.is_zero() {
                 return Ok(None);
             }
-            engine.drive(left)?;
+            if engine.drive_wait(left)? == Driven::Busy {
+                // That thread may stop running the engine at any time: look again soon.
+                match channel.recv_timeout(left.min(HANDBACK)) {
+                    Ok(message) => return Ok(Some(message)),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return Err(engine.gone().into()),
+                }
+            }
         }
     }
     match channel.recv_timeout(timeout) {

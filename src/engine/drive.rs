@@ -1,0 +1,387 @@
+//! Who runs the engine's turns ([`Progress`]): a thread of its own, the application's verbs
+//! calls, or both, handing the engine back and forth.
+//!
+//! # The hybrid hand-over
+//!
+//! With the engine thread alone, a message crosses two threads at each end: the poster wakes
+//! the engine (an eventfd write and a trip through the scheduler), and the engine wakes the
+//! thread waiting on the CQ (a futex). On a small message those hand-offs are most of the
+//! latency. Inline progress saves them, but nothing runs while the application calls nothing.
+//!
+//! Hybrid progress keeps the engine behind a mutex that both the application's calls and the
+//! engine thread take, and lets whoever is there run the turn:
+//!
+//! - a CQ wait runs turns itself, sleeping in the device's socket as an inline wait does, and
+//!   interrupts the engine thread's sleep to take the engine if it must;
+//! - a CQ poll runs a turn only if the engine is free, and otherwise leaves the work to whoever
+//!   holds it, so it never waits;
+//! - a post runs no turn: it rings the doorbell (waking a holder that sleeps on the socket),
+//!   and the next turn takes it, whoever runs it. A turn per post would cost a `sendmsg` per
+//!   message, where the wait that follows sends a whole batch as one;
+//! - the engine thread stands aside while the application has run or asked for a turn within
+//!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
+//!
+//! So an application that keeps calling (a ping-pong, a loop of posts and waits) moves its
+//! messages with no hand-off, and one that goes quiet leaves a thread answering its peers
+//! within about a millisecond. The price: while an application thread holds the engine, that
+//! thread looks in once a millisecond; a request posted after the application's last wait or
+//! poll, with none following, waits up to [`HANDBACK`] for the thread; and a peer waits up to
+//! that long for an answer when the application stops calling.
+//!
+//! # No caller left waiting
+//!
+//! A caller that must have the engine (a command; a wait) interrupts the holder's sleep on the
+//! socket, then blocks on the lock. It is counted in `queued` until it has the engine, and no
+//! one else takes the engine meanwhile: otherwise `try_lock` could overtake it, and the winner
+//! sleep on the socket with the interruption already spent, leaving the caller blocked.
+//!
+//! A holder that lets go of the engine looks at the doorbell's `posted` flag after a `SeqCst`
+//! fence, and runs another turn if a request came in meanwhile, so that a request posted while
+//! an application thread held the engine does not wait for the thread.
+
+use std::io;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues};
+
+/// How long after the application's last turn a hybrid engine's thread keeps out of the way,
+/// and how often it looks again while an application thread holds the engine.
+pub(crate) const HANDBACK: Duration = Duration::from_millis(1);
+
+/// Who drives a device's engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// A thread of its own: ACKs, retransmissions and READ responses go on whether or not the
+    /// application calls anything.
+    #[default]
+    Thread,
+    /// The application's threads, inside their verbs calls: every post, command, CQ poll and
+    /// CQ wait runs the engine for a turn, so a message crosses no thread. Nothing progresses
+    /// while the application calls nothing: a peer's requests wait unanswered (and may be
+    /// retransmitted) until it polls or waits again. For applications that keep polling, such
+    /// as latency tests.
+    Inline,
+    /// Both: the application's CQ waits, polls and posts run the engine when they can, and a
+    /// thread of its own runs it once the application has called nothing for about a
+    /// millisecond. Small-message latency close to inline progress, with a peer still answered
+    /// while the application is busy elsewhere; see the engine's `drive` module for the
+    /// hand-over.
+    Hybrid,
+}
+
+/// An engine the application drives: one turn of its loop at a time.
+pub(super) trait Turn: Send {
+    /// Waits up to `wait` for the socket (`None`: until something happens; less if a timer is
+    /// due sooner, not at all if work is waiting), then does everything that is due. False
+    /// once the engine has stopped.
+    fn turn(&mut self, wait: Option<Duration>) -> bool;
+}
+
+/// Who runs the turns of a running engine.
+pub(super) enum Driver {
+    /// The engine thread alone.
+    Thread(Option<JoinHandle<()>>),
+    /// The application's calls, beside a thread that takes over when they stop (hybrid) or
+    /// alone (inline: no thread).
+    Shared(Arc<Shared>, Option<JoinHandle<()>>),
+}
+
+/// An engine the application's calls can run.
+pub(super) struct Shared {
+    engine: Mutex<Box<dyn Turn>>,
+    epoch: Instant,
+    /// When an application thread last ran a turn or asked for one: nanoseconds since `epoch`.
+    app_turn: AtomicU64,
+    /// An application thread holds the engine in a turn that waits for the socket: another
+    /// that waits leaves it be (see [`Patience`]).
+    app_waits: AtomicBool,
+    /// Application threads blocked until they get the engine, having interrupted its holder:
+    /// no one else takes it meanwhile (try_lock could otherwise overtake them for ever, and
+    /// sleep on the socket with the interruption already spent).
+    queued: AtomicUsize,
+    /// The device is shutting down: the hybrid thread ends.
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    fn new(engine: Box<dyn Turn>) -> Arc<Shared> {
+        Arc::new(Shared {
+            engine: Mutex::new(engine),
+            epoch: Instant::now(),
+            app_turn: AtomicU64::new(0),
+            app_waits: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    /// The engine if it is free and no one is queued for it.
+    fn try_take(&self) -> Option<Result<MutexGuard<'_, Box<dyn Turn>>, ()>> {
+        if self.queued.load(SeqCst) > 0 {
+            return None;
+        }
+        match self.engine.try_lock() {
+            Ok(engine) => Some(Ok(engine)),
+            Err(TryLockError::WouldBlock) => None,
+            Err(TryLockError::Poisoned(_)) => Some(Err(())),
+        }
+    }
+
+    /// The engine, once its holder has let go: `interrupt` wakes the holder if it sleeps on
+    /// the socket.
+    fn take(
+        &self,
+        interrupt: impl FnOnce() -> io::Result<()>,
+    ) -> Result<MutexGuard<'_, Box<dyn Turn>>, ()> {
+        self.queued.fetch_add(1, SeqCst);
+        let engine = interrupt()
+            .map_err(drop)
+            .and_then(|()| self.engine.lock().map_err(drop));
+        self.queued.fetch_sub(1, SeqCst);
+        engine
+    }
+
+    fn note_app_turn(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.app_turn.fetch_max(now, SeqCst);
+    }
+
+    /// How long since the application last ran or asked for a turn.
+    fn app_quiet_for(&self) -> Duration {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        Duration::from_nanos(now.saturating_sub(self.app_turn.load(SeqCst)))
+    }
+}
+
+/// What a caller does when it finds the engine held.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Patience {
+    /// Leaves the work to the holder, waking it if it sleeps: polls of a hybrid engine, which
+    /// must never wait.
+    Never,
+    /// Interrupts the holder's wait and takes the engine after it: commands, which the engine
+    /// must run, and everything an inline engine is asked.
+    Always,
+    /// As `Always`, unless the holder is another application thread waiting on the socket:
+    /// that one runs every turn needed meanwhile, and interrupting it would only have the two
+    /// interrupt each other in turn. A CQ wait then waits on its channel instead.
+    UnlessWaiting,
+}
+
+/// What [`EngineHandle::drive_wait`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Driven {
+    /// Ran a turn.
+    Ran,
+    /// Another application thread is running the engine, waiting on the socket.
+    Busy,
+}
+
+impl Driver {
+    /// Starts `engine` as `progress` says; `run` is the body of a thread that owns it.
+    pub(super) fn start<E: Turn + 'static>(
+        engine: E,
+        progress: Progress,
+        name: String,
+        doorbell: &Arc<Doorbell>,
+        run: impl FnOnce(E) + Send + 'static,
+    ) -> std::io::Result<Driver> {
+        let thread = thread::Builder::new().name(name);
+        Ok(match progress {
+            Progress::Thread => Driver::Thread(Some(thread.spawn(move || run(engine))?)),
+            Progress::Inline => Driver::Shared(Shared::new(Box::new(engine)), None),
+            Progress::Hybrid => {
+                let shared = Shared::new(Box::new(engine));
+                let (beside, doorbell) = (shared.clone(), doorbell.clone());
+                let thread = thread.spawn(move || run_beside(&beside, &doorbell))?;
+                Driver::Shared(shared, Some(thread))
+            }
+        })
+    }
+}
+
+/// The hybrid engine thread: runs the engine while the application leaves it alone.
+fn run_beside(shared: &Shared, doorbell: &Doorbell) {
+    while !shared.stopping.load(SeqCst) {
+        let quiet = shared.app_quiet_for();
+        let app_active = quiet < HANDBACK;
+        if app_active && !doorbell.posted.load(SeqCst) {
+            thread::park_timeout(HANDBACK - quiet);
+            continue;
+        }
+        match shared.try_take() {
+            // While the application is active, only what it posted and left: no sleeping in
+            // the socket, which the application would have to interrupt.
+            Some(Ok(mut engine)) => {
+                let wait = if app_active {
+                    Some(Duration::ZERO)
+                } else {
+                    None
+                };
+                if !engine.turn(wait) {
+                    return;
+                }
+            }
+            // An application thread runs the engine, or waits to; it looks at the doorbell
+            // when it lets go.
+            None => thread::park_timeout(HANDBACK),
+            Some(Err(())) => return,
+        }
+    }
+}
+
+impl EngineHandle {
+    /// A work request was posted: the engine thread takes it at its next turn, and is woken
+    /// only if it sleeps (see [`Doorbell`]); inline, a turn runs. Hybrid, the request waits for
+    /// the next turn of whoever runs one: the application's next CQ wait or poll, or the engine
+    /// thread, which is woken if it sleeps, and otherwise looks within [`HANDBACK`]. A post does
+    /// not run a turn of its own there: a turn per post would cost a send per message, where
+    /// the next wait sends a batch as one.
+    pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
+        if !queues.listed.swap(true, SeqCst) {
+            // Unbounded, but a QP is on it at most once: as long as the device has QPs.
+            let _ = self.doorbell.ready.send(queues.qpn);
+        }
+        self.doorbell.posted.store(true, SeqCst);
+        match &self.driver {
+            Driver::Thread(_) | Driver::Shared(_, Some(_)) => self.wake_if_asleep(),
+            Driver::Shared(_, None) => self.help(),
+        }
+    }
+
+    /// Has the engine look at its channels: wakes the thread, or runs a turn.
+    pub fn wake(&self) -> Result<(), EngineGone> {
+        match &self.driver {
+            Driver::Thread(_) => self.waker.wake().map_err(|_| self.gone()),
+            Driver::Shared(..) => self.drive(),
+        }
+    }
+
+    /// Runs a turn if that costs no waiting: inline, always (no one else will); hybrid, if
+    /// the engine is free, and otherwise wakes its holder if it sleeps; with the engine
+    /// thread, nothing.
+    pub fn help(&self) -> Result<(), EngineGone> {
+        let (shared, patience) = match &self.driver {
+            Driver::Thread(_) => return Ok(()),
+            Driver::Shared(shared, None) => (shared, Patience::Always),
+            Driver::Shared(shared, Some(_)) => (shared, Patience::Never),
+        };
+        self.run_turns(shared, Duration::ZERO, patience).map(drop)
+    }
+
+    /// Runs a turn, interrupting whoever holds the engine to get it: for a command, which the
+    /// engine must see. The engine thread alone needs no help: nothing happens.
+    pub fn drive(&self) -> Result<(), EngineGone> {
+        match &self.driver {
+            Driver::Thread(_) => Ok(()),
+            Driver::Shared(shared, _) => self
+                .run_turns(shared, Duration::ZERO, Patience::Always)
+                .map(drop),
+        }
+    }
+
+    /// For a wait on a channel of the engine's: runs a turn, waiting up to `wait` for the
+    /// socket, unless another application thread is doing just that ([`Driven::Busy`]: then
+    /// wait on the channel, as that thread's turns fill it). With the engine thread alone,
+    /// nothing happens.
+    pub fn drive_wait(&self, wait: Duration) -> Result<Driven, EngineGone> {
+        match &self.driver {
+            Driver::Thread(_) => Ok(Driven::Busy),
+            Driver::Shared(shared, _) => self.run_turns(shared, wait, Patience::UnlessWaiting),
+        }
+    }
+
+    /// Whether the application's waits run the engine (inline and hybrid progress).
+    pub fn waits_drive(&self) -> bool {
+        matches!(self.driver, Driver::Shared(..))
+    }
+
+    /// Whether only the application's calls run the engine (inline progress): a future must
+    /// then run turns when polled, as nothing else will.
+    pub fn calls_only(&self) -> bool {
+        matches!(self.driver, Driver::Shared(_, None))
+    }
+
+    fn wake_if_asleep(&self) -> Result<(), EngineGone> {
+        if self.doorbell.asleep.swap(false, SeqCst) {
+            self.waker.wake().map_err(|_| self.gone())?;
+        }
+        Ok(())
+    }
+
+    /// Takes the engine as `patience` says and runs a turn; hybrid, then again while requests
+    /// were posted meanwhile (see the module documentation).
+    fn run_turns(
+        &self,
+        shared: &Shared,
+        wait: Duration,
+        patience: Patience,
+    ) -> Result<Driven, EngineGone> {
+        let hybrid = matches!(self.driver, Driver::Shared(_, Some(_)));
+        if hybrid {
+            shared.note_app_turn();
+        }
+        fence(SeqCst);
+        let taken = match shared.try_take() {
+            Some(taken) => taken,
+            None => match patience {
+                Patience::Never => return self.wake_if_asleep().map(|()| Driven::Busy),
+                Patience::UnlessWaiting
+                    if shared.app_waits.load(SeqCst) || shared.queued.load(SeqCst) > 0 =>
+                {
+                    return Ok(Driven::Busy)
+                }
+                // The holder may be asleep on the socket: interrupt it rather than wait it out.
+                Patience::Always | Patience::UnlessWaiting => shared.take(|| self.waker.wake()),
+            },
+        };
+        let mut engine = taken.map_err(|()| self.gone())?;
+        let mut wait = wait;
+        loop {
+            shared.app_waits.store(!wait.is_zero(), SeqCst);
+            let running = engine.turn(Some(wait));
+            shared.app_waits.store(false, SeqCst);
+            if !running {
+                return Err(self.gone());
+            }
+            if !hybrid {
+                return Ok(Driven::Ran);
+            }
+            drop(engine);
+            fence(SeqCst);
+            if !self.doorbell.posted.load(SeqCst) {
+                return Ok(Driven::Ran);
+            }
+            engine = match shared.try_take() {
+                Some(Ok(engine)) => engine,
+                // Its new holder looks at the doorbell in its turn.
+                _ => return Ok(Driven::Ran),
+            };
+            wait = Duration::ZERO;
+        }
+    }
+
+    /// Asks the engine to shut down, and waits until it has.
+    pub fn shut_down(&mut self) {
+        let _ = self.command(Command::Shutdown);
+        match &mut self.driver {
+            Driver::Thread(thread) => join(thread.take()),
+            Driver::Shared(shared, thread) => {
+                shared.stopping.store(true, SeqCst);
+                if let Some(thread) = thread.take() {
+                    thread.thread().unpark();
+                    join(Some(thread));
+                }
+            }
+        }
+    }
+}
+
+fn join(thread: Option<JoinHandle<()>>) {
+    if let Some(thread) = thread {
+        let _ = thread.join();
+    }
+}
