@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,8 @@ use softroce::transport::{
     Datagram, Payload, QpEndpoint, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Device, DeviceConfig, Error, MemoryRegion, QueuePair,
+    CompletionQueue, ConnectOptions, Device, DeviceConfig, EnginePanicked, Error, MemoryRegion,
+    Progress, QueuePair,
 };
 use softroce::wire::{QKey, Qpn};
 
@@ -23,19 +24,45 @@ fn ip(last: u8) -> IpAddr {
     format!("127.0.7.{last}").parse().unwrap()
 }
 
-/// A UDP backend whose socket can be made to fail as a closed descriptor does (EBADF).
+/// Healthy, for a [`Breakable`]'s `fault`.
+const HEALTHY: u8 = 0;
+/// Every call fails as on a closed descriptor (EBADF).
+const EBADF: u8 = 1;
+/// Every call panics, as a bug in a backend or the engine would.
+const PANIC: u8 = 2;
+
+/// A UDP backend whose socket can be made to fail as a closed descriptor does (EBADF), or to
+/// panic.
 struct Breakable {
     inner: UdpBackend,
-    dead: Arc<AtomicBool>,
+    fault: Arc<AtomicU8>,
 }
 
 impl Breakable {
     fn check(&self) -> io::Result<()> {
-        if self.dead.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(nix::libc::EBADF));
+        match self.fault.load(Ordering::Relaxed) {
+            EBADF => Err(io::Error::from_raw_os_error(nix::libc::EBADF)),
+            PANIC => panic!("a bug in the backend, for the test"),
+            _ => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// A device on a [`Breakable`] backend at `ip(last)`, and the switch that breaks it.
+fn breakable(last: u8, progress: Progress) -> (End, Arc<AtomicU8>) {
+    let fault = Arc::new(AtomicU8::new(HEALTHY));
+    let backend = Breakable {
+        inner: UdpBackend::bind(ip(last)).unwrap(),
+        fault: fault.clone(),
+    };
+    let config = DeviceConfig {
+        progress,
+        ..DeviceConfig::udp(ip(last))
+    };
+    (
+        end_on(Device::with_backend(backend, &config).unwrap()),
+        fault,
+    )
 }
 
 impl Backend for Breakable {
@@ -124,12 +151,7 @@ fn next(cq: &CompletionQueue) -> WorkCompletion {
 /// flushed completions are taken, returns the socket's error.
 #[test]
 fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
-    let dead = Arc::new(AtomicBool::new(false));
-    let backend = Breakable {
-        inner: UdpBackend::bind(ip(1)).unwrap(),
-        dead: dead.clone(),
-    };
-    let a = end_on(Device::with_backend(backend, None).unwrap());
+    let (a, fault) = breakable(1, Progress::Thread);
     let b = open(ip(2));
     connect(&a, &b);
     // SENDs that B has no receives for: they wait in RNR retries, outstanding.
@@ -139,7 +161,7 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
         a.qp.post_send(wr).unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
-    dead.store(true, Ordering::Relaxed);
+    fault.store(EBADF, Ordering::Relaxed);
 
     let mut flushed = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -169,14 +191,45 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
 /// awaits a CQ that nothing completes into: only the device's end can wake it.
 #[test]
 fn a_task_awaiting_a_cq_learns_that_its_device_died() {
-    let dead = Arc::new(AtomicBool::new(false));
-    let backend = Breakable {
-        inner: UdpBackend::bind(ip(11)).unwrap(),
-        dead: dead.clone(),
-    };
-    let a = end_on(Device::with_backend(backend, None).unwrap());
+    let [busy, idle] = awaiting_tasks_when_the_device_breaks(11, Progress::Thread, EBADF);
+    assert_eq!(busy.0, [(1, WcStatus::WrFlushErr)]);
+    for (_, error) in [&busy, &idle] {
+        assert!(matches!(error, Error::DeviceFailed(_)), "{error}");
+    }
+    assert_eq!(idle.0, []);
+}
+
+/// A panic in the engine (a bug; here the backend's) ended the engine thread and left the
+/// tasks awaiting its CQs waiting for ever. Now the engine is abandoned: nothing is flushed, as
+/// its state is not trusted, but every waiting task is woken, and every call says the engine
+/// panicked. With the engine thread alone and with hybrid progress, whose thread holds the
+/// engine behind a lock when it panics.
+#[test]
+fn a_task_awaiting_a_cq_learns_that_its_engine_panicked() {
+    for (last, progress) in [(13, Progress::Thread), (15, Progress::Hybrid)] {
+        for (flushed, error) in awaiting_tasks_when_the_device_breaks(last, progress, PANIC) {
+            assert_eq!(flushed, [], "{progress:?}");
+            let panicked = match &error {
+                Error::DeviceFailed(io) => io.get_ref().is_some_and(|e| e.is::<EnginePanicked>()),
+                _ => false,
+            };
+            assert!(panicked, "{progress:?}: {error}");
+            assert!(error.to_string().contains("engine panicked"), "{error}");
+        }
+    }
+}
+
+/// Two tasks await CQs of a device at `ip(last)` (its peer at `ip(last + 1)`) when `fault`
+/// breaks it: one CQ with a SEND outstanding, one that nothing completes into. What each got:
+/// the completions, then the error that ended its wait.
+fn awaiting_tasks_when_the_device_breaks(
+    last: u8,
+    progress: Progress,
+    fault: u8,
+) -> [(Vec<(u64, WcStatus)>, Error); 2] {
+    let (a, switch) = breakable(last, progress);
     let idle = a.device.create_cq(4).unwrap();
-    let b = open(ip(12));
+    let b = open(ip(last + 1));
     connect(&a, &b);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -196,22 +249,22 @@ fn a_task_awaiting_a_cq_learns_that_its_device_died() {
         a.qp.post_send(SendWr::send(1, a.mr.sge(0, 8).unwrap()))
             .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        dead.store(true, Ordering::Relaxed);
+        switch.store(fault, Ordering::Relaxed);
     };
     // Tasks of their own, so that one being woken does not poll the other.
     let all = async {
         let busy = tokio::spawn(drain(a.cq.clone()));
         let idle = tokio::spawn(drain(idle));
         killing.await;
-        (busy.await.unwrap(), idle.await.unwrap())
+        [busy.await.unwrap(), idle.await.unwrap()]
     };
-    let (busy, idle) = runtime
+    let ended = runtime
         .block_on(async { tokio::time::timeout(Duration::from_secs(10), all).await })
         .expect("both awaiting tasks were woken");
-    assert_eq!(busy.0, [(1, WcStatus::WrFlushErr)]);
-    assert!(matches!(busy.1, Error::DeviceFailed(_)), "{}", busy.1);
-    assert_eq!(idle.0, []);
-    assert!(matches!(idle.1, Error::DeviceFailed(_)), "{}", idle.1);
+    // And a call that is not a wait says the same.
+    let error = a.device.alloc_pd().unwrap_err();
+    assert_eq!(error.to_string(), ended[1].1.to_string());
+    ended
 }
 
 /// A destination the host cannot send to at all (here the kernel's EINVAL for a

@@ -9,7 +9,9 @@ use std::time::Duration;
 use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::{Access, MemoryRegion, MwType};
 use softroce::transport::{Datagram, Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus};
-use softroce::verbs::{CompletionQueue, ConnectOptions, Device, ProtectionDomain, QueuePair};
+use softroce::verbs::{
+    CompletionQueue, ConnectOptions, Device, DeviceConfig, ProtectionDomain, QueuePair,
+};
 
 /// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
 /// from a seeded generator. Not every `every`th: go-back-N's answer to a retry can be a multiple
@@ -65,8 +67,17 @@ struct End {
     qp: QueuePair,
 }
 
+/// The configuration of a device at `address` whose keys come from `seed`.
+fn seeded(address: IpAddr, seed: u64) -> DeviceConfig {
+    DeviceConfig {
+        seed: Some(seed),
+        ..DeviceConfig::udp(address)
+    }
+}
+
 fn open(address: &str, loss_every: Option<u64>) -> End {
     let backend = UdpBackend::bind(address.parse().unwrap()).unwrap();
+    let backend_address = backend.local_addr();
     let device = match loss_every {
         Some(every) => Device::with_backend(
             Lossy {
@@ -74,9 +85,9 @@ fn open(address: &str, loss_every: Option<u64>) -> End {
                 every,
                 state: 0x9e37_79b9_7f4a_7c15,
             },
-            Some(1),
+            &seeded(backend_address, 1),
         ),
-        None => Device::with_backend(backend, Some(2)),
+        None => Device::with_backend(backend, &seeded(backend_address, 2)),
     }
     .unwrap();
     end_on(device)
@@ -192,7 +203,6 @@ fn post_ud_send(qp: &QueuePair, wr_id: u64, sge: Sge, dest: UdDest) {
 fn the_port_mtu_follows_the_link_unless_configured() {
     use softroce::io::link_of;
     use softroce::transport::{PathMtu, QpType};
-    use softroce::verbs::DeviceConfig;
     use softroce::wire::QKey;
 
     let address = "127.0.0.32".parse().unwrap();
@@ -243,9 +253,9 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
 
     let qkey = QKey(0x1111_1111);
     let open_ud = |address: &str| {
-        let device =
-            Device::with_backend(UdpBackend::bind(address.parse().unwrap()).unwrap(), None)
-                .unwrap();
+        let address = address.parse().unwrap();
+        let backend = UdpBackend::bind(address).unwrap();
+        let device = Device::with_backend(backend, &DeviceConfig::udp(address)).unwrap();
         let pd = device.alloc_pd().unwrap();
         let cq = device.create_cq(64).unwrap();
         let mr = pd.register(1 << 16, Access::LOCAL_WRITE).unwrap();
@@ -313,8 +323,6 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
 
 #[test]
 fn a_pcap_records_every_packet_with_a_good_icrc() {
-    use softroce::verbs::DeviceConfig;
-
     let path = std::env::temp_dir().join(format!("softroce-{}-record.pcap", std::process::id()));
     let config = DeviceConfig {
         pcap: Some(path.clone()),
@@ -362,7 +370,7 @@ fn a_pcap_records_every_packet_with_a_good_icrc() {
 #[test]
 fn inline_progress_moves_data_with_no_engine_thread() {
     use softroce::transport::RecvWr;
-    use softroce::verbs::{DeviceConfig, Progress};
+    use softroce::verbs::Progress;
 
     let inline = |address: &str| {
         let config = DeviceConfig {
@@ -552,7 +560,7 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
 /// WRITE it posted just before goes out, and the peer's READ of 1 MiB is answered.
 #[test]
 fn hybrid_progress_answers_the_peer_while_the_application_calls_nothing() {
-    use softroce::verbs::{DeviceConfig, Progress};
+    use softroce::verbs::Progress;
 
     let config = DeviceConfig {
         progress: Progress::Hybrid,
@@ -636,7 +644,7 @@ fn landed_at(end: &End, offset: usize) -> Vec<u8> {
 /// could take the engine back from under one and sleep with its interruption spent: a hang.
 #[test]
 fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
-    use softroce::verbs::{DeviceConfig, Progress};
+    use softroce::verbs::Progress;
 
     let config = DeviceConfig {
         progress: Progress::Hybrid,

@@ -40,11 +40,14 @@
 //! an application thread held the engine does not wait for the thread.
 
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
+use super::EnginePanicked;
 use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
@@ -78,6 +81,24 @@ pub(super) trait Turn: Send {
     /// due sooner, not at all if work is waiting), then does everything that is due. False
     /// once the engine has stopped.
     fn turn(&mut self, wait: Option<Duration>) -> bool;
+
+    /// After a panic in a turn (a bug): stops the engine without trusting its state to flush
+    /// anything. The device's error says the engine panicked ([`EnginePanicked`]); the CQs'
+    /// channels close and their waiting tasks are woken, so no one waits for ever.
+    fn abandon(&mut self);
+}
+
+/// Runs a turn. A panic in it abandons the engine (see [`Turn::abandon`]) and reads as a stop:
+/// a bug costs the device, not the application's thread, and the panic's message has gone to
+/// the panic hook.
+pub(super) fn guarded_turn(engine: &mut dyn Turn, wait: Option<Duration>) -> bool {
+    match panic::catch_unwind(AssertUnwindSafe(|| engine.turn(wait))) {
+        Ok(running) => running,
+        Err(_) => {
+            engine.abandon();
+            false
+        }
+    }
 }
 
 /// Who runs the turns of a running engine.
@@ -221,7 +242,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 } else {
                     None
                 };
-                if !engine.turn(wait) {
+                if !guarded_turn(&mut **engine, wait) {
                     return;
                 }
             }
@@ -342,7 +363,7 @@ impl EngineHandle {
         let mut wait = wait;
         loop {
             shared.app_waits.store(!wait.is_zero(), SeqCst);
-            let running = engine.turn(Some(wait));
+            let running = guarded_turn(&mut **engine, Some(wait));
             shared.app_waits.store(false, SeqCst);
             if !running {
                 return Err(self.gone());

@@ -305,6 +305,12 @@ impl<B: Backend> Turn for Engine<B> {
     fn turn(&mut self, wait: Option<Duration>) -> bool {
         !self.stopped && self.step_or_stop(wait)
     }
+
+    fn abandon(&mut self) {
+        let _ = self.failure.set(Arc::new(io::Error::other(EnginePanicked)));
+        self.stopped = true;
+        self.let_go();
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -313,7 +319,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn run(mut self) {
-        while self.step_or_stop(None) {}
+        while drive::guarded_turn(&mut self, None) {}
     }
 
     /// A turn; false once the engine has stopped. A dead socket stops it here: every QP is
@@ -654,13 +660,31 @@ impl<B: Backend> Engine<B> {
         }
         self.completions();
         self.qps.clear();
+        self.let_go();
+    }
+
+    /// Closes the CQs' channels and wakes their waiting tasks; drops the commands queued,
+    /// whose callers, and any later ones, get no answer and see the engine gone.
+    fn let_go(&mut self) {
         // Dropping the senders first, so that a woken task finds the channel closed.
         let notifiers: Vec<_> = self.cqs.drain(..).flatten().map(|c| c.notify).collect();
         for notify in notifiers {
             notify.closed();
         }
-        // Commands still queued, and any sent later, get no answer: their callers see the
-        // engine gone.
         while self.commands.try_recv().is_ok() {}
     }
 }
+
+/// Why a device stopped when its engine panicked: the [`io::Error`] inside
+/// `Error::DeviceFailed` then wraps this. The panic's own message went to the panic hook
+/// (stderr by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnginePanicked;
+
+impl std::fmt::Display for EnginePanicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("its engine panicked, a bug in softroce (the panic message went to stderr)")
+    }
+}
+
+impl std::error::Error for EnginePanicked {}

@@ -39,10 +39,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::cm::{CmConfig, CmError, Failure};
-pub use crate::engine::Progress;
 use crate::engine::{
     self, Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK,
 };
+pub use crate::engine::{EnginePanicked, Progress};
 use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
@@ -75,8 +75,9 @@ pub enum Error {
     QueueFull,
     /// The device was closed: every handle to it was dropped.
     DeviceClosed,
-    /// The device stopped because its socket failed, with this error. Its outstanding work
-    /// requests were flushed (WR_FLUSH_ERR) before it stopped.
+    /// The device stopped because its socket failed, with this error; its outstanding work
+    /// requests were flushed (WR_FLUSH_ERR) before it stopped. Or, from a bug, because its
+    /// engine panicked: the error then wraps [`EnginePanicked`], and nothing was flushed.
     DeviceFailed(Arc<io::Error>),
     /// The connection manager refused the call.
     Cm(CmError),
@@ -98,6 +99,9 @@ impl fmt::Display for Error {
             Error::Memory(e) => e.fmt(f),
             Error::QueueFull => f.write_str("the queue is full"),
             Error::DeviceClosed => f.write_str("the device is closed"),
+            Error::DeviceFailed(e) if e.get_ref().is_some_and(|e| e.is::<EnginePanicked>()) => {
+                write!(f, "the device stopped: {e}")
+            }
             Error::DeviceFailed(e) => write!(f, "the device stopped: its socket failed: {e}"),
             Error::Cm(e) => write!(f, "connection manager: {e}"),
             Error::ConnectFailed(failure) => write!(f, "connection failed: {failure}"),
@@ -294,14 +298,11 @@ impl Device {
         }
     }
 
-    /// Starts a device on a backend the caller built, with an engine thread: a test hook, or a
-    /// backend of its own.
-    pub fn with_backend<B: Backend>(backend: B, seed: Option<u64>) -> Result<Device> {
-        let config = DeviceConfig {
-            seed,
-            ..DeviceConfig::udp(backend.local_addr())
-        };
-        Self::start_engine(backend, &config)
+    /// Starts a device on a backend the caller built (a test hook, or a backend of its own),
+    /// as `config` says; its address is the backend's, and its `backend` and `pcap` are not
+    /// read (wrap the backend in [`Recording`] to record).
+    pub fn with_backend<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
+        Self::start_engine(backend, config)
     }
 
     /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
