@@ -10,7 +10,7 @@ use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::{Access, MemoryRegion, MwType};
 use softroce::transport::{Datagram, Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcStatus};
 use softroce::verbs::{
-    CompletionQueue, ConnectOptions, Device, DeviceConfig, ProtectionDomain, QueuePair,
+    CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, ProtectionDomain, QueuePair,
 };
 
 /// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
@@ -370,7 +370,6 @@ fn a_pcap_records_every_packet_with_a_good_icrc() {
 #[test]
 fn inline_progress_moves_data_with_no_engine_thread() {
     use softroce::transport::RecvWr;
-    use softroce::verbs::Progress;
 
     let inline = |address: &str| {
         let config = DeviceConfig {
@@ -560,8 +559,6 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
 /// WRITE it posted just before goes out, and the peer's READ of 1 MiB is answered.
 #[test]
 fn hybrid_progress_answers_the_peer_while_the_application_calls_nothing() {
-    use softroce::verbs::Progress;
-
     let config = DeviceConfig {
         progress: Progress::Hybrid,
         ..DeviceConfig::udp("127.0.0.115".parse().unwrap())
@@ -644,8 +641,6 @@ fn landed_at(end: &End, offset: usize) -> Vec<u8> {
 /// could take the engine back from under one and sleep with its interruption spent: a hang.
 #[test]
 fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
-    use softroce::verbs::Progress;
-
     let config = DeviceConfig {
         progress: Progress::Hybrid,
         ..DeviceConfig::udp("127.0.0.117".parse().unwrap())
@@ -667,4 +662,49 @@ fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
     finished
         .recv_timeout(Duration::from_secs(60))
         .expect("every registration returned");
+}
+
+/// Dropping a QP flushes every request the application posted to it, those the engine had
+/// not taken from the posting channel yet included: they used to vanish without a completion.
+/// Under hybrid progress a post runs no turn, and the drop's command runs before the posts of
+/// the same turn, so the requests posted just before the drop are still in the channel.
+#[test]
+fn dropping_a_qp_flushes_the_requests_still_on_their_way_to_it() {
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp("127.0.0.118".parse().unwrap())
+    };
+    let a = end_on(Device::open(config).unwrap());
+    let b = open("127.0.0.119", None);
+    connect(&a, &b);
+    let End { qp, cq, mr, .. } = a;
+    // A turn of the application's: the engine thread stands aside for a while.
+    cq.poll(&mut Vec::new(), 1).unwrap();
+    for k in 0..8u64 {
+        qp.post_recv(RecvWr::new(100 + k, mr.sge(0, 64).unwrap()))
+            .unwrap();
+        let sge = mr.sge(4096, 64).unwrap();
+        let write = SendOp::Write {
+            remote_addr: b.mr.iova(),
+            rkey: b.mr.rkey(),
+        };
+        qp.post_send(SendWr::new(k, write, Payload::Sges([sge].into())))
+            .unwrap();
+    }
+    drop(qp);
+    let mut completed: Vec<u64> = (0..16)
+        .map(|_| {
+            let wc = cq.wait(Duration::from_secs(10)).unwrap();
+            let wc = wc.expect("every request completes");
+            assert!(
+                matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr),
+                "{wc:?}"
+            );
+            wc.wr_id
+        })
+        .collect();
+    completed.sort_unstable();
+    let posted: Vec<u64> = (0..8).chain(100..108).collect();
+    assert_eq!(completed, posted);
+    assert!(cq.wait(Duration::from_millis(20)).unwrap().is_none());
 }

@@ -521,8 +521,7 @@ impl<B: Backend> Engine<B> {
                     let _ = reply.send(self.endpoint.modify_qp(now, qpn, &attr));
                 }
                 Command::DestroyQp(qpn, reply) => {
-                    self.qps.remove(&qpn);
-                    let _ = reply.send(self.endpoint.destroy_qp(now, qpn));
+                    let _ = reply.send(self.destroy_qp(now, qpn));
                 }
                 Command::DestroyCq(cq, reply) => {
                     let destroyed = self.endpoint.destroy_cq(cq);
@@ -586,6 +585,28 @@ impl<B: Backend> Engine<B> {
         self.posts_left.sort_unstable_by_key(|qpn| qpn.value());
         self.posts_left.dedup();
         self.looking = look_at;
+    }
+
+    /// Destroys a QP, flushing with the requests it held those still in its posting channels,
+    /// which the application posted but the engine had not taken yet.
+    fn destroy_qp(&mut self, now: Duration, qpn: Qpn) -> Result<(), VerbsError> {
+        let unposted: Vec<WorkCompletion> = match self.qps.remove(&qpn) {
+            Some(posts) => {
+                let flushed =
+                    |wr_id, opcode| WorkCompletion::new(wr_id, WcStatus::WrFlushErr, opcode, qpn);
+                let sends = posts
+                    .send
+                    .try_iter()
+                    .map(|wr| flushed(wr.wr_id, wr.op.wc_opcode()));
+                let recvs = posts
+                    .recv
+                    .try_iter()
+                    .map(|wr| flushed(wr.wr_id, WcOpcode::Recv));
+                sends.chain(recvs).collect()
+            }
+            None => Vec::new(),
+        };
+        self.endpoint.destroy_qp(now, qpn, unposted)
     }
 
     /// Sends up to a budget of packets; true if more are waiting.
@@ -656,7 +677,7 @@ impl<B: Backend> Engine<B> {
         let now = self.now();
         let qpns: Vec<Qpn> = self.qps.keys().copied().collect();
         for qpn in qpns {
-            let _ = self.endpoint.destroy_qp(now, qpn);
+            let _ = self.destroy_qp(now, qpn);
         }
         self.completions();
         self.qps.clear();

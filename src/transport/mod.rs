@@ -330,6 +330,14 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// The CQ a completion of `opcode` goes to: the receive CQ for receives, else the send CQ.
+    fn cq_of(&self, opcode: WcOpcode) -> CqId {
+        match opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => self.recv_cq,
+            _ => self.send_cq,
+        }
+    }
+
     fn peer(&self) -> Option<IpAddr> {
         self.settings.av.map(|av| av.dest)
     }
@@ -833,11 +841,21 @@ impl Endpoint {
             .map_or(0, |qp| qp.max_recv_wr.saturating_sub(qp.rq.len()))
     }
 
-    /// Destroys a QP: its outstanding requests complete with WR_FLUSH_ERR, and its QPN is free.
-    pub fn destroy_qp(&mut self, now: Duration, qpn: Qpn) -> Result<(), VerbsError> {
+    /// Destroys a QP: its outstanding requests complete with WR_FLUSH_ERR, then `unposted`,
+    /// the completions of requests that were posted but never reached it (still in the
+    /// engine's channels), in posting order; and its QPN is free.
+    pub fn destroy_qp(
+        &mut self,
+        now: Duration,
+        qpn: Qpn,
+        unposted: impl IntoIterator<Item = WorkCompletion>,
+    ) -> Result<(), VerbsError> {
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
         qp.flush(&mut ctx);
+        for wc in unposted {
+            ctx.complete(qp.cq_of(wc.opcode), wc);
+        }
         self.qps.remove(&qpn);
         // Its number may be drawn again: windows bound through it must not serve the next QP.
         self.memory.release_qp_windows(qpn);
@@ -1025,11 +1043,7 @@ impl Endpoint {
         let now = self.last_now;
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
         let Some(qp) = qp else { return };
-        let cq = match wc.opcode {
-            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => qp.recv_cq,
-            _ => qp.send_cq,
-        };
-        ctx.complete(cq, wc);
+        ctx.complete(qp.cq_of(wc.opcode), wc);
         self.err_overrun_qps(now);
     }
 
@@ -1391,7 +1405,7 @@ mod tests {
         // A long-running process creates and destroys QPs without end: numbers come back.
         for _ in 0..20_000 {
             let qpn = ep.create_qp(init).unwrap();
-            ep.destroy_qp(Duration::ZERO, qpn).unwrap();
+            ep.destroy_qp(Duration::ZERO, qpn, []).unwrap();
         }
         assert_eq!(ep.resources().qps, 257);
     }
@@ -1402,7 +1416,7 @@ mod tests {
         let qpn = ep.create_qp(init).unwrap();
         // libibverbs' EBUSY: a CQ a QP completes into stays.
         assert!(ep.destroy_cq(init.send_cq).is_err());
-        ep.destroy_qp(Duration::ZERO, qpn).unwrap();
+        ep.destroy_qp(Duration::ZERO, qpn, []).unwrap();
         ep.destroy_cq(init.send_cq).unwrap();
         assert_eq!(
             ep.destroy_cq(init.send_cq),
