@@ -708,3 +708,53 @@ fn dropping_a_qp_flushes_the_requests_still_on_their_way_to_it() {
     assert_eq!(completed, posted);
     assert!(cq.wait(Duration::from_millis(20)).unwrap().is_none());
 }
+
+/// A command and a CQ wait that come together while a hybrid engine's thread sleeps on the
+/// socket each interrupt that sleep; the two interruptions can merge into one, which the
+/// thread spends. If the waiter then got the engine and slept on the socket, the command
+/// stayed blocked until the wait ended. Here the wait is for the completion of a SEND that the
+/// other thread posts only after its command returns, so that would be a deadlock, broken
+/// only by the wait's 5 s timeout.
+#[test]
+fn hybrid_a_command_beside_a_waiting_thread_is_not_held_up_by_the_wait() {
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp("127.0.0.121".parse().unwrap())
+    };
+    let a = end_on(Device::open(config).unwrap());
+    let b = open("127.0.0.122", None);
+    connect(&a, &b);
+    let rounds = 40;
+    for k in 0..rounds {
+        b.qp.post_recv(RecvWr::new(k, b.mr.sge(0, 64).unwrap()))
+            .unwrap();
+    }
+    let together = std::sync::Barrier::new(2);
+    let waited = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            (0..rounds)
+                .map(|_| {
+                    // Quiet long enough for the engine thread to take over and sleep.
+                    std::thread::sleep(Duration::from_millis(3));
+                    together.wait();
+                    let wc = a.cq.wait(Duration::from_secs(5)).unwrap();
+                    wc.map(|wc| (wc.wr_id, wc.status))
+                })
+                .collect::<Vec<_>>()
+        });
+        for k in 0..rounds {
+            std::thread::sleep(Duration::from_millis(3));
+            together.wait();
+            drop(a.pd.register(4096, Access::LOCAL_WRITE).unwrap());
+            a.qp.post_send(SendWr::send(k, a.mr.sge(0, 8).unwrap()))
+                .unwrap();
+        }
+        waiter.join().unwrap()
+    });
+    let held_up = waited.iter().filter(|wc| wc.is_none()).count();
+    assert_eq!(held_up, 0, "rounds whose wait ran out: {waited:?}");
+    assert!(waited
+        .iter()
+        .flatten()
+        .all(|(_, status)| *status == WcStatus::Success));
+}

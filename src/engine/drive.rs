@@ -20,6 +20,8 @@
 //!   message, where the wait that follows sends a whole batch as one;
 //! - the engine thread stands aside while the application has run or asked for a turn within
 //!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
+//!   Standing aside, it wakes every [`HANDBACK`], and if requests were posted that no turn has
+//!   taken, takes them in a turn that does not wait on the socket.
 //!
 //! So an application that keeps calling (a ping-pong, a loop of posts and waits) moves its
 //! messages with no hand-off, and one that goes quiet leaves a thread answering its peers
@@ -31,13 +33,29 @@
 //! # No caller left waiting
 //!
 //! A caller that must have the engine (a command; a wait) interrupts the holder's sleep on the
-//! socket, then blocks on the lock. It is counted in `queued` until it has the engine, and no
-//! one else takes the engine meanwhile: otherwise `try_lock` could overtake it, and the winner
-//! sleep on the socket with the interruption already spent, leaving the caller blocked.
+//! socket (an eventfd write), then blocks on the lock. It is counted in `queued` until it has
+//! the engine. Meanwhile:
+//!
+//! - no one else takes the engine: `try_take` looks at `queued` before and after its
+//!   `try_lock`, so a `try_lock` cannot overtake the caller and then sleep with the
+//!   interruption spent;
+//! - no holder waits on the socket ([`Shared::may_wait`]). Two callers' eventfd writes can read
+//!   as one readiness, which the holder they interrupted takes; if the next holder were one of
+//!   them and slept, the other would stay blocked for the whole sleep.
+//!
+//! A wait takes the engine and only then asks whether its channel already has what it waits
+//! for (`drive_wait`'s `arrived`): only the holder fills the channels, so the answer cannot
+//! change while it holds the engine, whereas a look before taking it could miss what the last
+//! holder delivered in between, and sleep on the socket with it waiting.
+//!
+//! A waiter that finds another application thread waiting on the socket does not interrupt
+//! it (that would have two waiters interrupt each other in turn, each turn ending at once): it
+//! waits on its own channel, which that thread's turns fill, in slices of [`HANDBACK`], and
+//! looks for the engine again between slices.
 //!
 //! A holder that lets go of the engine looks at the doorbell's `posted` flag after a `SeqCst`
-//! fence, and runs another turn if a request came in meanwhile, so that a request posted while
-//! an application thread held the engine does not wait for the thread.
+//! fence, and runs another turn (up to [`RECHECKS`]) if a request came in meanwhile, so that a
+//! request posted while an application thread held the engine does not wait for the thread.
 
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
@@ -67,11 +85,12 @@ pub enum Progress {
     /// retransmitted) until it polls or waits again. For applications that keep polling, such
     /// as latency tests.
     Inline,
-    /// Both: the application's CQ waits, polls and posts run the engine when they can, and a
-    /// thread of its own runs it once the application has called nothing for about a
+    /// Both: the application's CQ waits and polls run the engine when they can, and a thread
+    /// of its own runs it once the application has waited or polled for nothing for about a
     /// millisecond. Small-message latency close to inline progress, with a peer still answered
-    /// while the application is busy elsewhere; see the engine's `drive` module for the
-    /// hand-over.
+    /// while the application is busy elsewhere. A post runs no turn: the next wait or poll
+    /// sends it, or the thread within about a millisecond. See the engine's `drive` module for
+    /// the hand-over.
     Hybrid,
 }
 
@@ -139,15 +158,29 @@ impl Shared {
         })
     }
 
-    /// The engine if it is free and no one is queued for it.
+    /// The engine if it is free and no one is queued for it, before or after taking it: a
+    /// caller that queues between the look and the lock is not overtaken either.
     fn try_take(&self) -> Option<Result<MutexGuard<'_, Box<dyn Turn>>, ()>> {
         if self.queued.load(SeqCst) > 0 {
             return None;
         }
         match self.engine.try_lock() {
+            Ok(_) if self.queued.load(SeqCst) > 0 => None,
             Ok(engine) => Some(Ok(engine)),
             Err(TryLockError::WouldBlock) => None,
             Err(TryLockError::Poisoned(_)) => Some(Err(())),
+        }
+    }
+
+    /// How long a turn that holds the engine may wait on the socket: not at all while a
+    /// caller is queued for the engine. Its interruption may already be spent (two callers'
+    /// eventfd writes read as one readiness, which the last holder took), so a holder that
+    /// slept would keep it waiting for the whole sleep.
+    fn may_wait(&self, wait: Option<Duration>) -> Option<Duration> {
+        if self.queued.load(SeqCst) > 0 {
+            Some(Duration::ZERO)
+        } else {
+            wait
         }
     }
 
@@ -177,11 +210,16 @@ impl Shared {
     }
 }
 
+/// Turns a hybrid caller runs after its own for requests posted meanwhile, at most: past that,
+/// the posts wait for the next turn of whoever runs one, and the caller gets back to its
+/// channel.
+const RECHECKS: usize = 4;
+
 /// What a caller does when it finds the engine held.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Patience {
-    /// Leaves the work to the holder, waking it if it sleeps: polls of a hybrid engine, which
-    /// must never wait.
+    /// Leaves the work to the holder: polls of a hybrid engine, which must never wait. The
+    /// holder delivers completions as they come, so it is not woken either.
     Never,
     /// Interrupts the holder's wait and takes the engine after it: commands, which the engine
     /// must run, and everything an inline engine is asked.
@@ -242,7 +280,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 } else {
                     None
                 };
-                if !guarded_turn(&mut **engine, wait) {
+                if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
                     return;
                 }
             }
@@ -290,7 +328,8 @@ impl EngineHandle {
             Driver::Shared(shared, None) => (shared, Patience::Always),
             Driver::Shared(shared, Some(_)) => (shared, Patience::Never),
         };
-        self.run_turns(shared, Duration::ZERO, patience).map(drop)
+        self.run_turns(shared, Duration::ZERO, patience, &|| false)
+            .map(drop)
     }
 
     /// Runs a turn, interrupting whoever holds the engine to get it: for a command, which the
@@ -299,7 +338,7 @@ impl EngineHandle {
         match &self.driver {
             Driver::Thread(_) => Ok(()),
             Driver::Shared(shared, _) => self
-                .run_turns(shared, Duration::ZERO, Patience::Always)
+                .run_turns(shared, Duration::ZERO, Patience::Always, &|| false)
                 .map(drop),
         }
     }
@@ -308,10 +347,21 @@ impl EngineHandle {
     /// socket, unless another application thread is doing just that ([`Driven::Busy`]: then
     /// wait on the channel, as that thread's turns fill it). With the engine thread alone,
     /// nothing happens.
-    pub fn drive_wait(&self, wait: Duration) -> Result<Driven, EngineGone> {
+    ///
+    /// `arrived` says whether the channel has something: it is asked once the engine is
+    /// taken, and the turn does not wait if it has. Only the engine's holder fills the
+    /// channels, so the answer cannot change then; asked before, a message delivered by the
+    /// last holder in between would wait out the whole sleep.
+    pub fn drive_wait(
+        &self,
+        wait: Duration,
+        arrived: &dyn Fn() -> bool,
+    ) -> Result<Driven, EngineGone> {
         match &self.driver {
             Driver::Thread(_) => Ok(Driven::Busy),
-            Driver::Shared(shared, _) => self.run_turns(shared, wait, Patience::UnlessWaiting),
+            Driver::Shared(shared, _) => {
+                self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)
+            }
         }
     }
 
@@ -340,6 +390,7 @@ impl EngineHandle {
         shared: &Shared,
         wait: Duration,
         patience: Patience,
+        arrived: &dyn Fn() -> bool,
     ) -> Result<Driven, EngineGone> {
         let hybrid = matches!(self.driver, Driver::Shared(_, Some(_)));
         if hybrid {
@@ -348,8 +399,9 @@ impl EngineHandle {
         fence(SeqCst);
         let taken = match shared.try_take() {
             Some(taken) => taken,
+            // The holder delivers the completions: a poll has nothing to ask of it.
             None => match patience {
-                Patience::Never => return self.wake_if_asleep().map(|()| Driven::Busy),
+                Patience::Never => return Ok(Driven::Busy),
                 Patience::UnlessWaiting
                     if shared.app_waits.load(SeqCst) || shared.queued.load(SeqCst) > 0 =>
                 {
@@ -360,29 +412,35 @@ impl EngineHandle {
             },
         };
         let mut engine = taken.map_err(|()| self.gone())?;
-        let mut wait = wait;
+        let wait = if arrived() { Duration::ZERO } else { wait };
+        let (mut wait, mut rechecks) = (wait, 0);
         loop {
-            shared.app_waits.store(!wait.is_zero(), SeqCst);
-            let running = guarded_turn(&mut **engine, Some(wait));
+            let wait_here = shared.may_wait(Some(wait));
+            shared
+                .app_waits
+                .store(wait_here != Some(Duration::ZERO), SeqCst);
+            let running = guarded_turn(&mut **engine, wait_here);
             shared.app_waits.store(false, SeqCst);
             if !running {
                 return Err(self.gone());
             }
             if !hybrid {
-                return Ok(Driven::Ran);
+                break;
             }
             drop(engine);
             fence(SeqCst);
-            if !self.doorbell.posted.load(SeqCst) {
-                return Ok(Driven::Ran);
+            if rechecks == RECHECKS || !self.doorbell.posted.load(SeqCst) {
+                break;
             }
+            rechecks += 1;
             engine = match shared.try_take() {
                 Some(Ok(engine)) => engine,
                 // Its new holder looks at the doorbell in its turn.
-                _ => return Ok(Driven::Ran),
+                _ => break,
             };
             wait = Duration::ZERO;
         }
+        Ok(Driven::Ran)
     }
 
     /// Asks the engine to shut down, and waits until it has.

@@ -1193,7 +1193,7 @@ pub(crate) fn receive<T>(
             if left.is_zero() {
                 return Ok(None);
             }
-            if engine.drive_wait(left)? == Driven::Busy {
+            if engine.drive_wait(left, &|| !channel.is_empty())? == Driven::Busy {
                 // That thread may stop running the engine at any time: look again soon.
                 match channel.recv_timeout(left.min(HANDBACK)) {
                     Ok(message) => return Ok(Some(message)),
