@@ -553,19 +553,30 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
     }
 }
 
+/// A device at `address` with hybrid progress.
+fn hybrid_device(address: &str) -> Device {
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp(address.parse().unwrap())
+    };
+    Device::open(config).unwrap()
+}
+
+/// A device with hybrid progress at `hybrid`, connected to one with its engine thread at
+/// `thread`.
+fn hybrid_beside_thread(hybrid: &str, thread: &str) -> (End, End) {
+    let (a, b) = (end_on(hybrid_device(hybrid)), open(thread, None));
+    connect(&a, &b);
+    (a, b)
+}
+
 /// Hybrid progress: while the application keeps calling, its calls run the engine; once it
 /// stops, the engine's own thread takes over within about a millisecond (engine `drive`). A
 /// ping-pong runs on the application's calls; then, with the application calling nothing, a
 /// WRITE it posted just before goes out, and the peer's READ of 1 MiB is answered.
 #[test]
 fn hybrid_progress_answers_the_peer_while_the_application_calls_nothing() {
-    let config = DeviceConfig {
-        progress: Progress::Hybrid,
-        ..DeviceConfig::udp("127.0.0.115".parse().unwrap())
-    };
-    let a = end_on(Device::open(config).unwrap());
-    let b = open("127.0.0.116", None);
-    connect(&a, &b);
+    let (a, b) = hybrid_beside_thread("127.0.0.115", "127.0.0.116");
     let completes = |end: &End| {
         let wc = end.cq.wait(Duration::from_secs(10)).unwrap();
         assert_eq!(wc.expect("a completion").status, WcStatus::Success);
@@ -641,11 +652,7 @@ fn landed_at(end: &End, offset: usize) -> Vec<u8> {
 /// could take the engine back from under one and sleep with its interruption spent: a hang.
 #[test]
 fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
-    let config = DeviceConfig {
-        progress: Progress::Hybrid,
-        ..DeviceConfig::udp("127.0.0.117".parse().unwrap())
-    };
-    let device = Device::open(config).unwrap();
+    let device = hybrid_device("127.0.0.117");
     let (done, finished) = crossbeam_channel::bounded(1);
     std::thread::spawn(move || {
         let pd = device.alloc_pd().unwrap();
@@ -670,13 +677,7 @@ fn hybrid_commands_after_pauses_never_wait_on_a_sleeping_engine() {
 /// the same turn, so the requests posted just before the drop are still in the channel.
 #[test]
 fn dropping_a_qp_flushes_the_requests_still_on_their_way_to_it() {
-    let config = DeviceConfig {
-        progress: Progress::Hybrid,
-        ..DeviceConfig::udp("127.0.0.118".parse().unwrap())
-    };
-    let a = end_on(Device::open(config).unwrap());
-    let b = open("127.0.0.119", None);
-    connect(&a, &b);
+    let (a, b) = hybrid_beside_thread("127.0.0.118", "127.0.0.119");
     let End { qp, cq, mr, .. } = a;
     // A turn of the application's: the engine thread stands aside for a while.
     cq.poll(&mut Vec::new(), 1).unwrap();
@@ -717,13 +718,7 @@ fn dropping_a_qp_flushes_the_requests_still_on_their_way_to_it() {
 /// only by the wait's 5 s timeout.
 #[test]
 fn hybrid_a_command_beside_a_waiting_thread_is_not_held_up_by_the_wait() {
-    let config = DeviceConfig {
-        progress: Progress::Hybrid,
-        ..DeviceConfig::udp("127.0.0.121".parse().unwrap())
-    };
-    let a = end_on(Device::open(config).unwrap());
-    let b = open("127.0.0.122", None);
-    connect(&a, &b);
+    let (a, b) = hybrid_beside_thread("127.0.0.121", "127.0.0.122");
     let rounds = 40;
     for k in 0..rounds {
         b.qp.post_recv(RecvWr::new(k, b.mr.sge(0, 64).unwrap()))
