@@ -39,7 +39,7 @@ use socket2::{SockRef, TcpKeepalive};
 
 use crate::cm::Failure;
 use crate::transport::{AddressVector, WcStatus};
-use crate::verbs::{self, BackendKind, Device, DeviceConfig, Progress};
+use crate::verbs::{self, BackendKind, CompletionQueue, Device, DeviceConfig, Progress};
 use crate::wire::Qpn;
 
 /// Why a tool stopped.
@@ -88,6 +88,39 @@ pub(crate) fn failed<E: Into<verbs::Error>>(doing: &'static str) -> impl FnOnce(
         doing: doing.into(),
         error: e.into(),
     }
+}
+
+/// How long a tool keeps its RC QP after its last message once the peer has gone quiet: four
+/// of the peer's ACK timeouts at timeout 14, the tools' (4.096 us * 2^14 = 67 ms each), and
+/// more for a slow peer.
+const LATE_RESEND_QUIET: Duration = Duration::from_millis(400);
+/// The longest a tool keeps its QP for a peer that keeps resending.
+const LATE_RESEND_LINGER_MAX: Duration = Duration::from_secs(5);
+
+/// Keeps the RC QP `qpn` of `device` until its peer has been quiet for [`LATE_RESEND_QUIET`]
+/// (at most [`LATE_RESEND_LINGER_MAX`]), for a tool whose run has no closing round after its
+/// last message: `ibv_rc_pingpong`, `ib_write_lat`. If our ACK of the peer's last message was
+/// lost, the peer resends it (rxe for ever at retry_cnt 7: rxe_comp.c,
+/// `if (qp->comp.retry_cnt != 7)`), and only a QP that still exists answers it. The engine
+/// acknowledges a resent message by itself; waiting on `cq` drives it, which inline progress
+/// needs. No completion is due.
+pub(crate) fn answer_late_resends(device: &Device, qpn: Qpn, cq: &CompletionQueue) -> Result<()> {
+    let received = || {
+        device
+            .received_packets(qpn)
+            .map_err(failed("Couldn't read the QP's counters"))
+    };
+    let started = Instant::now();
+    let (mut seen, mut quiet_since) = (received()?, started);
+    while quiet_since.elapsed() < LATE_RESEND_QUIET && started.elapsed() < LATE_RESEND_LINGER_MAX {
+        cq.wait(LATE_RESEND_QUIET / 8)
+            .map_err(failed("Failed to poll completions"))?;
+        let now = received()?;
+        if now != seen {
+            (seen, quiet_since) = (now, Instant::now());
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Display for Error {

@@ -80,12 +80,6 @@ const PAGE_SIZE: u32 = 4096;
 const CACHE_LINE: u32 = 64;
 /// The QP attributes perftest sets (`DEF_QP_TIME`, `ctx_modify_qp_to_rts`, `MIN_RNR_TIMER`).
 const QP_TIMEOUT: u8 = 14;
-/// How long `write-lat` keeps its QP after the last round once the peer has gone quiet: four
-/// of the peer's ACK timeouts at QP_TIMEOUT (4.096 us * 2^14 = 67 ms each), and more for a slow
-/// peer.
-const WRITE_LAT_QUIET: Duration = Duration::from_millis(400);
-/// The longest `write-lat` keeps its QP for a peer that keeps resending.
-const WRITE_LAT_LINGER_MAX: Duration = Duration::from_secs(5);
 const RETRY_COUNT: u8 = 7;
 const MIN_RNR_TIMER: u8 = 12;
 /// `ATOMIC_ADD_VALUE`; compare-and-swap compares with 0 and swaps in `ATOMIC_SWAP_VALUE`, 0.
@@ -914,31 +908,10 @@ impl Context {
         Ok(n)
     }
 
-    /// `ib_write_lat` has no closing round: each side leaves when its own loop ends. If our ACK
-    /// of the peer's last WRITE was lost, the peer resends that WRITE (rxe for ever at
-    /// retry_cnt 7: rxe_comp.c, `if (qp->comp.retry_cnt != 7)`), and only a QP that still
-    /// exists answers it. So the QP stays until the peer has been quiet for WRITE_LAT_QUIET.
-    /// The engine acknowledges a resent WRITE by itself; waiting on the CQ drives it, which
-    /// inline progress needs. No completion is due.
+    /// `ib_write_lat` has no closing round: each side leaves when its own loop ends, so the
+    /// QP stays to acknowledge a resent last WRITE ([`super::answer_late_resends`]).
     fn answer_late_resends(&self) -> Result<()> {
-        let qpn = self.qps[0].qpn();
-        let received = || {
-            self.device
-                .received_packets(qpn)
-                .map_err(failed("Couldn't read the QP's counters"))
-        };
-        let started = Instant::now();
-        let (mut seen, mut quiet_since) = (received()?, started);
-        while quiet_since.elapsed() < WRITE_LAT_QUIET && started.elapsed() < WRITE_LAT_LINGER_MAX {
-            self.send_cq
-                .wait(WRITE_LAT_QUIET / 8)
-                .map_err(failed("Failed to poll completions"))?;
-            let now = received()?;
-            if now != seen {
-                (seen, quiet_since) = (now, Instant::now());
-            }
-        }
-        Ok(())
+        super::answer_late_resends(&self.device, self.qps[0].qpn(), &self.send_cq)
     }
 
     /// Waits for one completion on `cq`; false if `stop` says the run is over first.

@@ -316,6 +316,11 @@ fn session(
             writeln!(out, "invalid data in page {page}")?;
         }
     }
+    // No closing round follows the last message: the QP stays to acknowledge it again if our
+    // ACK was lost.
+    if ctx.transport == Transport::Rc {
+        super::answer_late_resends(&ctx.device, ctx.qp.qpn(), &ctx.cq)?;
+    }
     Ok(report)
 }
 
@@ -349,6 +354,7 @@ pub fn buffer_len(o: &Options) -> usize {
 
 /// One side's device, queue pair and buffer (`struct pingpong_context`).
 struct Context {
+    device: Device,
     transport: Transport,
     size: usize,
     rx_depth: usize,
@@ -418,6 +424,7 @@ impl Context {
             gid: gid_of(device.address()),
         };
         let ctx = Context {
+            device: device.clone(),
             transport: o.transport,
             size: o.size,
             rx_depth: o.rx_depth,
