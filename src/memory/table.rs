@@ -173,19 +173,25 @@ impl MemoryTable {
         if self.windows().any(|w| w.is_bound_over(lkey)) {
             return Err(MemoryError::WindowsBound { lkey: lkey.0 });
         }
-        if let Some(region) = self.regions.remove(&lkey.0) {
-            self.rkeys.remove(&region.rkey().0);
-        }
+        self.forget(lkey);
         Ok(())
     }
 
     /// Deregisters the region registered as `lkey` if its rkey is `rkey`: the region whose
     /// last application handle went, and not one registered since under a key drawn again.
-    /// Kept while windows are bound over it, to go at the next registration after they are
-    /// not.
+    /// Its own keys stop working at once, bound windows or not. A window bound over it holds
+    /// the region in its binding, so it keeps serving what it was bound to (the application
+    /// left it bound), and the memory goes once the last such window is unbound.
     pub fn release(&mut self, lkey: LKey, rkey: RKey) {
         if self.regions.get(&lkey.0).map(MemoryRegion::rkey) == Some(rkey) {
-            let _ = self.deregister(lkey);
+            self.forget(lkey);
+        }
+    }
+
+    /// Takes the region registered as `lkey`, and its rkey, out of the table.
+    fn forget(&mut self, lkey: LKey) {
+        if let Some(region) = self.regions.remove(&lkey.0) {
+            self.rkeys.remove(&region.rkey().0);
         }
     }
 

@@ -319,6 +319,41 @@ mod tests {
 
     const BINDABLE: Access = Access::LOCAL_WRITE.union(Access::MW_BIND);
 
+    /// A region whose last application handle went while a window was bound over it kept its
+    /// own rkey working until the next registration after the window was unbound. Now its
+    /// keys stop at once; the window, which the application left bound, serves its range
+    /// until it is deallocated, and then nothing holds the memory.
+    #[test]
+    fn a_released_region_stops_at_once_and_its_bound_window_keeps_its_range() {
+        let access = BINDABLE | Access::REMOTE_WRITE;
+        let (mut t, pd, mr) = setup(access);
+        let mw = t.alloc_mw(pd, MwType::Type1);
+        let b = bind(mw, &mr, BASE, 64, Access::REMOTE_WRITE);
+        t.bind_mw(&b, (pd, QP)).unwrap();
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+        let memory = mr.clone();
+        drop(mr);
+        t.release(lkey, rkey);
+        assert_eq!(t.regions(), 0);
+        assert!(matches!(
+            t.check_remote(rkey, (pd, QP), BASE, 8, Access::REMOTE_WRITE),
+            Err(MemoryError::UnknownKey { .. })
+        ));
+        assert!(t
+            .check_local(lkey, pd, BASE, 8, Access::LOCAL_WRITE)
+            .is_err());
+        let span = t
+            .check_remote(b.new_rkey, (pd, QP), BASE, 8, Access::REMOTE_WRITE)
+            .unwrap();
+        span.write(0, b"window");
+        drop(span);
+        assert_eq!(&memory.to_vec()[..6], b"window");
+        // The window's binding and this test's clone hold the memory; then only the clone.
+        assert_eq!(memory.holders(), 2);
+        t.dealloc_mw(b.new_rkey).unwrap();
+        assert_eq!(memory.holders(), 1);
+    }
+
     #[test]
     fn a_type_2_window_serves_its_range_its_rights_and_its_qp_only() {
         let (mut t, pd, mr) = setup(BINDABLE);
