@@ -15,6 +15,7 @@
 //! window's rkey keeps its upper 24 bits for life; each bind chooses the low 8, as
 //! `ibv_inc_rkey` does, so that a peer holding an rkey of an earlier binding reaches nothing.
 
+mod bulk;
 mod lent;
 mod region;
 mod table;

@@ -8,7 +8,8 @@
 //! model. So a region owns its storage as `AtomicU64` words, and every access, by the transport
 //! or by the application through [`MemoryRegion`], is an atomic load or store:
 //!
-//! - whole words are copied with relaxed loads and stores;
+//! - whole words are copied with relaxed loads and stores, or, on x86-64 with AVX, with aligned
+//!   16-byte moves that are atomic per word too (`bulk.rs`);
 //! - a write that covers part of a word merges its bytes with a compare-and-swap loop, so that two
 //!   writers of neighbouring bytes never lose each other's update;
 //! - the remote atomics (FETCH_ADD, CMP_SWAP) are `fetch_add` and `compare_exchange` on the word,
@@ -19,7 +20,8 @@
 //! carry it. The price is a copy in and out instead of the application writing into the
 //! registered memory in place; `benches/memory.rs` measures it. A region softroce allocates
 //! needs no `unsafe`; one over the application's own buffer views its bytes as the same
-//! atomic words, which `lent.rs` does, in the crate's only `unsafe` code.
+//! atomic words, which `lent.rs` does. `lent.rs` and `bulk.rs` hold the crate's only `unsafe`
+//! code.
 //!
 //! The storage is allocated with `try_reserve_exact`: a region the host cannot hold is a
 //! [`MemoryError::NoMemory`], never an abort of the process.
@@ -29,6 +31,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::bulk;
 use super::lent::Lent;
 use super::{Access, MemoryError, PdId};
 use crate::transport::Sge;
@@ -98,14 +101,8 @@ impl Words {
         let (out_head, rest) = out.split_at_mut(head);
         let (out_bulk, out_tail) = rest.split_at_mut(bulk);
         self.read_partial(offset, out_head);
-        // Whole words: relaxed loads are plain moves on x86-64 and aarch64.
         let first = (offset + head) / WORD;
-        for (word, chunk) in self.words[first..]
-            .iter()
-            .zip(out_bulk.chunks_exact_mut(WORD))
-        {
-            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
-        }
+        bulk::load(&self.words[first..first + bulk / WORD], out_bulk);
         self.read_partial(offset + head + bulk, out_tail);
     }
 
@@ -126,11 +123,7 @@ impl Words {
         let (data_bulk, data_tail) = rest.split_at(bulk);
         self.write_partial(offset, data_head);
         let first = (offset + head) / WORD;
-        for (word, chunk) in self.words[first..].iter().zip(data_bulk.chunks_exact(WORD)) {
-            let mut bytes = [0u8; WORD];
-            bytes.copy_from_slice(chunk);
-            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
-        }
+        bulk::store(&self.words[first..first + bulk / WORD], data_bulk);
         self.write_partial(offset + head + bulk, data_tail);
     }
 
@@ -649,6 +642,36 @@ mod tests {
         let mut word = [0u8; 8];
         mr.read(8, &mut word).unwrap();
         assert_eq!(u64::from_ne_bytes(word), 7);
+    }
+
+    #[test]
+    fn a_word_read_while_it_is_written_is_one_write_or_the_other() {
+        // Whole-word copies, the bulk path (16-byte moves on x86-64 with AVX), are atomic per
+        // word: a reader racing a writer sees each word whole, from one write or the other.
+        let mut t = MemoryTable::new(5);
+        let pd = t.alloc_pd();
+        let mr = t.register(pd, 0, 4096, Access::LOCAL_WRITE).unwrap();
+        let rounds = if cfg!(miri) { 4 } else { 2000 };
+        let writer = {
+            let mr = mr.clone();
+            std::thread::spawn(move || {
+                for round in 0..rounds {
+                    mr.write(0, &[if round % 2 == 0 { 0x11 } else { 0x22 }; 4096])
+                        .unwrap();
+                }
+            })
+        };
+        let mut out = vec![0u8; 4096];
+        for _ in 0..rounds {
+            mr.read(0, &mut out).unwrap();
+            for word in out.chunks_exact(WORD) {
+                assert!(
+                    word.iter().all(|&b| b == word[0]) && [0, 0x11, 0x22].contains(&word[0]),
+                    "a torn word: {word:02x?}"
+                );
+            }
+        }
+        writer.join().unwrap();
     }
 
     #[test]
