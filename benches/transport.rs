@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
     connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, PathMtu, Payload, QpEndpoint,
-    QpInit, QpType, SendOp, SendWr, Sge, WcStatus,
+    QpInit, QpType, SendOp, SendWr, Sge, WcStatus, MAX_PACKET_LEN,
 };
 use softroce::wire::{KernelFraming, Psn, QKey, Qpn, RnrTimer, ROCEV2_UDP_PORT};
 
@@ -24,6 +24,8 @@ struct Pair {
     dst: MemoryRegion,
     framing: [KernelFraming; 2],
     now: Duration,
+    /// Where each packet is built, as the io layer's train would be.
+    buffer: Vec<u8>,
 }
 
 fn ip(n: u8) -> Ipv4Addr {
@@ -94,6 +96,7 @@ fn pair() -> Pair {
             },
         ],
         now: Duration::ZERO,
+        buffer: vec![0; MAX_PACKET_LEN],
     }
 }
 
@@ -119,16 +122,12 @@ impl Pair {
         loop {
             let mut moved = false;
             for from in 0..2 {
-                while let Some(mut t) = self.ends[from].poll_transmit() {
-                    self.framing[from].seal(&mut t.packet);
-                    let status = self.framing[from].verify(&t.packet);
+                while let Some((_, len)) = self.ends[from].poll_transmit_into(&mut self.buffer) {
+                    let packet = &mut self.buffer[..len];
+                    self.framing[from].seal(packet);
+                    let status = self.framing[from].verify(packet);
                     let src = IpAddr::V4(ip(from as u8));
-                    self.ends[1 - from].handle_datagram(
-                        self.now,
-                        src,
-                        status,
-                        black_box(&t.packet),
-                    );
+                    self.ends[1 - from].handle_datagram(self.now, src, status, black_box(packet));
                     moved = true;
                 }
             }

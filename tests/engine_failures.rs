@@ -69,9 +69,13 @@ impl Backend for Breakable {
     fn local_addr(&self) -> IpAddr {
         self.inner.local_addr()
     }
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+    fn room(&mut self) -> io::Result<&mut [u8]> {
         self.check()?;
-        self.inner.send(dst, packet)
+        self.inner.room()
+    }
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
+        self.check()?;
+        self.inner.commit(dst, len)
     }
     fn flush(&mut self) -> io::Result<()> {
         self.check()?;

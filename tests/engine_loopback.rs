@@ -29,14 +29,17 @@ impl Backend for Lossy {
     fn local_addr(&self) -> IpAddr {
         self.inner.local_addr()
     }
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+    fn room(&mut self) -> io::Result<&mut [u8]> {
+        self.inner.room()
+    }
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
         self.state ^= self.state << 17;
         if self.state % self.every == 0 {
-            return Ok(());
+            return Ok(&[]);
         }
-        self.inner.send(dst, packet)
+        self.inner.commit(dst, len)
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()

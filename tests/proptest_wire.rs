@@ -136,6 +136,18 @@ proptest! {
     }
 
     #[test]
+    fn emit_writes_every_byte_over_whatever_the_buffer_held((repr, payload) in packet(), junk: u8) {
+        // The transport builds each packet in the io layer's train, over an earlier packet's
+        // bytes, and zeroes nothing first: every header byte, reserved bits included, the pad
+        // and the ICRC must come from `emit` alone.
+        let mut clean = vec![0u8; repr.buffer_len()];
+        repr.emit_with_payload(&mut clean, &payload).unwrap();
+        let mut reused = vec![junk; repr.buffer_len()];
+        repr.emit_with_payload(&mut reused, &payload).unwrap();
+        prop_assert_eq!(reused, clean);
+    }
+
+    #[test]
     fn packets_emit_what_they_parse((repr, payload) in packet(), icrc: u32) {
         // Build valid bytes, then check that parse-then-emit reproduces them, ICRC included.
         let mut bytes = vec![0u8; repr.buffer_len()];

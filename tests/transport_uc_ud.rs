@@ -691,7 +691,7 @@ fn a_ud_receive_buffer_starts_with_the_grh() {
 
     // An io layer that sees the IP header (a raw socket) passes it in, and it is copied as is.
     post_send(&mut sim, 0, qa, wr);
-    let packet = sim.nodes[0].poll_transmit().unwrap().packet;
+    let (_, packet) = sim.take(0).unwrap();
     let mut header = [0u8; 20];
     header[..10].copy_from_slice(&[0x45, 0x02, 0, 156, 0x12, 0x34, 0x40, 0, 3, 17]);
     header[12..16].copy_from_slice(&octets(0));

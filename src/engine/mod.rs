@@ -612,11 +612,12 @@ impl<B: Backend> Engine<B> {
     /// Sends up to a budget of packets; true if more are waiting.
     fn transmit(&mut self) -> io::Result<bool> {
         for _ in 0..TRANSMIT_BUDGET {
-            let Some(mut transmit) = self.endpoint.poll_transmit() else {
+            // Each packet is built once, where the backend sends it from.
+            let room = self.backend.room()?;
+            let Some((dst, len)) = self.endpoint.poll_transmit_into(room) else {
                 break;
             };
-            self.backend.send(transmit.dst, &mut transmit.packet)?;
-            self.endpoint.recycle(transmit.packet);
+            self.backend.commit(dst, len)?;
         }
         // A batching backend may hold packets back until here.
         self.backend.flush()?;

@@ -140,18 +140,43 @@ pub trait Backend: Send + 'static {
     /// The address peers reach this backend at.
     fn local_addr(&self) -> IpAddr;
 
-    /// Frames `packet` (a RoCE packet whose last four bytes are a zero ICRC) for `dst` and seals
-    /// its ICRC for that framing. It may then send it, or queue it for [`flush`](Self::flush),
-    /// which a backend does by itself when its queue is full.
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()>;
+    /// Where the next packet is to be built: at least
+    /// [`MAX_PACKET_LEN`](crate::transport::MAX_PACKET_LEN) bytes, in the buffer
+    /// the backend sends from, so that the transport core writes each packet there once
+    /// ([`Endpoint::poll_transmit_into`](crate::transport::Endpoint::poll_transmit_into)).
+    /// It may flush what is queued to make room. What is written there without a
+    /// [`commit`](Self::commit) is overwritten by the next packet.
+    fn room(&mut self) -> io::Result<&mut [u8]>;
 
-    /// The UDP source port [`send`](Self::send) frames `packet` with, which its ICRC covers:
-    /// the socket's, 4791, unless the backend writes its own UDP headers.
+    /// Takes the first `len` bytes of [`room`](Self::room), a RoCE packet whose last four
+    /// bytes are a zero ICRC, frames it for `dst` and seals its ICRC for that framing. It may
+    /// then send it, or queue it for [`flush`](Self::flush), which a backend does by itself
+    /// when its queue is full. Returns the packet as sealed, or nothing if it was dropped
+    /// (counted: a `len` longer than the room is too big).
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]>;
+
+    /// Sends a copy of `packet`, through [`room`](Self::room) and [`commit`](Self::commit),
+    /// and seals `packet` as the copy was. For callers that hold packets of their own; the
+    /// engine builds in the room instead.
+    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+        let len = packet.len();
+        if let Some(room) = self.room()?.get_mut(..len) {
+            room.copy_from_slice(packet);
+        }
+        let sealed = self.commit(dst, len)?;
+        if sealed.len() == len {
+            packet.copy_from_slice(sealed);
+        }
+        Ok(())
+    }
+
+    /// The UDP source port [`commit`](Self::commit) frames `packet` with, which its ICRC
+    /// covers: the socket's, 4791, unless the backend writes its own UDP headers.
     fn udp_source_port(&self, _packet: &[u8]) -> u16 {
         crate::wire::ROCEV2_UDP_PORT
     }
 
-    /// Sends whatever [`send`](Self::send) queued. Call it after each burst of sends, before
+    /// Sends whatever [`commit`](Self::commit) queued. Call it after each burst of sends, before
     /// waiting: a queued packet leaves no sooner.
     fn flush(&mut self) -> io::Result<()>;
 

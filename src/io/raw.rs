@@ -188,6 +188,9 @@ pub struct RawBackend {
     ip_id: IpIdMode,
     next_id: u16,
     buffer: Box<[u8]>,
+    /// Where the next packet to send is built ([`Backend::room`]): as long as a UDP payload
+    /// can be behind an IPv4 header.
+    outgoing: Box<[u8]>,
     counters: IoCounters,
     unreachable: Unreachable,
 }
@@ -253,48 +256,31 @@ impl RawBackend {
             ip_id: config.ip_id,
             next_id: 1,
             buffer: vec![0u8; MAX_DATAGRAM].into_boxed_slice(),
+            outgoing: vec![0u8; usize::from(u16::MAX) - IPV4_HEADER - UDP_HEADER]
+                .into_boxed_slice(),
             counters: IoCounters::default(),
             unreachable: Unreachable::default(),
         })
     }
 
-    fn next_ip_id(&mut self) -> u16 {
-        match self.ip_id {
-            IpIdMode::Zero => 0,
-            IpIdMode::Incrementing => {
-                let id = self.next_id;
-                self.next_id = id.wrapping_add(1);
-                id
-            }
-        }
-    }
-}
-
-impl Backend for RawBackend {
-    fn local_addr(&self) -> IpAddr {
-        self.local.into()
-    }
-
-    fn udp_source_port(&self, packet: &[u8]) -> u16 {
-        packet_source_port(packet).unwrap_or(ROCEV2_UDP_PORT)
-    }
-
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+    /// Frames `packet` for `dst`, seals its ICRC and sends it. `Ok(false)` if it was dropped
+    /// before it could be sealed (counted); a refused send is counted too, after sealing.
+    fn frame_and_send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<bool> {
         let IpAddr::V4(dst) = dst.to_canonical() else {
             // IPv4 only: the transport refuses IPv6 destinations on an IPv4 device.
             self.counters.send_unreachable += 1;
             self.unreachable.note(dst);
-            return Ok(());
+            return Ok(false);
         };
         let Some(source_port) = packet_source_port(packet) else {
             // The core emits only RoCE packets; a caller's other bytes are not sent.
             self.counters.send_failed += 1;
-            return Ok(());
+            return Ok(false);
         };
         let udp_len = UDP_HEADER + packet.len();
         let Ok(total) = u16::try_from(IPV4_HEADER + udp_len) else {
             self.counters.send_too_big += 1;
-            return Ok(());
+            return Ok(false);
         };
         let mut headers = [0u8; IPV4_HEADER + UDP_HEADER];
         let (ip, udp) = headers.split_at_mut(IPV4_HEADER);
@@ -320,7 +306,7 @@ impl Backend for RawBackend {
         let error = match self.raw.0.send_to_vectored(&pieces, &to.into()) {
             Ok(_) => {
                 self.counters.sent += 1;
-                return Ok(());
+                return Ok(true);
             }
             Err(error) => error,
         };
@@ -332,7 +318,45 @@ impl Backend for RawBackend {
             }
             failure => self.counters.count_send_failure(failure, &error),
         }
-        Ok(())
+        Ok(true)
+    }
+
+    fn next_ip_id(&mut self) -> u16 {
+        match self.ip_id {
+            IpIdMode::Zero => 0,
+            IpIdMode::Incrementing => {
+                let id = self.next_id;
+                self.next_id = id.wrapping_add(1);
+                id
+            }
+        }
+    }
+}
+
+impl Backend for RawBackend {
+    fn local_addr(&self) -> IpAddr {
+        self.local.into()
+    }
+
+    fn udp_source_port(&self, packet: &[u8]) -> u16 {
+        packet_source_port(packet).unwrap_or(ROCEV2_UDP_PORT)
+    }
+
+    fn room(&mut self) -> io::Result<&mut [u8]> {
+        Ok(&mut self.outgoing)
+    }
+
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
+        if len > self.outgoing.len() {
+            self.counters.send_too_big += 1;
+            return Ok(&[]);
+        }
+        // Out of `self` while it is framed, so that the counters and the IP ID stay reachable;
+        // an empty box takes its place, which allocates nothing.
+        let mut outgoing = std::mem::take(&mut self.outgoing);
+        let framed = self.frame_and_send(dst, &mut outgoing[..len]);
+        self.outgoing = outgoing;
+        Ok(if framed? { &self.outgoing[..len] } else { &[] })
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -117,6 +117,8 @@ impl Recorder {
 pub struct Recording<B: Backend> {
     inner: B,
     recorder: Recorder,
+    /// The last packet sent, as sealed: a copy, so that `inner` can be asked its source port.
+    sealed: Vec<u8>,
 }
 
 impl<B: Backend> std::fmt::Debug for Recording<B> {
@@ -131,6 +133,7 @@ impl<B: Backend> Recording<B> {
         Ok(Recording {
             inner,
             recorder: Recorder::create(path)?,
+            sealed: Vec::new(),
         })
     }
 
@@ -144,14 +147,24 @@ impl<B: Backend> Backend for Recording<B> {
         self.inner.local_addr()
     }
 
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
-        self.inner.send(dst, packet)?;
+    fn room(&mut self) -> io::Result<&mut [u8]> {
+        self.inner.room()
+    }
+
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
+        let sealed = self.inner.commit(dst, len)?;
+        if sealed.is_empty() {
+            return Ok(&[]);
+        }
+        self.sealed.clear();
+        self.sealed.extend_from_slice(sealed);
         // Sealed by now: the record shows the ICRC that goes on the wire, and the source port
         // it was sealed for.
-        let local = SocketAddr::new(self.inner.local_addr(), self.inner.udp_source_port(packet));
+        let port = self.inner.udp_source_port(&self.sealed);
+        let local = SocketAddr::new(self.inner.local_addr(), port);
         let dst = SocketAddr::new(dst, ROCEV2_UDP_PORT);
-        self.recorder.record(local, dst, None, packet);
-        Ok(())
+        self.recorder.record(local, dst, None, &self.sealed);
+        Ok(&self.sealed)
     }
 
     fn udp_source_port(&self, packet: &[u8]) -> u16 {

@@ -30,8 +30,9 @@
 //!
 //! # Batching: UDP segmentation offload
 //!
-//! `send` seals a packet and queues it; [`flush`](Backend::flush) (or a full queue) sends the
-//! queue. Consecutive packets to one peer of one size, the last possibly shorter, go as one
+//! The transport core builds each packet in place at the end of the queue
+//! ([`room`](Backend::room)), and [`commit`](Backend::commit) seals it there and adds it to the
+//! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive packets to one peer of one size, the last possibly shorter, go as one
 //! "train": one `sendmsg` with its segment size in a `UDP_SEGMENT` control message, which the
 //! kernel (or the NIC) cuts into datagrams.
 //! Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one buffer, with its
@@ -80,7 +81,7 @@ use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
-use crate::transport::Datagram;
+use crate::transport::{Datagram, MAX_PACKET_LEN};
 use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
 
 /// The largest UDP payload an IPv4 datagram carries: the bound on one train and on one
@@ -88,9 +89,9 @@ use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
 const MAX_UDP_PAYLOAD: usize = 65_507;
 /// Segments in one train: UDP_MAX_SEGMENTS of the kernels that have UDP_SEGMENT (4.18 on).
 const MAX_SEGMENTS: usize = 64;
-/// Queued bytes before `send` flushes by itself: a 128-packet window of 4 KiB packets.
-const QUEUE_BYTES: usize = 128 * (4096 + 64);
-/// Queued trains before `send` flushes by itself (small packets to many peers).
+/// Queued bytes before `room` flushes by itself: a 128-packet window of 4 KiB packets.
+const QUEUE_BYTES: usize = 128 * MAX_PACKET_LEN;
+/// Queued trains before `room` flushes by itself (small packets to many peers).
 const MAX_TRAINS: usize = 64;
 
 sockopt_impl!(
@@ -370,34 +371,37 @@ impl Backend for UdpBackend {
         self.local.ip()
     }
 
-    fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
+    fn room(&mut self) -> io::Result<&mut [u8]> {
+        if self.queue.len() - self.queued < MAX_PACKET_LEN || self.trains.len() == MAX_TRAINS {
+            self.flush()?;
+        }
+        Ok(&mut self.queue[self.queued..])
+    }
+
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
         let dst = SocketAddr::new(dst, ROCEV2_UDP_PORT);
-        let len = packet.len();
         let Some(framing) = framing(self.local, dst) else {
             // The transport refuses such destinations; one that slips through costs a packet.
             self.counters.send_unreachable += 1;
             self.unreachable.note(dst.ip());
-            return Ok(());
+            return Ok(&[]);
         };
-        if len > MAX_UDP_PAYLOAD {
+        let start = self.queued;
+        if len > MAX_UDP_PAYLOAD || start + len > self.queue.len() {
             self.counters.send_too_big += 1;
-            return Ok(());
+            return Ok(&[]);
         }
         let max_segments = self.max_segments;
-        let joins = |trains: &[Train]| {
-            trains
-                .last()
-                .is_some_and(|t| t.takes(dst, len, max_segments))
-        };
-        if self.queued + len > self.queue.len()
-            || (self.trains.len() == MAX_TRAINS && !joins(&self.trains))
-        {
-            self.flush()?;
-        }
-        if !joins(&self.trains) {
+        let joins = self
+            .trains
+            .last()
+            .is_some_and(|t| t.takes(dst, len, max_segments));
+        if !joins {
+            // `room` flushed if the trains were full. A new train starts where the packet was
+            // built, right after the last one: the queue stays one run of trains.
             self.trains.push(Train {
                 dst,
-                start: self.queued,
+                start,
                 len: 0,
                 segment: len,
                 count: 0,
@@ -406,14 +410,14 @@ impl Backend for UdpBackend {
         }
         let last = self.trains.len() - 1;
         let train = &mut self.trains[last];
+        let packet = &mut self.queue[start..start + len];
         // The kernel numbers a train's segments from ID 0 (see the module documentation).
         framing.seal_with_ipv4_id(packet, train.count as u16);
-        self.queue[self.queued..self.queued + len].copy_from_slice(packet);
         self.queued += len;
         train.len += len;
         train.count += 1;
         train.open = len == train.segment;
-        Ok(())
+        Ok(&self.queue[start..start + len])
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -11,13 +11,15 @@
 //! - `handle_timeout(now)`: when `next_deadline()` has passed;
 //! - the verbs: `post_send`, `post_recv`, `modify_qp`, ...
 //!
-//! and collects `poll_transmit()` (packets to send, without their ICRC, which depends on the
-//! framing the io layer chooses), `poll_cq(cq)` (completions) and `poll_event()` (asynchronous
+//! and collects `poll_transmit_into(buf)` (the next packet to send, written into a buffer the
+//! io layer owns, without its ICRC, which depends on the framing the io layer chooses;
+//! `poll_transmit()` gives it as a `Vec`), `poll_cq(cq)` (completions) and `poll_event()` (asynchronous
 //! events). `now` is a `Duration` since any epoch the caller likes; only differences matter.
 
 mod counters;
 mod cq;
 mod datagram;
+mod outgoing;
 mod qp;
 mod requester;
 mod responder;
@@ -38,6 +40,7 @@ use rand_core::{RngCore, SeedableRng};
 
 pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
+pub use outgoing::MAX_PACKET_LEN;
 pub use qp::{
     check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
     QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
@@ -51,13 +54,12 @@ pub use wr::{
 };
 
 use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, MwType, PdId};
-use crate::wire::icrc::ICRC_LEN;
-use crate::wire::packet::BTH_LEN;
 use crate::wire::{
-    AckSyndrome, AethRepr, Bth, BthRepr, ExtHeader, ExtHeaders, IcrcStatus, LKey, Opcode,
-    PacketRepr, QKey, Qpn, RKey, RocePacket, Transport,
+    AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn,
+    RKey, RocePacket, Transport,
 };
 use cq::{CompletionQueue, Pushed};
+use outgoing::{Queued, Source};
 use requester::Requester;
 use responder::Responder;
 use srq::SharedRq;
@@ -192,10 +194,14 @@ const MAX_TOUCHED: usize = 256;
 const COALESCE_WINDOW: usize = 64;
 
 /// Whether a queued packet is an ACK with no more than its AETH: not a NAK, not an atomic ACK.
-fn is_plain_ack(packet: &[u8]) -> bool {
-    Bth::new_unchecked(packet).opcode() == Opcode::RcAck
-        && packet.len() == BTH_LEN + ExtHeader::Aeth.wire_len() + ICRC_LEN
-        && matches!(AckSyndrome::from_byte(packet[BTH_LEN]), AckSyndrome::Ack(_))
+fn is_plain_ack(queued: &Queued) -> bool {
+    queued.repr.bth.opcode == Opcode::RcAck
+        && queued.repr.ext.atomic_ack_eth.is_none()
+        && queued
+            .repr
+            .ext
+            .aeth
+            .is_some_and(|aeth| matches!(aeth.syndrome, AckSyndrome::Ack(_)))
 }
 
 /// Everything a QP's packet handlers may touch besides the QP itself.
@@ -204,9 +210,9 @@ pub(crate) struct Ctx<'a> {
     pub now: Duration,
     /// Every region and window of the device, for the access checks and data.
     pub memory: &'a mut MemoryTable,
-    /// Packets queued for the io layer.
-    pub out: &'a mut VecDeque<Transmit>,
-    /// Packet buffers the io layer has handed back, reused before allocating.
+    /// Packets queued for the io layer, built when it asks for them.
+    pub out: &'a mut VecDeque<Queued>,
+    /// Buffers of copied payloads (inline sends), reused before allocating.
     pub pool: &'a mut Vec<Vec<u8>>,
     /// Every completion queue, by [`CqId`].
     pub cqs: &'a mut [CompletionQueue],
@@ -221,30 +227,20 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Builds a packet and queues it; `fill` writes the payload in place.
-    pub fn send<E>(
+    /// Queues a packet, `payload_len` bytes of `payload` after the headers. It is built
+    /// when the io layer asks for it ([`Endpoint::poll_transmit_into`]).
+    pub fn send(
         &mut self,
         dst: IpAddr,
         bth: BthRepr,
         ext: ExtHeaders,
         payload_len: usize,
-        fill: impl FnOnce(&MemoryTable, &mut [u8]) -> Result<(), E>,
-    ) -> Result<(), E> {
+        payload: Source,
+    ) {
         let repr = PacketRepr::new(bth, ext, payload_len);
-        let mut packet = self.pool.pop().unwrap_or_default();
-        packet.clear();
-        packet.resize(repr.buffer_len(), 0);
-        repr.emit(&mut packet)
-            .expect("the core builds only headers its opcode requires");
-        // The packet was built here from a checked repr: it is not parsed again.
-        let payload = repr.payload_offset();
-        if let Err(e) = fill(self.memory, &mut packet[payload..payload + payload_len]) {
-            self.pool.push(packet);
-            return Err(e);
-        }
+        debug_assert!(repr.buffer_len() <= MAX_PACKET_LEN, "a packet past the MTU");
         self.counters.sent_packets += 1;
-        self.out.push_back(Transmit { dst, packet });
-        Ok(())
+        self.out.push_back(Queued { dst, repr, payload });
     }
 
     /// Queues an ACK. An ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced
@@ -256,23 +252,18 @@ impl Ctx<'_> {
             aeth: Some(aeth),
             ..ExtHeaders::default()
         };
-        let repr = PacketRepr::new(bth, ext, 0);
-        let same_qp = |t: &Transmit| {
-            t.dst == dst && Bth::new_unchecked(&t.packet[..]).dest_qp() == bth.dest_qp
-        };
         let earlier = self
             .out
             .iter_mut()
             .rev()
             .take(COALESCE_WINDOW)
-            .find(|t| same_qp(t));
-        if let Some(earlier) = earlier.filter(|t| is_plain_ack(&t.packet)) {
-            repr.emit(&mut earlier.packet)
-                .expect("an ACK is the same length as the ACK it replaces");
+            .find(|q| q.dst == dst && q.repr.bth.dest_qp == bth.dest_qp);
+        if let Some(earlier) = earlier.filter(|q| is_plain_ack(q)) {
+            earlier.repr = PacketRepr::new(bth, ext, 0);
             self.counters.coalesced_acks += 1;
             return;
         }
-        let _ = self.send::<()>(dst, bth, ext, 0, |_, _| Ok(()));
+        self.send(dst, bth, ext, 0, Source::Empty);
     }
 
     /// Queues a completion; an overrun errs the CQ (see [`cq`]) and raises its event, naming
@@ -464,8 +455,6 @@ const QPN_DRAWS: usize = 64;
 /// Responses (READ response packets and the replies queued behind them) built per QP each
 /// time the transmit queue runs dry.
 const READ_RESPONSE_BATCH: usize = 64;
-/// Packet buffers kept for reuse.
-const PACKET_POOL: usize = 1024;
 
 /// The transport core of one device.
 pub struct Endpoint {
@@ -493,7 +482,8 @@ pub struct Endpoint {
     due: Vec<Qpn>,
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
-    out: VecDeque<Transmit>,
+    out: VecDeque<Queued>,
+    /// Buffers of copied payloads, reused.
     pool: Vec<Vec<u8>>,
     /// The latest time seen, for work done while the io layer drains transmits.
     last_now: Duration,
@@ -1236,9 +1226,49 @@ impl Endpoint {
         }
     }
 
-    /// The next packet to send. READ responses are built here, a batch at a time, as the
-    /// queue empties: a peer's 2 GiB READ costs a batch of buffers, not 2 GiB of them.
+    /// Writes the next packet to send into the start of `buf`, its ICRC left zero for the io
+    /// layer to seal, and returns where it goes and its length. Headers are emitted and the
+    /// payload copied out of its region here, once, into the caller's buffer: the io layer
+    /// passes the free end of the train it sends from.
+    ///
+    /// READ responses are queued here, a batch at a time, as the queue empties: a peer's
+    /// 2 GiB READ costs a batch of queue entries, not 2 GiB of them.
+    ///
+    /// # Panics
+    ///
+    /// If `buf` is shorter than [`MAX_PACKET_LEN`].
+    pub fn poll_transmit_into(&mut self, buf: &mut [u8]) -> Option<(IpAddr, usize)> {
+        assert!(
+            buf.len() >= MAX_PACKET_LEN,
+            "poll_transmit_into needs a buffer of MAX_PACKET_LEN bytes"
+        );
+        self.queue_responses();
+        let Queued { dst, repr, payload } = self.out.pop_front()?;
+        let len = repr.buffer_len();
+        let at = repr.payload_offset();
+        let packet = &mut buf[..len];
+        // The buffer holds an earlier packet's bytes, and nothing zeroes it: `emit` writes
+        // every header byte (reserved bits as zero), the pad and the ICRC, and the payload is
+        // written whole (tests/proptest_wire.rs, and the simulator builds over junk).
+        repr.emit(packet)
+            .expect("the core queues only headers its opcode requires");
+        payload.write(&mut packet[at..at + repr.payload_len], &mut self.pool);
+        Some((dst, len))
+    }
+
+    /// The next packet to send, in a `Vec` of its own: [`poll_transmit_into`] for callers
+    /// that keep packets, such as tests and the simulator. Allocates each time.
+    ///
+    /// [`poll_transmit_into`]: Self::poll_transmit_into
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let mut packet = vec![0; MAX_PACKET_LEN];
+        let (dst, len) = self.poll_transmit_into(&mut packet)?;
+        packet.truncate(len);
+        Some(Transmit { dst, packet })
+    }
+
+    /// Queues the next batch of READ responses when the transmit queue has run dry.
+    fn queue_responses(&mut self) {
         if self.out.is_empty() {
             let now = self.last_now;
             self.settle();
@@ -1257,7 +1287,6 @@ impl Endpoint {
             }
             self.due = responding;
         }
-        self.out.pop_front()
     }
 
     /// Whether `poll_transmit` has more to give: packets queued or READ responses to build.
@@ -1269,13 +1298,6 @@ impl Endpoint {
             "a QP with responses to build is missing from the active set"
         );
         !self.out.is_empty() || pending
-    }
-
-    /// Hands a sent packet's buffer back for reuse, so that the hot path does not allocate.
-    pub fn recycle(&mut self, packet: Vec<u8>) {
-        if self.pool.len() < PACKET_POOL {
-            self.pool.push(packet);
-        }
     }
 
     /// `ibv_poll_cq` for one entry: the oldest completion on `cq`, if any.

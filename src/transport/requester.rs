@@ -9,12 +9,13 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use super::outgoing::Source;
 use super::wr::{Payload, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
 use super::{on_transport, CqId};
 use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
 use crate::memory::{Access, MemoryError, MemoryTable, PdId};
 use crate::wire::{
-    AckSyndrome, AethRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr,
+    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr,
     NakCode, Opcode, PacketRepr, Position, Psn, QKey, Qpn, RethRepr,
 };
 
@@ -125,33 +126,6 @@ impl Requester {
         self.rnr_until = None;
         flushed
     }
-}
-
-/// Copies `out.len()` bytes from offset `at` of the message gathered from `sges`.
-pub(crate) fn gather(
-    memory: &MemoryTable,
-    pd: PdId,
-    sges: &[Sge],
-    mut at: usize,
-    out: &mut [u8],
-) -> Result<(), MemoryError> {
-    let mut done = 0;
-    for sge in sges {
-        let len = sge.len as usize;
-        if at >= len {
-            at -= len;
-            continue;
-        }
-        let n = (len - at).min(out.len() - done);
-        let span = memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::NONE)?;
-        span.read(0, &mut out[done..done + n]);
-        done += n;
-        at = 0;
-        if done == out.len() {
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// Copies `data` to offset `at` of the message scattered over `sges`.
@@ -299,7 +273,7 @@ impl Qp {
     /// last packet a pump sends asks for an ACK, whatever stopped it (the end of the queue, the
     /// window, a fence, the READ/atomic limit, a local operation, the QP's state): nothing sent
     /// then waits on a later request for its acknowledgement. The packet is still in the
-    /// transmit queue, unsealed, so its AckReq bit can be set in place.
+    /// transmit queue, not yet built, so its AckReq bit can be set in place.
     pub(crate) fn pump(&mut self, ctx: &mut Ctx<'_>) {
         let queued = ctx.out.len();
         self.pump_packets(ctx);
@@ -307,9 +281,8 @@ impl Qp {
             return;
         }
         if let Some(last) = ctx.out.back_mut() {
-            let mut bth = Bth::new_unchecked(&mut last.packet[..]);
-            if !bth.ack_req() {
-                bth.set_ack_req(true);
+            if !last.repr.bth.ack_req {
+                last.repr.bth.ack_req = true;
                 self.req.unasked = 0;
             }
         }
@@ -560,14 +533,16 @@ impl Qp {
         }
         let pd = self.pd;
         let payload = &self.req.sq[idx].wr.payload;
-        ctx.send(dst, bth, ext, payload_len, |memory, out| match payload {
+        let source = match payload {
             Payload::Inline(bytes) => {
-                out.copy_from_slice(&bytes[offset..offset + out.len()]);
-                Ok(())
+                Source::copied(&bytes[offset..offset + payload_len], ctx.pool)
             }
-            Payload::Sges(sges) => gather(memory, pd, sges, offset, out),
-        })
-        .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
+            Payload::Sges(sges) => {
+                Source::gather(ctx.memory, pd, sges, offset, payload_len, ctx.pool)
+                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?
+            }
+        };
+        ctx.send(dst, bth, ext, payload_len, source);
         self.req.unasked = if bth.ack_req {
             0
         } else {

@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 
+use super::outgoing::Source;
 use super::requester::scatter;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{operation, AsyncEvent, Ctx, Datagram, Qp, QpState, QpType, GRH_LEN};
@@ -328,7 +329,7 @@ impl Qp {
             atomic_ack_eth: atomic.map(|original_data| AtomicAckEthRepr { original_data }),
             ..Default::default()
         };
-        let _ = ctx.send::<()>(dst, bth, ext, 0, |_, _| Ok(()));
+        ctx.send(dst, bth, ext, 0, Source::Empty);
     }
 
     fn ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
@@ -813,12 +814,11 @@ impl Qp {
         };
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, read.first + k);
         bth.pkey = self.settings.pkey;
-        let _ = ctx.send::<()>(dst, bth, ext, chunk, |_, out| {
-            if let Some(span) = &read.span {
-                span.read(at, out);
-            }
-            Ok(())
-        });
+        let payload = match read.span.as_ref().and_then(|span| span.slice(at, chunk)) {
+            Some(part) if chunk > 0 => Source::One(part),
+            _ => Source::Empty,
+        };
+        ctx.send(dst, bth, ext, chunk, payload);
     }
 
     /// A request whose PSN was already executed (IBTA 9.7.5.1.3).

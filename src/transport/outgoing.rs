@@ -1,0 +1,144 @@
+//! Packets queued for the io layer, built only when it asks for them.
+//!
+//! A queued packet is its headers as a [`PacketRepr`] and its payload as where to read it: the
+//! parts of regions that the local access check granted when the packet was queued. The io
+//! layer hands [`Endpoint::poll_transmit_into`](super::Endpoint::poll_transmit_into) the
+//! buffer it sends from (the UDP backend's segmentation train), and the packet is written
+//! there once: the headers emitted, the payload copied out of the region. No buffer of its
+//! own, no zeroing of the payload, and no copy from one buffer to another.
+
+use std::net::IpAddr;
+
+use super::wr::Sge;
+use crate::memory::{Access, MemoryError, MemoryTable, PdId, Span};
+use crate::wire::PacketRepr;
+
+/// The longest packet the core builds: a payload of the largest path MTU (4096) and the
+/// longest headers that come with one (BTH, RETH and ImmDt: 32 bytes), its pad and the ICRC,
+/// rounded up. A buffer handed to
+/// [`Endpoint::poll_transmit_into`](super::Endpoint::poll_transmit_into) must hold it.
+pub const MAX_PACKET_LEN: usize = 4096 + 64;
+
+/// Buffers of copied payloads kept for reuse, at most.
+const BYTES_POOL: usize = 64;
+
+/// A packet waiting for the io layer.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub dst: IpAddr,
+    /// Its headers; the AckReq bit and a coalesced ACK's fields may still change in place.
+    pub repr: PacketRepr,
+    pub payload: Source,
+}
+
+/// Where a queued packet's payload comes from.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// No payload.
+    Empty,
+    /// One part of a region, checked when the packet was queued.
+    One(Span),
+    /// Two parts, in order: a packet across the boundary of two SGEs.
+    Two(Span, Span),
+    /// Bytes copied when the packet was queued: inline sends, and payloads over more than two
+    /// SGEs.
+    Bytes(Vec<u8>),
+}
+
+impl Source {
+    /// The payload at offset `at` of a message gathered from `sges`, `len` bytes: each part
+    /// checked against `memory` for `pd` now, as the packet is queued (so a region released
+    /// before then fails the request, as it did when packets were built at once).
+    pub fn gather(
+        memory: &MemoryTable,
+        pd: PdId,
+        sges: &[Sge],
+        mut at: usize,
+        len: usize,
+        pool: &mut Vec<Vec<u8>>,
+    ) -> Result<Source, MemoryError> {
+        let mut found = Source::Empty;
+        let mut left = len;
+        for sge in sges {
+            if left == 0 {
+                break;
+            }
+            let sge_len = sge.len as usize;
+            if at >= sge_len {
+                at -= sge_len;
+                continue;
+            }
+            let n = (sge_len - at).min(left);
+            let span = memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::NONE)?;
+            found = match found {
+                Source::Empty => Source::One(span),
+                Source::One(first) => Source::Two(first, span),
+                Source::Two(first, second) => {
+                    let mut bytes = Self::buffer(pool, len);
+                    for part in [first, second, span] {
+                        let start = bytes.len();
+                        bytes.resize(start + part.len(), 0);
+                        part.read(0, &mut bytes[start..]);
+                    }
+                    Source::Bytes(bytes)
+                }
+                Source::Bytes(mut bytes) => {
+                    let start = bytes.len();
+                    bytes.resize(start + n, 0);
+                    span.read(0, &mut bytes[start..]);
+                    Source::Bytes(bytes)
+                }
+            };
+            left -= n;
+            at = 0;
+        }
+        Ok(found)
+    }
+
+    /// `bytes`, copied now.
+    pub fn copied(bytes: &[u8], pool: &mut Vec<Vec<u8>>) -> Source {
+        if bytes.is_empty() {
+            return Source::Empty;
+        }
+        let mut buffer = Self::buffer(pool, bytes.len());
+        buffer.extend_from_slice(bytes);
+        Source::Bytes(buffer)
+    }
+
+    fn buffer(pool: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+        let mut buffer = pool.pop().unwrap_or_default();
+        buffer.clear();
+        buffer.reserve(len);
+        buffer
+    }
+
+    /// Copies the payload into `out`, exactly its length; a copied payload's buffer goes back
+    /// to `pool`.
+    pub fn write(self, out: &mut [u8], pool: &mut Vec<Vec<u8>>) {
+        let rest = match self {
+            Source::Empty => out,
+            Source::One(span) => read_into(&span, out),
+            Source::Two(first, second) => read_into(&second, read_into(&first, out)),
+            Source::Bytes(bytes) => {
+                let (part, rest) = out.split_at_mut(bytes.len());
+                part.copy_from_slice(&bytes);
+                if pool.len() < BYTES_POOL {
+                    pool.push(bytes);
+                }
+                rest
+            }
+        };
+        // The parts add up to the payload length by construction. Were they ever short, the
+        // rest of the buffer would still hold an earlier packet's bytes: zero it rather than
+        // send them.
+        debug_assert!(rest.is_empty(), "a payload shorter than its packet");
+        rest.fill(0);
+    }
+}
+
+/// Reads all of `span` into the start of `out`; returns the rest of `out`.
+fn read_into<'a>(span: &Span, out: &'a mut [u8]) -> &'a mut [u8] {
+    let (part, rest) = out.split_at_mut(span.len());
+    span.read(0, part);
+    rest
+}
