@@ -197,6 +197,30 @@ fn a_full_queue_is_sent_without_waiting_for_flush() {
     }
 }
 
+/// `room` promises only `MAX_PACKET_LEN` bytes; a caller's longer packet (a UDP payload may be
+/// up to 65,507 bytes) must still go out however full the queue is, not be counted too big
+/// because the queue happened to be nearly full.
+#[test]
+fn a_packet_longer_than_the_room_is_sent_after_a_flush() {
+    let mut a = UdpBackend::bind(v4(12)).unwrap();
+    let b = UdpBackend::bind(v4(13)).unwrap();
+    // 128 packets of 4,112 bytes leave 6,144 of the queue: more than MAX_PACKET_LEN, less
+    // than the long packet.
+    for psn in 0..128 {
+        let mut p = packet(Opcode::RcSendMiddle, psn, ExtHeaders::default(), 4096);
+        a.send(b.local_addr(), &mut p).unwrap();
+    }
+    let mut long = packet(Opcode::RcSendMiddle, 128, ExtHeaders::default(), 6400);
+    a.send(b.local_addr(), &mut long).unwrap();
+    a.flush().unwrap();
+    let counters = a.counters();
+    assert_eq!(
+        (counters.sent, counters.send_too_big),
+        (129, 0),
+        "{counters:?}"
+    );
+}
+
 #[test]
 fn corruption_is_bad_and_any_id_is_ok() {
     let mut b = UdpBackend::bind(v4(10)).unwrap();

@@ -468,6 +468,41 @@ fn uc_rdma_write_with_immediate_and_silently_dropped_bad_messages() {
     assert!(sent_by(&wire, 1).is_empty(), "still no NAK");
 }
 
+/// A UC or UD send completes when its last packet is queued, as rxe completes it once the
+/// packet is sent (rxe_comp.c: no ACK to wait for); the buffer is the application's again then.
+/// Packets are built only when the io layer takes them, so what a completed send carries must
+/// have been read by then: writing the buffer after the completion changes nothing on the wire.
+#[test]
+fn a_completed_uc_or_ud_send_carries_what_the_buffer_held_when_it_was_posted() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let mut sim = Sim::new(2, seed(29), Faults::default());
+        let ([a, b], [qa, qb], _) = pair(&mut sim, qp_type, false);
+        post_recv(&mut sim, 1, qb, None, recv(1, &b, 0x1000, 0x1000));
+        a.mr.write(0, &[0x11; 64]).unwrap();
+        let mut wr = send(7, SendOp::Send, &a, 0, 64);
+        if qp_type == QpType::Ud {
+            wr.ud = Some(ud_dest(&mut sim, 0, a.pd, 1, qb, QKEY));
+        }
+        post_send(&mut sim, 0, qa, wr);
+        // Nothing has gone to the wire yet, and the request is complete.
+        assert_eq!(
+            statuses(&drain(&mut sim, 0, a.cq)),
+            [(7, WcStatus::Success)],
+            "{qp_type:?}"
+        );
+        a.mr.write(0, &[0x22; 64]).unwrap();
+        sim.run_idle(LIMIT);
+        let got = drain(&mut sim, 1, b.cq);
+        assert_eq!(statuses(&got), [(1, WcStatus::Success)], "{qp_type:?}");
+        let at = if qp_type == QpType::Ud {
+            0x1000 + GRH_LEN
+        } else {
+            0x1000
+        };
+        assert_eq!(read_mr(&b, at, 64), [0x11; 64], "{qp_type:?}");
+    }
+}
+
 #[test]
 fn ud_q_key_rules() {
     let mut sim = Sim::new(2, seed(23), Faults::default());

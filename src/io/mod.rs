@@ -160,6 +160,11 @@ pub trait Backend: Send + 'static {
     /// engine builds in the room instead.
     fn send(&mut self, dst: IpAddr, packet: &mut [u8]) -> io::Result<()> {
         let len = packet.len();
+        // `room` promises only `MAX_PACKET_LEN`: a longer packet gets the whole queue's room
+        // after a flush, and is too big only if it outgrows even that.
+        if self.room()?.len() < len {
+            self.flush()?;
+        }
         if let Some(room) = self.room()?.get_mut(..len) {
             room.copy_from_slice(packet);
         }

@@ -113,7 +113,8 @@ impl Recorder {
     }
 }
 
-/// A backend that records everything `inner` sends and receives.
+/// A backend that records everything `inner` sends, as sealed, and receives. A packet `inner`
+/// drops before sealing it (to an unreachable destination, or too big) is not recorded.
 pub struct Recording<B: Backend> {
     inner: B,
     recorder: Recorder,

@@ -32,11 +32,11 @@
 //!
 //! The transport core builds each packet in place at the end of the queue
 //! ([`room`](Backend::room)), and [`commit`](Backend::commit) seals it there and adds it to the
-//! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive packets to one peer of one size, the last possibly shorter, go as one
-//! "train": one `sendmsg` with its segment size in a `UDP_SEGMENT` control message, which the
-//! kernel (or the NIC) cuts into datagrams.
-//! Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one buffer, with its
-//! segment size in a control message, and is handed over datagram by datagram.
+//! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive
+//! packets to one peer of one size, the last possibly shorter, go as one "train": one `sendmsg`
+//! with its segment size in a `UDP_SEGMENT` control message, which the kernel (or the NIC) cuts
+//! into datagrams. Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
+//! buffer, with its segment size in a control message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
 //! MIDDLE) sent and then received on one core over 127.0.0.1, Linux 6.18, the 2-core VM of the

@@ -8,18 +8,21 @@
 //!
 //! # Why this is as sound as the word loop
 //!
-//! Intel (SDM vol. 3A, 9.1.1) and AMD (APM vol. 2, 7.3.2) guarantee that on every processor that
-//! reports AVX, a 16-byte `VMOVDQA` (VEX.128) load or store of 16-byte aligned, cacheable memory
-//! is single-copy atomic. (GCC's libatomic and LLVM implement 16-byte atomics this way, PR104688
-//! and llvm-project #74275.) Such an access can be observed only as the two relaxed `AtomicU64`
-//! loads, or stores, of the words it covers would be. So each block of assembly below behaves as
-//! a sequence of relaxed `AtomicU64` accesses to the region's words, the same accesses of the same
-//! size that every other path makes to them: there is no data race and no mixed-size access. The
-//! other side of the copy is a `&[u8]` or `&mut [u8]` that the caller holds alone or shares
-//! read-only. Region storage is ordinary heap memory, which is cacheable.
+//! Intel (SDM vol. 3A, 9.1.1) and AMD (APM vol. 2, 7.3.2) guarantee that on every processor of
+//! theirs that reports AVX, a 16-byte `VMOVDQA` (VEX.128) load or store of 16-byte aligned,
+//! cacheable memory is single-copy atomic. Other makers' processors document no such thing, so the
+//! wide path runs only on Intel and AMD (the vendor string of CPUID leaf 0). GCC's libatomic and
+//! LLVM implement 16-byte atomics the same way (PR104688, llvm-project #74275). Such an access can
+//! be observed only as the two relaxed `AtomicU64` loads, or stores, of the words it covers would
+//! be. So each block of assembly below behaves as a sequence of relaxed `AtomicU64` accesses to the
+//! region's words, the same accesses of the same size that every other path makes to them: there is
+//! no data race and no mixed-size access. The other side of the copy is a `&[u8]` or `&mut [u8]`
+//! that the caller holds alone or shares read-only. Region storage is ordinary heap memory, which
+//! is cacheable.
 //!
-//! Where AVX is missing, the target is not x86-64, or under Miri (which cannot run assembly),
-//! every word goes through the loop.
+//! Where AVX is missing, on other makers' processors, on targets other than 64-bit x86-64
+//! (x32's 32-bit pointers included), and under Miri (which cannot run assembly), every word
+//! goes through the loop.
 
 #![allow(unsafe_code)]
 
@@ -69,22 +72,40 @@ fn store_each(words: &[AtomicU64], data: &[u8]) {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[cfg(all(target_arch = "x86_64", target_pointer_width = "64", not(miri)))]
 mod wide {
     use std::arch::asm;
     use std::sync::atomic::AtomicU64;
+    use std::sync::OnceLock;
 
     /// Words a block moves: 64 bytes, four 16-byte accesses on the region's side.
     const BLOCK_WORDS: usize = 8;
 
+    /// Whether the 16-byte moves are atomic here: the processor reports AVX, and is one whose
+    /// maker documents the guarantee (Intel or AMD). Found once, then a load.
+    fn atomic_16() -> bool {
+        static ATOMIC_16: OnceLock<bool> = OnceLock::new();
+        *ATOMIC_16.get_or_init(|| {
+            let vendor = std::arch::x86_64::__cpuid(0);
+            let mut name = [0u8; 12];
+            for (part, register) in name
+                .chunks_exact_mut(4)
+                .zip([vendor.ebx, vendor.edx, vendor.ecx])
+            {
+                part.copy_from_slice(&register.to_le_bytes());
+            }
+            matches!(&name, b"GenuineIntel" | b"AuthenticAMD")
+                && std::arch::is_x86_feature_detected!("avx")
+        })
+    }
+
     /// How many whole blocks of `words` the 16-byte moves may copy to or from a plain buffer
-    /// of `plain_len` bytes: `None` for none, or where the processor lacks AVX.
-    /// `is_x86_feature_detected!` caches what CPUID said: a load and a test after the first call.
+    /// of `plain_len` bytes: `None` for none, or where they are not atomic ([`atomic_16`]).
     /// Panics unless `words` starts 16-byte aligned and the plain side is long enough, which
     /// the callers' slicing guarantees and the assembly relies on.
     fn blocks(words: &[AtomicU64], plain_len: usize) -> Option<usize> {
         let blocks = words.len() / BLOCK_WORDS;
-        if blocks == 0 || !std::arch::is_x86_feature_detected!("avx") {
+        if blocks == 0 || !atomic_16() {
             return None;
         }
         assert!(plain_len >= blocks * BLOCK_WORDS * 8 && words.as_ptr() as usize % 16 == 0);
@@ -102,10 +123,11 @@ mod wide {
         //   each time: `blocks * 64` bytes of `words` and of `out`, both inside their slices
         //   (asserted in `blocks`), and no other memory.
         // - `rsi`, the region's side, starts 16-byte aligned (asserted in `blocks`) and steps
-        //   by 64, so every VMOVDQA is aligned. AVX is present (checked in `blocks`), so each
-        //   is a single-copy atomic 16-byte load of cacheable memory. It behaves as relaxed
-        //   `AtomicU64` loads of its two words (the module documentation): no data race with a
-        //   peer's or the application's concurrent writes, which are `AtomicU64` accesses too.
+        //   by 64, so every VMOVDQA is aligned. The processor is an Intel or AMD one with AVX
+        //   (checked in `blocks`), so each is a single-copy atomic 16-byte load of cacheable
+        //   memory. It behaves as relaxed `AtomicU64` loads of its two words (the module
+        //   documentation): no data race with a peer's or the application's concurrent
+        //   writes, which are `AtomicU64` accesses too.
         // - `out` is borrowed mutably: no one else reads or writes it meanwhile.
         // - Every register the block changes is declared: `clobber_abi("C")` marks all the
         //   vector registers, whole, as clobbered, which covers the YMM halves written here and
@@ -150,10 +172,11 @@ mod wide {
         // - Writing through a pointer from `&[AtomicU64]` is allowed: `AtomicU64` is an
         //   `UnsafeCell`, mutable through shared references.
         // - `rdi`, the region's side, starts 16-byte aligned (asserted in `blocks`) and steps
-        //   by 64, so every VMOVDQA is aligned. AVX is present (checked in `blocks`), so each
-        //   is a single-copy atomic 16-byte store to cacheable memory. It behaves as relaxed
-        //   `AtomicU64` stores to its two words (the module documentation): no data race with
-        //   concurrent readers or writers, which use `AtomicU64` accesses too.
+        //   by 64, so every VMOVDQA is aligned. The processor is an Intel or AMD one with AVX
+        //   (checked in `blocks`), so each is a single-copy atomic 16-byte store to cacheable
+        //   memory. It behaves as relaxed `AtomicU64` stores to its two words (the module
+        //   documentation): no data race with concurrent readers or writers, which use
+        //   `AtomicU64` accesses too.
         // - `data` is only read.
         // - Every register the block changes is declared (`clobber_abi("C")` covers the vector
         //   registers); only XMM registers are written, so no VZEROUPPER is needed. No stack is
@@ -184,7 +207,7 @@ mod wide {
     }
 }
 
-#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+#[cfg(not(all(target_arch = "x86_64", target_pointer_width = "64", not(miri))))]
 mod wide {
     use std::sync::atomic::AtomicU64;
 

@@ -1,9 +1,9 @@
 //! An application's buffer, registered without a copy: a `Vec<u8>` handed over whole, reached
 //! only through atomic words while it is registered, and handed back whole.
 //!
-//! One of the two places softroce uses `unsafe` (the other is `bulk.rs`): the bytes of the `Vec` are viewed as
-//! `AtomicU64` words, which no safe API offers. Everything else about a region's soundness
-//! (`region.rs`) holds unchanged, because after [`Lent::new`] the words are all there is.
+//! One of the two places softroce uses `unsafe` (the other is `bulk.rs`): the bytes of the `Vec`
+//! are viewed as `AtomicU64` words, which no safe API offers. Everything else about a region's
+//! soundness (`region.rs`) holds unchanged, because after [`Lent::new`] the words are all there is.
 
 #![allow(unsafe_code)]
 

@@ -11,10 +11,11 @@
 //! - `handle_timeout(now)`: when `next_deadline()` has passed;
 //! - the verbs: `post_send`, `post_recv`, `modify_qp`, ...
 //!
-//! and collects `poll_transmit_into(buf)` (the next packet to send, written into a buffer the
-//! io layer owns, without its ICRC, which depends on the framing the io layer chooses;
-//! `poll_transmit()` gives it as a `Vec`), `poll_cq(cq)` (completions) and `poll_event()` (asynchronous
-//! events). `now` is a `Duration` since any epoch the caller likes; only differences matter.
+//! and collects `poll_transmit_into(buf)` (the next packet to send, written into a buffer the io
+//! layer owns, without its ICRC, which depends on the framing the io layer chooses;
+//! `poll_transmit()` gives it as a `Vec`), `poll_cq(cq)` (completions) and `poll_event()`
+//! (asynchronous events). `now` is a `Duration` since any epoch the caller likes; only differences
+//! matter.
 
 mod counters;
 mod cq;

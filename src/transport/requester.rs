@@ -538,8 +538,16 @@ impl Qp {
                 Source::copied(&bytes[offset..offset + payload_len], ctx.pool)
             }
             Payload::Sges(sges) => {
-                Source::gather(ctx.memory, pd, sges, offset, payload_len, ctx.pool)
-                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?
+                let parts = Source::gather(ctx.memory, pd, sges, offset, payload_len, ctx.pool)
+                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
+                // RC completes a request on its ACK, after the packet was built; UC and UD
+                // complete it when its last packet is queued, and the application may then
+                // write the buffer again: their payload is read now.
+                if self.qp_type == QpType::Rc {
+                    parts
+                } else {
+                    parts.read_now(ctx.pool)
+                }
             }
         };
         ctx.send(dst, bth, ext, payload_len, source);

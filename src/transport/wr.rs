@@ -197,7 +197,9 @@ impl SendOp {
 /// Where the payload of a send comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
-    /// Read from registered memory as each packet is built.
+    /// Read from registered memory: each packet's part is checked when the packet is queued,
+    /// and read then on UC and UD (which complete the request when its last packet is queued),
+    /// or when the packet is built on RC (which completes it on its ACK).
     Sges(SgeList),
     /// Copied when the request is posted (`IBV_SEND_INLINE`).
     Inline(Vec<u8>),
