@@ -213,7 +213,7 @@ pub(crate) struct Ctx<'a> {
     pub memory: &'a mut MemoryTable,
     /// Packets queued for the io layer, built when it asks for them.
     pub out: &'a mut VecDeque<Queued>,
-    /// Buffers of copied payloads (inline sends), reused before allocating.
+    /// Buffers of copied payloads (inline, UC and UD sends), reused before allocating.
     pub pool: &'a mut Vec<Vec<u8>>,
     /// Every completion queue, by [`CqId`].
     pub cqs: &'a mut [CompletionQueue],
