@@ -2,7 +2,8 @@
 //! reported as ratios, medians of `SOFTROCE_BENCH_RUNS` runs (default 5):
 //!
 //! - RC RDMA WRITE goodput (and message rate) at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB
-//!   messages, 1 and 8 QPs, against a UDP blast of the same datagrams between two threads
+//!   messages, 1 and 8 QPs (and 8 QPs on devices of 2 engines), against a UDP blast of the
+//!   same datagrams between two threads
 //!   (segmentation offload on send, GRO on receive: the cheapest way through the kernel, as
 //!   `benches/udp_baseline.rs` measured), which is the limit of the path softroce rides on, and
 //!   against a TCP stream;
@@ -10,6 +11,7 @@
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
 //! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
+//! `engines`,
 //! `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a profile of one row:
 //! baselines are then not run. `SOFTROCE_BENCH_PROGRESS=hybrid` (or `inline`) runs the WRITE
 //! rows with that progress instead of the engine thread.
@@ -77,13 +79,20 @@ struct Pair {
     mrs: [softroce::memory::MemoryRegion; 2],
 }
 
-/// Two devices on fresh loopback addresses, `n` connected RC QPs between them, and `idle`
-/// QPs more on each that are never connected.
-fn pair(n: usize, idle: usize, region: usize, id: u8, progress: Progress) -> Pair {
+/// Two devices of `engines` engines each on fresh loopback addresses, `n` connected RC QPs
+/// between them, and `idle` QPs more on each that are never connected.
+fn pair(
+    n: usize,
+    (idle, engines): (usize, usize),
+    region: usize,
+    id: u8,
+    progress: Progress,
+) -> Pair {
     let addr = |k: u8| -> std::net::IpAddr { Ipv4Addr::new(127, 0, 1 + id, 1 + k).into() };
     let devices = [0, 1].map(|k| {
         Device::open(DeviceConfig {
             progress,
+            engines,
             ..DeviceConfig::udp(addr(k))
         })
         .unwrap()
@@ -129,23 +138,30 @@ fn pair(n: usize, idle: usize, region: usize, id: u8, progress: Progress) -> Pai
 }
 
 /// The shape of a WRITE row: how many QPs carry the messages, how many idle QPs each device
-/// has besides, and how many messages are posted together, the last of them signalled.
+/// has besides, how many messages are posted together, the last of them signalled, and how
+/// many engines each device runs.
 #[derive(Clone, Copy)]
 struct Shape {
     qps: usize,
     idle: usize,
     batch: usize,
+    engines: usize,
 }
 
 /// RC WRITE goodput in bytes/s: `count` messages of `size` spread over the QPs, `depth` in
 /// flight on each, posted in batches whose last message alone is signalled.
 fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
-    let Shape { qps, idle, batch } = shape;
+    let Shape {
+        qps,
+        idle,
+        batch,
+        engines,
+    } = shape;
     let count = ((256usize << 20) / size).clamp(256, 100_000) / batch * batch;
     let depth = (((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch;
     let p = pair(
         qps,
-        idle,
+        (idle, engines),
         size.max(4096) * depth.min(64),
         id,
         write_progress(),
@@ -201,7 +217,7 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
 
 /// Half the round trip of an 8-byte SEND ping-pong, in seconds.
 fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
-    let p = pair(1, 0, 4096, id, progress);
+    let p = pair(1, (0, 1), 4096, id, progress);
     let (a, b) = &p.qps[0];
     let iters = 20_000;
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {
@@ -391,8 +407,14 @@ fn main() {
             qps,
             idle: 0,
             batch: 1,
+            engines: 1,
         };
-        let mut shapes = vec![one(1), one(8)];
+        // 8 QPs again on devices of 2 engines each: what a second core per device gives.
+        let two_engines = Shape {
+            engines: 2,
+            ..one(8)
+        };
+        let mut shapes = vec![one(1), one(8), two_engines];
         if size <= 4096 {
             shapes.push(Shape {
                 batch: BATCH,
@@ -410,12 +432,20 @@ fn main() {
                 Shape {
                     idle: 0,
                     batch: 1,
+                    engines: 1,
                     qps,
                 } => format!("{qps}"),
                 Shape {
                     idle: 0,
+                    batch: 1,
+                    engines,
+                    qps,
+                } => format!("{qps} on {engines} engines"),
+                Shape {
+                    idle: 0,
                     batch,
                     qps,
+                    ..
                 } => format!("{qps}, batches of {batch}"),
                 Shape { idle, qps, .. } => format!("{qps} (+{idle} idle)"),
             };

@@ -9,8 +9,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softroce::memory::{Access, MemoryRegion};
 use softroce::transport::{
-    connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, PathMtu, Payload, QpEndpoint,
-    QpInit, QpType, SendOp, SendWr, Sge, WcStatus, MAX_PACKET_LEN,
+    connect_steps, ConnectOptions, CqId, Endpoint, EndpointConfig, Lane, PathMtu, Payload,
+    QpEndpoint, QpInit, QpType, SendOp, SendWr, Sge, WcStatus, MAX_PACKET_LEN,
 };
 use softroce::wire::{KernelFraming, Psn, QKey, Qpn, RnrTimer, ROCEV2_UDP_PORT};
 
@@ -38,6 +38,7 @@ fn pair() -> Pair {
         Endpoint::new(EndpointConfig {
             local_addr: IpAddr::V4(ip(n)),
             seed: n.into(),
+            lane: Lane::SOLE,
         })
     });
     let mut qpn = [Qpn::new(0); 2];

@@ -486,6 +486,10 @@ struct DeviceArgs {
     /// or `softroce decode`.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// softroce: engine threads, 1 to 64, each with a UDP socket of its own on the one address;
+    /// the device's QPs are spread over them (UDP backend, no --pcap).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    engines: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -510,6 +514,7 @@ impl DeviceArgs {
             backend,
             pcap: self.pcap.clone(),
             progress: Progress::Thread,
+            engines: self.engines,
         })
     }
 }
@@ -928,7 +933,7 @@ fn parse_service(spec: &str) -> Result<Service, String> {
     if *device != DeviceOptions::default() {
         return Err(format!(
             "--serve {spec:?}: the device options (--bind, --backend, --pcap, \
-             --no-segmentation) are the daemon's own, for all its services"
+             --no-segmentation, --engines) are the daemon's own, for all its services"
         ));
     }
     Ok(service)

@@ -309,6 +309,32 @@ fn a_vanished_clients_session_does_not_spin() {
     assert!(daemon.end().status.success());
 }
 
+/// `--engines 2`: the daemon's one device runs two engine threads, and a session's data QPs
+/// are spread over them; a client of one engine writes to it as to any other.
+#[test]
+fn a_daemon_of_two_engines_serves_a_client() {
+    let (daemon_at, client_at) = ("127.0.0.136", "127.0.0.137");
+    let mut daemon = Tool::start(&[
+        "daemon",
+        "--bind",
+        daemon_at,
+        "--engines",
+        "2",
+        "--serve",
+        "write-bw -p 19708 -q 4 -s 65536 -n 100",
+    ]);
+    assert!(daemon.wait_for_match(|l| l.ends_with(" ready")).is_some());
+    let client = Tool::start(&[
+        "write-bw", "--bind", client_at, "-p", "19708", "-q", "4", "-s", "65536", "-n", "100",
+        daemon_at,
+    ])
+    .end();
+    assert!(client.status.success(), "{}", client.stderr);
+    assert_eq!(client.rows().len(), 1, "{:?}", client.stdout);
+    daemon.signal("TERM");
+    assert!(daemon.end().status.success());
+}
+
 /// A perftest client as the network sees it: softroce's side of perftest's exchange, driven by
 /// hand so that it can lie, or stop talking, wherever a hostile client would.
 fn perftest_client(daemon_at: &str, port: u16) -> Exchange {

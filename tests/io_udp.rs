@@ -221,6 +221,66 @@ fn a_packet_longer_than_the_room_is_sent_after_a_flush() {
     );
 }
 
+/// A packet to `qpn`, numbered `psn`.
+fn to_qp(qpn: u32, psn: u32) -> Vec<u8> {
+    let repr = PacketRepr::new(
+        BthRepr::new(Opcode::RcSendOnly, Qpn::new(qpn), Psn::new(psn)),
+        ExtHeaders::default(),
+        64,
+    );
+    let mut bytes = vec![0u8; repr.buffer_len()];
+    repr.emit_with_payload(&mut bytes, &[psn as u8; 64])
+        .unwrap();
+    bytes
+}
+
+/// Three sockets bound to one address in a reuse-port group, with the steering program: each
+/// datagram reaches the socket of its DestQP's engine (`Lane::owner`: QP1 the first, the rest
+/// by number modulo 3). The packets go in one flush, QPs interleaved, so this also shows the
+/// trains cut where the destination QP changes: the kernel steers a train whole, by its first
+/// datagram. A datagram too short to hold a DestQP goes to the first socket, whose endpoint
+/// drops and counts it.
+#[test]
+fn a_reuse_port_group_steers_each_datagram_to_its_qps_engine() {
+    use softroce::transport::Lane;
+
+    let config = UdpConfig {
+        reuse_port: true,
+        ..UdpConfig::new(v4(130))
+    };
+    let mut engines: Vec<UdpBackend> = (0..3)
+        .map(|_| UdpBackend::with_config(config).unwrap())
+        .collect();
+    engines[0].steer_by_dest_qp(3).unwrap();
+    let mut sender = UdpBackend::bind(v4(131)).unwrap();
+    let qpns = [1, 0x12, 0x12, 0x13, 0x14, 0x14, 0x14, 0x13, 0xff_fffe, 1];
+    for (psn, &qpn) in qpns.iter().enumerate() {
+        sender.send(v4(130), &mut to_qp(qpn, psn as u32)).unwrap();
+    }
+    sender.flush().unwrap();
+    for (index, engine) in engines.iter_mut().enumerate() {
+        let expected: Vec<(u32, u32)> = (qpns.iter().enumerate())
+            .filter(|&(_, &qpn)| Lane::owner(Qpn::new(qpn), 3) as usize == index)
+            .map(|(psn, &qpn)| (qpn, psn as u32))
+            .collect();
+        let got: Vec<(u32, u32)> = receive(engine, expected.len(), 64)
+            .iter()
+            .map(|(_, _, icrc, bytes)| {
+                assert_eq!(*icrc, IcrcStatus::Ok);
+                let bth = softroce::wire::Bth::new_checked(&bytes[..]).unwrap();
+                (bth.dest_qp().value(), bth.psn().value())
+            })
+            .collect();
+        assert_eq!(got, expected, "engine {index}");
+    }
+    let runt = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 131), 0)).unwrap();
+    let to = (Ipv4Addr::new(127, 0, 0, 130), ROCEV2_UDP_PORT);
+    runt.send_to(&[0x64, 0, 0, 0, 0], to).unwrap();
+    let got = receive(&mut engines[0], 1, 64);
+    assert_eq!(got.len(), 1, "the runt went to the first engine");
+    assert_eq!(got[0].3, [0x64, 0, 0, 0, 0]);
+}
+
 #[test]
 fn corruption_is_bad_and_any_id_is_ok() {
     let mut b = UdpBackend::bind(v4(10)).unwrap();

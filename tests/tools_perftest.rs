@@ -289,6 +289,32 @@ fn rdma_cm_write_bw_on_several_qps() {
     assert_eq!(server.rows(), client.rows());
 }
 
+/// `--engines 2` on both sides: four data QPs connected by RDMA-CM, spread over two engine
+/// threads per device, the CM on the first engine moving those of the second; every byte
+/// written lands as sent.
+#[test]
+fn rdma_cm_write_bw_on_two_engines() {
+    let addresses = ["127.0.0.134", "127.0.0.135"];
+    let args = [
+        "--engines",
+        "2",
+        "-R",
+        "-q",
+        "4",
+        "-s",
+        "64K",
+        "-n",
+        "200",
+        "--check-data",
+    ];
+    let (server, client) = run_pair("write-bw", addresses, 28921, &args);
+    check_pair("RDMA_Write BW Test", (&server, &client), addresses);
+    assert_eq!(landed(&server, &client), 4 * 65536);
+    for side in [&server, &client] {
+        check_bw_row(&side.rows()[0], 65536, 800);
+    }
+}
+
 /// `-R` with the latency test whose exchange has the most rounds, and READs.
 #[test]
 fn rdma_cm_read_lat_and_send_lat() {

@@ -10,6 +10,7 @@
 //! [`pump`](Agent::pump) after feeding the endpoint, and at the agent's deadline.
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -76,6 +77,55 @@ pub struct Connect<'a> {
     pub private_data: &'a [u8],
 }
 
+/// The application's QPs, as the agent moves them through their states. On a device of one
+/// engine they are all on the agent's own endpoint ([`OwnQps`]); on a device of several, each
+/// is on its engine's, which the engine layer reaches. QP1 is always on the agent's endpoint.
+pub trait AppQps: fmt::Debug + Send {
+    /// The type of `qpn`, if it exists.
+    fn qp_type(&mut self, ep: &Endpoint, qpn: Qpn) -> Option<QpType>;
+    /// The state of `qpn`, if it exists.
+    fn qp_state(&mut self, ep: &Endpoint, qpn: Qpn) -> Option<QpState>;
+    /// The packets `qpn` has accepted from its peer, if it exists; an answer up to a
+    /// millisecond old may do (it tells the CM that a connection is up before its RTU).
+    fn qp_received(&mut self, ep: &Endpoint, now: Duration, qpn: Qpn) -> Option<u64>;
+    /// `ibv_modify_qp` of `qpn`.
+    fn modify_qp(
+        &mut self,
+        ep: &mut Endpoint,
+        now: Duration,
+        qpn: Qpn,
+        attr: &QpAttr,
+    ) -> Result<(), VerbsError>;
+}
+
+/// Every QP on the agent's own endpoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnQps;
+
+impl AppQps for OwnQps {
+    fn qp_type(&mut self, ep: &Endpoint, qpn: Qpn) -> Option<QpType> {
+        ep.qp_type(qpn)
+    }
+
+    fn qp_state(&mut self, ep: &Endpoint, qpn: Qpn) -> Option<QpState> {
+        ep.qp_state(qpn)
+    }
+
+    fn qp_received(&mut self, ep: &Endpoint, _: Duration, qpn: Qpn) -> Option<u64> {
+        ep.qp_received(qpn)
+    }
+
+    fn modify_qp(
+        &mut self,
+        ep: &mut Endpoint,
+        now: Duration,
+        qpn: Qpn,
+        attr: &QpAttr,
+    ) -> Result<(), VerbsError> {
+        ep.modify_qp(now, qpn, attr)
+    }
+}
+
 /// The CM of a device, bound to its transport endpoint.
 #[derive(Debug)]
 pub struct Agent {
@@ -87,6 +137,8 @@ pub struct Agent {
     bound: HashMap<ConnId, Bound>,
     events: VecDeque<CmEvent>,
     counters: AgentCounters,
+    /// Where the application's QPs are.
+    qps: Box<dyn AppQps>,
 }
 
 impl Agent {
@@ -145,11 +197,18 @@ impl Agent {
             bound: HashMap::new(),
             events: VecDeque::new(),
             counters: AgentCounters::default(),
+            qps: Box::new(OwnQps),
         };
         for slot in 0..RECV_SLOTS {
             agent.post_buffer(ep, slot)?;
         }
         Ok(agent)
+    }
+
+    /// The agent, moving the application's QPs through `qps` rather than on its own endpoint.
+    pub fn with_app_qps(mut self, qps: Box<dyn AppQps>) -> Agent {
+        self.qps = qps;
+        self
     }
 
     /// The CM the agent drives.
@@ -188,9 +247,9 @@ impl Agent {
         ep: &mut Endpoint,
         c: &Connect<'_>,
     ) -> Result<ConnId, CmError> {
-        let qp_type = ep.qp_type(c.qpn).ok_or(VerbsError::UnknownQp(c.qpn))?;
+        let qp_type = (self.qps.qp_type(ep, c.qpn)).ok_or(VerbsError::UnknownQp(c.qpn))?;
         let o = c.options;
-        init_qp(now, ep, c.qpn, o.access)?;
+        init_qp(now, (&mut *self.qps, ep), c.qpn, o.access)?;
         // The REQ names the PSN our QP expects; the REP will name the one it sends from.
         let starting_psn = self.cm.random_psn();
         let rc = qp_type == QpType::Rc;
@@ -246,7 +305,7 @@ impl Agent {
                 "the peer's path MTU is above the port's: rejected with reason 26",
             ));
         }
-        if ep.qp_type(qpn) != Some(request.qp_type) {
+        if self.qps.qp_type(ep, qpn) != Some(request.qp_type) {
             return Err(CmError::Invalid(
                 "the QP is not of the type the REQ asks for",
             ));
@@ -282,15 +341,15 @@ impl Agent {
             mtu: request.path_mtu,
             qkey: QKey(0),
         };
-        init_qp(now, ep, qpn, options.access)?;
+        init_qp(now, (&mut *self.qps, ep), qpn, options.access)?;
         let [_, mut rtr, mut rts] =
             connect_steps(request.qp_type, &remote, request.peer_psn, &negotiated);
         if rc {
             rtr.max_dest_rd_atomic = Some(responder_resources);
             rts.max_rd_atomic = Some(initiator_depth);
         }
-        ep.modify_qp(now, qpn, &rtr)?;
-        ep.modify_qp(now, qpn, &rts)?;
+        self.qps.modify_qp(ep, now, qpn, &rtr)?;
+        self.qps.modify_qp(ep, now, qpn, &rts)?;
         self.cm.accept(
             now,
             conn,
@@ -323,7 +382,7 @@ impl Agent {
         conn: ConnId,
     ) -> Result<(), CmError> {
         if let Some(bound) = self.bound.get(&conn) {
-            to_error(now, ep, bound.qpn);
+            to_error(now, (&mut *self.qps, ep), bound.qpn);
         }
         self.cm.disconnect(now, conn)
     }
@@ -362,7 +421,7 @@ impl Agent {
         for (&conn, bound) in &self.bound {
             if !bound.established
                 && bound.active.is_none()
-                && ep.qp_received(bound.qpn).is_some_and(|n| n > 0)
+                && (self.qps.qp_received(ep, now, bound.qpn)).is_some_and(|n| n > 0)
             {
                 self.cm.notify_established(conn);
             }
@@ -393,7 +452,7 @@ impl Agent {
             // it had outstanding is flushed.
             CmEvent::Failed { conn, .. } | CmEvent::Disconnected { conn } => {
                 if let Some(bound) = self.bound.remove(conn) {
-                    to_error(now, ep, bound.qpn);
+                    to_error(now, (&mut *self.qps, ep), bound.qpn);
                 }
             }
             _ => {}
@@ -415,9 +474,7 @@ impl Agent {
         let Some((rq_psn, options)) = bound.active else {
             return Ok(());
         };
-        let qp_type = ep
-            .qp_type(bound.qpn)
-            .ok_or(VerbsError::UnknownQp(bound.qpn))?;
+        let qp_type = (self.qps.qp_type(ep, bound.qpn)).ok_or(VerbsError::UnknownQp(bound.qpn))?;
         let mtu = options
             .mtu
             .map_or(ep.port_mtu(), |mtu| mtu.min(ep.port_mtu()));
@@ -438,8 +495,8 @@ impl Agent {
             rts.max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
         }
         let qpn = bound.qpn;
-        ep.modify_qp(now, qpn, &rtr)?;
-        ep.modify_qp(now, qpn, &rts)?;
+        self.qps.modify_qp(ep, now, qpn, &rtr)?;
+        self.qps.modify_qp(ep, now, qpn, &rts)?;
         self.cm
             .establish(now, conn)
             .map_err(|_| VerbsError::InvalidRequest("the connection ended during its REP"))
@@ -519,8 +576,13 @@ impl Agent {
 }
 
 /// Moves a QP in RESET to INIT with `access`; one in INIT stays there.
-fn init_qp(now: Duration, ep: &mut Endpoint, qpn: Qpn, access: Access) -> Result<(), CmError> {
-    match ep.qp_state(qpn) {
+fn init_qp(
+    now: Duration,
+    (qps, ep): (&mut dyn AppQps, &mut Endpoint),
+    qpn: Qpn,
+    access: Access,
+) -> Result<(), CmError> {
+    match qps.qp_state(ep, qpn) {
         Some(QpState::Reset) => {
             let init = QpAttr {
                 state: Some(QpState::Init),
@@ -529,7 +591,7 @@ fn init_qp(now: Duration, ep: &mut Endpoint, qpn: Qpn, access: Access) -> Result
                 access: Some(access),
                 ..Default::default()
             };
-            Ok(ep.modify_qp(now, qpn, &init)?)
+            Ok(qps.modify_qp(ep, now, qpn, &init)?)
         }
         Some(QpState::Init) => Ok(()),
         Some(_) => Err(CmError::WrongState("the QP must be in RESET or INIT")),
@@ -538,10 +600,10 @@ fn init_qp(now: Duration, ep: &mut Endpoint, qpn: Qpn, access: Access) -> Result
 }
 
 /// Moves a QP to ERROR, if it still exists: its outstanding work is flushed.
-fn to_error(now: Duration, ep: &mut Endpoint, qpn: Qpn) {
+fn to_error(now: Duration, (qps, ep): (&mut dyn AppQps, &mut Endpoint), qpn: Qpn) {
     let error = QpAttr {
         state: Some(QpState::Error),
         ..Default::default()
     };
-    let _ = ep.modify_qp(now, qpn, &error);
+    let _ = qps.modify_qp(ep, now, qpn, &error);
 }

@@ -54,6 +54,7 @@ use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
 pub use active::ReqParams;
+pub use agent::{AppQps, OwnQps};
 pub use passive::RepParams;
 
 use crate::transport::{PathMtu, QpType, VerbsError};

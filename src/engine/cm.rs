@@ -10,6 +10,7 @@ use crossbeam_channel::Sender;
 
 use super::Reply;
 use crate::cm::agent::{Agent, AgentCounters, Connect};
+use crate::cm::AppQps;
 use crate::cm::{
     CmConfig, CmCounters, CmError, CmEvent, ConnId, ConnectRequest, ListenerId, SidrId,
 };
@@ -113,8 +114,10 @@ impl CmRouter {
         now: Duration,
         (seed, config): (u64, CmConfig),
         iova: u64,
+        app_qps: Box<dyn AppQps>,
     ) -> Result<Self, CmError> {
-        let agent = Agent::new(ep, now, seed ^ 0xc3c3_5a5a_0f0f_9696, config, iova)?;
+        let agent =
+            Agent::new(ep, now, seed ^ 0xc3c3_5a5a_0f0f_9696, config, iova)?.with_app_qps(app_qps);
         Ok(CmRouter {
             agent,
             listeners: HashMap::new(),

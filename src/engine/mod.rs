@@ -17,6 +17,7 @@
 
 mod cm;
 mod drive;
+mod lanes;
 mod notify;
 
 use std::io;
@@ -33,14 +34,16 @@ pub(crate) use cm::{CmCommand, ConnectCall};
 pub use drive::Progress;
 pub(crate) use drive::{Driven, HANDBACK};
 use drive::{Driver, Turn};
+use lanes::Lanes;
+pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
-    QpAttr, QpInit, QueueSlots, RecvWr, Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError,
-    WcOpcode, WcStatus, WorkCompletion,
+    QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr, Resources, SendWr, SrqAttr, SrqId,
+    SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
 
@@ -77,21 +80,26 @@ pub(crate) enum Command {
     ReleaseMr(LKey, RKey),
     AllocMw(PdId, MwType, Reply<RKey>),
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
+    /// A CQ whose completions go to `completions`, which the CQs of the device's other engines
+    /// share.
     CreateCq {
         capacity: usize,
+        completions: Sender<WorkCompletion>,
         notify: Arc<CqNotify>,
-        reply: Reply<(CqId, Receiver<WorkCompletion>)>,
+        reply: Reply<CqId>,
     },
     CreateQp {
         init: QpInit,
         srq: Option<SrqId>,
         reply: Reply<Result<(Qpn, QpQueues), VerbsError>>,
     },
-    CreateAh(
-        PdId,
-        AddressVector,
-        Reply<Result<AddressHandle, VerbsError>>,
-    ),
+    /// An address handle; on the device's other engines, at the number the first gave it.
+    CreateAh {
+        pd: PdId,
+        av: AddressVector,
+        at: Option<AddressHandle>,
+        reply: Reply<Result<AddressHandle, VerbsError>>,
+    },
     CreateSrq(PdId, SrqAttr, Reply<Result<SrqId, VerbsError>>),
     ModifySrq(SrqId, SrqModify, Reply<Result<(), VerbsError>>),
     PostSrqRecv(SrqId, RecvWr, Reply<Result<(), VerbsError>>),
@@ -102,6 +110,8 @@ pub(crate) enum Command {
     Stats(Reply<(Counters, IoCounters)>),
     Resources(Reply<Resources>),
     QpReceived(Qpn, Reply<Option<u64>>),
+    /// A QP's type and state, if it exists (for the CM, on another engine).
+    QpInfo(Qpn, Reply<Option<(QpType, QpState)>>),
     /// Connection management ([`CmCommand`]).
     Cm(CmCommand),
     Shutdown,
@@ -202,8 +212,10 @@ pub struct EngineGone(pub Option<Arc<io::Error>>);
 
 struct Engine<B: Backend> {
     endpoint: Endpoint,
-    /// The device's CM: QP1 and the connections it manages.
-    cm: cm::CmRouter,
+    /// The device's CM: QP1 and the connections it manages. On the first engine only.
+    cm: Option<cm::CmRouter>,
+    /// The device's other engines.
+    lanes: Lanes,
     backend: B,
     start: Instant,
     commands: Receiver<Command>,
@@ -243,13 +255,20 @@ fn refused(endpoint: &mut Endpoint, qpn: Qpn, wr_id: u64, opcode: WcOpcode) {
 /// Starts the engine of a device: on a thread of its own, or for the application to drive.
 pub(crate) fn start<B: Backend>(
     mut backend: B,
+    parts: LaneStart,
     seed: u64,
     port_mtu: PathMtu,
     progress: Progress,
     cm_config: crate::cm::CmConfig,
 ) -> io::Result<EngineHandle> {
-    let poll = Poll::new()?;
-    let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    let LaneStart {
+        lane,
+        memory,
+        poll,
+        waker,
+        commands: (commands, command_rx),
+        lanes,
+    } = parts;
     let (ready_tx, ready) = crossbeam_channel::unbounded();
     let doorbell = Arc::new(Doorbell {
         posted: AtomicBool::new(false),
@@ -258,18 +277,39 @@ pub(crate) fn start<B: Backend>(
     });
     poll.registry()
         .register(backend.source(), SOCKET, Interest::READABLE)?;
-    let (commands, command_rx) = crossbeam_channel::unbounded();
     let (event_tx, events) = bounded(EVENT_QUEUE);
     let local_addr = backend.local_addr();
-    let mut endpoint = Endpoint::new(EndpointConfig { local_addr, seed });
+    // Each engine draws its own QP numbers; the memory keys come from the one shared table.
+    let config = EndpointConfig {
+        local_addr,
+        seed: seed ^ u64::from(lane.index()).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        lane,
+    };
+    let mut endpoint = Endpoint::with_memory(config, memory);
     endpoint.set_port_mtu(port_mtu);
     // The CM's receive buffers take the first addresses; the application's regions follow.
     let first_iova = 0x1000_0000;
-    let cm = cm::CmRouter::new(&mut endpoint, Duration::ZERO, (seed, cm_config), first_iova)
-        .map_err(|e| io::Error::other(format!("the device's CM: {e}")))?;
+    let cm = if lane.index() == 0 {
+        let app_qps: Box<dyn crate::cm::AppQps> = if lane.count() == 1 {
+            Box::new(crate::cm::OwnQps)
+        } else {
+            Box::new(lanes.app_qps())
+        };
+        let router = cm::CmRouter::new(
+            &mut endpoint,
+            Duration::ZERO,
+            (seed, cm_config),
+            first_iova,
+            app_qps,
+        );
+        Some(router.map_err(|e| io::Error::other(format!("the device's CM: {e}")))?)
+    } else {
+        None
+    };
     let engine = Engine {
         endpoint,
         cm,
+        lanes,
         backend,
         start: Instant::now(),
         commands: command_rx,
@@ -289,7 +329,10 @@ pub(crate) fn start<B: Backend>(
         unreachable: Vec::new(),
     };
     let failure = engine.failure.clone();
-    let name = format!("softroce {local_addr}");
+    let name = match lane.count() {
+        1 => format!("softroce {local_addr}"),
+        _ => format!("softroce {local_addr} {}", lane.index()),
+    };
     let driver = Driver::start(engine, progress, name, &doorbell, Engine::run)?;
     Ok(EngineHandle {
         commands,
@@ -346,7 +389,8 @@ impl<B: Backend> Engine<B> {
         let mut timeout = if self.backlog {
             Some(Duration::ZERO)
         } else {
-            let next = [self.endpoint.next_deadline(), self.cm.next_deadline()];
+            let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
+            let next = [self.endpoint.next_deadline(), cm];
             let deadline = next
                 .into_iter()
                 .flatten()
@@ -382,18 +426,27 @@ impl<B: Backend> Engine<B> {
             self.posts();
         }
         let now = self.now();
-        let endpoint = &mut self.endpoint;
+        let (endpoint, lanes) = (&mut self.endpoint, &mut self.lanes);
         let received = self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
-            endpoint.handle_received(now, datagram)
+            if !lanes.hand_over(&datagram) {
+                endpoint.handle_received(now, datagram);
+            }
         })?;
-        // The socket may still hold datagrams (readiness is edge-triggered) or packets may be
-        // waiting to be sent: then the next turn must not sleep.
-        self.backlog = received == RECEIVE_BUDGET;
+        lanes.wake();
+        let handed = lanes.receive(RECEIVE_BUDGET, &mut |datagram| {
+            endpoint.handle_received(now, datagram);
+        });
+        // The socket may still hold datagrams (readiness is edge-triggered), other engines may
+        // have handed over more, or packets may be waiting to be sent: then the next turn must
+        // not sleep.
+        self.backlog = received == RECEIVE_BUDGET || handed == RECEIVE_BUDGET;
         if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
             self.endpoint.handle_timeout(now);
         }
         // The CM takes what QP1 received and what its timers say, before the packets go out.
-        self.cm.pump(now, &mut self.endpoint);
+        if let Some(cm) = &mut self.cm {
+            cm.pump(now, &mut self.endpoint);
+        }
         let more_to_send = self.transmit()?;
         self.backlog |= more_to_send;
         self.unreachable_peers(now);
@@ -460,11 +513,11 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::CreateCq {
                     capacity,
+                    completions: tx,
                     notify,
                     reply,
                 } => {
                     let cq = self.endpoint.create_cq(capacity);
-                    let (tx, rx) = bounded(capacity.max(1));
                     // The core reuses a destroyed CQ's number, and so its slot here; the CM's
                     // own CQ has a number but no slot.
                     let slot = cq.0 as usize;
@@ -472,7 +525,7 @@ impl<B: Backend> Engine<B> {
                         self.cqs.resize_with(slot + 1, || None);
                     }
                     self.cqs[slot] = Some(CqChannel { tx, notify });
-                    let _ = reply.send((cq, rx));
+                    let _ = reply.send(cq);
                 }
                 Command::CreateQp { init, srq, reply } => {
                     let created = match srq {
@@ -505,8 +558,12 @@ impl<B: Backend> Engine<B> {
                     });
                     let _ = reply.send(result);
                 }
-                Command::CreateAh(pd, av, reply) => {
-                    let _ = reply.send(self.endpoint.create_ah(pd, av));
+                Command::CreateAh { pd, av, at, reply } => {
+                    let created = match at {
+                        None => self.endpoint.create_ah(pd, av),
+                        Some(ah) => self.endpoint.create_ah_at(ah, pd, av).map(|()| ah),
+                    };
+                    let _ = reply.send(created);
                 }
                 Command::CreateSrq(pd, attr, reply) => {
                     let _ = reply.send(self.endpoint.create_srq(pd, attr));
@@ -536,13 +593,27 @@ impl<B: Backend> Engine<B> {
                 Command::QpReceived(qpn, reply) => {
                     let _ = reply.send(self.endpoint.qp_received(qpn));
                 }
+                Command::QpInfo(qpn, reply) => {
+                    let ep = &self.endpoint;
+                    let _ = reply.send(ep.qp_type(qpn).zip(ep.qp_state(qpn)));
+                }
                 Command::Resources(reply) => {
                     let ours = self.endpoint.resources();
-                    let _ = reply.send(ours.less(&self.cm.resources()));
+                    let _ = reply.send(match &self.cm {
+                        Some(cm) => ours.less(&cm.resources()),
+                        None => ours,
+                    });
                 }
-                Command::Cm(command) => self.cm.command(now, &mut self.endpoint, command),
+                // The device sends CM commands to its first engine, the one with the CM.
+                Command::Cm(command) => {
+                    if let Some(cm) = &mut self.cm {
+                        cm.command(now, &mut self.endpoint, command);
+                    }
+                }
                 Command::Stats(reply) => {
-                    let _ = reply.send((self.endpoint.counters().clone(), self.backend.counters()));
+                    let mut io = self.backend.counters();
+                    self.lanes.count(&mut io);
+                    let _ = reply.send((self.endpoint.counters().clone(), io));
                 }
                 Command::Shutdown => return Ok(false),
             }
@@ -631,7 +702,9 @@ impl<B: Backend> Engine<B> {
             .drain_unreachable(&mut |dst| unreachable.push(dst));
         for dst in self.unreachable.drain(..) {
             self.endpoint.handle_unreachable(now, dst);
-            self.cm.handle_unreachable(now, &mut self.endpoint, dst);
+            if let Some(cm) = &mut self.cm {
+                cm.handle_unreachable(now, &mut self.endpoint, dst);
+            }
         }
     }
 

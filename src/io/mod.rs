@@ -49,6 +49,40 @@ pub struct IoCounters {
     /// Received datagrams that are not RoCE packets for this endpoint: empty, cut short, of
     /// another family, or (raw backend) not RoCEv2.
     pub foreign: u64,
+    /// Datagrams that reached this engine's socket for a QP of another engine of the device,
+    /// handed to that engine (`engine::lanes`).
+    pub handed_over: u64,
+    /// Datagrams for another engine dropped because that engine had too many waiting.
+    pub handover_dropped: u64,
+}
+
+/// Sums the counters of a device's engines.
+impl std::ops::AddAssign<&IoCounters> for IoCounters {
+    fn add_assign(&mut self, other: &IoCounters) {
+        // Taken apart, so that a new counter cannot be left out of the sum.
+        let IoCounters {
+            sent,
+            received,
+            send_dropped,
+            send_too_big,
+            send_unreachable,
+            send_failed,
+            receive_errors,
+            foreign,
+            handed_over,
+            handover_dropped,
+        } = *other;
+        self.sent += sent;
+        self.received += received;
+        self.send_dropped += send_dropped;
+        self.send_too_big += send_too_big;
+        self.send_unreachable += send_unreachable;
+        self.send_failed += send_failed;
+        self.receive_errors += receive_errors;
+        self.foreign += foreign;
+        self.handed_over += handed_over;
+        self.handover_dropped += handover_dropped;
+    }
 }
 
 /// What a failed send or receive means for the device.

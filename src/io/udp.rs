@@ -33,7 +33,7 @@
 //! The transport core builds each packet in place at the end of the queue
 //! ([`room`](Backend::room)), and [`commit`](Backend::commit) seals it there and adds it to the
 //! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive
-//! packets to one peer of one size, the last possibly shorter, go as one "train": one `sendmsg`
+//! packets to one QP of one peer, of one size but the last, go as one "train": one `sendmsg`
 //! with its segment size in a `UDP_SEGMENT` control message, which the kernel (or the NIC) cuts
 //! into datagrams. Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
 //! buffer, with its segment size in a control message, and is handed over datagram by datagram.
@@ -64,6 +64,18 @@
 //! [`UdpConfig::segmentation`] off sends one datagram per `sendto`, all with ID 0. It must also
 //! be off toward a [`RawBackend`](super::RawBackend) on the same host: on loopback a raw socket
 //! sees a train as one oversized datagram, since loopback never segments.
+//!
+//! # Several engines on one address
+//!
+//! A device with several engines binds one socket per engine to the same address, with
+//! `SO_REUSEPORT`, and [`UdpBackend::steer_by_dest_qp`] gives the group a classic BPF program
+//! that picks the socket from the BTH's DestQP, so that each datagram reaches its QP's engine
+//! ([`Lane::owner`](crate::transport::Lane::owner)) without passing through another. The
+//! program sees the UDP payload, and the kernel runs it once per receive: a coalesced train
+//! goes whole to its first datagram's socket. That is why trains are cut per destination QP:
+//! a softroce peer's train then never mixes QPs. GRO on a receiving host can still merge
+//! datagrams of one flow (softroce sends every QP from port 4791), so an engine hands a
+//! datagram that is not its own to its owner.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
@@ -119,6 +131,11 @@ pub struct UdpConfig {
     /// Send runs of packets to one peer as one `UDP_SEGMENT` send (see the module
     /// documentation). On by default; a kernel without `UDP_SEGMENT` turns it off.
     pub segmentation: bool,
+    /// Bind with `SO_REUSEPORT`, so that the device's other engines bind the same address
+    /// ([`UdpBackend::steer_by_dest_qp`]). Off by default: a second device on one address is
+    /// then refused, as it should be. The kernel lets only sockets of the same user join a
+    /// reuse-port group.
+    pub reuse_port: bool,
 }
 
 impl UdpConfig {
@@ -129,6 +146,7 @@ impl UdpConfig {
             dscp: 0,
             ecn: 0,
             segmentation: true,
+            reuse_port: false,
         }
     }
 }
@@ -138,6 +156,8 @@ impl UdpConfig {
 #[derive(Debug)]
 struct Train {
     dst: SocketAddr,
+    /// The BTH's DestQP bytes of every packet in it.
+    dest_qp: [u8; 3],
     start: usize,
     len: usize,
     segment: usize,
@@ -146,9 +166,10 @@ struct Train {
 }
 
 impl Train {
-    fn takes(&self, dst: SocketAddr, len: usize, max_segments: usize) -> bool {
+    fn takes(&self, dst: SocketAddr, dest_qp: [u8; 3], len: usize, max_segments: usize) -> bool {
         self.open
             && self.dst == dst
+            && self.dest_qp == dest_qp
             && len <= self.segment
             && self.count < max_segments
             && self.len + len <= MAX_UDP_PAYLOAD
@@ -192,6 +213,41 @@ fn framing(src: SocketAddr, dst: SocketAddr) -> Option<KernelFraming> {
     }
 }
 
+/// The DestQP bytes of a packet's BTH (bytes 5 to 7; the transport only builds whole packets).
+fn dest_qp_bytes(packet: &[u8]) -> [u8; 3] {
+    let mut qp = [0; 3];
+    if let Some(bytes) = packet.get(5..8) {
+        qp.copy_from_slice(bytes);
+    }
+    qp
+}
+
+/// A classic BPF program for a reuse-port group of `count` sockets, the Nth of which is engine
+/// N's: it returns [`Lane::owner`](crate::transport::Lane::owner) of the datagram's DestQP.
+/// The kernel runs it with the data starting at the UDP payload (`reuseport_select_sock`). A
+/// datagram too short for the load ends the program with 0, the first engine's socket, whose
+/// endpoint drops and counts it.
+fn steering_program(count: u32) -> [libc::sock_filter; 6] {
+    let op = |code: u32| code as u16;
+    let insn = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    [
+        // A = BTH bytes 4 to 7: a reserved byte, then DestQP.
+        insn(op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS), 0, 0, 4),
+        insn(
+            op(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K),
+            0,
+            0,
+            0x00ff_ffff,
+        ),
+        // QP0 and QP1 belong to the first engine (the device's CM): skip to the modulo only
+        // above 1.
+        insn(op(libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K), 1, 0, 1),
+        insn(op(libc::BPF_RET | libc::BPF_K), 0, 0, 0),
+        insn(op(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K), 0, 0, count),
+        insn(op(libc::BPF_RET | libc::BPF_A), 0, 0, 0),
+    ]
+}
+
 fn std_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
     addr.as_sockaddr_in()
         .map(|a| SocketAddr::V4((*a).into()))
@@ -199,6 +255,20 @@ fn std_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 impl UdpBackend {
+    /// Gives this socket's reuse-port group (bound with [`UdpConfig::reuse_port`]) the program
+    /// that steers each datagram to the socket of its QP's engine: of `count` sockets bound in
+    /// engine order, the Nth is engine N's. Set once, on any of them.
+    pub fn steer_by_dest_qp(&self, count: u32) -> io::Result<()> {
+        let mut program = steering_program(count);
+        let fprog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_mut_ptr(),
+        };
+        // The kernel copies the program during the call, while `program` lives.
+        setsockopt(&self.socket, nix_sockopt::AttachReusePortCbpf, &fprog)?;
+        Ok(())
+    }
+
     /// Binds `address:4791` with the defaults of [`UdpConfig::new`].
     pub fn bind(address: IpAddr) -> io::Result<Self> {
         Self::with_config(UdpConfig::new(address))
@@ -236,6 +306,7 @@ impl UdpBackend {
         let segments =
             config.segmentation && setsockopt(&socket, nix_sockopt::UdpGsoSegment, &0).is_ok();
         socket.set_nonblocking(true)?;
+        socket.set_reuse_port(config.reuse_port)?;
         socket.bind(&local.into()).map_err(|e| {
             io::Error::new(e.kind(), format!("binding UDP {local} for RoCEv2: {e}"))
         })?;
@@ -392,15 +463,17 @@ impl Backend for UdpBackend {
             return Ok(&[]);
         }
         let max_segments = self.max_segments;
+        let dest_qp = dest_qp_bytes(&self.queue[start..start + len]);
         let joins = self
             .trains
             .last()
-            .is_some_and(|t| t.takes(dst, len, max_segments));
+            .is_some_and(|t| t.takes(dst, dest_qp, len, max_segments));
         if !joins {
             // `room` flushed if the trains were full. A new train starts where the packet was
             // built, right after the last one: the queue stays one run of trains.
             self.trains.push(Train {
                 dst,
+                dest_qp,
                 start,
                 len: 0,
                 segment: len,

@@ -5,6 +5,8 @@
 //!   application and [`Span`] for the transport, and why concurrent remote writes are sound;
 //! - `table`: [`MemoryTable`], every region and window of a device by its keys, and the
 //!   checks of remote and local access;
+//! - `shared`: [`DeviceMemory`], the table as one engine's endpoint sees it: its own, or
+//!   shared with the device's other engines;
 //! - `window`: memory windows (IBTA 10.6.7), type 1 and type 2, bound over a region and
 //!   invalidated locally or by a peer's SEND with Invalidate.
 //!
@@ -18,12 +20,14 @@
 mod bulk;
 mod lent;
 mod region;
+mod shared;
 mod table;
 mod window;
 
 use std::fmt;
 
 pub use region::{MemoryRegion, RemoteRegion, Span};
+pub use shared::{DeviceMemory, MemoryRead, MemoryWrite};
 pub use table::MemoryTable;
 pub use window::{inc_rkey, BindMw, MwType};
 

@@ -206,6 +206,8 @@ pub struct DeviceOptions {
     pub pcap: Option<PathBuf>,
     /// Who drives the engine; inline only suits a tool that polls its CQ throughout.
     pub progress: Progress,
+    /// Engine threads, each with a socket of its own ([`DeviceConfig::engines`]).
+    pub engines: usize,
 }
 
 impl Default for DeviceOptions {
@@ -216,6 +218,7 @@ impl Default for DeviceOptions {
             backend: BackendKind::UDP,
             pcap: None,
             progress: Progress::Thread,
+            engines: 1,
         }
     }
 }
@@ -227,6 +230,7 @@ impl DeviceOptions {
             backend: self.backend,
             pcap: self.pcap.clone(),
             progress: self.progress,
+            engines: self.engines,
             ..DeviceConfig::udp(address)
         })
         .map_err(|error| Error::Device {

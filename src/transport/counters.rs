@@ -13,6 +13,13 @@ macro_rules! counters {
             $($(#[doc = $doc])* pub $name: u64,)*
         }
 
+        /// Sums the counters of a device's engines.
+        impl std::ops::AddAssign<&Counters> for Counters {
+            fn add_assign(&mut self, other: &Counters) {
+                $(self.$name += other.$name;)*
+            }
+        }
+
         impl fmt::Display for Counters {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 $(writeln!(f, "{:<24}{}", stringify!($name), self.$name)?;)*

@@ -20,6 +20,7 @@
 mod counters;
 mod cq;
 mod datagram;
+mod lane;
 mod outgoing;
 mod qp;
 mod requester;
@@ -41,6 +42,7 @@ use rand_core::{RngCore, SeedableRng};
 
 pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
+pub use lane::{Lane, MAX_LANES};
 pub use outgoing::MAX_PACKET_LEN;
 pub use qp::{
     check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
@@ -54,7 +56,7 @@ pub use wr::{
     INLINE_SGES,
 };
 
-use crate::memory::{Access, MemoryError, MemoryRegion, MemoryTable, MwType, PdId};
+use crate::memory::{Access, DeviceMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::wire::{
     AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn,
     RKey, RocePacket, Transport,
@@ -210,7 +212,7 @@ pub(crate) struct Ctx<'a> {
     /// The time of the call being handled.
     pub now: Duration,
     /// Every region and window of the device, for the access checks and data.
-    pub memory: &'a mut MemoryTable,
+    pub memory: &'a DeviceMemory,
     /// Packets queued for the io layer, built when it asks for them.
     pub out: &'a mut VecDeque<Queued>,
     /// Buffers of copied payloads (inline, UC and UD sends), reused before allocating.
@@ -437,8 +439,11 @@ fn operation(opcode: Opcode) -> Opcode {
 pub struct EndpointConfig {
     /// The address peers reach this endpoint at.
     pub local_addr: IpAddr,
-    /// Seeds the memory keys. Give each endpoint a different, unpredictable seed in production.
+    /// Seeds the memory keys and the QP numbers. Give each endpoint a different, unpredictable
+    /// seed in production.
     pub seed: u64,
+    /// Which of the device's engines this endpoint is, and so which QP numbers it draws.
+    pub lane: Lane,
 }
 
 /// A port's MTU until [`Endpoint::set_port_mtu`]: rxe's active MTU on a 1500-byte Ethernet
@@ -451,6 +456,8 @@ pub const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 /// packet for a destroyed QP reaches a new one only if the draw repeats its number, one chance
 /// in 16 million, and then still needs that QP's peer address, P_Key and expected PSN.
 const QPN_RANGE: std::ops::RangeInclusive<u32> = 2..=0xff_fffe;
+/// How far past its end [`Endpoint::create_ah_at`] grows the address handle table at once.
+pub const MAX_AH_GROWTH: usize = 1 << 16;
 /// At most this many draws find a free QP number before the table counts as full.
 const QPN_DRAWS: usize = 64;
 /// Responses (READ response packets and the replies queued behind them) built per QP each
@@ -460,7 +467,7 @@ const READ_RESPONSE_BATCH: usize = 64;
 /// The transport core of one device.
 pub struct Endpoint {
     config: EndpointConfig,
-    memory: MemoryTable,
+    memory: DeviceMemory,
     /// The largest UD message (IBTA C10-93.1.1).
     port_mtu: PathMtu,
     cqs: Vec<CompletionQueue>,
@@ -515,7 +522,7 @@ macro_rules! qp_and_ctx {
         let qp = $self.qps.get_mut(&$qpn);
         let ctx = Ctx {
             now: $now,
-            memory: &mut $self.memory,
+            memory: &$self.memory,
             out: &mut $self.out,
             pool: &mut $self.pool,
             cqs: &mut $self.cqs,
@@ -529,11 +536,18 @@ macro_rules! qp_and_ctx {
 }
 
 impl Endpoint {
-    /// An endpoint with no objects yet; `config.seed` seeds its memory keys and QP numbers.
+    /// An endpoint with no objects yet, and a memory table of its own; `config.seed` seeds its
+    /// memory keys and QP numbers.
     pub fn new(config: EndpointConfig) -> Self {
+        Endpoint::with_memory(config, DeviceMemory::own(config.seed))
+    }
+
+    /// An endpoint with no objects yet, over `memory`, which other endpoints of the device (its
+    /// other engines) may share: what one registers, the others find by the same keys.
+    pub fn with_memory(config: EndpointConfig, memory: DeviceMemory) -> Self {
         Endpoint {
             config,
-            memory: MemoryTable::new(config.seed),
+            memory,
             port_mtu: DEFAULT_PORT_MTU,
             cqs: Vec::new(),
             free_cqs: Vec::new(),
@@ -576,7 +590,7 @@ impl Endpoint {
 
     /// `ibv_alloc_pd`: a new protection domain.
     pub fn alloc_pd(&mut self) -> PdId {
-        self.memory.alloc_pd()
+        self.memory.write().alloc_pd()
     }
 
     /// Registers a zeroed region of `len` bytes that peers address from `iova`.
@@ -587,7 +601,7 @@ impl Endpoint {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, MemoryError> {
-        self.memory.register(pd, iova, len, access)
+        self.memory.write().register(pd, iova, len, access)
     }
 
     /// Registers the application's `buffer` as a region that peers address from `iova`, with
@@ -599,29 +613,31 @@ impl Endpoint {
         buffer: Vec<u8>,
         access: Access,
     ) -> Result<MemoryRegion, (Vec<u8>, MemoryError)> {
-        self.memory.register_buffer(pd, iova, buffer, access)
+        self.memory
+            .write()
+            .register_buffer(pd, iova, buffer, access)
     }
 
     /// The region registered as `lkey` with `rkey` lost its last application handle:
-    /// deregistered now ([`MemoryTable::release`]).
+    /// deregistered now ([`MemoryTable::release`](crate::memory::MemoryTable::release)).
     pub fn release_mr(&mut self, lkey: LKey, rkey: RKey) {
-        self.memory.release(lkey, rkey);
+        self.memory.write().release(lkey, rkey);
     }
 
     /// `ibv_dereg_mr`: refused while windows are bound over the region.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), MemoryError> {
-        self.memory.deregister(lkey)
+        self.memory.write().deregister(lkey)
     }
 
     /// `ibv_alloc_mw`: a memory window of `pd`, by its rkey; bound by a
     /// [`SendOp::BindMw`] work request.
     pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> RKey {
-        self.memory.alloc_mw(pd, kind)
+        self.memory.write().alloc_mw(pd, kind)
     }
 
     /// `ibv_dealloc_mw`: the window's rkey reaches nothing from now on.
     pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MemoryError> {
-        self.memory.dealloc_mw(rkey)
+        self.memory.write().dealloc_mw(rkey)
     }
 
     /// `ibv_create_cq`: a CQ of `capacity` completions; one more overruns it (IBTA 11.4.2.1).
@@ -674,8 +690,10 @@ impl Endpoint {
     fn create(&mut self, init: QpInit, srq: Option<SrqId>) -> Result<Qpn, VerbsError> {
         self.check_init(&init, srq)?;
         let span = QPN_RANGE.end() - QPN_RANGE.start() + 1;
+        let lane = self.config.lane;
         let qpn = (0..QPN_DRAWS)
-            .map(|_| Qpn::new(QPN_RANGE.start() + self.rng.next_u32() % span))
+            .map(|_| QPN_RANGE.start() + self.rng.next_u32() % span)
+            .map(|drawn| Qpn::new(lane.nearest(drawn, &QPN_RANGE)))
             .find(|qpn| !self.qps.contains_key(qpn))
             .ok_or(VerbsError::OutOfResources("every QP number is taken"))?;
         self.insert_qp(qpn, init, srq);
@@ -687,6 +705,11 @@ impl Endpoint {
     /// packet received (rxe_req.c, rxe_recv.c). There is one per device. QP0, the subnet
     /// management QP, has no use on RoCE and is never created: packets to it are dropped.
     pub fn create_gsi_qp(&mut self, init: QpInit) -> Result<Qpn, VerbsError> {
+        if !self.config.lane.owns(Qpn::GSI) {
+            return Err(VerbsError::InvalidRequest(
+                "QP1 belongs to the device's first engine",
+            ));
+        }
         if init.qp_type != QpType::Ud {
             return Err(VerbsError::InvalidRequest("the GSI QP is a UD QP"));
         }
@@ -796,6 +819,38 @@ impl Endpoint {
         })
     }
 
+    /// [`create_ah`](Self::create_ah) at a number the caller chose: a device of several engines
+    /// gives each engine's endpoint the numbers the first engine's chose, so that a UD send
+    /// names its destination alike on every engine. An endpoint takes its numbers one way or
+    /// the other, not both. Refused for a number in use, or one that would grow the table by
+    /// more than [`MAX_AH_GROWTH`] slots at once.
+    pub fn create_ah_at(
+        &mut self,
+        ah: AddressHandle,
+        pd: PdId,
+        av: AddressVector,
+    ) -> Result<(), VerbsError> {
+        let av = av
+            .resolve(self.config.local_addr)
+            .map_err(VerbsError::InvalidRequest)?;
+        let slot = ah.0 as usize;
+        if slot >= self.ahs.len() + MAX_AH_GROWTH {
+            return Err(VerbsError::InvalidRequest(
+                "the address handle's number is too large",
+            ));
+        }
+        if slot >= self.ahs.len() {
+            self.ahs.resize(slot + 1, None);
+        }
+        if self.ahs[slot].is_some() {
+            return Err(VerbsError::InvalidRequest(
+                "the address handle's number is taken",
+            ));
+        }
+        self.ahs[slot] = Some((pd, av));
+        Ok(())
+    }
+
     /// `ibv_destroy_ah`. A UD send already posted keeps its destination: it was copied then.
     pub fn destroy_ah(&mut self, ah: AddressHandle) -> Result<(), VerbsError> {
         let slot = self
@@ -849,9 +904,9 @@ impl Endpoint {
         }
         self.qps.remove(&qpn);
         // Its number may be drawn again: windows bound through it must not serve the next QP.
-        self.memory.release_qp_windows(qpn);
+        self.memory.write().release_qp_windows(qpn);
         // A QP's end is when the regions it used are most likely let go of.
-        self.memory.release_dropped();
+        self.memory.write().release_dropped();
         self.err_overrun_qps(now);
         Ok(())
     }
@@ -1321,8 +1376,8 @@ impl Endpoint {
         Resources {
             qps: self.qps.len(),
             cqs: self.cqs.iter().filter(|cq| cq.live).count(),
-            regions: self.memory.regions(),
-            windows: self.memory.window_count(),
+            regions: self.memory.read().regions(),
+            windows: self.memory.read().window_count(),
             srqs: self.srqs.len(),
             address_handles: self.ahs.iter().flatten().count(),
         }
@@ -1380,6 +1435,7 @@ mod tests {
         let mut ep = Endpoint::new(EndpointConfig {
             local_addr: Ipv4Addr::LOCALHOST.into(),
             seed: 1,
+            lane: Lane::SOLE,
         });
         let init = QpInit {
             qp_type: QpType::Ud,

@@ -382,12 +382,12 @@ impl Qp {
     fn local_op(&self, idx: usize, ctx: &mut Ctx<'_>) -> WcStatus {
         let me = (self.pd, self.qpn);
         match self.req.sq[idx].wr.op {
-            SendOp::BindMw(bind) => match ctx.memory.bind_mw(&bind, me) {
+            SendOp::BindMw(bind) => match ctx.memory.write().bind_mw(&bind, me) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::MwBindErr,
             },
             // rxe_req.c: a failed local invalidate completes with LOC_QP_OP_ERR.
-            SendOp::LocalInv { rkey } => match ctx.memory.invalidate(rkey, me, false) {
+            SendOp::LocalInv { rkey } => match ctx.memory.write().invalidate(rkey, me, false) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocQpOpErr,
             },
@@ -538,8 +538,9 @@ impl Qp {
                 Source::copied(&bytes[offset..offset + payload_len], ctx.pool)
             }
             Payload::Sges(sges) => {
-                let parts = Source::gather(ctx.memory, pd, sges, offset, payload_len, ctx.pool)
-                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
+                let parts =
+                    Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool)
+                        .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
                 // RC completes a request on its ACK, after the packet was built; UC and UD
                 // complete it when its last packet is queued, and the application may then
                 // write the buffer again: their payload is read now.
@@ -702,7 +703,7 @@ impl Qp {
         let Payload::Sges(sges) = &wqe.wr.payload else {
             return;
         };
-        match scatter(ctx.memory, self.pd, sges, k as usize * mtu, data) {
+        match scatter(&ctx.memory.read(), self.pd, sges, k as usize * mtu, data) {
             Ok(true) => {}
             Ok(false) => {
                 self.fail_wqe(idx, WcStatus::LocLenErr, ctx);

@@ -508,13 +508,13 @@ impl Qp {
             if self.qp_type == QpType::Ud {
                 // The buffer starts with the 40 bytes verbs reserve for the GRH (see
                 // `datagram`); they count in the completion's byte_len.
-                match scatter(ctx.memory, self.pd, &wr.sges, 0, &datagram.grh()) {
+                match scatter(&ctx.memory.read(), self.pd, &wr.sges, 0, &datagram.grh()) {
                     Ok(true) => *received = GRH_LEN,
                     Ok(false) => return Err(too_long()),
                     Err(_) => return Err(local_memory()),
                 }
             }
-            match scatter(ctx.memory, self.pd, &wr.sges, *received, payload) {
+            match scatter(&ctx.memory.read(), self.pd, &wr.sges, *received, payload) {
                 Ok(true) => *received += payload.len(),
                 Ok(false) => return Err(too_long()),
                 Err(_) => return Err(local_memory()),
@@ -533,7 +533,7 @@ impl Qp {
                     // (rxe_resp.c `invalidate_rkey`): a region, or another QP's window, gets
                     // NAK invalid request and stays as it was.
                     let me = (self.pd, self.qpn);
-                    if ctx.memory.invalidate(ieth.rkey, me, true).is_err() {
+                    if ctx.memory.write().invalidate(ieth.rkey, me, true).is_err() {
                         self.resp.message = Some(InMessage::Send { wr, received });
                         return Err(invalid_request());
                     }
@@ -639,6 +639,7 @@ impl Qp {
                 self.rd_atomic_room()?;
                 let span = ctx
                     .memory
+                    .read()
                     .check_atomic(eth.rkey, (self.pd, self.qpn), eth.virtual_address)
                     .inspect_err(|_| ctx.counters.rkey_violations += 1)
                     .map_err(from_memory)?;
@@ -694,6 +695,7 @@ impl Qp {
     ) -> Result<Span, Failure> {
         let addr = reth.virtual_address.wrapping_add(offset as u64);
         ctx.memory
+            .read()
             .check_remote(
                 reth.rkey,
                 (self.pd, self.qpn),
@@ -739,6 +741,7 @@ impl Qp {
 
     fn check_read(&self, ctx: &mut Ctx<'_>, reth: &RethRepr) -> Result<Span, Failure> {
         ctx.memory
+            .read()
             .check_remote(
                 reth.rkey,
                 (self.pd, self.qpn),

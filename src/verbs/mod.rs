@@ -31,12 +31,13 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::cm::{CmConfig, CmError, Failure};
 use crate::engine::{
@@ -48,9 +49,9 @@ use crate::io::{
 };
 use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
 use crate::transport::{
-    connect_steps, AddressVector, AsyncEvent, Counters, CqId, PathMtu, Payload, QpAttr, QpInit,
-    QpState, QpType, QueueSlots, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr, SrqId,
-    VerbsError, WorkCompletion, DEFAULT_PORT_MTU,
+    connect_steps, AddressVector, AsyncEvent, Counters, CqId, Lane, PathMtu, Payload, QpAttr,
+    QpInit, QpState, QpType, QueueSlots, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr,
+    SrqId, VerbsError, WorkCompletion, DEFAULT_PORT_MTU, MAX_LANES,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
@@ -207,6 +208,12 @@ pub struct DeviceConfig {
     /// The connection manager's timers and bounds: librdmacm's by default (a peer gets
     /// about 4.3 s to answer each message, 15 times).
     pub cm: CmConfig,
+    /// How many engines (threads, each with a socket of its own) carry the device's QPs: 1
+    /// (the default) to 64. More than one needs the UDP backend and [`Progress::Thread`], and
+    /// records no pcap. QPs are spread over the engines as they are created, a QP with an SRQ
+    /// on the SRQ's engine; the kernel steers each datagram to its QP's engine (see
+    /// ARCHITECTURE.md, "Several engines").
+    pub engines: usize,
 }
 
 impl DeviceConfig {
@@ -220,6 +227,7 @@ impl DeviceConfig {
             progress: Progress::Thread,
             port_mtu: None,
             cm: CmConfig::default(),
+            engines: 1,
         }
     }
 }
@@ -240,15 +248,27 @@ pub(crate) fn random_psn() -> Psn {
 }
 
 struct DeviceInner {
-    engine: EngineHandle,
+    /// The first runs the CM and takes the device-wide commands (memory, which all share).
+    engines: Box<[EngineHandle]>,
+    /// The engine the next QP or SRQ goes to, modulo their number.
+    next_engine: AtomicUsize,
     address: IpAddr,
     port_mtu: PathMtu,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        self.engine.shut_down();
+        // The first engine first: it alone may be waiting on another (its CM), which is then
+        // still there to answer.
+        for engine in self.engines.iter_mut() {
+            engine.shut_down();
+        }
     }
+}
+
+/// An `InvalidInput` error for a device configuration that cannot be opened.
+fn refused(why: String) -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::InvalidInput, why))
 }
 
 /// An open device: a socket and the engine thread that drives it.
@@ -266,6 +286,9 @@ impl fmt::Debug for Device {
 impl Device {
     /// Binds the backend and starts the engine thread.
     pub fn open(config: DeviceConfig) -> Result<Device> {
+        if config.engines != 1 {
+            return Self::open_engines(&config);
+        }
         match config.backend {
             BackendKind::Udp { segmentation } => {
                 let udp = UdpConfig {
@@ -290,6 +313,52 @@ impl Device {
         }
     }
 
+    /// Opens a device of several engines: a UDP socket each, bound in engine order to one
+    /// address with `SO_REUSEPORT`, and the program that steers datagrams among them.
+    fn open_engines(config: &DeviceConfig) -> Result<Device> {
+        let count = config.engines;
+        if count == 0 || count > MAX_LANES as usize {
+            return Err(refused(format!(
+                "a device runs 1 to {MAX_LANES} engines, not {count}"
+            )));
+        }
+        let BackendKind::Udp { segmentation } = config.backend else {
+            return Err(refused(
+                "several engines need the UDP backend: the kernel steers among their sockets"
+                    .into(),
+            ));
+        };
+        if config.progress != Progress::Thread {
+            return Err(refused(
+                "several engines run on threads of their own: use Progress::Thread".into(),
+            ));
+        }
+        if config.pcap.is_some() {
+            return Err(refused(
+                "a pcap records one engine's socket: record with one engine".into(),
+            ));
+        }
+        let udp = UdpConfig {
+            segmentation,
+            reuse_port: true,
+            ..UdpConfig::new(config.address)
+        };
+        // A reuse-port socket joins any group on the address, another device's of several
+        // engines included, and would see none of its datagrams: a plain bind first fails if
+        // anyone holds the address. (Two devices opened at once in one process could still
+        // interleave; nothing else can, as the kernel admits only the same user to a group.)
+        drop(UdpBackend::with_config(UdpConfig {
+            reuse_port: false,
+            ..udp
+        })?);
+        let backends = (0..count)
+            .map(|_| UdpBackend::with_config(udp))
+            .collect::<io::Result<Vec<_>>>()?;
+        // Bound in order: the program's answer N is the Nth socket of the group.
+        backends[0].steer_by_dest_qp(count as u32)?;
+        Self::start_engines(backends, config)
+    }
+
     /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
     fn start<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
         match &config.pcap {
@@ -307,7 +376,12 @@ impl Device {
 
     /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
     fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        let address = backend.local_addr();
+        Self::start_engines(vec![backend], config)
+    }
+
+    /// Starts an engine on each of `backends`, in order, over one memory table.
+    fn start_engines<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
+        let address = backends[0].local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
         let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
             Ok(link) => PathMtu::of_link(link.mtu),
@@ -316,10 +390,16 @@ impl Device {
                 DEFAULT_PORT_MTU
             }
         });
-        let engine = engine::start(backend, seed, port_mtu, config.progress, config.cm)?;
+        let parts = engine::prepare_lanes(backends.len() as u32, seed)?;
+        let mut engines = Vec::with_capacity(backends.len());
+        for (backend, parts) in backends.into_iter().zip(parts) {
+            let (progress, cm) = (config.progress, config.cm);
+            engines.push(engine::start(backend, parts, seed, port_mtu, progress, cm)?);
+        }
         Ok(Device {
             inner: Arc::new(DeviceInner {
-                engine,
+                engines: engines.into(),
+                next_engine: AtomicUsize::new(0),
                 address,
                 port_mtu,
             }),
@@ -337,8 +417,24 @@ impl Device {
         self.inner.port_mtu
     }
 
+    /// The first engine: the CM's, and the one device-wide commands go to.
     fn engine(&self) -> &EngineHandle {
-        &self.inner.engine
+        &self.inner.engines[0]
+    }
+
+    /// The engine at `index`.
+    fn engine_at(&self, index: usize) -> &EngineHandle {
+        &self.inner.engines[index]
+    }
+
+    /// How many engines the device runs ([`DeviceConfig::engines`]).
+    pub fn engines(&self) -> usize {
+        self.inner.engines.len()
+    }
+
+    /// The engine the next new QP or SRQ goes to: each in turn.
+    fn next_engine(&self) -> usize {
+        self.inner.next_engine.fetch_add(1, Ordering::Relaxed) % self.engines()
     }
 
     /// `ibv_alloc_pd`: a protection domain, which groups regions, windows, QPs and address
@@ -352,45 +448,70 @@ impl Device {
     }
 
     /// A completion queue holding up to `capacity` completions.
+    ///
+    /// On a device of several engines, each engine has a CQ of this capacity, and all of them
+    /// deliver to the one queue the application polls: a CQ overruns when an engine's own is
+    /// full as well as the queue.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
         let notify = Arc::new(CqNotify::new()?);
-        let engine_side = Arc::clone(&notify);
-        let (id, completions) = self.engine().call(|reply| Command::CreateCq {
-            capacity,
-            notify: engine_side,
-            reply,
-        })?;
+        let (tx, completions) = bounded(capacity.max(1));
+        let mut inner = CqInner {
+            device: self.clone(),
+            ids: Vec::with_capacity(self.engines()),
+            completions,
+            notify,
+        };
+        for engine in self.inner.engines.iter() {
+            // Dropping `inner` on an error destroys those created.
+            let id = engine.call(|reply| Command::CreateCq {
+                capacity,
+                completions: tx.clone(),
+                notify: Arc::clone(&inner.notify),
+                reply,
+            })?;
+            inner.ids.push(id);
+        }
         Ok(CompletionQueue {
-            inner: Arc::new(CqInner {
-                device: self.clone(),
-                id,
-                completions,
-                notify,
-            }),
+            inner: Arc::new(inner),
         })
     }
 
-    /// The transport's and the backend's counters.
+    /// The transport's and the backend's counters, summed over the engines.
     pub fn counters(&self) -> Result<(Counters, IoCounters)> {
-        Ok(self.engine().call(Command::Stats)?)
+        let mut sum = (Counters::default(), IoCounters::default());
+        for engine in self.inner.engines.iter() {
+            let (transport, io) = engine.call(Command::Stats)?;
+            sum.0 += &transport;
+            sum.1 += &io;
+        }
+        Ok(sum)
     }
 
     /// How many packets QP `qpn` has accepted from its peer: a sign that the peer is alive
     /// even where no completion says so (the target of RDMA WRITEs and READs has none).
     pub fn received_packets(&self, qpn: Qpn) -> Result<u64> {
-        self.engine()
+        self.engine_at(Lane::owner(qpn, self.engines() as u32) as usize)
             .call(|reply| Command::QpReceived(qpn, reply))?
             .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
     }
 
     /// How many QPs, CQs, regions, SRQs and address handles the device holds now.
     pub fn resources(&self) -> Result<Resources> {
-        Ok(self.engine().call(Command::Resources)?)
+        // Every engine holds a CQ for each of the device's, a copy of each address handle, and
+        // sees the one memory table: those are counted once. QPs and SRQs are each on one.
+        let mut sum = self.engine().call(Command::Resources)?;
+        for engine in &self.inner.engines[1..] {
+            let more = engine.call(Command::Resources)?;
+            sum.qps += more.qps;
+            sum.srqs += more.srqs;
+        }
+        Ok(sum)
     }
 
     /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun).
     pub fn poll_event(&self) -> Option<AsyncEvent> {
-        self.engine().events.try_recv().ok()
+        let mut engines = self.inner.engines.iter();
+        engines.find_map(|engine| engine.events.try_recv().ok())
     }
 }
 
@@ -522,33 +643,57 @@ impl ProtectionDomain {
     }
 
     /// An address handle for UD sends to `dest`.
+    ///
+    /// Every engine of the device gets it, at the number the first engine chose, so that a UD
+    /// QP on any engine sends with it.
     pub fn create_ah(&self, dest: IpAddr) -> Result<AddressHandle> {
         let (pd, av) = (self.pd, AddressVector { dest });
-        Ok(self
-            .device
-            .engine()
-            .call(|reply| Command::CreateAh(pd, av, reply))??)
+        let engines = &self.device.inner.engines;
+        let create = |engine: &EngineHandle, at| {
+            engine.call(|reply| Command::CreateAh { pd, av, at, reply })
+        };
+        let ah = create(&engines[0], None)??;
+        for (n, engine) in engines.iter().enumerate().skip(1) {
+            if let Err(error) = create(engine, Some(ah))
+                .map_err(Error::from)
+                .and_then(|r| r.map_err(Error::from))
+            {
+                for engine in &engines[..n] {
+                    let _ = engine.call(|reply| Command::DestroyAh(ah, reply));
+                }
+                return Err(error);
+            }
+        }
+        Ok(ah)
     }
 
     /// `ibv_destroy_ah`: the handle no longer names a destination; sends already posted with
     /// it still go where it said.
     pub fn destroy_ah(&self, ah: AddressHandle) -> Result<()> {
-        Ok(self
-            .device
-            .engine()
-            .call(|reply| Command::DestroyAh(ah, reply))??)
+        let engines = self.device.inner.engines.iter();
+        // The first engine's answer is the handle's; the others only hold copies.
+        let answers: Vec<_> = engines
+            .map(|engine| engine.call(|reply| Command::DestroyAh(ah, reply)))
+            .collect();
+        answers
+            .into_iter()
+            .next()
+            .expect("a device has an engine")??;
+        Ok(())
     }
 
     /// A shared receive queue of up to `max_wr` requests; a non-zero `srq_limit` arms the
     /// limit event (`AsyncEvent::SrqLimitReached`, from `Device::poll_event`).
     pub fn create_srq(&self, max_wr: usize, srq_limit: u32) -> Result<SharedReceiveQueue> {
         let (pd, attr) = (self.pd, SrqAttr { max_wr, srq_limit });
+        let engine = self.device.next_engine();
         let id = self
             .device
-            .engine()
+            .engine_at(engine)
             .call(|reply| Command::CreateSrq(pd, attr, reply))??;
         Ok(SharedReceiveQueue {
             device: self.device.clone(),
+            engine,
             id,
         })
     }
@@ -614,6 +759,8 @@ impl Drop for MemoryWindow {
 #[derive(Debug, Clone)]
 pub struct SharedReceiveQueue {
     device: Device,
+    /// The engine it lives on, with every QP built with it.
+    engine: usize,
     id: SrqId,
 }
 
@@ -623,7 +770,7 @@ impl SharedReceiveQueue {
         let id = self.id;
         Ok(self
             .device
-            .engine()
+            .engine_at(self.engine)
             .call(|reply| Command::PostSrqRecv(id, wr, reply))??)
     }
 
@@ -632,7 +779,7 @@ impl SharedReceiveQueue {
         let id = self.id;
         Ok(self
             .device
-            .engine()
+            .engine_at(self.engine)
             .call(|reply| Command::ModifySrq(id, change, reply))??)
     }
 }
@@ -644,7 +791,8 @@ pub struct QpBuilder<'a> {
     qp_type: QpType,
     send_cq: Option<CompletionQueue>,
     recv_cq: Option<CompletionQueue>,
-    srq: Option<SrqId>,
+    /// The SRQ and its engine.
+    srq: Option<(usize, SrqId)>,
     max_send_wr: usize,
     max_recv_wr: usize,
     sq_psn: Option<Psn>,
@@ -668,7 +816,7 @@ impl QpBuilder<'_> {
 
     /// Takes receive requests from `srq` instead of a queue of its own.
     pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
-        self.srq = Some(srq.id);
+        self.srq = Some((srq.engine, srq.id));
         self
     }
 
@@ -708,22 +856,26 @@ impl QpBuilder<'_> {
         let (Some(send_cq), Some(recv_cq)) = (self.send_cq, self.recv_cq) else {
             return Err(VerbsError::InvalidRequest("a QP needs a send and a receive CQ").into());
         };
+        let device = &self.pd.device;
+        let engine = self
+            .srq
+            .map_or_else(|| device.next_engine(), |(engine, _)| engine);
         let init = QpInit {
             qp_type: self.qp_type,
             pd: self.pd.pd,
-            send_cq: send_cq.inner.id,
-            recv_cq: recv_cq.inner.id,
+            send_cq: send_cq.inner.ids[engine],
+            recv_cq: recv_cq.inner.ids[engine],
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
         };
-        let (srq, qp_type) = (self.srq, self.qp_type);
+        let (srq, qp_type) = (self.srq.map(|(_, id)| id), self.qp_type);
         let (qpn, queues) =
-            self.pd
-                .device
-                .engine()
+            device
+                .engine_at(engine)
                 .call(|reply| Command::CreateQp { init, srq, reply })??;
         Ok(QueuePair {
             device: self.pd.device.clone(),
+            engine,
             qpn,
             queues,
             has_srq: srq.is_some(),
@@ -780,6 +932,8 @@ impl From<PartialPost> for Error {
 #[derive(Debug)]
 pub struct QueuePair {
     device: Device,
+    /// The engine it lives on.
+    engine: usize,
     qpn: Qpn,
     queues: QpQueues,
     has_srq: bool,
@@ -796,6 +950,11 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// The engine the QP lives on.
+    fn engine(&self) -> &EngineHandle {
+        self.device.engine_at(self.engine)
+    }
+
     /// The QP's number, which its peer sends to.
     pub fn qpn(&self) -> Qpn {
         self.qpn
@@ -805,8 +964,7 @@ impl QueuePair {
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
         let (qpn, to) = (self.qpn, attr.state);
         let attr = Box::new(attr.clone());
-        self.device
-            .engine()
+        self.engine()
             .call(|reply| Command::ModifyQp(qpn, attr, reply))??;
         if let Some(state) = to {
             self.note_state(state);
@@ -907,7 +1065,7 @@ impl QueuePair {
             retire(&self.queues.slots, 1);
             match refused {
                 TrySendError::Full(_) => Error::QueueFull,
-                TrySendError::Disconnected(_) => self.device.engine().gone().into(),
+                TrySendError::Disconnected(_) => self.engine().gone().into(),
             }
         })
     }
@@ -919,7 +1077,7 @@ impl QueuePair {
     /// peer that refuses) completes in error instead.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         self.enqueue_send(wr)?;
-        self.device.engine().ring(&self.queues)?;
+        self.engine().ring(&self.queues)?;
         Ok(())
     }
 
@@ -941,7 +1099,7 @@ impl QueuePair {
             posted += 1;
         }
         if posted > 0 {
-            if let Err(gone) = self.device.engine().ring(&self.queues) {
+            if let Err(gone) = self.engine().ring(&self.queues) {
                 refused.get_or_insert(gone.into());
             }
         }
@@ -985,7 +1143,7 @@ impl QueuePair {
             return Err(Error::QueueFull);
         }
         self.hand_over(&self.queues.recv, wr, QueueSlots::retire_recvs)?;
-        self.device.engine().ring(&self.queues)?;
+        self.engine().ring(&self.queues)?;
         Ok(())
     }
 
@@ -1016,10 +1174,7 @@ impl Drop for QueuePair {
     /// Destroys the QP: what it still had outstanding completes with WR_FLUSH_ERR.
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let _ = self
-            .device
-            .engine()
-            .call(|reply| Command::DestroyQp(qpn, reply));
+        let _ = self.engine().call(|reply| Command::DestroyQp(qpn, reply));
     }
 }
 
@@ -1033,18 +1188,17 @@ pub struct CompletionQueue {
 #[derive(Debug)]
 struct CqInner {
     device: Device,
-    id: CqId,
+    /// Its number on each engine, in engine order.
+    ids: Vec<CqId>,
     completions: Receiver<WorkCompletion>,
     notify: Arc<CqNotify>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        let id = self.id;
-        let _ = self
-            .device
-            .engine()
-            .call(|reply| Command::DestroyCq(id, reply));
+        for (engine, &id) in self.device.inner.engines.iter().zip(&self.ids) {
+            let _ = engine.call(|reply| Command::DestroyCq(id, reply));
+        }
     }
 }
 

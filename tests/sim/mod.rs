@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::rc::Rc;
 use std::time::Duration;
 
-use softroce::transport::{Datagram, Endpoint, EndpointConfig, MAX_PACKET_LEN};
+use softroce::transport::{Datagram, Endpoint, EndpointConfig, Lane, MAX_PACKET_LEN};
 use softroce::wire::{
     BthRepr, ExtHeaders, KernelFraming, Opcode, PacketRepr, Psn, RocePacket, ROCEV2_UDP_PORT,
 };
@@ -120,6 +120,7 @@ impl Sim {
                 Endpoint::new(EndpointConfig {
                     local_addr: addr(n),
                     seed: seed ^ (n as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
+                    lane: Lane::SOLE,
                 })
             })
             .collect();
