@@ -190,6 +190,100 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
     assert!(is_ebadf(&a.device.alloc_pd().unwrap_err()));
 }
 
+/// A device of two engines stops as a whole when one engine's socket dies or its turn panics:
+/// the other engine flushes its QPs too, and every call says why. Before, the other engine
+/// kept running, so the QPs on it kept their work outstanding, and the CQ, which both engines
+/// feed, never reported the failure.
+#[test]
+fn one_engine_failing_stops_every_engine_of_its_device() {
+    use softroce::io::UdpConfig;
+
+    for (last, fault) in [(21, EBADF), (23, PANIC)] {
+        let switches = [(); 2].map(|()| Arc::new(AtomicU8::new(HEALTHY)));
+        let config = UdpConfig {
+            reuse_port: true,
+            ..UdpConfig::new(ip(last))
+        };
+        let backends: Vec<Breakable> = (switches.iter())
+            .map(|fault| Breakable {
+                inner: UdpBackend::with_config(config).unwrap(),
+                fault: fault.clone(),
+            })
+            .collect();
+        backends[0].inner.steer_by_dest_qp(2).unwrap();
+        let device = Device::with_backends(backends, &DeviceConfig::udp(ip(last))).unwrap();
+        let pd = device.alloc_pd().unwrap();
+        let cq = device.create_cq(16).unwrap();
+        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+        let qps: Vec<QueuePair> = (0..2)
+            .map(|_| pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap())
+            .collect();
+        let lanes: Vec<u32> = qps.iter().map(|qp| qp.qpn().value() % 2).collect();
+        assert_ne!(lanes[0], lanes[1]);
+        let b = open(ip(last + 1));
+        let b_qps: Vec<QueuePair> = (0..2)
+            .map(|_| {
+                let pd = b.device.alloc_pd().unwrap();
+                pd.create_qp()
+                    .send_cq(&b.cq)
+                    .recv_cq(&b.cq)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let options = ConnectOptions {
+            timeout: 10,
+            ..Default::default()
+        };
+        for (qp, peer) in qps.iter().zip(&b_qps) {
+            qp.connect(&peer.endpoint(), &options).unwrap();
+            peer.connect(&qp.endpoint(), &options).unwrap();
+            // A SEND the peer has no receive for: it waits in RNR retries, outstanding.
+            let sge = mr.sge(0, 8).unwrap();
+            let wr_id = u64::from(qp.qpn().value() % 2);
+            let wr = SendWr::new(wr_id, SendOp::Send, Payload::Sges([sge].into()));
+            qp.post_send(wr).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        // Engine 1 breaks; engine 0 is healthy.
+        switches[1].store(fault, Ordering::Relaxed);
+
+        let mut flushed = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let error = loop {
+            assert!(
+                Instant::now() < deadline,
+                "the device never reported the failure"
+            );
+            match cq.poll(&mut flushed, 16) {
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                Err(error) => break error,
+            }
+        };
+        let mut statuses: Vec<_> = flushed.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        statuses.sort_unstable_by_key(|&(wr_id, _)| wr_id);
+        // A dead socket's engine flushes its QPs; a panicked engine's state is not trusted, so
+        // only the healthy engine's QP is flushed.
+        let expected: &[(u64, WcStatus)] = match fault {
+            EBADF => &[(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr)],
+            _ => &[(0, WcStatus::WrFlushErr)],
+        };
+        assert_eq!(statuses, expected, "fault {fault}");
+        let Error::DeviceFailed(io) = &error else {
+            panic!("{error}")
+        };
+        match fault {
+            EBADF => assert_eq!(io.raw_os_error(), Some(nix::libc::EBADF)),
+            _ => assert!(
+                io.get_ref().is_some_and(|e| e.is::<EnginePanicked>()),
+                "{io}"
+            ),
+        }
+        let post = qps[0].post_send(SendWr::new(9, SendOp::Send, Payload::Sges([].into())));
+        assert!(matches!(post, Err(Error::DeviceFailed(_))), "{post:?}");
+    }
+}
+
 /// A task awaiting a CQ whose device dies is woken: it gets the flushed completions, then the
 /// reason, instead of waiting for ever on a channel nobody will write to. The second task
 /// awaits a CQ that nothing completes into: only the device's end can wake it.

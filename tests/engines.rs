@@ -328,3 +328,81 @@ fn several_engines_refuse_what_they_cannot_do() {
     drop(device);
     assert!(Device::open(DeviceConfig::udp(address)).is_ok());
 }
+
+/// The endpoints of a device's engines share one memory table behind a lock. Counting the
+/// device's resources took its read side twice in one statement: a write by another engine
+/// between the two waited for the first, and the second waited behind the write, for ever.
+#[test]
+fn counting_resources_beside_another_engines_changes_never_deadlocks() {
+    use softroce::memory::{DeviceMemory, MwType};
+    use softroce::transport::{Endpoint, EndpointConfig, Lane};
+
+    let endpoints: Vec<Endpoint> = DeviceMemory::shared_by(2, 7)
+        .into_iter()
+        .enumerate()
+        .map(|(index, memory)| {
+            let config = EndpointConfig {
+                local_addr: "127.0.0.1".parse().unwrap(),
+                seed: index as u64,
+                lane: Lane::new(index as u32, 2).unwrap(),
+            };
+            Endpoint::with_memory(config, memory)
+        })
+        .collect();
+    let [counting, changing]: [Endpoint; 2] = endpoints.try_into().unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    let counter = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while std::time::Instant::now() < until {
+                for _ in 0..1000 {
+                    std::hint::black_box(counting.resources());
+                }
+            }
+            done.send(()).unwrap();
+        })
+    };
+    let changer = std::thread::spawn(move || {
+        let mut changing = changing;
+        let pd = changing.alloc_pd();
+        while std::time::Instant::now() < until {
+            for _ in 0..1000 {
+                let rkey = changing.alloc_mw(pd, MwType::Type1);
+                changing.dealloc_mw(rkey).unwrap();
+            }
+        }
+        done.send(()).unwrap();
+    });
+    for _ in 0..2 {
+        finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the two engines' endpoints deadlocked on the memory table");
+    }
+    counter.join().unwrap();
+    changer.join().unwrap();
+}
+
+/// A CQ or an SRQ names a queue on its own device's engines: a QP of another device cannot
+/// use it, and is refused with why instead of completing into a queue of the same number.
+#[test]
+fn a_qp_is_refused_another_devices_cq_or_srq() {
+    let one = Device::open(engines("127.0.0.138", 2)).unwrap();
+    let other = Device::open(DeviceConfig::udp("127.0.0.139".parse().unwrap())).unwrap();
+    let pd = one.alloc_pd().unwrap();
+    let (ours, theirs) = (one.create_cq(4).unwrap(), other.create_cq(4).unwrap());
+    let built = pd.create_qp().send_cq(&ours).recv_cq(&theirs).build();
+    let error = built.unwrap_err().to_string();
+    assert!(
+        error.contains("the CQ belongs to another device"),
+        "{error}"
+    );
+    let srq = other.alloc_pd().unwrap().create_srq(4, 0).unwrap();
+    let built = (pd.create_qp().send_cq(&ours).recv_cq(&ours).srq(&srq)).build();
+    let error = built.unwrap_err().to_string();
+    assert!(
+        error.contains("the SRQ belongs to another device"),
+        "{error}"
+    );
+    assert!(pd.create_qp().send_cq(&ours).recv_cq(&ours).build().is_ok());
+}

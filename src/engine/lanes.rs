@@ -12,10 +12,17 @@
 //! The device's CM runs on the first engine. It moves QPs of the other engines with a call to
 //! their engine ([`LaneQps`]), which waits for the answer: only the first engine ever waits on
 //! another, and every engine of such a device runs on a thread of its own, so the call always
-//! finds its engine running and cannot wait in a circle.
+//! finds its engine running and cannot wait in a circle. Only the first engine holds the other
+//! engines' command channels, and none its own, so an engine still learns that every handle of
+//! the application is gone.
+//!
+//! The engines stop together: one whose socket fails or whose turn panics sets the device's
+//! one failure and halts the others ([`Lanes::halt_all`]), which flush their QPs and let go
+//! of their CQs' channels, so that no completion is waited for on an engine that is gone.
 
 use std::io;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,15 +30,17 @@ use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use mio::{Poll, Waker};
 use rustc_hash::FxHashMap;
 
-use super::{Command, WAKE};
+use super::{Command, Failure, WAKE};
 use crate::cm::AppQps;
 use crate::io::IoCounters;
 use crate::memory::DeviceMemory;
-use crate::transport::{Datagram, Endpoint, Lane, QpAttr, QpState, QpType, VerbsError};
+use crate::transport::{
+    Datagram, Endpoint, Lane, QpAttr, QpState, QpType, VerbsError, MAX_PACKET_LEN,
+};
 use crate::wire::{IcrcStatus, Qpn};
 
-/// Datagrams waiting for their engine before more are dropped: two receive budgets of full
-/// packets, about 1 MiB.
+/// Datagrams waiting for their engine before more are dropped: four receive budgets. Only
+/// datagrams of at most [`MAX_PACKET_LEN`] bytes are handed over, so about 1 MiB.
 const HOPS_WAITING: usize = 256;
 /// How long the CM takes an answer about another engine's QP to stay true (how many packets it
 /// has received), so that a connection waiting for its RTU does not cost a call every turn.
@@ -81,7 +90,6 @@ impl Hop {
 /// How to reach one engine from another.
 #[derive(Debug)]
 pub(crate) struct Peer {
-    commands: Sender<Command>,
     hops: Sender<Hop>,
     waker: Arc<Waker>,
 }
@@ -94,6 +102,8 @@ pub(crate) struct LaneStart {
     pub waker: Arc<Waker>,
     pub commands: (Sender<Command>, Receiver<Command>),
     pub lanes: Lanes,
+    /// Why the device stopped, once one of its engines stopped on its own.
+    pub failure: Failure,
 }
 
 /// The parts of `count` engines, in engine order, which share one memory table whose keys
@@ -107,6 +117,7 @@ pub(crate) fn prepare(count: u32, seed: u64) -> io::Result<Vec<LaneStart>> {
     }
     let mut parts = Vec::new();
     let mut peers = Vec::new();
+    let mut senders = Vec::new();
     let tables = DeviceMemory::shared_by(count as usize, seed);
     for (index, memory) in (0..count).zip(tables) {
         let lane = Lane::new(index, count).expect("a valid count");
@@ -115,20 +126,30 @@ pub(crate) fn prepare(count: u32, seed: u64) -> io::Result<Vec<LaneStart>> {
         let commands = crossbeam_channel::unbounded();
         let (hops, inbox) = bounded(HOPS_WAITING);
         peers.push(Peer {
-            commands: commands.0.clone(),
             hops,
             waker: waker.clone(),
         });
+        senders.push(commands.0.clone());
         parts.push((lane, memory, poll, waker, commands, inbox));
     }
     let peers: Arc<[Peer]> = peers.into();
+    let (halt, failure) = (Arc::new(AtomicBool::new(false)), Failure::default());
     let parts = parts
         .into_iter()
         .map(|(lane, memory, poll, waker, commands, inbox)| {
+            // The first engine's CM calls the others; no engine holds its own channel.
+            let others = match lane.index() {
+                0 => (senders.iter().enumerate())
+                    .map(|(index, tx)| (index != 0).then(|| tx.clone()))
+                    .collect(),
+                _ => Vec::new(),
+            };
             let lanes = Lanes {
                 lane,
                 inbox,
                 peers: peers.clone(),
+                commands: others,
+                halt: halt.clone(),
                 to_wake: 0,
                 handed_over: 0,
                 handover_dropped: 0,
@@ -140,6 +161,7 @@ pub(crate) fn prepare(count: u32, seed: u64) -> io::Result<Vec<LaneStart>> {
                 waker,
                 commands,
                 lanes,
+                failure: failure.clone(),
             }
         });
     Ok(parts.collect())
@@ -152,6 +174,11 @@ pub(crate) struct Lanes {
     inbox: Receiver<Hop>,
     /// Every engine, this one included, by index.
     peers: Arc<[Peer]>,
+    /// The first engine's: the other engines' command channels, by index (`None` for its
+    /// own). Empty on the others.
+    commands: Vec<Option<Sender<Command>>>,
+    /// Set when an engine stopped on its own: every engine stops.
+    halt: Arc<AtomicBool>,
     /// The engines handed datagrams since the last [`wake`](Self::wake), one bit each.
     to_wake: u64,
     handed_over: u64,
@@ -163,6 +190,11 @@ impl Lanes {
     /// this engine's to handle.
     pub fn hand_over(&mut self, datagram: &Datagram<'_>) -> bool {
         if self.lane.count() == 1 {
+            return false;
+        }
+        // Longer than any packet softroce takes: no use copying it anywhere, and this engine's
+        // endpoint drops and counts it.
+        if datagram.packet.len() > MAX_PACKET_LEN {
             return false;
         }
         let owner = match Lane::owner_of_packet(datagram.packet, self.lane.count()) {
@@ -202,6 +234,23 @@ impl Lanes {
         n
     }
 
+    /// Stops every engine of the device: this one stopped on its own (its socket failed, or a
+    /// turn panicked), and the device stops with it.
+    pub fn halt_all(&self) {
+        self.halt.store(true, Ordering::SeqCst);
+        for (index, peer) in self.peers.iter().enumerate() {
+            if index != self.lane.index() as usize {
+                // An engine that cannot be woken has stopped already.
+                let _ = peer.waker.wake();
+            }
+        }
+    }
+
+    /// Whether another engine of the device stopped on its own ([`halt_all`](Self::halt_all)).
+    pub fn halted(&self) -> bool {
+        self.halt.load(Ordering::SeqCst)
+    }
+
     /// Adds what this engine handed over to the backend's counters.
     pub fn count(&self, io: &mut IoCounters) {
         io.handed_over += self.handed_over;
@@ -213,6 +262,7 @@ impl Lanes {
         LaneQps {
             lane: self.lane,
             peers: self.peers.clone(),
+            commands: self.commands.clone(),
             received: FxHashMap::default(),
         }
     }
@@ -224,18 +274,22 @@ impl Lanes {
 pub(crate) struct LaneQps {
     lane: Lane,
     peers: Arc<[Peer]>,
-    /// Packets received by other engines' QPs, and when that was asked.
-    received: FxHashMap<Qpn, (Duration, u64)>,
+    /// The other engines' command channels, by index.
+    commands: Vec<Option<Sender<Command>>>,
+    /// What other engines' QPs answered when asked how many packets they received (`None`:
+    /// the QP is gone), and when.
+    received: FxHashMap<Qpn, (Duration, Option<u64>)>,
 }
 
 impl LaneQps {
     /// Runs a command on the engine that owns `qpn` (not this one), and waits for its answer;
     /// `None` if that engine has stopped.
     fn call<T>(&self, qpn: Qpn, make: impl FnOnce(Sender<T>) -> Command) -> Option<T> {
-        let peer = &self.peers[Lane::owner(qpn, self.lane.count()) as usize];
+        let owner = Lane::owner(qpn, self.lane.count()) as usize;
+        let commands = self.commands.get(owner)?.as_ref()?;
         let (reply, answer) = bounded(1);
-        peer.commands.send(make(reply)).ok()?;
-        peer.waker.wake().ok()?;
+        commands.send(make(reply)).ok()?;
+        self.peers[owner].waker.wake().ok()?;
         answer.recv().ok()
     }
 }
@@ -266,7 +320,7 @@ impl AppQps for LaneQps {
         }
         if let Some(&(asked, n)) = self.received.get(&qpn) {
             if now.saturating_sub(asked) < RECEIVED_FRESH {
-                return Some(n);
+                return n;
             }
         }
         let n = self
@@ -276,9 +330,7 @@ impl AppQps for LaneQps {
         // asked about in the last millisecond.
         self.received
             .retain(|_, &mut (asked, _)| now.saturating_sub(asked) < RECEIVED_FRESH);
-        if n == Some(0) {
-            self.received.insert(qpn, (now, 0));
-        }
+        self.received.insert(qpn, (now, n));
         n
     }
 
@@ -353,6 +405,13 @@ mod tests {
         assert!(
             !lanes[0].hand_over(&datagram(&odd[..7], None)),
             "a runt stays"
+        );
+        // Longer than any packet: not copied, but dropped where it arrived.
+        let mut long = vec![0x5a; MAX_PACKET_LEN + 1];
+        long[4..8].copy_from_slice(&0x13u32.to_be_bytes());
+        assert!(
+            !lanes[0].hand_over(&datagram(&long, None)),
+            "too long to copy"
         );
         assert!(!lanes[1].hand_over(&datagram(&odd, None)));
         assert_eq!(

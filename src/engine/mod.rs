@@ -203,6 +203,10 @@ impl EngineHandle {
 struct CqChannel {
     tx: Sender<WorkCompletion>,
     notify: Arc<CqNotify>,
+    /// A completion taken from the core's CQ that found the channel full, sent first next
+    /// time: on a device of several engines another engine can fill the last slot between a
+    /// look and a send.
+    held: Option<WorkCompletion>,
 }
 
 /// The engine has stopped: shut down by the application (`None`), or by the error that killed
@@ -268,6 +272,7 @@ pub(crate) fn start<B: Backend>(
         waker,
         commands: (commands, command_rx),
         lanes,
+        failure,
     } = parts;
     let (ready_tx, ready) = crossbeam_channel::unbounded();
     let doorbell = Arc::new(Doorbell {
@@ -325,7 +330,7 @@ pub(crate) fn start<B: Backend>(
         looking: Vec::new(),
         backlog: false,
         stopped: false,
-        failure: Failure::default(),
+        failure,
         unreachable: Vec::new(),
     };
     let failure = engine.failure.clone();
@@ -351,6 +356,7 @@ impl<B: Backend> Turn for Engine<B> {
 
     fn abandon(&mut self) {
         let _ = self.failure.set(Arc::new(io::Error::other(EnginePanicked)));
+        self.lanes.halt_all();
         self.stopped = true;
         self.let_go();
     }
@@ -374,6 +380,7 @@ impl<B: Backend> Engine<B> {
                 tracing::error!(%error, address = %self.backend.local_addr(),
                                 "the device's socket failed; the device stops");
                 let _ = self.failure.set(Arc::new(error));
+                self.lanes.halt_all();
                 self.shut_down();
                 self.stopped = true;
                 false
@@ -416,6 +423,13 @@ impl<B: Backend> Engine<B> {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
+        }
+        // Another engine of the device stopped on its own, with the device's error: this one
+        // flushes its QPs and stops too.
+        if self.lanes.halted() {
+            self.shut_down();
+            self.stopped = true;
+            return Ok(false);
         }
         if !self.commands()? {
             self.shut_down();
@@ -524,7 +538,11 @@ impl<B: Backend> Engine<B> {
                     if slot >= self.cqs.len() {
                         self.cqs.resize_with(slot + 1, || None);
                     }
-                    self.cqs[slot] = Some(CqChannel { tx, notify });
+                    self.cqs[slot] = Some(CqChannel {
+                        tx,
+                        notify,
+                        held: None,
+                    });
                     let _ = reply.send(cq);
                 }
                 Command::CreateQp { init, srq, reply } => {
@@ -716,20 +734,25 @@ impl<B: Backend> Engine<B> {
 
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
-        for (index, channel) in self.cqs.iter().enumerate() {
-            let Some(CqChannel { tx, notify }) = channel else {
+        for (index, channel) in self.cqs.iter_mut().enumerate() {
+            let Some(CqChannel { tx, notify, held }) = channel else {
                 continue;
             };
             let cq = CqId(index as u32);
             let (mut delivered, mut solicited) = (false, false);
             while !tx.is_full() {
-                let Some(wc) = self.endpoint.poll_cq(cq) else {
+                let Some(wc) = held.take().or_else(|| self.endpoint.poll_cq(cq)) else {
                     break;
                 };
                 let asks = wc.solicited || wc.status != WcStatus::Success;
-                if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = tx.try_send(wc)
-                {
-                    break;
+                match tx.try_send(wc) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(wc)) => {
+                        *held = Some(wc);
+                        break;
+                    }
+                    // The application let go of the CQ: nothing to deliver to.
+                    Err(TrySendError::Disconnected(_)) => break,
                 }
                 delivered = true;
                 solicited |= asks;

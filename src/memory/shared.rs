@@ -68,13 +68,16 @@ impl DeviceMemory {
 
     /// The table, to check an access or read what it holds.
     ///
+    /// A caller holds one guard at a time, and only within a statement or a short block: a
+    /// second `read` while holding one would wait behind another engine's waiting `write`,
+    /// which waits for the first, for ever.
+    ///
     /// # Panics
     ///
-    /// If the table is being changed through [`write`](Self::write) (a bug: no caller holds
-    /// either across a call to the other), or if another engine panicked while it held the
-    /// table, which a change may have left half done: each engine that touches the table after
-    /// that stops too (its turns catch the panic and report the device failed), rather than
-    /// check keys against it.
+    /// If the table is being changed through [`write`](Self::write) (a bug, as above), or if
+    /// another engine panicked while it held the table, which a change may have left half
+    /// done: each engine that touches the table after that stops too (its turns catch the
+    /// panic and report the device failed), rather than check keys against it.
     pub fn read(&self) -> MemoryRead<'_> {
         match &self.0 {
             Table::Own(table) => MemoryRead::Own(table.borrow()),

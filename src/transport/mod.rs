@@ -1373,11 +1373,13 @@ impl Endpoint {
 
     /// How many objects are alive: a long-running process watches these stay level.
     pub fn resources(&self) -> Resources {
+        // One guard: a second read while holding the first waits behind a waiting writer.
+        let memory = self.memory.read();
         Resources {
             qps: self.qps.len(),
             cqs: self.cqs.iter().filter(|cq| cq.live).count(),
-            regions: self.memory.read().regions(),
-            windows: self.memory.read().window_count(),
+            regions: memory.regions(),
+            windows: memory.window_count(),
             srqs: self.srqs.len(),
             address_handles: self.ahs.iter().flatten().count(),
         }

@@ -382,15 +382,15 @@ impl Qp {
     fn local_op(&self, idx: usize, ctx: &mut Ctx<'_>) -> WcStatus {
         let me = (self.pd, self.qpn);
         match self.req.sq[idx].wr.op {
-            SendOp::BindMw(bind) => match ctx.memory.write().bind_mw(&bind, me) {
-                Ok(()) => WcStatus::Success,
-                Err(_) => WcStatus::MwBindErr,
-            },
+            SendOp::BindMw(bind) => {
+                let bound = ctx.memory.write().bind_mw(&bind, me);
+                bound.map_or(WcStatus::MwBindErr, |()| WcStatus::Success)
+            }
             // rxe_req.c: a failed local invalidate completes with LOC_QP_OP_ERR.
-            SendOp::LocalInv { rkey } => match ctx.memory.write().invalidate(rkey, me, false) {
-                Ok(()) => WcStatus::Success,
-                Err(_) => WcStatus::LocQpOpErr,
-            },
+            SendOp::LocalInv { rkey } => {
+                let invalidated = ctx.memory.write().invalidate(rkey, me, false);
+                invalidated.map_or(WcStatus::LocQpOpErr, |()| WcStatus::Success)
+            }
             _ => WcStatus::LocQpOpErr,
         }
     }
@@ -703,7 +703,9 @@ impl Qp {
         let Payload::Sges(sges) = &wqe.wr.payload else {
             return;
         };
-        match scatter(&ctx.memory.read(), self.pd, sges, k as usize * mtu, data) {
+        // Bound first, so that the table's guard is gone before the arms run.
+        let scattered = scatter(&ctx.memory.read(), self.pd, sges, k as usize * mtu, data);
+        match scattered {
             Ok(true) => {}
             Ok(false) => {
                 self.fail_wqe(idx, WcStatus::LocLenErr, ctx);

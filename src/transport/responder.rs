@@ -508,13 +508,16 @@ impl Qp {
             if self.qp_type == QpType::Ud {
                 // The buffer starts with the 40 bytes verbs reserve for the GRH (see
                 // `datagram`); they count in the completion's byte_len.
-                match scatter(&ctx.memory.read(), self.pd, &wr.sges, 0, &datagram.grh()) {
+                // Bound first, so that the table's guard is gone before the arms run.
+                let grh = scatter(&ctx.memory.read(), self.pd, &wr.sges, 0, &datagram.grh());
+                match grh {
                     Ok(true) => *received = GRH_LEN,
                     Ok(false) => return Err(too_long()),
                     Err(_) => return Err(local_memory()),
                 }
             }
-            match scatter(&ctx.memory.read(), self.pd, &wr.sges, *received, payload) {
+            let scattered = scatter(&ctx.memory.read(), self.pd, &wr.sges, *received, payload);
+            match scattered {
                 Ok(true) => *received += payload.len(),
                 Ok(false) => return Err(too_long()),
                 Err(_) => return Err(local_memory()),

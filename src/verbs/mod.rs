@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -252,6 +252,9 @@ struct DeviceInner {
     engines: Box<[EngineHandle]>,
     /// The engine the next QP or SRQ goes to, modulo their number.
     next_engine: AtomicUsize,
+    /// Held while an address handle is created or destroyed on every engine, so that a number
+    /// the first engine frees is not handed out again before the others have freed theirs.
+    ahs: Mutex<()>,
     address: IpAddr,
     port_mtu: PathMtu,
 }
@@ -328,11 +331,6 @@ impl Device {
                     .into(),
             ));
         };
-        if config.progress != Progress::Thread {
-            return Err(refused(
-                "several engines run on threads of their own: use Progress::Thread".into(),
-            ));
-        }
         if config.pcap.is_some() {
             return Err(refused(
                 "a pcap records one engine's socket: record with one engine".into(),
@@ -356,7 +354,7 @@ impl Device {
             .collect::<io::Result<Vec<_>>>()?;
         // Bound in order: the program's answer N is the Nth socket of the group.
         backends[0].steer_by_dest_qp(count as u32)?;
-        Self::start_engines(backends, config)
+        Self::with_backends(backends, config)
     }
 
     /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
@@ -376,11 +374,26 @@ impl Device {
 
     /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
     fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        Self::start_engines(vec![backend], config)
+        Self::with_backends(vec![backend], config)
     }
 
-    /// Starts an engine on each of `backends`, in order, over one memory table.
-    fn start_engines<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
+    /// Starts a device of several engines on backends the caller built, engine N on the Nth
+    /// (a test hook, or backends of its own), as `config` says but for its `engines`,
+    /// `backend` and `pcap`. The caller steers each datagram to its QP's engine
+    /// ([`Lane::owner`]), as [`UdpBackend::steer_by_dest_qp`] does for UDP sockets bound with
+    /// [`UdpConfig::reuse_port`]; a datagram that reaches another engine is handed over.
+    pub fn with_backends<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
+        let count = backends.len();
+        if count == 0 || count > MAX_LANES as usize {
+            return Err(refused(format!(
+                "a device runs 1 to {MAX_LANES} engines, not {count}"
+            )));
+        }
+        if count > 1 && config.progress != Progress::Thread {
+            return Err(refused(
+                "several engines run on threads of their own: use Progress::Thread".into(),
+            ));
+        }
         let address = backends[0].local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
         let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
@@ -391,15 +404,25 @@ impl Device {
             }
         });
         let parts = engine::prepare_lanes(backends.len() as u32, seed)?;
-        let mut engines = Vec::with_capacity(backends.len());
+        let mut engines: Vec<EngineHandle> = Vec::with_capacity(backends.len());
         for (backend, parts) in backends.into_iter().zip(parts) {
             let (progress, cm) = (config.progress, config.cm);
-            engines.push(engine::start(backend, parts, seed, port_mtu, progress, cm)?);
+            match engine::start(backend, parts, seed, port_mtu, progress, cm) {
+                Ok(engine) => engines.push(engine),
+                Err(error) => {
+                    // The engines started already stop, and free the address.
+                    for engine in &mut engines {
+                        engine.shut_down();
+                    }
+                    return Err(error.into());
+                }
+            }
         }
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 engines: engines.into(),
                 next_engine: AtomicUsize::new(0),
+                ahs: Mutex::new(()),
                 address,
                 port_mtu,
             }),
@@ -425,6 +448,14 @@ impl Device {
     /// The engine at `index`.
     fn engine_at(&self, index: usize) -> &EngineHandle {
         &self.inner.engines[index]
+    }
+
+    /// Held while an address handle is created or destroyed on every engine.
+    fn address_handles(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .ahs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How many engines the device runs ([`DeviceConfig::engines`]).
@@ -649,6 +680,7 @@ impl ProtectionDomain {
     pub fn create_ah(&self, dest: IpAddr) -> Result<AddressHandle> {
         let (pd, av) = (self.pd, AddressVector { dest });
         let engines = &self.device.inner.engines;
+        let _serial = self.device.address_handles();
         let create = |engine: &EngineHandle, at| {
             engine.call(|reply| Command::CreateAh { pd, av, at, reply })
         };
@@ -671,6 +703,7 @@ impl ProtectionDomain {
     /// it still go where it said.
     pub fn destroy_ah(&self, ah: AddressHandle) -> Result<()> {
         let engines = self.device.inner.engines.iter();
+        let _serial = self.device.address_handles();
         // The first engine's answer is the handle's; the others only hold copies.
         let answers: Vec<_> = engines
             .map(|engine| engine.call(|reply| Command::DestroyAh(ah, reply)))
@@ -791,8 +824,8 @@ pub struct QpBuilder<'a> {
     qp_type: QpType,
     send_cq: Option<CompletionQueue>,
     recv_cq: Option<CompletionQueue>,
-    /// The SRQ and its engine.
-    srq: Option<(usize, SrqId)>,
+    /// The SRQ's device, its engine and its number.
+    srq: Option<(Device, usize, SrqId)>,
     max_send_wr: usize,
     max_recv_wr: usize,
     sq_psn: Option<Psn>,
@@ -816,7 +849,7 @@ impl QpBuilder<'_> {
 
     /// Takes receive requests from `srq` instead of a queue of its own.
     pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
-        self.srq = Some((srq.engine, srq.id));
+        self.srq = Some((srq.device.clone(), srq.engine, srq.id));
         self
     }
 
@@ -857,9 +890,19 @@ impl QpBuilder<'_> {
             return Err(VerbsError::InvalidRequest("a QP needs a send and a receive CQ").into());
         };
         let device = &self.pd.device;
-        let engine = self
-            .srq
-            .map_or_else(|| device.next_engine(), |(engine, _)| engine);
+        let theirs = [&send_cq.inner.device, &recv_cq.inner.device];
+        if theirs
+            .iter()
+            .any(|other| !Arc::ptr_eq(&other.inner, &device.inner))
+        {
+            return Err(VerbsError::InvalidRequest("the CQ belongs to another device").into());
+        }
+        let srq_elsewhere = (self.srq.as_ref())
+            .is_some_and(|(other, ..)| !Arc::ptr_eq(&other.inner, &device.inner));
+        if srq_elsewhere {
+            return Err(VerbsError::InvalidRequest("the SRQ belongs to another device").into());
+        }
+        let engine = (self.srq.as_ref()).map_or_else(|| device.next_engine(), |(_, at, _)| *at);
         let init = QpInit {
             qp_type: self.qp_type,
             pd: self.pd.pd,
@@ -868,7 +911,7 @@ impl QpBuilder<'_> {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
         };
-        let (srq, qp_type) = (self.srq.map(|(_, id)| id), self.qp_type);
+        let (srq, qp_type) = (self.srq.as_ref().map(|(.., id)| *id), self.qp_type);
         let (qpn, queues) =
             device
                 .engine_at(engine)
