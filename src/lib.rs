@@ -65,6 +65,7 @@ pub mod decode;
 pub mod demo;
 mod engine;
 pub mod io;
+mod keyed;
 pub mod memory;
 #[cfg(feature = "cli")]
 pub mod tools;

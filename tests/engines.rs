@@ -368,7 +368,7 @@ fn counting_resources_beside_another_engines_changes_never_deadlocks() {
         let pd = changing.alloc_pd();
         while std::time::Instant::now() < until {
             for _ in 0..1000 {
-                let rkey = changing.alloc_mw(pd, MwType::Type1);
+                let rkey = changing.alloc_mw(pd, MwType::Type1).unwrap();
                 changing.dealloc_mw(rkey).unwrap();
             }
         }

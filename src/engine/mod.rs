@@ -78,7 +78,7 @@ pub(crate) enum Command {
     DeregMr(LKey, Reply<Result<(), MemoryError>>),
     /// The application dropped its last handle to the region with these keys.
     ReleaseMr(LKey, RKey),
-    AllocMw(PdId, MwType, Reply<RKey>),
+    AllocMw(PdId, MwType, Reply<Result<RKey, MemoryError>>),
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
     /// A CQ whose completions go to `completions`, which the CQs of the device's other engines
     /// share.

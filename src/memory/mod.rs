@@ -12,9 +12,10 @@
 //!
 //! # Keys
 //!
-//! A key is 32 bits: all of them random, drawn from a ChaCha20 stream seeded by the caller. One
-//! valid rkey says nothing about any other (rxe keeps 24 bits of index and 8 random ones). A
-//! window's rkey keeps its upper 24 bits for life; each bind chooses the low 8, as
+//! A key is 32 bits: all of them random, drawn from a ChaCha20 stream seeded by the caller, and
+//! kept if its top bits name a free slot of the table, where it is then found by index
+//! (`crate::keyed`). One valid rkey says nothing about any other (rxe keeps 24 bits of index
+//! and 8 random ones). A window's rkey keeps its upper 24 bits for life; each bind chooses the low 8, as
 //! `ibv_inc_rkey` does, so that a peer holding an rkey of an earlier binding reaches nothing.
 
 mod bulk;
@@ -132,6 +133,9 @@ pub enum MemoryError {
     },
     /// A window bind broke one of IBTA's rules; the text names it.
     Bind(&'static str),
+    /// No key was free: the device holds about a million regions and windows already (the
+    /// most its key table finds by index, `keyed::MAX_SLOT_BITS`).
+    OutOfKeys,
 }
 
 impl fmt::Display for MemoryError {
@@ -155,6 +159,9 @@ impl fmt::Display for MemoryError {
             }
             MemoryError::Misaligned { addr } => {
                 write!(f, "{addr:#x} is not 8-byte aligned (an atomic's address, a region's iova, or a buffer to register)")
+            }
+            MemoryError::OutOfKeys => {
+                f.write_str("no memory key is free: too many regions and windows")
             }
             MemoryError::NoMemory { len } => {
                 write!(f, "cannot allocate {len} bytes for a region")

@@ -10,14 +10,16 @@ use std::fmt;
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
-use rustc_hash::FxHashMap;
 
 use super::region::Words;
 use super::window::Window;
 use super::{Access, MemoryError, MemoryRegion, PdId, Span};
+use crate::keyed::KeyedTable;
 use crate::wire::{LKey, Qpn, RKey};
 
 const WORD: u64 = 8;
+/// Draws of a random key before the table counts as full.
+const KEY_DRAWS: usize = 64;
 
 /// What a remote key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +33,10 @@ pub(super) enum Target {
 /// Every protection domain, registered region and memory window of one device.
 pub struct MemoryTable {
     next_pd: u32,
-    /// Regions by lkey.
-    pub(super) regions: FxHashMap<u32, MemoryRegion>,
-    /// What each remote key names.
-    pub(super) rkeys: FxHashMap<u32, Target>,
+    /// Regions by lkey, found by index ([`KeyedTable`]).
+    pub(super) regions: KeyedTable<MemoryRegion>,
+    /// What each remote key names, found by index.
+    pub(super) rkeys: KeyedTable<Target>,
     /// Windows by slot; `None` where one was deallocated, its slot in `free_windows`.
     pub(super) windows: Vec<Option<Window>>,
     pub(super) free_windows: Vec<usize>,
@@ -83,8 +85,8 @@ impl MemoryTable {
     pub fn new(seed: u64) -> Self {
         MemoryTable {
             next_pd: 1,
-            regions: FxHashMap::default(),
-            rkeys: FxHashMap::default(),
+            regions: KeyedTable::new(32),
+            rkeys: KeyedTable::new(32),
             windows: Vec::new(),
             free_windows: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(seed),
@@ -98,23 +100,23 @@ impl MemoryTable {
         pd
     }
 
-    /// Whether a new key may be `key`: no region uses it as either key, and no window's rkey
-    /// shares its upper 24 bits, which a window keeps across binds.
+    /// Whether a new key may be `key`: its slot is free in both tables, so no region uses
+    /// it as either key. A window keeps its rkey's upper 24 bits across binds, and a slot is
+    /// named by at most the top 20 bits, so no key can share a window's upper 24 bits either.
     pub(super) fn key_is_free(&self, key: u32) -> bool {
-        key != 0
-            && !self.regions.contains_key(&key)
-            && !self.rkeys.contains_key(&key)
-            && !self.windows().any(|w| w.rkey.0 >> 8 == key >> 8)
+        key != 0 && self.regions.takes(key) && self.rkeys.takes(key)
     }
 
-    /// A random key that [`key_is_free`](Self::key_is_free).
-    fn fresh_key(&mut self) -> u32 {
-        loop {
+    /// A random key that [`key_is_free`](Self::key_is_free); `OutOfKeys` when 64 draws find
+    /// none (at half the tables' largest, one draw in two does).
+    pub(super) fn fresh_key(&mut self) -> Result<u32, MemoryError> {
+        for _ in 0..KEY_DRAWS {
             let key = self.rng.next_u32();
             if self.key_is_free(key) {
-                return key;
+                return Ok(key);
             }
         }
+        Err(MemoryError::OutOfKeys)
     }
 
     /// Registers a zeroed region of `len` bytes at address `iova`, which must be 8-aligned so
@@ -127,7 +129,7 @@ impl MemoryTable {
         access: Access,
     ) -> Result<MemoryRegion, MemoryError> {
         check_placement(iova, len)?;
-        let keys = self.fresh_keys();
+        let keys = self.fresh_keys()?;
         let region = MemoryRegion::new(pd, iova, access, keys, Words::zeroed(len)?);
         Ok(self.insert(region))
     }
@@ -145,29 +147,35 @@ impl MemoryTable {
         if let Err(refused) = check_placement(iova, buffer.len()) {
             return Err((buffer, refused));
         }
+        let keys = match self.fresh_keys() {
+            Ok(keys) => keys,
+            Err(refused) => return Err((buffer, refused)),
+        };
         let words = Words::lent(buffer)?;
-        let region = MemoryRegion::new(pd, iova, access, self.fresh_keys(), words);
+        let region = MemoryRegion::new(pd, iova, access, keys, words);
         Ok(self.insert(region))
     }
 
     /// A new region's keys, after the regions no one holds any more are released.
-    fn fresh_keys(&mut self) -> (LKey, RKey) {
+    fn fresh_keys(&mut self) -> Result<(LKey, RKey), MemoryError> {
         self.release_dropped();
-        (LKey(self.fresh_key()), RKey(self.fresh_key()))
+        // The lkey goes in `regions` and the rkey in `rkeys`: each finds its slot free there.
+        Ok((LKey(self.fresh_key()?), RKey(self.fresh_key()?)))
     }
 
-    /// Makes a new region's keys reach it.
+    /// Makes a new region's keys reach it; both were drawn free.
     fn insert(&mut self, region: MemoryRegion) -> MemoryRegion {
         let (lkey, rkey) = (region.lkey().0, region.rkey().0);
-        self.rkeys.insert(rkey, Target::Region(lkey));
-        self.regions.insert(lkey, region.clone());
+        let inserted = (self.rkeys.insert(rkey, Target::Region(lkey)).is_ok())
+            && self.regions.insert(lkey, region.clone()).is_ok();
+        debug_assert!(inserted, "a fresh key's slot is free");
         region
     }
 
     /// Deregisters a region: both its keys stop working at once. Refused while windows are
     /// bound over it, as rxe refuses (IBTA C10-11).
     pub fn deregister(&mut self, lkey: LKey) -> Result<(), MemoryError> {
-        if !self.regions.contains_key(&lkey.0) {
+        if !self.regions.contains_key(lkey.0) {
             return Err(MemoryError::UnknownKey { key: lkey.0 });
         }
         if self.windows().any(|w| w.is_bound_over(lkey)) {
@@ -183,15 +191,15 @@ impl MemoryTable {
     /// the region in its binding, so it keeps serving what it was bound to (the application
     /// left it bound), and the memory goes once the last such window is unbound.
     pub fn release(&mut self, lkey: LKey, rkey: RKey) {
-        if self.regions.get(&lkey.0).map(MemoryRegion::rkey) == Some(rkey) {
+        if self.regions.get(lkey.0).map(MemoryRegion::rkey) == Some(rkey) {
             self.forget(lkey);
         }
     }
 
     /// Takes the region registered as `lkey`, and its rkey, out of the table.
     fn forget(&mut self, lkey: LKey) {
-        if let Some(region) = self.regions.remove(&lkey.0) {
-            self.rkeys.remove(&region.rkey().0);
+        if let Some(region) = self.regions.remove(lkey.0) {
+            self.rkeys.remove(region.rkey().0);
         }
     }
 
@@ -209,7 +217,7 @@ impl MemoryTable {
         self.regions.retain(|_, region| {
             let held = region.holders() > 1;
             if !held {
-                rkeys.remove(&region.rkey().0);
+                rkeys.remove(region.rkey().0);
             }
             held
         });
@@ -245,9 +253,9 @@ impl MemoryTable {
         needed: Access,
     ) -> Result<Span, MemoryError> {
         let unknown = MemoryError::UnknownKey { key: rkey.0 };
-        match *self.rkeys.get(&rkey.0).ok_or(unknown)? {
+        match *self.rkeys.get(rkey.0).ok_or(unknown)? {
             Target::Region(lkey) => {
-                let region = self.regions.get(&lkey).ok_or(unknown)?;
+                let region = self.regions.get(lkey).ok_or(unknown)?;
                 Self::region_span(region, rkey.0, pd, addr, len, needed)
             }
             Target::Window(slot) => {
@@ -268,7 +276,7 @@ impl MemoryTable {
     ) -> Result<Span, MemoryError> {
         let region = self
             .regions
-            .get(&lkey.0)
+            .get(lkey.0)
             .ok_or(MemoryError::UnknownKey { key: lkey.0 })?;
         Self::region_span(region, lkey.0, pd, addr, len, needed)
     }

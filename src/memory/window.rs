@@ -22,8 +22,6 @@ use super::table::{within, Target};
 use super::{Access, MemoryError, MemoryRegion, MemoryTable, PdId, Span};
 use crate::wire::{LKey, Qpn, RKey};
 
-use rand_core::RngCore;
-
 /// The two kinds of memory window (`IBV_MW_TYPE_1`, `IBV_MW_TYPE_2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MwType {
@@ -119,24 +117,17 @@ impl MemoryTable {
 
     /// The slot of the window whose rkey is `rkey` now.
     fn window_slot(&self, rkey: RKey) -> Result<usize, MemoryError> {
-        match self.rkeys.get(&rkey.0) {
+        match self.rkeys.get(rkey.0) {
             Some(&Target::Window(slot)) => Ok(slot),
             _ => Err(MemoryError::UnknownKey { key: rkey.0 }),
         }
     }
 
     /// `ibv_alloc_mw`: a window of `pd`; type 1 valid and unbound, type 2 free. Its rkey's
-    /// upper 24 bits are random and shared with no other key.
-    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> RKey {
-        let rkey = loop {
-            let key = self.rng.next_u32();
-            let prefix = key & !0xff;
-            if self.key_is_free(key)
-                && (0..=0xff).all(|low| !self.rkeys.contains_key(&(prefix | low)))
-            {
-                break RKey(key);
-            }
-        };
+    /// upper 24 bits are random and shared with no other key (a free key's slot is free, and
+    /// the slot is named by at most its top 20 bits). `OutOfKeys` when no key is free.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<RKey, MemoryError> {
+        let rkey = RKey(self.fresh_key()?);
         let window = Window {
             pd,
             kind,
@@ -153,8 +144,9 @@ impl MemoryTable {
                 self.windows.len() - 1
             }
         };
-        self.rkeys.insert(rkey.0, Target::Window(slot));
-        rkey
+        let inserted = self.rkeys.insert(rkey.0, Target::Window(slot));
+        debug_assert!(inserted.is_ok(), "a fresh key's slot is free");
+        Ok(rkey)
     }
 
     /// `ibv_dealloc_mw`: the window's rkey stops working at once, bound or not. The window is
@@ -167,7 +159,7 @@ impl MemoryTable {
             .position(|w| w.as_ref().is_some_and(|w| w.rkey.0 >> 8 == rkey.0 >> 8))
             .ok_or(MemoryError::UnknownKey { key: rkey.0 })?;
         let window = self.windows[slot].take().expect("found above");
-        self.rkeys.remove(&window.rkey.0);
+        self.rkeys.remove(window.rkey.0);
         self.free_windows.push(slot);
         Ok(())
     }
@@ -203,7 +195,7 @@ impl MemoryTable {
         } else {
             let region = self
                 .regions
-                .get(&bind.region.0)
+                .get(bind.region.0)
                 .ok_or(MemoryError::UnknownKey { key: bind.region.0 })?;
             if region.pd() != window.pd {
                 return Err(MemoryError::WrongPd { key: bind.region.0 });
@@ -233,8 +225,10 @@ impl MemoryTable {
                 qp: (window.kind == MwType::Type2).then_some(qpn),
             })
         };
-        self.rkeys.remove(&bind.window.0);
-        self.rkeys.insert(bind.new_rkey.0, Target::Window(slot));
+        self.rkeys.remove(bind.window.0);
+        // The new rkey keeps the old one's upper 24 bits, so its slot, just freed.
+        let inserted = self.rkeys.insert(bind.new_rkey.0, Target::Window(slot));
+        debug_assert!(inserted.is_ok(), "a window's slot is its own");
         let window = self.windows[slot].as_mut().expect("checked above");
         window.rkey = bind.new_rkey;
         window.binding = binding;
@@ -252,7 +246,7 @@ impl MemoryTable {
         (pd, qpn): (PdId, Qpn),
         remote: bool,
     ) -> Result<(), MemoryError> {
-        let slot = match self.rkeys.get(&rkey.0) {
+        let slot = match self.rkeys.get(rkey.0) {
             Some(&Target::Window(slot)) => slot,
             Some(Target::Region(_)) => return Err(MemoryError::NotInvalidatable { key: rkey.0 }),
             None => return Err(MemoryError::UnknownKey { key: rkey.0 }),
@@ -327,7 +321,7 @@ mod tests {
     fn a_released_region_stops_at_once_and_its_bound_window_keeps_its_range() {
         let access = BINDABLE | Access::REMOTE_WRITE;
         let (mut t, pd, mr) = setup(access);
-        let mw = t.alloc_mw(pd, MwType::Type1);
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
         let b = bind(mw, &mr, BASE, 64, Access::REMOTE_WRITE);
         t.bind_mw(&b, (pd, QP)).unwrap();
         let (lkey, rkey) = (mr.lkey(), mr.rkey());
@@ -357,7 +351,7 @@ mod tests {
     #[test]
     fn a_type_2_window_serves_its_range_its_rights_and_its_qp_only() {
         let (mut t, pd, mr) = setup(BINDABLE);
-        let mw = t.alloc_mw(pd, MwType::Type2);
+        let mw = t.alloc_mw(pd, MwType::Type2).unwrap();
         assert!(matches!(
             t.check_remote(mw, (pd, QP), BASE, 8, Access::REMOTE_WRITE),
             Err(MemoryError::UnknownKey { .. })
@@ -414,7 +408,7 @@ mod tests {
             t.invalidate(mr.rkey(), (pd, QP), true),
             Err(MemoryError::NotInvalidatable { key: mr.rkey().0 })
         );
-        let mw = t.alloc_mw(pd, MwType::Type1);
+        let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
         let b = bind(mw, &mr, BASE, 64, Access::REMOTE_READ);
         t.bind_mw(&b, (pd, QP)).unwrap();
         assert!(matches!(
@@ -443,7 +437,7 @@ mod tests {
     fn binds_that_break_a_rule_are_refused() {
         let (mut t, pd, mr) = setup(Access::LOCAL_WRITE);
         let other_pd = t.alloc_pd();
-        let mw = t.alloc_mw(pd, MwType::Type2);
+        let mw = t.alloc_mw(pd, MwType::Type2).unwrap();
         let write = Access::REMOTE_WRITE;
         let refused = |t: &mut MemoryTable, b: BindMw, who: (PdId, Qpn)| {
             let e = t.bind_mw(&b, who).unwrap_err();
@@ -501,7 +495,7 @@ mod tests {
     #[test]
     fn a_destroyed_qps_windows_are_freed_and_a_deallocated_window_is_gone() {
         let (mut t, pd, mr) = setup(BINDABLE);
-        let mw = t.alloc_mw(pd, MwType::Type2);
+        let mw = t.alloc_mw(pd, MwType::Type2).unwrap();
         let b = bind(mw, &mr, BASE, 64, Access::REMOTE_READ);
         t.bind_mw(&b, (pd, QP)).unwrap();
         t.release_qp_windows(QP);
@@ -524,7 +518,7 @@ mod tests {
         // Miri interprets every key search: a few rounds there, many natively.
         let rounds = if cfg!(miri) { 8 } else { 200 };
         for _ in 0..rounds {
-            let mw = t.alloc_mw(pd, MwType::Type1);
+            let mw = t.alloc_mw(pd, MwType::Type1).unwrap();
             assert!(prefixes.insert(mw.0 >> 8));
             let mr = t.register(pd, 0, 8, Access::NONE).unwrap();
             assert!(!prefixes.contains(&(mr.rkey().0 >> 8)));

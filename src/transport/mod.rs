@@ -35,7 +35,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -56,6 +56,7 @@ pub use wr::{
     INLINE_SGES,
 };
 
+use crate::keyed::KeyedTable;
 use crate::memory::{Access, DeviceMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::wire::{
     AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn,
@@ -451,7 +452,8 @@ pub struct EndpointConfig {
 pub const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 
 /// QP numbers are drawn at random from 2 to 0xFFFFFE: 0 and 1 belong to the special QPs and
-/// 0xFFFFFF means multicast. A number is free again once its QP is destroyed, so a long-running
+/// 0xFFFFFF means multicast. A number is kept if its top bits name a free slot of the QP table
+/// (`crate::keyed`), other than QP1's, and the QP is then found by index. A number is free again once its QP is destroyed, so a long-running
 /// process never runs out, and a peer cannot guess the next QP's number from its own. A stale
 /// packet for a destroyed QP reaches a new one only if the draw repeats its number, one chance
 /// in 16 million, and then still needs that QP's peer address, P_Key and expected PSN.
@@ -478,7 +480,8 @@ pub struct Endpoint {
     /// Indexed by handle; `None` where one was destroyed, its slot in `free_ahs`.
     ahs: Vec<Option<(PdId, AddressVector)>>,
     free_ahs: Vec<AddressHandle>,
-    qps: FxHashMap<Qpn, Qp>,
+    /// By number, found by index ([`KeyedTable`]).
+    qps: KeyedTable<Qp>,
     /// The QPs with a timer armed or responses left to build, as of their last handling: the
     /// only ones the work of every engine turn (`next_deadline`, `handle_timeout`,
     /// `poll_transmit`) looks at, so that a QP with nothing to do costs nothing a turn.
@@ -519,7 +522,7 @@ macro_rules! qp_and_ctx {
             $self.settle();
         }
         $self.touched.push($qpn);
-        let qp = $self.qps.get_mut(&$qpn);
+        let qp = $self.qps.get_mut($qpn.value());
         let ctx = Ctx {
             now: $now,
             memory: &$self.memory,
@@ -554,7 +557,7 @@ impl Endpoint {
             srqs: Vec::new(),
             ahs: Vec::new(),
             free_ahs: Vec::new(),
-            qps: FxHashMap::default(),
+            qps: KeyedTable::new(24),
             active: FxHashSet::default(),
             touched: Vec::new(),
             due: Vec::new(),
@@ -630,8 +633,8 @@ impl Endpoint {
     }
 
     /// `ibv_alloc_mw`: a memory window of `pd`, by its rkey; bound by a
-    /// [`SendOp::BindMw`] work request.
-    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> RKey {
+    /// [`SendOp::BindMw`] work request. `OutOfKeys` when no key is free.
+    pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<RKey, MemoryError> {
         self.memory.write().alloc_mw(pd, kind)
     }
 
@@ -694,7 +697,10 @@ impl Endpoint {
         let qpn = (0..QPN_DRAWS)
             .map(|_| QPN_RANGE.start() + self.rng.next_u32() % span)
             .map(|drawn| Qpn::new(lane.nearest(drawn, &QPN_RANGE)))
-            .find(|qpn| !self.qps.contains_key(qpn))
+            // Never the slot of QP0 and QP1, so that QP1 may come at any time.
+            .find(|qpn| {
+                self.qps.takes(qpn.value()) && !self.qps.same_slot(qpn.value(), Qpn::GSI.value())
+            })
             .ok_or(VerbsError::OutOfResources("every QP number is taken"))?;
         self.insert_qp(qpn, init, srq);
         Ok(qpn)
@@ -713,7 +719,7 @@ impl Endpoint {
         if init.qp_type != QpType::Ud {
             return Err(VerbsError::InvalidRequest("the GSI QP is a UD QP"));
         }
-        if self.qps.contains_key(&Qpn::GSI) {
+        if self.qps.contains_key(Qpn::GSI.value()) {
             return Err(VerbsError::InvalidRequest("the GSI QP exists already"));
         }
         self.check_init(&init, None)?;
@@ -748,8 +754,8 @@ impl Endpoint {
         if init.qp_type == QpType::Ud {
             settings.path_mtu = self.port_mtu;
         }
-        self.qps.insert(
-            qpn,
+        let inserted = self.qps.insert(
+            qpn.value(),
             Qp {
                 qpn,
                 qp_type: init.qp_type,
@@ -768,6 +774,8 @@ impl Endpoint {
                 slots: None,
             },
         );
+        // The callers drew a number whose slot is free, or checked QP1's.
+        debug_assert!(inserted.is_ok(), "QP {qpn:?}'s slot is taken");
     }
 
     /// `ibv_create_srq`. A non-zero `srq_limit` arms the limit event at once, as in rxe.
@@ -866,7 +874,7 @@ impl Endpoint {
     /// How many more send requests the QP takes now, so that a caller queueing posts can hand
     /// over only what fits instead of losing a request to `QueueFull`.
     pub fn send_queue_room(&self, qpn: Qpn) -> usize {
-        self.qps.get(&qpn).map_or(0, |qp| {
+        self.qps.get(qpn.value()).map_or(0, |qp| {
             qp.max_send_wr.saturating_sub(qp.req.outstanding_wrs())
         })
     }
@@ -875,7 +883,10 @@ impl Endpoint {
     /// queues gives its slot back, so that the application's handles, which take a slot per
     /// post, never hold more than the QP's depths.
     pub fn share_slots(&mut self, qpn: Qpn, slots: Arc<QueueSlots>) -> Result<(), VerbsError> {
-        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        let qp = self
+            .qps
+            .get_mut(qpn.value())
+            .ok_or(VerbsError::UnknownQp(qpn))?;
         qp.slots = Some(slots);
         Ok(())
     }
@@ -883,7 +894,7 @@ impl Endpoint {
     /// The same for receive requests.
     pub fn recv_queue_room(&self, qpn: Qpn) -> usize {
         self.qps
-            .get(&qpn)
+            .get(qpn.value())
             .map_or(0, |qp| qp.max_recv_wr.saturating_sub(qp.rq.len()))
     }
 
@@ -902,7 +913,7 @@ impl Endpoint {
         for wc in unposted {
             ctx.complete(qp.cq_of(wc.opcode), wc);
         }
-        self.qps.remove(&qpn);
+        self.qps.remove(qpn.value());
         // Its number may be drawn again: windows bound through it must not serve the next QP.
         self.memory.write().release_qp_windows(qpn);
         // A QP's end is when the regions it used are most likely let go of.
@@ -913,23 +924,23 @@ impl Endpoint {
 
     /// The send and receive completion queues of a QP.
     pub fn qp_cqs(&self, qpn: Qpn) -> Option<(CqId, CqId)> {
-        self.qps.get(&qpn).map(|qp| (qp.send_cq, qp.recv_cq))
+        self.qps.get(qpn.value()).map(|qp| (qp.send_cq, qp.recv_cq))
     }
 
     /// How many packets QP `qpn` has accepted from its peer (past the P_Key, Q_Key and source
     /// checks): a sign of life that needs no completion, as a WRITE's target has none.
     pub fn qp_received(&self, qpn: Qpn) -> Option<u64> {
-        self.qps.get(&qpn).map(|qp| qp.received)
+        self.qps.get(qpn.value()).map(|qp| qp.received)
     }
 
     /// The QP's transport service; `None` if there is no such QP.
     pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
-        self.qps.get(&qpn).map(|qp| qp.qp_type)
+        self.qps.get(qpn.value()).map(|qp| qp.qp_type)
     }
 
     /// The QP's state, as `ibv_query_qp` reports it; `None` if there is no such QP.
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
-        self.qps.get(&qpn).map(|qp| qp.state)
+        self.qps.get(qpn.value()).map(|qp| qp.state)
     }
 
     /// `ibv_modify_qp`: checks the transition and its attributes, then applies them.
@@ -1018,7 +1029,10 @@ impl Endpoint {
     /// The destination address of a UD send, copied from its address handle when it is posted
     /// (as rxe copies the address vector into the send WQE); `None` for connected QPs.
     fn resolve_ud(&self, qpn: Qpn, wr: &SendWr) -> Result<Option<IpAddr>, VerbsError> {
-        let qp = self.qps.get(&qpn).ok_or(VerbsError::UnknownQp(qpn))?;
+        let qp = self
+            .qps
+            .get(qpn.value())
+            .ok_or(VerbsError::UnknownQp(qpn))?;
         match (qp.qp_type, wr.ud) {
             (QpType::Ud, Some(ud)) => {
                 let &(pd, av) = self
@@ -1231,7 +1245,7 @@ impl Endpoint {
         let mut due = std::mem::take(&mut self.due);
         due.clear();
         due.extend(self.active.iter().copied().filter(|qpn| {
-            let deadline = self.qps.get(qpn).and_then(|qp| qp.req.deadline());
+            let deadline = self.qps.get(qpn.value()).and_then(|qp| qp.req.deadline());
             deadline.is_some_and(|d| d <= now)
         }));
         for &qpn in &due {
@@ -1262,7 +1276,7 @@ impl Endpoint {
         self.active
             .iter()
             .chain(&self.touched)
-            .filter_map(|qpn| self.qps.get(qpn))
+            .filter_map(|qpn| self.qps.get(qpn.value()))
     }
 
     /// Brings the active set up to date with the QPs handled since: a QP is in it while it has
@@ -1272,7 +1286,7 @@ impl Endpoint {
         for qpn in self.touched.drain(..) {
             let busy = self
                 .qps
-                .get(&qpn)
+                .get(qpn.value())
                 .is_some_and(|qp| qp.req.deadline().is_some() || qp.resp.has_pending_responses());
             if busy {
                 self.active.insert(qpn);
@@ -1332,7 +1346,7 @@ impl Endpoint {
             responding.clear();
             responding.extend(self.active.iter().copied().filter(|qpn| {
                 self.qps
-                    .get(qpn)
+                    .get(qpn.value())
                     .is_some_and(|qp| qp.resp.has_pending_responses())
             }));
             for &qpn in &responding {

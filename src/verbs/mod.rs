@@ -640,7 +640,7 @@ impl ProtectionDomain {
         let rkey = self
             .device
             .engine()
-            .call(|reply| Command::AllocMw(pd, kind, reply))?;
+            .call(|reply| Command::AllocMw(pd, kind, reply))??;
         Ok(MemoryWindow {
             device: self.device.clone(),
             kind,

@@ -460,7 +460,7 @@ impl World {
             0 if self.windows.len() < 8 => {
                 let kind = input.pick(&[MwType::Type1, MwType::Type2]);
                 let rkey = self.sim.nodes[1].alloc_mw(pd, kind);
-                self.windows.push(rkey);
+                self.windows.push(rkey.expect("eight windows at most"));
             }
             1 if !self.windows.is_empty() => {
                 let i = input.below(self.windows.len() as u32) as usize;

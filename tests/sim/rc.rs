@@ -161,7 +161,7 @@ pub fn read_mr(side: &Side, offset: usize, len: usize) -> Vec<u8> {
 /// region, through `side`'s QP, for remote read and write; returns its rkey.
 pub fn bind_type2_window(sim: &mut Sim, node: usize, side: &Side, offset: u64, len: u64) -> RKey {
     let pd = side.mr.pd();
-    let mw = sim.nodes[node].alloc_mw(pd, MwType::Type2);
+    let mw = sim.nodes[node].alloc_mw(pd, MwType::Type2).unwrap();
     let bind = BindMw {
         window: mw,
         new_rkey: inc_rkey(mw),
