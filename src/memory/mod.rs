@@ -133,8 +133,8 @@ pub enum MemoryError {
     },
     /// A window bind broke one of IBTA's rules; the text names it.
     Bind(&'static str),
-    /// No key was free: the device holds about a million regions and windows already (the
-    /// most its key table finds by index, `keyed::MAX_SLOT_BITS`).
+    /// No key was free: the device holds about 800,000 regions, or a million windows, already
+    /// (its key tables find keys by index in at most 2^20 slots, `keyed::MAX_SLOT_BITS`).
     OutOfKeys,
 }
 

@@ -108,7 +108,9 @@ impl MemoryTable {
     }
 
     /// A random key that [`key_is_free`](Self::key_is_free); `OutOfKeys` when 64 draws find
-    /// none (at half the tables' largest, one draw in two does).
+    /// none. A region takes a slot in both tables, so with N regions and W windows a draw
+    /// succeeds with (1 - N/2^20)(1 - (N + W)/2^20): 64 draws begin to fail near 800,000
+    /// regions, or a million windows.
     pub(super) fn fresh_key(&mut self) -> Result<u32, MemoryError> {
         for _ in 0..KEY_DRAWS {
             let key = self.rng.next_u32();
@@ -166,9 +168,14 @@ impl MemoryTable {
     /// Makes a new region's keys reach it; both were drawn free.
     fn insert(&mut self, region: MemoryRegion) -> MemoryRegion {
         let (lkey, rkey) = (region.lkey().0, region.rkey().0);
-        let inserted = (self.rkeys.insert(rkey, Target::Region(lkey)).is_ok())
-            && self.regions.insert(lkey, region.clone()).is_ok();
-        debug_assert!(inserted, "a fresh key's slot is free");
+        // Each was drawn with its slot free in its table, and nothing changed them since; a
+        // key that reached nothing would be a broken invariant, which stops the device.
+        let fresh = "a fresh key's slot is free";
+        assert!(
+            self.rkeys.insert(rkey, Target::Region(lkey)).is_ok(),
+            "{fresh}"
+        );
+        assert!(self.regions.insert(lkey, region.clone()).is_ok(), "{fresh}");
         region
     }
 

@@ -145,7 +145,7 @@ impl MemoryTable {
             }
         };
         let inserted = self.rkeys.insert(rkey.0, Target::Window(slot));
-        debug_assert!(inserted.is_ok(), "a fresh key's slot is free");
+        assert!(inserted.is_ok(), "a fresh key's slot is free");
         Ok(rkey)
     }
 
@@ -228,7 +228,7 @@ impl MemoryTable {
         self.rkeys.remove(bind.window.0);
         // The new rkey keeps the old one's upper 24 bits, so its slot, just freed.
         let inserted = self.rkeys.insert(bind.new_rkey.0, Target::Window(slot));
-        debug_assert!(inserted.is_ok(), "a window's slot is its own");
+        assert!(inserted.is_ok(), "a window's slot is its own");
         let window = self.windows[slot].as_mut().expect("checked above");
         window.rkey = bind.new_rkey;
         window.binding = binding;

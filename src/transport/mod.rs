@@ -453,7 +453,8 @@ pub const DEFAULT_PORT_MTU: PathMtu = PathMtu::Mtu1024;
 
 /// QP numbers are drawn at random from 2 to 0xFFFFFE: 0 and 1 belong to the special QPs and
 /// 0xFFFFFF means multicast. A number is kept if its top bits name a free slot of the QP table
-/// (`crate::keyed`), other than QP1's, and the QP is then found by index. A number is free again once its QP is destroyed, so a long-running
+/// (`crate::keyed`), other than QP1's (so never one below 2^(24 - the table's slot bits): at
+/// first, 1/64 of the range), and the QP is then found by index. A number is free again once its QP is destroyed, so a long-running
 /// process never runs out, and a peer cannot guess the next QP's number from its own. A stale
 /// packet for a destroyed QP reaches a new one only if the draw repeats its number, one chance
 /// in 16 million, and then still needs that QP's peer address, P_Key and expected PSN.
@@ -774,8 +775,9 @@ impl Endpoint {
                 slots: None,
             },
         );
-        // The callers drew a number whose slot is free, or checked QP1's.
-        debug_assert!(inserted.is_ok(), "QP {qpn:?}'s slot is taken");
+        // The callers drew a number whose slot is free, or checked QP1's: a QP missing from its
+        // table would be a broken invariant, which stops the device rather than go unnoticed.
+        assert!(inserted.is_ok(), "QP {qpn:?}'s slot is taken");
     }
 
     /// `ibv_create_srq`. A non-zero `srq_limit` arms the limit event at once, as in rxe.
