@@ -23,35 +23,28 @@
 //! QPs flushed and its socket closed, when the last handle is dropped.
 
 mod cm;
+mod device;
 
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, TryRecvError, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
-use crate::cm::{CmConfig, CmError, Failure};
-use crate::engine::{
-    self, Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK,
-};
+use crate::cm::{CmError, Failure};
+use crate::engine::{Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK};
 pub use crate::engine::{EnginePanicked, Progress};
-use crate::io::{
-    link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
-};
 use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
 use crate::transport::{
-    connect_steps, AddressVector, AsyncEvent, Counters, CqId, Lane, PathMtu, Payload, QpAttr,
-    QpInit, QpState, QpType, QueueSlots, RecvWr, Resources, SendOp, SendWr, SgeList, SrqAttr,
-    SrqId, VerbsError, WorkCompletion, DEFAULT_PORT_MTU, MAX_LANES,
+    connect_steps, AddressVector, CqId, Payload, QpAttr, QpInit, QpState, QpType, QueueSlots,
+    RecvWr, SendOp, SendWr, SgeList, SrqAttr, SrqId, VerbsError, WorkCompletion,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
@@ -62,6 +55,8 @@ pub use cm::{
     Connection, ConnectionEvent, ConnectionRequest, DatagramListener, DatagramPeer,
     DatagramRequest, Listener,
 };
+pub(crate) use device::random_psn;
+pub use device::{BackendKind, Device, DeviceConfig};
 
 /// What went wrong with a verb.
 #[derive(Debug)]
@@ -167,384 +162,6 @@ impl From<EngineGone> for Error {
 
 /// What the verbs return.
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// Which backend carries the device's packets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// A UDP socket on port 4791: no privileges needed. `segmentation` sends runs of packets
-    /// as segmentation offload trains ([`UdpConfig::segmentation`]).
-    Udp {
-        /// With UDP segmentation offload ([`UdpConfig::segmentation`]).
-        segmentation: bool,
-    },
-    /// A raw IPv4 socket that writes and reads whole IP datagrams ([`RawBackend`]): every
-    /// received ICRC is verified in full. Needs `CAP_NET_RAW`; IPv4 only.
-    Raw,
-}
-
-impl BackendKind {
-    /// The UDP backend with segmentation offload: the default.
-    pub const UDP: BackendKind = BackendKind::Udp { segmentation: true };
-}
-
-/// How a device is opened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceConfig {
-    /// The address to bind, and the one peers reach the device at (its GID).
-    pub address: IpAddr,
-    /// Which backend carries the packets.
-    pub backend: BackendKind,
-    /// Seeds the memory keys; `None` draws one from the OS's hasher randomness.
-    pub seed: Option<u64>,
-    /// Records every RoCE packet sent and received into this pcap file (`--pcap`).
-    pub pcap: Option<PathBuf>,
-    /// Who drives the engine: a thread of its own (the default), or the application's calls.
-    pub progress: Progress,
-    /// The port's active MTU, which bounds UD messages and is perftest's default path MTU.
-    /// `None` (the default): the MTU of the link that holds `address`, by rxe's rule
-    /// ([`PathMtu::of_link`]: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames or
-    /// loopback), or 1024, with a `tracing` warning, if that link cannot be read.
-    pub port_mtu: Option<PathMtu>,
-    /// The connection manager's timers and bounds: librdmacm's by default (a peer gets
-    /// about 4.3 s to answer each message, 15 times).
-    pub cm: CmConfig,
-    /// How many engines (threads, each with a socket of its own) carry the device's QPs: 1
-    /// (the default) to 64. More than one needs the UDP backend and [`Progress::Thread`], and
-    /// records no pcap. QPs are spread over the engines as they are created, a QP with an SRQ
-    /// on the SRQ's engine; the kernel steers each datagram to its QP's engine (see
-    /// ARCHITECTURE.md, "Several engines").
-    pub engines: usize,
-}
-
-impl DeviceConfig {
-    /// A device on a UDP socket bound to `address:4791`.
-    pub fn udp(address: IpAddr) -> Self {
-        DeviceConfig {
-            address,
-            backend: BackendKind::UDP,
-            seed: None,
-            pcap: None,
-            progress: Progress::Thread,
-            port_mtu: None,
-            cm: CmConfig::default(),
-            engines: 1,
-        }
-    }
-}
-
-/// An unpredictable seed without a dependency: std's hasher keys are random per process, and
-/// each `RandomState` after the first in a thread differs from the one before.
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(std::process::id().into());
-    hasher.finish()
-}
-
-/// A random starting PSN, as librdmacm and perftest draw one (`lrand48() & 0xffffff`): a stale
-/// packet of an earlier connection between the same QPNs then seldom falls in the window.
-pub(crate) fn random_psn() -> Psn {
-    Psn::new(random_seed() as u32)
-}
-
-struct DeviceInner {
-    /// The first runs the CM and takes the device-wide commands (memory, which all share).
-    engines: Box<[EngineHandle]>,
-    /// The engine the next QP or SRQ goes to, modulo their number.
-    next_engine: AtomicUsize,
-    /// Held while an address handle is created or destroyed on every engine, so that a number
-    /// the first engine frees is not handed out again before the others have freed theirs.
-    ahs: Mutex<()>,
-    address: IpAddr,
-    port_mtu: PathMtu,
-}
-
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // The first engine first: it alone may be waiting on another (its CM), which is then
-        // still there to answer.
-        for engine in self.engines.iter_mut() {
-            engine.shut_down();
-        }
-    }
-}
-
-/// An `InvalidInput` error for a device configuration that cannot be opened.
-fn refused(why: String) -> Error {
-    Error::Io(io::Error::new(io::ErrorKind::InvalidInput, why))
-}
-
-/// An open device: a socket and the engine thread that drives it.
-#[derive(Clone)]
-pub struct Device {
-    inner: Arc<DeviceInner>,
-}
-
-impl fmt::Debug for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Device({})", self.inner.address)
-    }
-}
-
-impl Device {
-    /// Binds the backend and starts the engine thread.
-    pub fn open(config: DeviceConfig) -> Result<Device> {
-        if config.engines != 1 {
-            return Self::open_engines(&config);
-        }
-        match config.backend {
-            BackendKind::Udp { segmentation } => {
-                let udp = UdpConfig {
-                    segmentation,
-                    ..UdpConfig::new(config.address)
-                };
-                Self::start(UdpBackend::with_config(udp)?, &config)
-            }
-            BackendKind::Raw => {
-                let IpAddr::V4(address) = config.address else {
-                    return Err(Error::Io(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        format!(
-                            "the raw backend is IPv4 only, and {} is IPv6: use the UDP backend",
-                            config.address
-                        ),
-                    )));
-                };
-                let raw = RawBackend::bind(RawConfig::new(address)).map_err(io::Error::from)?;
-                Self::start(raw, &config)
-            }
-        }
-    }
-
-    /// Opens a device of several engines: a UDP socket each, bound in engine order to one
-    /// address with `SO_REUSEPORT`, and the program that steers datagrams among them.
-    fn open_engines(config: &DeviceConfig) -> Result<Device> {
-        let count = config.engines;
-        if count == 0 || count > MAX_LANES as usize {
-            return Err(refused(format!(
-                "a device runs 1 to {MAX_LANES} engines, not {count}"
-            )));
-        }
-        let BackendKind::Udp { segmentation } = config.backend else {
-            return Err(refused(
-                "several engines need the UDP backend: the kernel steers among their sockets"
-                    .into(),
-            ));
-        };
-        if config.pcap.is_some() {
-            return Err(refused(
-                "a pcap records one engine's socket: record with one engine".into(),
-            ));
-        }
-        let udp = UdpConfig {
-            segmentation,
-            reuse_port: true,
-            ..UdpConfig::new(config.address)
-        };
-        // A reuse-port socket joins any group on the address, another device's of several
-        // engines included, and would see none of its datagrams: a plain bind first fails if
-        // anyone holds the address. (Two devices opened at once in one process could still
-        // interleave; nothing else can, as the kernel admits only the same user to a group.)
-        drop(UdpBackend::with_config(UdpConfig {
-            reuse_port: false,
-            ..udp
-        })?);
-        let backends = (0..count)
-            .map(|_| UdpBackend::with_config(udp))
-            .collect::<io::Result<Vec<_>>>()?;
-        // Bound in order: the program's answer N is the Nth socket of the group.
-        backends[0].steer_by_dest_qp(count as u32)?;
-        Self::with_backends(backends, config)
-    }
-
-    /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
-    fn start<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        match &config.pcap {
-            Some(path) => Self::start_engine(Recording::new(backend, path)?, config),
-            None => Self::start_engine(backend, config),
-        }
-    }
-
-    /// Starts a device on a backend the caller built (a test hook, or a backend of its own),
-    /// as `config` says; its address is the backend's, and its `backend` and `pcap` are not
-    /// read (wrap the backend in [`Recording`] to record).
-    pub fn with_backend<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        Self::start_engine(backend, config)
-    }
-
-    /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
-    fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        Self::with_backends(vec![backend], config)
-    }
-
-    /// Starts a device of several engines on backends the caller built, engine N on the Nth
-    /// (a test hook, or backends of its own), as `config` says but for its `engines`,
-    /// `backend` and `pcap`. The caller steers each datagram to its QP's engine
-    /// ([`Lane::owner`]), as [`UdpBackend::steer_by_dest_qp`] does for UDP sockets bound with
-    /// [`UdpConfig::reuse_port`]; a datagram that reaches another engine is handed over.
-    pub fn with_backends<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
-        let count = backends.len();
-        if count == 0 || count > MAX_LANES as usize {
-            return Err(refused(format!(
-                "a device runs 1 to {MAX_LANES} engines, not {count}"
-            )));
-        }
-        if count > 1 && config.progress != Progress::Thread {
-            return Err(refused(
-                "several engines run on threads of their own: use Progress::Thread".into(),
-            ));
-        }
-        let address = backends[0].local_addr();
-        let seed = config.seed.unwrap_or_else(random_seed);
-        let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
-            Ok(link) => PathMtu::of_link(link.mtu),
-            Err(error) => {
-                tracing::warn!(%address, %error, "port MTU 1024: the device's link cannot be read");
-                DEFAULT_PORT_MTU
-            }
-        });
-        let parts = engine::prepare_lanes(backends.len() as u32, seed)?;
-        let mut engines: Vec<EngineHandle> = Vec::with_capacity(backends.len());
-        for (backend, parts) in backends.into_iter().zip(parts) {
-            let (progress, cm) = (config.progress, config.cm);
-            match engine::start(backend, parts, seed, port_mtu, progress, cm) {
-                Ok(engine) => engines.push(engine),
-                Err(error) => {
-                    // The engines started already stop, and free the address.
-                    for engine in &mut engines {
-                        engine.shut_down();
-                    }
-                    return Err(error.into());
-                }
-            }
-        }
-        Ok(Device {
-            inner: Arc::new(DeviceInner {
-                engines: engines.into(),
-                next_engine: AtomicUsize::new(0),
-                ahs: Mutex::new(()),
-                address,
-                port_mtu,
-            }),
-        })
-    }
-
-    /// The address the device is bound to, which peers reach it at.
-    pub fn address(&self) -> IpAddr {
-        self.inner.address
-    }
-
-    /// The port's active MTU (`ibv_query_port`'s `active_mtu`): the largest UD message, and
-    /// the path MTU perftest uses unless told otherwise.
-    pub fn port_mtu(&self) -> PathMtu {
-        self.inner.port_mtu
-    }
-
-    /// The first engine: the CM's, and the one device-wide commands go to.
-    fn engine(&self) -> &EngineHandle {
-        &self.inner.engines[0]
-    }
-
-    /// The engine at `index`.
-    fn engine_at(&self, index: usize) -> &EngineHandle {
-        &self.inner.engines[index]
-    }
-
-    /// Held while an address handle is created or destroyed on every engine.
-    fn address_handles(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.inner
-            .ahs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// How many engines the device runs ([`DeviceConfig::engines`]).
-    pub fn engines(&self) -> usize {
-        self.inner.engines.len()
-    }
-
-    /// The engine the next new QP or SRQ goes to: each in turn.
-    fn next_engine(&self) -> usize {
-        self.inner.next_engine.fetch_add(1, Ordering::Relaxed) % self.engines()
-    }
-
-    /// `ibv_alloc_pd`: a protection domain, which groups regions, windows, QPs and address
-    /// handles that may be used together.
-    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        let pd = self.engine().call(Command::AllocPd)?;
-        Ok(ProtectionDomain {
-            device: self.clone(),
-            pd,
-        })
-    }
-
-    /// A completion queue holding up to `capacity` completions.
-    ///
-    /// On a device of several engines, each engine has a CQ of this capacity, and all of them
-    /// deliver to the one queue the application polls: a CQ overruns when an engine's own is
-    /// full as well as the queue.
-    pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
-        let notify = Arc::new(CqNotify::new()?);
-        let (tx, completions) = bounded(capacity.max(1));
-        let mut inner = CqInner {
-            device: self.clone(),
-            ids: Vec::with_capacity(self.engines()),
-            completions,
-            notify,
-        };
-        for engine in self.inner.engines.iter() {
-            // Dropping `inner` on an error destroys those created.
-            let id = engine.call(|reply| Command::CreateCq {
-                capacity,
-                completions: tx.clone(),
-                notify: Arc::clone(&inner.notify),
-                reply,
-            })?;
-            inner.ids.push(id);
-        }
-        Ok(CompletionQueue {
-            inner: Arc::new(inner),
-        })
-    }
-
-    /// The transport's and the backend's counters, summed over the engines.
-    pub fn counters(&self) -> Result<(Counters, IoCounters)> {
-        let mut sum = (Counters::default(), IoCounters::default());
-        for engine in self.inner.engines.iter() {
-            let (transport, io) = engine.call(Command::Stats)?;
-            sum.0 += &transport;
-            sum.1 += &io;
-        }
-        Ok(sum)
-    }
-
-    /// How many packets QP `qpn` has accepted from its peer: a sign that the peer is alive
-    /// even where no completion says so (the target of RDMA WRITEs and READs has none).
-    pub fn received_packets(&self, qpn: Qpn) -> Result<u64> {
-        self.engine_at(Lane::owner(qpn, self.engines() as u32) as usize)
-            .call(|reply| Command::QpReceived(qpn, reply))?
-            .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
-    }
-
-    /// How many QPs, CQs, regions, SRQs and address handles the device holds now.
-    pub fn resources(&self) -> Result<Resources> {
-        // Every engine holds a CQ for each of the device's, a copy of each address handle, and
-        // sees the one memory table: those are counted once. QPs and SRQs are each on one.
-        let mut sum = self.engine().call(Command::Resources)?;
-        for engine in &self.inner.engines[1..] {
-            let more = engine.call(Command::Resources)?;
-            sum.qps += more.qps;
-            sum.srqs += more.srqs;
-        }
-        Ok(sum)
-    }
-
-    /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun).
-    pub fn poll_event(&self) -> Option<AsyncEvent> {
-        let mut engines = self.inner.engines.iter();
-        engines.find_map(|engine| engine.events.try_recv().ok())
-    }
-}
 
 /// A protection domain.
 #[derive(Debug, Clone)]
