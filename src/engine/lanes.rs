@@ -384,15 +384,17 @@ mod tests {
         got
     }
 
+    /// What each of two engines holds of the other.
+    fn two_engines() -> Vec<Lanes> {
+        let parts = prepare(2, 1).unwrap().into_iter();
+        parts.map(|parts| parts.lanes).collect()
+    }
+
     /// A datagram for another engine's QP reaches that engine as it arrived, IP header and
     /// all; one for this engine's, or too short to name a QP, stays.
     #[test]
     fn a_datagram_for_another_engine_is_handed_to_it_whole() {
-        let mut lanes: Vec<Lanes> = prepare(2, 1)
-            .unwrap()
-            .into_iter()
-            .map(|parts| parts.lanes)
-            .collect();
+        let mut lanes = two_engines();
         let (odd, even) = (to_qp(0x13), to_qp(0x14));
         let header = [0x45; 20];
         assert!(lanes[0].hand_over(&datagram(&odd, None)));
@@ -431,11 +433,7 @@ mod tests {
     /// counted, as its socket would have: the engine handing over never waits.
     #[test]
     fn a_full_engine_drops_what_it_is_handed_and_counts_it() {
-        let mut lanes: Vec<Lanes> = prepare(2, 1)
-            .unwrap()
-            .into_iter()
-            .map(|parts| parts.lanes)
-            .collect();
+        let mut lanes = two_engines();
         let odd = to_qp(0x13);
         for _ in 0..HOPS_WAITING + 3 {
             assert!(lanes[0].hand_over(&datagram(&odd, None)));
