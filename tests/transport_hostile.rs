@@ -9,10 +9,10 @@ mod sim;
 use std::time::Duration;
 
 use sim::rc::{
-    bind_type2_window, connect, connect_qps, post_recv, post_send, qp_on, read_mr, sge, Options,
-    Side, ALL, IOVA, LIMIT, MR_LEN,
+    bind_type2_window, connect, connect_qps, post_recv, post_send, qp_on, read_mr, read_request,
+    sge, Options, Side, ALL, IOVA, LIMIT, MR_LEN,
 };
-use sim::{drain, forge, pattern, record, seed, Faults, Sim};
+use sim::{drain, forge, is_read_response, pattern, record, seed, Faults, Sim};
 use softroce::memory::Access;
 use softroce::transport::{
     AsyncEvent, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, WcOpcode,
@@ -29,20 +29,10 @@ fn rdma(op: SendOp, payload: Payload) -> SendWr {
     SendWr::new(1, op, payload)
 }
 
-/// A READ request from node 0's QP to node 1's, as node 0 would send it.
-fn read_request(b: &Side, psn: u32, reth: RethRepr) -> Vec<u8> {
-    let bth = BthRepr::new(Opcode::RcReadRequest, b.qpn, Psn::new(psn));
-    let ext = ExtHeaders {
-        reth: Some(reth),
-        ..Default::default()
-    };
-    forge(bth, ext, &[])
-}
-
 /// READ responses node 1 put on the wire.
 fn read_responses(seen: &[sim::Seen]) -> Vec<sim::Seen> {
     seen.iter()
-        .filter(|s| s.from == 1 && s.opcode.value() >= 0x0d && s.opcode.value() <= 0x10)
+        .filter(|s| s.from == 1 && is_read_response(s.opcode))
         .copied()
         .collect()
 }

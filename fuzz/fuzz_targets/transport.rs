@@ -10,4 +10,6 @@ use libfuzzer_sys::fuzz_target;
 #[allow(dead_code, unused_imports)]
 mod sim;
 
-fuzz_target!(|data: &[u8]| sim::fuzz::run(data));
+fuzz_target!(|data: &[u8]| {
+    sim::fuzz::run(data);
+});

@@ -55,6 +55,13 @@ counters! {
     /// Duplicate READs and atomics that no responder resource answers: outside the ring, or
     /// asking for more than the original was granted. Dropped.
     unmatched_duplicates,
+    /// Duplicate READs dropped because their QP already had `max_dest_rd_atomic` replays
+    /// queued: a peer repeating parts of READs faster than they are answered.
+    dropped_read_replays,
+    /// READ response packets withheld as they were built: their rkey no longer granted the
+    /// memory (deregistered, or the window invalidated, since the READ was accepted). Each is
+    /// answered by NAK remote access error instead, and its QP fails.
+    revoked_read_responses,
     /// Packets dropped unread because their ICRC does not match.
     icrc_errors,
     /// Remote accesses the memory check refused: key, PD, bounds, rights or alignment.
@@ -98,6 +105,6 @@ mod tests {
         };
         let text = c.to_string();
         assert!(text.contains("unmatched_duplicates    7\n"), "{text}");
-        assert_eq!(text.lines().count(), 26);
+        assert_eq!(text.lines().count(), 28);
     }
 }

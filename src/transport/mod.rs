@@ -59,11 +59,11 @@ pub use wr::{
 use crate::keyed::KeyedTable;
 use crate::memory::{Access, DeviceMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::wire::{
-    AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, QKey, Qpn,
-    RKey, RocePacket, Transport,
+    AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, Psn, QKey,
+    Qpn, RKey, RocePacket, Transport,
 };
 use cq::{CompletionQueue, Pushed};
-use outgoing::{Queued, Source};
+use outgoing::{Queued, Revoked, Source};
 use requester::Requester;
 use responder::Responder;
 use srq::SharedRq;
@@ -404,9 +404,14 @@ impl Qp {
     /// Completes every request with WR_FLUSH_ERR: the send queue, the receive request of a
     /// message half received (even one taken from an SRQ, as rxe_resp.c `check_resource`
     /// does), then the QP's own receive queue. An SRQ's requests stay for its other QPs.
+    /// READ responses queued but not yet built go too: nothing more of a READ leaves a QP in
+    /// ERROR or RESET, or one destroyed, whose number a new QP may draw.
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         let flushed = self.req.flush(self.qpn, self.send_cq, ctx);
         self.retire_sends(flushed);
+        let qpn = self.qpn;
+        ctx.out
+            .retain(|queued| !queued.payload.is_read_response_of(qpn));
         let half_received = self.resp.reset();
         let mut receives = 0;
         for wr in half_received.into_iter().chain(self.rq.drain(..)) {
@@ -1314,18 +1319,40 @@ impl Endpoint {
             buf.len() >= MAX_PACKET_LEN,
             "poll_transmit_into needs a buffer of MAX_PACKET_LEN bytes"
         );
-        self.queue_responses();
-        let Queued { dst, repr, payload } = self.out.pop_front()?;
-        let len = repr.buffer_len();
-        let at = repr.payload_offset();
-        let packet = &mut buf[..len];
-        // The buffer holds an earlier packet's bytes, and nothing zeroes it: `emit` writes
-        // every header byte (reserved bits as zero), the pad and the ICRC, and the payload is
-        // written whole (tests/proptest_wire.rs, and the simulator builds over junk).
-        repr.emit(packet)
-            .expect("the core queues only headers its opcode requires");
-        payload.write(&mut packet[at..at + repr.payload_len], &mut self.pool);
-        Some((dst, len))
+        loop {
+            self.queue_responses();
+            let Queued { dst, repr, payload } = self.out.pop_front()?;
+            let len = repr.buffer_len();
+            let at = repr.payload_offset();
+            let packet = &mut buf[..len];
+            // The buffer holds an earlier packet's bytes, and nothing zeroes it: `emit` writes
+            // every header byte (reserved bits as zero), the pad and the ICRC, and the payload
+            // is written whole (tests/proptest_wire.rs, and the simulator builds over junk).
+            repr.emit(packet)
+                .expect("the core queues only headers its opcode requires");
+            let into = &mut packet[at..at + repr.payload_len];
+            match payload.write(into, &mut self.pool, &self.memory) {
+                Ok(()) => return Some((dst, len)),
+                Err(revoked) => self.withhold(revoked, repr.bth.psn),
+            }
+        }
+    }
+
+    /// A READ response for `psn` whose key no longer granted its memory when it was built:
+    /// nothing of it is sent, and its QP NAKs in its place and fails
+    /// ([`Qp::read_revoked`]). The NAK goes first, ahead of anything the QP queued after the
+    /// response, as it would have gone in the response's place.
+    fn withhold(&mut self, revoked: Revoked, psn: Psn) {
+        self.counters.revoked_read_responses += 1;
+        let now = self.last_now;
+        let (qp, mut ctx) = qp_and_ctx!(self, revoked.qpn, now);
+        let naked = qp.is_some_and(|qp| qp.read_revoked(psn, revoked.error, &mut ctx));
+        if naked {
+            if let Some(nak) = self.out.pop_back() {
+                self.out.push_front(nak);
+            }
+        }
+        self.err_overrun_qps(now);
     }
 
     /// The next packet to send, in a `Vec` of its own: [`poll_transmit_into`] for callers

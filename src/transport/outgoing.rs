@@ -10,8 +10,8 @@
 use std::net::IpAddr;
 
 use super::wr::Sge;
-use crate::memory::{Access, MemoryError, MemoryTable, PdId, Span};
-use crate::wire::PacketRepr;
+use crate::memory::{Access, DeviceMemory, MemoryError, MemoryTable, PdId, Span};
+use crate::wire::{PacketRepr, Qpn, RKey};
 
 /// The longest packet the core builds: a payload of the largest path MTU (4096) and the
 /// longest headers that come with one (BTH, RETH and ImmDt: 32 bytes), its pad and the ICRC,
@@ -44,6 +44,32 @@ pub(crate) enum Source {
     /// Bytes copied when the packet was queued: inline sends, UC and UD payloads (see
     /// [`Source::read_now`]), and payloads over more than two SGEs.
     Bytes(Vec<u8>),
+    /// A READ response's part of the memory a peer's rkey named, checked again when the
+    /// packet is built.
+    Remote(RemoteRead),
+}
+
+/// What a READ response carries: `len` bytes at `addr` through `rkey`, for the responder QP
+/// `qpn` of `pd`. Nothing is held between the request and the packet, neither the memory nor a
+/// right to it: the key is looked up again as each packet is built (rxe_resp.c
+/// `rxe_recheck_mr`), so a region deregistered or a window invalidated since then sends
+/// nothing more.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteRead {
+    pub rkey: RKey,
+    pub pd: PdId,
+    pub qpn: Qpn,
+    pub addr: u64,
+    pub len: usize,
+}
+
+/// A READ response withheld at build time: its key no longer grants its memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Revoked {
+    /// The responder QP whose response it was.
+    pub qpn: Qpn,
+    /// What the check found.
+    pub error: MemoryError,
 }
 
 impl Source {
@@ -79,11 +105,17 @@ impl Source {
                     append(&mut bytes, &span);
                     Source::Bytes(bytes)
                 }
+                Source::Remote(_) => unreachable!("a gather starts empty and reads local memory"),
             };
             left -= n;
             at = 0;
         }
         Ok(found)
+    }
+
+    /// Whether it is a READ response of QP `qpn`.
+    pub fn is_read_response_of(&self, qpn: Qpn) -> bool {
+        matches!(self, Source::Remote(read) if read.qpn == qpn)
     }
 
     /// The same payload, read out of its region now: for a packet whose request may complete
@@ -126,10 +158,33 @@ impl Source {
     }
 
     /// Copies the payload into `out`, exactly its length; a copied payload's buffer goes back
-    /// to `pool`.
-    pub fn write(self, out: &mut [u8], pool: &mut Vec<Vec<u8>>) {
+    /// to `pool`. A READ response's memory is checked against `memory` first, and read under
+    /// the same guard, so a deregistration or invalidation that has returned keeps every byte
+    /// of it out; the packet is then [`Revoked`], and `out` holds nothing of that memory.
+    pub fn write(
+        self,
+        out: &mut [u8],
+        pool: &mut Vec<Vec<u8>>,
+        memory: &DeviceMemory,
+    ) -> Result<(), Revoked> {
         let rest = match self {
             Source::Empty => out,
+            Source::Remote(read) => {
+                let table = memory.read();
+                let span = table
+                    .check_remote(
+                        read.rkey,
+                        (read.pd, read.qpn),
+                        read.addr,
+                        read.len,
+                        Access::REMOTE_READ,
+                    )
+                    .map_err(|error| Revoked {
+                        qpn: read.qpn,
+                        error,
+                    })?;
+                read_into(&span, out)
+            }
             Source::One(span) => read_into(&span, out),
             Source::Two(first, second) => read_into(&second, read_into(&first, out)),
             Source::Bytes(bytes) => {
@@ -146,6 +201,7 @@ impl Source {
         // send them.
         debug_assert!(rest.is_empty(), "a payload shorter than its packet");
         rest.fill(0);
+        Ok(())
     }
 }
 

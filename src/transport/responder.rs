@@ -7,11 +7,19 @@
 //! fault in this side's own receive buffers moves a UC or UD QP to the error state.
 //!
 //! READs and atomics take a responder resource (IBTA 9.7.5.1.3, rxe_resp.c `resources`): a ring
-//! of the last `max_dest_rd_atomic` of them, each with the span its request was granted. A
-//! duplicate is answered from that ring only, within its original span and rights; one that
-//! matches nothing is dropped and counted. A new READ or atomic beyond the negotiated depth
-//! (more than `max_dest_rd_atomic` still being answered) gets NAK invalid request. RESET and
-//! ERROR clear the whole responder, and only a QP in a state that responds builds responses.
+//! of the last `max_dest_rd_atomic` of them. A READ's keeps its request (rkey, range) and no
+//! memory: a duplicate is answered from that ring only, within its original range and rkey, and
+//! only if that key still grants the range now; one that matches nothing is dropped and
+//! counted, one whose key no longer grants it is NAKed as a new READ would be. A new READ or
+//! atomic beyond the negotiated depth (more than `max_dest_rd_atomic` still being answered)
+//! gets NAK invalid request. RESET and ERROR clear the whole responder, and only a QP in a
+//! state that responds builds responses.
+//!
+//! A READ's response packets are built as the transmit queue drains, and each looks its key
+//! up again as it is built (rxe_resp.c `rxe_recheck_mr`): once a deregistration or an
+//! invalidation has returned, no packet carries a byte of that memory. The packet whose check
+//! fails is replaced by NAK remote access error at its PSN, and the QP fails, as rxe's
+//! `RESPST_ERR_RKEY_VIOLATION` does ([`Qp::read_revoked`]).
 //!
 //! A zero-length RDMA WRITE or READ is executed without looking at its address or rkey (IBTA
 //! C9-88, rxe_resp.c `check_rkey`): a zero-byte WRITE with immediate is a common notification.
@@ -20,7 +28,7 @@
 
 use std::collections::VecDeque;
 
-use super::outgoing::Source;
+use super::outgoing::{RemoteRead, Source};
 use super::requester::scatter;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{operation, AsyncEvent, Ctx, Datagram, Qp, QpState, QpType, GRH_LEN};
@@ -62,6 +70,8 @@ pub(crate) struct Responder {
     resources: VecDeque<Resource>,
     /// Responses not yet sent, in PSN order. RC requires responses in the order of their
     /// requests; a READ's responses are built lazily, so anything decided after it waits here.
+    /// It holds at most `max_dest_rd_atomic` first executions (`rd_atomic_room`), as many
+    /// replays (`duplicate_read`), and `MAX_QUEUED_REPLIES` replies.
     queue: VecDeque<Response>,
 }
 
@@ -72,7 +82,8 @@ enum Resource {
     Atomic { psn: Psn, original: u64 },
 }
 
-/// A READ as it was granted.
+/// A READ as it was accepted: its request, not its memory, which a duplicate must be granted
+/// again.
 #[derive(Debug, Clone)]
 struct ReadResource {
     first: Psn,
@@ -81,19 +92,23 @@ struct ReadResource {
     mtu: usize,
     /// The request: address, rkey and length.
     reth: RethRepr,
-    /// The memory it was granted; `None` for zero bytes.
-    span: Option<Span>,
     msn: Msn,
+}
+
+/// Whether `psn` is one of the `count` PSNs from `first`.
+fn within_psns(psn: Psn, first: Psn, count: u32) -> bool {
+    let k = psn - first;
+    k >= 0 && (k as u32) < count
 }
 
 impl ReadResource {
     fn contains(&self, psn: Psn) -> bool {
-        let k = psn - self.first;
-        k >= 0 && (k as u32) < self.count
+        within_psns(psn, self.first, self.count)
     }
 
     /// The responses to `repeated`, a duplicate of this READ from `psn`: if it names this
-    /// READ's rkey, lies within its range, and its responses end within its PSNs.
+    /// READ's rkey, lies within its range, and its responses end within its PSNs. Whether the
+    /// key still grants that range is for the caller to ask the memory table.
     fn replay(&self, psn: Psn, repeated: &RethRepr) -> Option<ReadStream> {
         if repeated.rkey != self.reth.rkey {
             return None;
@@ -110,13 +125,9 @@ impl ReadResource {
         if k + count > self.count {
             return None;
         }
-        let span = match repeated.dma_len {
-            0 => None,
-            len => Some(self.span.as_ref()?.slice(offset as usize, len as usize)?),
-        };
         Some(ReadStream {
             first: psn,
-            span,
+            reth: *repeated,
             mtu: self.mtu,
             next: 0,
             count,
@@ -153,14 +164,15 @@ impl Response {
     }
 }
 
-/// A READ being answered: its responses are built as the transmit queue drains, from the span
-/// its request was granted, at the MTU of that moment. The READ executes in request order: a
-/// later SEND with invalidate or a deregistration does not cut it short, and the span keeps the
-/// memory alive meanwhile.
+/// A READ being answered: its responses are built as the transmit queue drains, at the MTU of
+/// the moment it was accepted, each from the range of its request, through its rkey, checked
+/// again as the packet is built ([`Source::Remote`]). It holds no memory: a deregistration or
+/// invalidation cuts it short at the next packet.
 #[derive(Debug, Clone)]
 struct ReadStream {
     first: Psn,
-    span: Option<Span>,
+    /// What it reads: address, rkey and length.
+    reth: RethRepr,
     mtu: usize,
     /// The next response packet to build, and how many there are.
     next: u32,
@@ -609,10 +621,7 @@ impl Qp {
                 needs(Access::REMOTE_READ)?;
                 let reth = repr.ext.reth.ok_or_else(invalid_request)?;
                 self.rd_atomic_room()?;
-                let span = match reth.dma_len {
-                    0 => None,
-                    _ => Some(self.check_read(ctx, &reth)?),
-                };
+                self.check_read(ctx, &reth)?;
                 self.finish_message();
                 let count = reth.dma_len.div_ceil(mtu as u32).max(1);
                 let read = ReadResource {
@@ -620,12 +629,11 @@ impl Qp {
                     count,
                     mtu,
                     reth,
-                    span,
                     msn: self.resp.msn,
                 };
                 self.resp.queue.push_back(Response::Read(ReadStream {
                     first: psn,
-                    span: read.span.clone(),
+                    reth,
                     mtu,
                     next: 0,
                     count,
@@ -742,7 +750,12 @@ impl Qp {
         self.reply(ctx, Opcode::RcAtomicAck, psn, ack, Some(orig), fresh);
     }
 
-    fn check_read(&self, ctx: &mut Ctx<'_>, reth: &RethRepr) -> Result<Span, Failure> {
+    /// Whether `reth`'s rkey grants its whole range for remote read now. A zero-length READ
+    /// names no memory, and is granted without a look at its address or rkey (C9-88).
+    fn check_read(&self, ctx: &mut Ctx<'_>, reth: &RethRepr) -> Result<(), Failure> {
+        if reth.dma_len == 0 {
+            return Ok(());
+        }
         ctx.memory
             .read()
             .check_remote(
@@ -753,6 +766,7 @@ impl Qp {
                 Access::REMOTE_READ,
             )
             .inspect_err(|_| ctx.counters.rkey_violations += 1)
+            .map(drop)
             .map_err(from_memory)
     }
 
@@ -799,11 +813,12 @@ impl Qp {
         }
     }
 
-    /// Builds response packet `k` of `read`, cut at the MTU the READ was accepted at.
+    /// Queues response packet `k` of `read`, cut at the MTU the READ was accepted at; its
+    /// payload is read, if its key still grants it, when the packet is built.
     fn read_response(&self, read: &ReadStream, k: u32, ctx: &mut Ctx<'_>) {
         let Some(dst) = self.peer() else { return };
         let at = k as usize * read.mtu;
-        let len = read.span.as_ref().map_or(0, Span::len);
+        let len = read.reth.dma_len as usize;
         let chunk = len.saturating_sub(at).min(read.mtu);
         let opcode = match (k == 0, k + 1 == read.count) {
             (true, true) => Opcode::RcReadResponseOnly,
@@ -820,11 +835,32 @@ impl Qp {
         };
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, read.first + k);
         bth.pkey = self.settings.pkey;
-        let payload = match read.span.as_ref().and_then(|span| span.slice(at, chunk)) {
-            Some(part) if chunk > 0 => Source::One(part),
-            _ => Source::Empty,
+        let payload = match chunk {
+            0 => Source::Empty,
+            _ => Source::Remote(RemoteRead {
+                rkey: read.reth.rkey,
+                pd: self.pd,
+                qpn: self.qpn,
+                addr: read.reth.virtual_address.wrapping_add(at as u64),
+                len: chunk,
+            }),
         };
         ctx.send(dst, bth, ext, chunk, payload);
+    }
+
+    /// A response packet of this QP, for `psn`, was withheld as it was built: its rkey no
+    /// longer grants the memory (`error`), deregistered or invalidated since the READ was
+    /// accepted. As rxe answers a failed `rxe_recheck_mr` (`RESPST_ERR_RKEY_VIOLATION`, class
+    /// C): NAK remote access error at that PSN, in the withheld packet's place, and the QP
+    /// fails. The requester's READ completes with REM_ACCESS_ERR at once rather than after
+    /// its retries run out. Returns whether it did: the NAK is then the last packet queued.
+    pub(crate) fn read_revoked(&mut self, psn: Psn, error: MemoryError, ctx: &mut Ctx<'_>) -> bool {
+        ctx.counters.rkey_violations += 1;
+        let responds = self.responds();
+        if responds {
+            self.nak_and_fail(psn, &from_memory(error), ctx);
+        }
+        responds
     }
 
     /// A request whose PSN was already executed (IBTA 9.7.5.1.3).
@@ -858,32 +894,54 @@ impl Qp {
 
     /// A duplicate READ from `psn`: answered only if a READ in the resource ring holds `psn`,
     /// the QP still grants remote read, and the repeated request asks for part of what the
-    /// original was granted, with its rkey (rxe_resp.c `duplicate_request`). Its responses
-    /// replace whatever was queued from `psn` on. Anything else is dropped and counted: a
-    /// "duplicate" may not reach memory its original did not.
+    /// original was granted, with its rkey (rxe_resp.c `duplicate_request`). Anything else is
+    /// dropped and counted: a "duplicate" may not reach memory its original did not.
+    ///
+    /// The key is then checked again, as for a new READ: a region deregistered or a window
+    /// invalidated since is NAKed with remote access error and the QP fails, as rxe's
+    /// `rxe_recheck_mr` does; dropping it instead would leave the requester to retry until
+    /// its retries ran out and report RETRY_EXC_ERR for what is an access error.
+    ///
+    /// Its responses replace those of the same READ still queued, and whatever was queued from
+    /// `psn` on; at most `max_dest_rd_atomic` replays are queued at once, and one more is
+    /// dropped and counted, so a peer that repeats parts of a large READ at rising PSNs adds
+    /// no stream per repeat.
     fn duplicate_read(&mut self, psn: Psn, reth: RethRepr, ctx: &mut Ctx<'_>) {
-        let stream = self
+        let found = self
             .settings
             .access
             .contains(Access::REMOTE_READ)
             .then(|| {
                 self.resp.resources.iter().find_map(|r| match r {
-                    Resource::Read(read) if read.contains(psn) => read.replay(psn, &reth),
+                    Resource::Read(read) if read.contains(psn) => {
+                        Some((read.first, read.count, read.replay(psn, &reth)?))
+                    }
                     _ => None,
                 })
             })
             .flatten();
-        let Some(stream) = stream else {
+        let Some((first, count, stream)) = found else {
             ctx.counters.unmatched_duplicates += 1;
             return;
         };
+        if let Err(failure) = self.check_read(ctx, &stream.reth) {
+            self.nak_and_fail(psn, &failure, ctx);
+            return;
+        }
         self.resp.queue.retain(|r| match r {
-            Response::Read(read) => {
-                let distance = psn - read.first;
-                distance >= 0 && distance as u32 >= read.count
-            }
+            Response::Read(read) => !within_psns(read.first, first, count) && read.first - psn < 0,
             Response::Reply { .. } => true,
         });
+        let replays = self
+            .resp
+            .queue
+            .iter()
+            .filter(|r| matches!(r, Response::Read(read) if !read.fresh))
+            .count();
+        if replays >= usize::from(self.settings.max_dest_rd_atomic.max(1)) {
+            ctx.counters.dropped_read_replays += 1;
+            return;
+        }
         self.resp.queue.push_back(Response::Read(stream));
     }
 
@@ -895,14 +953,21 @@ impl Qp {
     /// for earlier READs and atomics are dropped with it. The requester then sees the NAK
     /// acknowledge those requests without their data, and its QP fails in turn.
     fn fail_request(&mut self, psn: Psn, failure: Failure, ctx: &mut Ctx<'_>) {
-        if self.qp_type == QpType::Rc {
-            self.resp.queue.clear();
-            self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
-        }
         if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {
             let wc = WorkCompletion::new(wr.wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
             self.retire_recvs(1);
+        }
+        self.nak_and_fail(psn, &failure, ctx);
+    }
+
+    /// The part of [`fail_request`](Self::fail_request) for a READ, which takes no receive
+    /// request (a repeated one, or one whose responses are being built): a SEND half received
+    /// meanwhile is not at fault, and is flushed with the QP.
+    fn nak_and_fail(&mut self, psn: Psn, failure: &Failure, ctx: &mut Ctx<'_>) {
+        if self.qp_type == QpType::Rc {
+            self.resp.queue.clear();
+            self.nak(ctx, psn, AckSyndrome::Nak(failure.nak));
         }
         if failure.access_event {
             ctx.events

@@ -4,15 +4,21 @@
 //! (fuzz/fuzz_targets/transport.rs) and a property test (tests/transport_fuzz.rs) both run
 //! [`run`].
 //!
-//! What must hold, whatever the input: nothing panics, and node 1's guarded regions never
-//! change: one registered with no remote rights at all, one for remote READ only. Node 0 knows
-//! both rkeys and tries them with every operation, at every address.
+//! What must hold, whatever the input: nothing panics, and memory of node 1's that no key
+//! grants neither changes nor leaves in a READ response, at the moment it is built
+//! ([`Oracle`]): regions with no remote rights or READ only, regions node 1 deregisters or
+//! releases, and regions only a window reaches, which node 1 binds and invalidates, and a
+//! peer's SEND with Invalidate too. Node 0 knows every rkey and tries it with every operation,
+//! at every address.
 
+use super::exposure::{
+    Oracle, PRIVATE_IOVA, READ_ONLY_IOVA, REVOCABLE_IOVA, STRIDE, WATCHED_LEN, WINDOWED_IOVA,
+};
 use super::rc::{connect, connect_end, Options, Side, ALL, IOVA, MR_LEN};
 use super::{addr, forge, Faults, Sim};
-use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType};
+use softroce::memory::{inc_rkey, Access, BindMw, MwType};
 use softroce::transport::{
-    Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList,
+    Counters, Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList,
 };
 use softroce::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeader,
@@ -72,34 +78,22 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Node 1's regions that nothing from the network may change.
-struct Guarded {
-    private: MemoryRegion,
-    read_only: MemoryRegion,
-}
+/// An input written by hand, value by value, as [`Input`] reads it: what a test writes to
+/// check that the driver reaches a case and its oracle would see it go wrong.
+#[derive(Debug, Default)]
+pub struct Script(pub Vec<u8>);
 
-const GUARD_LEN: usize = 8192;
-const PRIVATE_IOVA: u64 = 0x4000_0000;
-const READ_ONLY_IOVA: u64 = 0x5000_0000;
+impl Script {
+    /// A value that `Input::u32`, `below` or `pick` (an index) reads.
+    pub fn u32(mut self, value: u32) -> Self {
+        self.0.extend_from_slice(&value.to_le_bytes());
+        self
+    }
 
-fn guard_pattern(seed: u8) -> Vec<u8> {
-    (0..GUARD_LEN)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
-impl Guarded {
-    fn check(&self) {
-        assert_eq!(
-            self.private.to_vec(),
-            guard_pattern(1),
-            "a region with no remote rights"
-        );
-        assert_eq!(
-            self.read_only.to_vec(),
-            guard_pattern(2),
-            "a read-only region"
-        );
+    /// A value that `Input::u8` or `bool` reads.
+    pub fn u8(mut self, value: u8) -> Self {
+        self.0.push(value);
+        self
     }
 }
 
@@ -108,11 +102,9 @@ struct World {
     sim: Sim,
     a: Side,
     b: Side,
-    guarded: Guarded,
-    /// rkeys node 0 tries: node 1's region, its guarded ones, its windows, and nonsense.
+    oracle: Oracle,
+    /// rkeys node 0 tries: node 1's regions, revoked or not, and nonsense; and its windows'.
     rkeys: Vec<RKey>,
-    /// Node 1's windows, by their current rkey.
-    windows: Vec<RKey>,
     wr_id: u64,
 }
 
@@ -120,8 +112,9 @@ struct World {
 const MAX_ACTIONS: usize = 256;
 const MAX_STEPS: usize = 64;
 
-/// Runs one input. Panics only where the transport broke an invariant.
-pub fn run(data: &[u8]) {
+/// Runs one input. Panics only where the transport broke an invariant; returns node 1's
+/// counters, for a test to see that an input went where it meant to.
+pub fn run(data: &[u8]) -> Counters {
     let mut input = Input::new(data);
     let mtu = input.pick(&[PathMtu::Mtu256, PathMtu::Mtu1024, PathMtu::Mtu4096]);
     let mut sim = Sim::new(2, u64::from(input.u8()), Faults::default());
@@ -137,30 +130,15 @@ pub fn run(data: &[u8]) {
         ..Default::default()
     };
     let [a, b] = connect(&mut sim, options);
-    let pd = b.mr.pd();
-    let region = |sim: &mut Sim, at: u64, access: Access, seed: u8| {
-        let mr = sim.nodes[1].reg_mr(pd, at, GUARD_LEN, access).unwrap();
-        mr.write(0, &guard_pattern(seed)).unwrap();
-        mr
-    };
-    let guarded = Guarded {
-        private: region(&mut sim, PRIVATE_IOVA, Access::LOCAL_WRITE, 1),
-        read_only: region(&mut sim, READ_ONLY_IOVA, Access::REMOTE_READ, 2),
-    };
-    let rkeys = vec![
-        b.mr.rkey(),
-        guarded.private.rkey(),
-        guarded.read_only.rkey(),
-        RKey(0),
-        RKey(input.u32()),
-    ];
+    let oracle = Oracle::new(&mut sim, b.mr.pd(), &b.mr);
+    let mut rkeys = vec![b.mr.rkey(), RKey(0), RKey(input.u32())];
+    rkeys.extend(oracle.rkeys());
     let mut world = World {
         sim,
         a,
         b,
-        guarded,
+        oracle,
         rkeys,
-        windows: Vec::new(),
         wr_id: 0,
     };
     for _ in 0..MAX_ACTIONS {
@@ -169,7 +147,7 @@ pub fn run(data: &[u8]) {
         }
         world.act(&mut input);
         world.drain();
-        world.guarded.check();
+        world.oracle.check();
     }
     for _ in 0..MAX_STEPS {
         if !world.sim.step() {
@@ -177,35 +155,53 @@ pub fn run(data: &[u8]) {
         }
         world.drain();
     }
-    world.guarded.check();
+    world.oracle.check();
+    world.sim.nodes[1].counters().clone()
 }
 
 impl World {
     fn act(&mut self, input: &mut Input<'_>) {
-        match input.below(9) {
+        match input.below(10) {
             0 | 1 => self.post_send(input),
             2 => self.post_recv(input),
-            3 | 4 => {
+            3 => {
                 for _ in 0..=input.below(MAX_STEPS as u32) {
                     if !self.sim.step() {
                         break;
                     }
                 }
             }
+            // A few of one node's packets, straight to the other: the rest stay unbuilt, so
+            // that a READ can be taken back while it streams.
+            4 => {
+                let from = input.below(2) as usize;
+                self.sim.hand_over(from, 1 - from, input.below(64) as usize);
+            }
             5 => self.forge(input),
             6 => self.mutate_next(input),
             7 => self.modify(input),
-            _ => self.window(input),
+            8 => self.window(input),
+            _ => {
+                let released = input.bool();
+                if let Some(rkey) = self.oracle.revoke_or_register(&mut self.sim, released) {
+                    self.rkeys.push(rkey);
+                }
+            }
         }
     }
 
-    /// Completions and events are taken as an application would, so that queues stay bounded.
+    /// Completions and events are taken as an application would, so that queues stay bounded;
+    /// node 1's tell the oracle what its windows grant, and what they no longer grant is
+    /// poisoned.
     fn drain(&mut self) {
+        while self.sim.nodes[0].poll_cq(self.a.cq).is_some() {}
+        while let Some(wc) = self.sim.nodes[1].poll_cq(self.b.cq) {
+            self.oracle.completed(&wc);
+        }
         for node in 0..2 {
-            let cq = if node == 0 { self.a.cq } else { self.b.cq };
-            while self.sim.nodes[node].poll_cq(cq).is_some() {}
             while self.sim.nodes[node].poll_event().is_some() {}
         }
+        self.oracle.settle();
     }
 
     fn next_id(&mut self) -> u64 {
@@ -228,13 +224,22 @@ impl World {
             .collect()
     }
 
-    /// An address node 0 aims at: in node 1's region, in a guarded one, or anywhere.
+    /// An address node 0 aims at: in node 1's region, in one the oracle watches, or anywhere.
     fn remote_addr(input: &mut Input<'_>) -> u64 {
         let near = |base: u64, input: &mut Input<'_>| base + u64::from(input.below(0x1_0000));
-        match input.below(4) {
+        let nth = |base: u64, input: &mut Input<'_>| base + u64::from(input.below(8)) * STRIDE;
+        match input.below(6) {
             0 => near(IOVA, input),
             1 => near(PRIVATE_IOVA, input),
             2 => near(READ_ONLY_IOVA, input),
+            3 => {
+                let base = nth(REVOCABLE_IOVA, input);
+                near(base, input)
+            }
+            4 => {
+                let base = nth(WINDOWED_IOVA, input);
+                near(base, input)
+            }
             _ => input.u64(),
         }
     }
@@ -242,8 +247,11 @@ impl World {
     fn post_send(&mut self, input: &mut Input<'_>) {
         let rkey = match input.below(8) {
             7 => RKey(input.u32()),
-            6 if !self.windows.is_empty() => input.pick(&self.windows),
-            k => self.rkeys[k as usize % self.rkeys.len()],
+            6 if !self.oracle.windows.is_empty() => {
+                let i = input.below(self.oracle.windows.len() as u32) as usize;
+                self.oracle.windows[i].rkey
+            }
+            _ => input.pick(&self.rkeys),
         };
         let remote_addr = Self::remote_addr(input);
         let op = match input.below(9) {
@@ -326,7 +334,7 @@ impl World {
         }
         let rkey = match input.below(4) {
             0 => RKey(input.u32()),
-            k => self.rkeys[k as usize % self.rkeys.len()],
+            _ => input.pick(&self.rkeys),
         };
         let remote_addr = Self::remote_addr(input);
         let mut ext = ExtHeaders::default();
@@ -452,46 +460,59 @@ impl World {
         }
     }
 
-    /// Node 1 allocates, binds or invalidates a window, or deregisters nothing it must keep.
+    /// Node 1 allocates, binds or invalidates a window. A bind goes over node 1's open
+    /// region, a guarded one (refused: they have no MW_BIND), or the region only this window
+    /// may reach, which the oracle watches.
     fn window(&mut self, input: &mut Input<'_>) {
         let now = self.sim.now;
-        let pd = self.b.mr.pd();
+        let count = self.oracle.windows.len();
         match input.below(3) {
-            0 if self.windows.len() < 8 => {
+            0 if count < 8 => {
                 let kind = input.pick(&[MwType::Type1, MwType::Type2]);
-                let rkey = self.sim.nodes[1].alloc_mw(pd, kind);
-                self.windows.push(rkey.expect("eight windows at most"));
+                let rkey = self.sim.nodes[1].alloc_mw(self.b.mr.pd(), kind);
+                let rkey = rkey.expect("eight windows at most");
+                self.oracle.add_window(&mut self.sim, rkey);
             }
-            1 if !self.windows.is_empty() => {
-                let i = input.below(self.windows.len() as u32) as usize;
-                let window = self.windows[i];
+            1 if count > 0 => {
+                let i = input.below(count as u32) as usize;
+                let window = self.oracle.windows[i].rkey;
+                let own = self.oracle.own_region(i);
+                let (own_lkey, own_iova) = (own.lkey(), own.iova());
+                let [private, read_only] = self.oracle.guarded_lkeys();
+                let (region, base, span) = match input.below(4) {
+                    0 => (own_lkey, own_iova, WATCHED_LEN),
+                    1 => (private, IOVA, MR_LEN),
+                    2 => (read_only, IOVA, MR_LEN),
+                    _ => (self.b.mr.lkey(), IOVA, MR_LEN),
+                };
                 let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
                 let bind = BindMw {
                     window,
                     new_rkey: inc_rkey(window),
-                    // Sometimes over a guarded region: refused, it has no MW_BIND.
-                    region: input.pick(&[
-                        self.b.mr.lkey(),
-                        self.guarded.private.lkey(),
-                        self.guarded.read_only.lkey(),
-                    ]),
-                    addr: IOVA + u64::from(input.below(MR_LEN as u32)),
-                    len: u64::from(input.below(0x1_0000)),
+                    region,
+                    addr: base + u64::from(input.below(span as u32)),
+                    len: u64::from(input.below(span.min(0x1_0000) as u32)),
                     access: if input.bool() { access } else { ALL },
                 };
-                self.windows[i] = bind.new_rkey;
-                let wr = SendWr::new(
-                    self.next_id(),
-                    SendOp::BindMw(bind),
-                    Payload::Sges([].into()),
-                );
-                let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
+                let is_own = region == own_lkey;
+                self.oracle.windows[i].rkey = bind.new_rkey;
+                let wr_id = self.next_id();
+                self.oracle.binding(wr_id, i, is_own);
+                let wr = SendWr::new(wr_id, SendOp::BindMw(bind), Payload::Sges([].into()));
+                if self.sim.nodes[1].post_send(now, self.b.qpn, wr).is_err() {
+                    self.oracle.not_posted(wr_id);
+                }
             }
-            _ if !self.windows.is_empty() => {
-                let rkey = input.pick(&self.windows);
+            _ if count > 0 => {
+                let i = input.below(count as u32) as usize;
+                let rkey = self.oracle.windows[i].rkey;
+                let wr_id = self.next_id();
+                self.oracle.invalidating(wr_id, i);
                 let op = SendOp::LocalInv { rkey };
-                let wr = SendWr::new(self.next_id(), op, Payload::Sges([].into()));
-                let _ = self.sim.nodes[1].post_send(now, self.b.qpn, wr);
+                let wr = SendWr::new(wr_id, op, Payload::Sges([].into()));
+                if self.sim.nodes[1].post_send(now, self.b.qpn, wr).is_err() {
+                    self.oracle.not_posted(wr_id);
+                }
             }
             _ => {}
         }

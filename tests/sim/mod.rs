@@ -8,6 +8,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod cm;
+pub mod exposure;
 pub mod fuzz;
 pub mod rc;
 
@@ -66,6 +67,10 @@ pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 /// Changes a packet a node sends before it is sealed: a peer that misbehaves on purpose.
 pub type Rewrite = Box<dyn FnMut(usize, &mut Vec<u8>)>;
 
+/// Sees each packet a node builds, as it built it ([`Sim::take`]), before any rewrite: an
+/// oracle of what the node itself put on the wire.
+pub type Observe = Box<dyn FnMut(usize, &[u8])>;
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NetStats {
     pub sent: u64,
@@ -83,6 +88,7 @@ pub struct Sim {
     pub stats: NetStats,
     pub filter: Option<Filter>,
     pub rewrite: Option<Rewrite>,
+    pub observe: Option<Observe>,
     /// How long a node's link takes to send one byte (8 ns is 1 Gbit/s). Zero, the default,
     /// sends at once; otherwise packets queue behind each other, as on a slow or congested link.
     pub byte_time: Duration,
@@ -132,6 +138,7 @@ impl Sim {
             stats: NetStats::default(),
             filter: None,
             rewrite: None,
+            observe: None,
             scratch: vec![0; MAX_PACKET_LEN],
             byte_time: Duration::ZERO,
             link_free,
@@ -164,7 +171,11 @@ impl Sim {
     pub fn take(&mut self, from: usize) -> Option<(IpAddr, Vec<u8>)> {
         self.scratch.fill(0xa5);
         let (dst, len) = self.nodes[from].poll_transmit_into(&mut self.scratch)?;
-        Some((dst, self.scratch[..len].to_vec()))
+        let packet = &self.scratch[..len];
+        if let Some(observe) = &mut self.observe {
+            observe(from, packet);
+        }
+        Some((dst, packet.to_vec()))
     }
 
     /// Moves every queued transmit onto the wire.
@@ -227,6 +238,14 @@ impl Sim {
             moved += 1;
         }
         moved
+    }
+
+    /// Seals `packet` (its ICRC left zero) and hands it to node `to` at once, bypassing the
+    /// network and the nodes' transmissions: a test that wants several requests to arrive
+    /// before the node answers any. `from` need not be a node, as with [`inject`](Self::inject).
+    pub fn deliver_now(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
+        framing(from, to).seal(&mut packet);
+        self.deliver(from, to, &packet);
     }
 
     /// Hands a sealed packet to node `to` now, as a UDP socket with IP_PKTINFO reports it:
@@ -320,6 +339,17 @@ pub fn drain(
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// Whether `opcode` is one of the four READ responses.
+pub fn is_read_response(opcode: Opcode) -> bool {
+    matches!(
+        opcode,
+        Opcode::RcReadResponseFirst
+            | Opcode::RcReadResponseMiddle
+            | Opcode::RcReadResponseLast
+            | Opcode::RcReadResponseOnly
+    )
 }
 
 /// One packet seen on the wire.

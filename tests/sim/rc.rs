@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
-use super::{addr, drain, Sim};
+use super::{addr, drain, forge, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType, PdId};
 use softroce::transport::{
     connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpEndpoint, QpInit, QpType, RecvWr,
     SendOp, SendWr, Sge, SgeList, VerbsError, WcOpcode, WcStatus,
 };
-use softroce::wire::{Opcode, Psn, QKey, Qpn, RKey, RnrTimer, RocePacket};
+use softroce::wire::{
+    BthRepr, ExtHeaders, Opcode, Psn, QKey, Qpn, RKey, RethRepr, RnrTimer, RocePacket,
+};
 
 pub const IOVA: u64 = 0x10_0000;
 pub const MR_LEN: usize = 1 << 20;
@@ -181,6 +183,17 @@ pub fn bind_type2_window(sim: &mut Sim, node: usize, side: &Side, offset: u64, l
         (0xb1d, WcStatus::Success, WcOpcode::BindMw)
     );
     bind.new_rkey
+}
+
+/// A READ request to `to`'s QP at `psn`, as its peer would send it: what a test forges to
+/// repeat a READ.
+pub fn read_request(to: &Side, psn: u32, reth: RethRepr) -> Vec<u8> {
+    let bth = BthRepr::new(Opcode::RcReadRequest, to.qpn, Psn::new(psn));
+    let ext = ExtHeaders {
+        reth: Some(reth),
+        ..Default::default()
+    };
+    forge(bth, ext, &[])
 }
 
 /// Loses the first packet with `opcode` on the wire, once.
