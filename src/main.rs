@@ -153,7 +153,32 @@ enum Command {
         #[command(flatten)]
         common: PerftestArgs,
     },
+    /// Run an unmodified RDMA program (perftest's, rdma-core's, librdmacm's, your own) over
+    /// softroce: no root, no kernel module, no RDMA NIC.
+    #[command(after_help = RUN_NOTES)]
+    Run {
+        /// The program's device address (UDP 4791 on it); repeat for one device per address.
+        /// Default: 127.0.0.1. Two programs on one host need two addresses.
+        #[arg(long = "addr", value_name = "ADDR")]
+        addrs: Vec<std::net::IpAddr>,
+        /// Who runs each device's engine: thread (default), hybrid or inline.
+        #[arg(long, value_parser = ["thread", "hybrid", "inline"])]
+        progress: Option<String>,
+        /// The program and its arguments, after `--`.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<std::ffi::OsString>,
+    },
 }
+
+const RUN_NOTES: &str = "\
+The program loads softroce's libibverbs.so.1 and librdmacm.so.1 (beside this executable, in
+rdma/) instead of rdma-core's, through LD_LIBRARY_PATH; SOFTROCE_ADDR names its addresses. The
+same works without this command:
+  LD_LIBRARY_PATH=target/release/rdma SOFTROCE_ADDR=127.0.0.2 ib_write_bw -x 0 127.0.0.1
+
+Example, perftest's ib_write_bw, server and client on one host:
+  softroce run --addr 127.0.0.1 -- ib_write_bw -x 0
+  softroce run --addr 127.0.0.2 -- ib_write_bw -x 0 127.0.0.1";
 
 const DAEMON_NOTES: &str = "\
 Each accepted connection is a session with its own PD, CQs, QPs and buffer on the one device;
@@ -859,6 +884,7 @@ fn service(command: &Command) -> Option<Result<Service, String>> {
     match command {
         Command::Decode { .. }
         | Command::Demo { .. }
+        | Command::Run { .. }
         | Command::Daemon { .. }
         | Command::Ucmatose { .. }
         | Command::Udaddy { .. } => None,
@@ -1093,6 +1119,16 @@ fn main() -> ExitCode {
         Command::Rping { args } => rping(args),
         Command::Ucmatose { args } => ucmatose(args),
         Command::Udaddy { args } => udaddy(args),
+        Command::Run {
+            addrs,
+            progress,
+            program,
+        } => {
+            let why =
+                softroce::tools::run::exec(addrs, progress.as_deref(), &program[0], &program[1..]);
+            eprintln!("softroce run: {why}");
+            ExitCode::FAILURE
+        }
         command => tool(service(command).expect("every other subcommand is a tool")),
     }
 }

@@ -39,7 +39,7 @@ pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
 
 use crate::io::{Backend, IoCounters};
-use crate::memory::{Access, MemoryError, MemoryRegion, MwType, PdId};
+use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
     QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr, Resources, SendWr, SrqAttr, SrqId,
@@ -74,6 +74,14 @@ pub(crate) enum Command {
         buffer: Vec<u8>,
         access: Access,
         reply: Reply<Result<MemoryRegion, (Vec<u8>, MemoryError)>>,
+    },
+    /// A program's memory, registered in place at the iova it chose.
+    RegForeign {
+        pd: PdId,
+        memory: ForeignMemory,
+        iova: u64,
+        access: Access,
+        reply: Reply<Result<MemoryRegion, MemoryError>>,
     },
     DeregMr(LKey, Reply<Result<(), MemoryError>>),
     /// The application dropped its last handle to the region with these keys.
@@ -112,6 +120,7 @@ pub(crate) enum Command {
     QpReceived(Qpn, Reply<Option<u64>>),
     /// A QP's type and state, if it exists (for the CM, on another engine).
     QpInfo(Qpn, Reply<Option<(QpType, QpState)>>),
+    QueryQp(Qpn, Reply<Option<QpAttr>>),
     /// Connection management ([`CmCommand`]).
     Cm(CmCommand),
     Shutdown,
@@ -515,6 +524,15 @@ impl<B: Backend> Engine<B> {
                     }
                     let _ = reply.send(result);
                 }
+                Command::RegForeign {
+                    pd,
+                    memory,
+                    iova,
+                    access,
+                    reply,
+                } => {
+                    let _ = reply.send(self.endpoint.reg_foreign(pd, iova, memory, access));
+                }
                 Command::DeregMr(lkey, reply) => {
                     let _ = reply.send(self.endpoint.dereg_mr(lkey));
                 }
@@ -610,6 +628,9 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::QpReceived(qpn, reply) => {
                     let _ = reply.send(self.endpoint.qp_received(qpn));
+                }
+                Command::QueryQp(qpn, reply) => {
+                    let _ = reply.send(self.endpoint.query_qp(qpn));
                 }
                 Command::QpInfo(qpn, reply) => {
                     let ep = &self.endpoint;

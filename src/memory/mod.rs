@@ -8,7 +8,9 @@
 //! - `shared`: [`DeviceMemory`], the table as one engine's endpoint sees it: its own, or
 //!   shared with the device's other engines;
 //! - `window`: memory windows (IBTA 10.6.7), type 1 and type 2, bound over a region and
-//!   invalidated locally or by a peer's SEND with Invalidate.
+//!   invalidated locally or by a peer's SEND with Invalidate;
+//! - `foreign`: [`ForeignMemory`], a C program's memory at its own address, registered in
+//!   place (`ibv_reg_mr` through softroce's libibverbs).
 //!
 //! # Keys
 //!
@@ -19,6 +21,7 @@
 //! `ibv_inc_rkey` does, so that a peer holding an rkey of an earlier binding reaches nothing.
 
 mod bulk;
+mod foreign;
 mod lent;
 mod region;
 mod shared;
@@ -27,6 +30,7 @@ mod window;
 
 use std::fmt;
 
+pub use foreign::ForeignMemory;
 pub use region::{MemoryRegion, RemoteRegion, Span};
 pub use shared::{DeviceMemory, MemoryRead, MemoryWrite};
 pub use table::MemoryTable;

@@ -20,8 +20,9 @@
 //! carry it. The price is a copy in and out instead of the application writing into the
 //! registered memory in place; `benches/memory.rs` measures it. A region softroce allocates
 //! needs no `unsafe`; one over the application's own buffer views its bytes as the same
-//! atomic words, which `lent.rs` does. `lent.rs` and `bulk.rs` hold the crate's only `unsafe`
-//! code.
+//! atomic words, which `lent.rs` does, and one over a C program's memory at its own address
+//! views them as atomic words and, where a word sticks out of it, atomic bytes
+//! (`foreign.rs`). `lent.rs`, `foreign.rs` and `bulk.rs` hold the crate's only `unsafe` code.
 //!
 //! The storage is allocated with `try_reserve_exact`: a region the host cannot hold is a
 //! [`MemoryError::NoMemory`], never an abort of the process.
@@ -32,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::bulk;
+use super::foreign::ForeignMemory;
 use super::lent::Lent;
 use super::{Access, MemoryError, PdId};
 use crate::transport::Sge;
@@ -64,9 +66,17 @@ impl Deref for Storage {
     }
 }
 
-/// The storage of a region: atomic words, so that concurrent access is never a data race.
+/// Where a region's bytes live: words of softroce's (allocated or lent), whose first word is
+/// the region's first, or a program's memory at its own address.
+enum Bytes {
+    Words(Storage),
+    Foreign(ForeignMemory),
+}
+
+/// The storage of a region: atomic words (and, in a program's memory, atomic bytes where a
+/// word sticks out of it), so that concurrent access is never a data race.
 pub(super) struct Words {
-    words: Storage,
+    bytes: Bytes,
     len: usize,
 }
 
@@ -76,8 +86,24 @@ impl Words {
         let lent = Lent::new(buffer)?;
         Ok(Words {
             len: lent.len(),
-            words: Storage::Lent(lent),
+            bytes: Bytes::Words(Storage::Lent(lent)),
         })
+    }
+
+    /// A program's memory, in place.
+    pub(super) fn foreign(memory: ForeignMemory) -> Self {
+        Words {
+            len: memory.len(),
+            bytes: Bytes::Foreign(memory),
+        }
+    }
+
+    /// Where the region's byte 0 falls in its first word: 0 but in a program's memory.
+    pub(super) fn skew(&self) -> usize {
+        match &self.bytes {
+            Bytes::Words(_) => 0,
+            Bytes::Foreign(memory) => memory.addr() % WORD,
+        }
     }
 
     /// `len` zero bytes, or `NoMemory` if the host cannot allocate them.
@@ -89,61 +115,93 @@ impl Words {
             .map_err(|_| MemoryError::NoMemory { len: len as u64 })?;
         words.resize_with(count, || AtomicU64::new(0));
         Ok(Words {
-            words: Storage::Own(words.into_boxed_slice()),
+            bytes: Bytes::Words(Storage::Own(words.into_boxed_slice())),
             len,
         })
+    }
+
+    /// The whole words of the region, and the region offset of the first.
+    fn whole_words(&self) -> (usize, &[AtomicU64]) {
+        match &self.bytes {
+            Bytes::Words(words) => (0, words),
+            Bytes::Foreign(memory) => memory.words(),
+        }
+    }
+
+    /// The words covering `len` bytes at `offset` whole: the part before the first word
+    /// boundary, those words, and the part after them (all of it in the first part if the
+    /// range holds no whole word).
+    fn cut(&self, offset: usize, len: usize) -> (usize, &[AtomicU64], usize) {
+        let (head, bulk) = split(offset + self.skew(), len);
+        if bulk == 0 {
+            return (head, &[], len - head);
+        }
+        let (first_at, words) = self.whole_words();
+        let first = (offset + head - first_at) / WORD;
+        (head, &words[first..first + bulk / WORD], len - head - bulk)
     }
 
     /// Copies `out.len()` bytes starting at `offset` out of the region.
     /// The caller has checked that the range lies inside the region.
     fn read(&self, offset: usize, out: &mut [u8]) {
-        let (head, bulk) = split(offset, out.len());
+        let (head, words, tail) = self.cut(offset, out.len());
         let (out_head, rest) = out.split_at_mut(head);
-        let (out_bulk, out_tail) = rest.split_at_mut(bulk);
+        let (out_bulk, out_tail) = rest.split_at_mut(rest.len() - tail);
         self.read_partial(offset, out_head);
-        let first = (offset + head) / WORD;
-        bulk::load(&self.words[first..first + bulk / WORD], out_bulk);
-        self.read_partial(offset + head + bulk, out_tail);
+        bulk::load(words, out_bulk);
+        self.read_partial(offset + head + out_bulk.len(), out_tail);
     }
 
-    /// Reads less than a word, within one word.
+    /// Reads less than a word, within one word: the word, or in a program's memory its bytes.
     fn read_partial(&self, at: usize, out: &mut [u8]) {
         if out.is_empty() {
             return;
         }
-        let lane = at % WORD;
-        let bytes = self.words[at / WORD].load(Ordering::Relaxed).to_ne_bytes();
-        out.copy_from_slice(&bytes[lane..lane + out.len()]);
+        match &self.bytes {
+            Bytes::Words(words) => {
+                let lane = at % WORD;
+                let bytes = words[at / WORD].load(Ordering::Relaxed).to_ne_bytes();
+                out.copy_from_slice(&bytes[lane..lane + out.len()]);
+            }
+            Bytes::Foreign(memory) => memory.read_bytes(at, out),
+        }
     }
 
     /// Copies `data` into the region at `offset`. The caller has checked the range.
     fn write(&self, offset: usize, data: &[u8]) {
-        let (head, bulk) = split(offset, data.len());
+        let (head, words, tail) = self.cut(offset, data.len());
         let (data_head, rest) = data.split_at(head);
-        let (data_bulk, data_tail) = rest.split_at(bulk);
+        let (data_bulk, data_tail) = rest.split_at(rest.len() - tail);
         self.write_partial(offset, data_head);
-        let first = (offset + head) / WORD;
-        bulk::store(&self.words[first..first + bulk / WORD], data_bulk);
-        self.write_partial(offset + head + bulk, data_tail);
+        bulk::store(words, data_bulk);
+        self.write_partial(offset + head + data_bulk.len(), data_tail);
     }
 
     /// Writes less than a word, within one word: merged with a compare-and-swap loop, so a
-    /// neighbour's concurrent write to the same word survives.
+    /// neighbour's concurrent write to the same word survives; in a program's memory, byte by
+    /// byte, so that no byte outside the region is written.
     fn write_partial(&self, at: usize, part: &[u8]) {
         if part.is_empty() {
             return;
         }
+        let words = match &self.bytes {
+            Bytes::Words(words) => words,
+            Bytes::Foreign(memory) => return memory.write_bytes(at, part),
+        };
         let lane = at % WORD;
-        let _ = self.words[at / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+        let _ = words[at / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
             let mut bytes = old.to_ne_bytes();
             bytes[lane..lane + part.len()].copy_from_slice(part);
             Some(u64::from_ne_bytes(bytes))
         });
     }
 
-    /// The word holding the 8-byte-aligned `offset`.
+    /// The word at `offset`, which must fall on a word boundary of the memory: a multiple of 8
+    /// from the region's start, or in a program's memory from an 8-aligned address.
     fn word(&self, offset: usize) -> &AtomicU64 {
-        &self.words[offset / WORD]
+        let (first_at, words) = self.whole_words();
+        assert_eq!((offset + self.skew()) % WORD, 0, "not a word boundary");
+        &words[(offset - first_at) / WORD]
     }
 }
 
@@ -239,13 +297,13 @@ impl MemoryRegion {
 
     /// The region's memory as a `Vec`, once this is its last handle: for a buffer registered
     /// with `register_buffer`, the same allocation, at its length, holding what was last
-    /// written; for a region softroce allocated, a copy. While another handle, the device's
-    /// registration or a transfer in flight still holds the memory, the handle comes back:
-    /// deregister first, and let transfers complete.
+    /// written; for a region softroce allocated, or a program's memory, a copy. While another
+    /// handle, the device's registration or a transfer in flight still holds the memory, the
+    /// handle comes back: deregister first, and let transfers complete.
     pub fn into_buffer(self) -> Result<Vec<u8>, MemoryRegion> {
         match Arc::try_unwrap(self.words) {
             Ok(Words {
-                words: Storage::Lent(lent),
+                bytes: Bytes::Words(Storage::Lent(lent)),
                 ..
             }) => Ok(lent.into_vec()),
             Ok(own) => {
@@ -253,6 +311,17 @@ impl MemoryRegion {
                 own.read(0, &mut copy);
                 Ok(copy)
             }
+            Err(words) => Err(MemoryRegion { words, ..self }),
+        }
+    }
+
+    /// Lets go of the region's memory, once this is its last handle: after a region over a
+    /// program's memory ([`ForeignMemory`](super::ForeignMemory)) is deregistered and this
+    /// succeeds, softroce touches that memory no more, and the program may free it. While the
+    /// device's registration or a transfer in flight still holds it, the handle comes back.
+    pub fn try_close(self) -> Result<(), MemoryRegion> {
+        match Arc::try_unwrap(self.words) {
+            Ok(_) => Ok(()),
             Err(words) => Err(MemoryRegion { words, ..self }),
         }
     }
@@ -416,11 +485,14 @@ impl Span {
 
     /// The 64-bit word of an atomic span (8 bytes, 8-aligned), as the host holds it.
     fn atomic_word(&self) -> &AtomicU64 {
-        assert!(
-            self.len == WORD && self.offset % WORD == 0,
-            "not an atomic span"
-        );
+        assert!(self.len == WORD, "not an atomic span");
         self.words.word(self.offset)
+    }
+
+    /// Whether the span is one whole word of the memory, which an atomic may act on: 8 bytes
+    /// from a word boundary (`MemoryTable::check_atomic` asks).
+    pub(super) fn is_word(&self) -> bool {
+        self.len == WORD && (self.offset + self.words.skew()) % WORD == 0
     }
 
     /// FETCH_ADD: adds `add` and returns the value before.

@@ -13,7 +13,7 @@ use rand_core::{RngCore, SeedableRng};
 
 use super::region::Words;
 use super::window::Window;
-use super::{Access, MemoryError, MemoryRegion, PdId, Span};
+use super::{Access, ForeignMemory, MemoryError, MemoryRegion, PdId, Span};
 use crate::keyed::KeyedTable;
 use crate::wire::{LKey, Qpn, RKey};
 
@@ -158,6 +158,28 @@ impl MemoryTable {
         Ok(self.insert(region))
     }
 
+    /// Registers a program's `memory` in place as a region that peers address from `iova`
+    /// (`ibv_reg_mr`, where `iova` is the memory's own address, or `ibv_reg_mr_iova2`), at any
+    /// alignment: the region is that memory, and a peer's WRITE lands in it.
+    pub fn register_foreign(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        memory: ForeignMemory,
+        access: Access,
+    ) -> Result<MemoryRegion, MemoryError> {
+        let len = memory.len();
+        if iova.checked_add(len as u64).is_none() {
+            return Err(MemoryError::OutOfBounds {
+                addr: iova,
+                len: len as u64,
+            });
+        }
+        let keys = self.fresh_keys()?;
+        let region = MemoryRegion::new(pd, iova, access, keys, Words::foreign(memory));
+        Ok(self.insert(region))
+    }
+
     /// A new region's keys, after the regions no one holds any more are released.
     fn fresh_keys(&mut self) -> Result<(LKey, RKey), MemoryError> {
         self.release_dropped();
@@ -298,7 +320,14 @@ impl MemoryTable {
         if addr % WORD != 0 {
             return Err(MemoryError::Misaligned { addr });
         }
-        self.check_remote(rkey, requester, addr, WORD as usize, Access::REMOTE_ATOMIC)
+        let span =
+            self.check_remote(rkey, requester, addr, WORD as usize, Access::REMOTE_ATOMIC)?;
+        // A program's memory registered at an iova of another alignment than its own address
+        // has no word at `addr`.
+        if !span.is_word() {
+            return Err(MemoryError::Misaligned { addr });
+        }
+        Ok(span)
     }
 }
 
@@ -431,6 +460,61 @@ pub(super) mod tests {
         // Neighbouring registrations do not give neighbouring keys: their high 24 bits differ.
         let sequential = keys.windows(2).filter(|w| w[0] >> 8 == w[1] >> 8).count();
         assert_eq!(sequential, 0);
+    }
+
+    /// A program's memory is the region, at every alignment: what the region writes is in
+    /// the memory, nothing outside the range changes, and an atomic acts on the program's
+    /// word at an 8-aligned address (and is refused where the iova's alignment differs).
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_programs_memory_is_the_region_at_any_alignment() {
+        let (mut t, pd, _kept) = table();
+        let mut buffer = vec![0xeeu8; 96];
+        let all = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        for start in 8..16 {
+            // Taken again each time: `fill` below borrows the buffer mutably.
+            let base = buffer.as_mut_ptr();
+            let len = 64;
+            // SAFETY: the range lies inside `buffer`, which outlives the region (closed below),
+            // and is read only through the region meanwhile.
+            let memory = unsafe { ForeignMemory::new(base.add(start), len) }.unwrap();
+            let addr = memory.addr() as u64;
+            let region = t.register_foreign(pd, addr, memory, all).unwrap();
+            let data: Vec<u8> = (0..len as u8).collect();
+            region.write(0, &data).unwrap();
+            assert_eq!(region.to_vec(), data);
+            let span = t
+                .check_remote(region.rkey(), (pd, QP), addr + 3, 50, Access::REMOTE_READ)
+                .unwrap();
+            let mut out = [0; 50];
+            span.read(0, &mut out);
+            assert_eq!(&out[..], &data[3..53]);
+            let word = addr.next_multiple_of(8);
+            let atomic = t.check_atomic(region.rkey(), (pd, QP), word).unwrap();
+            let before = atomic.fetch_add(1);
+            let at = (word - addr) as usize;
+            assert_eq!(before.to_ne_bytes()[..], data[at..at + 8]);
+            // The same memory at an iova 4 bytes off its own alignment has no word there.
+            let memory = unsafe { ForeignMemory::new(base.add(start), len) }.unwrap();
+            let iova = 0x10_0000 + (addr + 4) % 8;
+            let skewed = t.register_foreign(pd, iova, memory, all).unwrap();
+            assert_eq!(
+                t.check_atomic(skewed.rkey(), (pd, QP), 0x10_0008)
+                    .map(|_| ())
+                    .unwrap_err(),
+                MemoryError::Misaligned { addr: 0x10_0008 }
+            );
+            t.deregister(region.lkey()).unwrap();
+            t.deregister(skewed.lkey()).unwrap();
+            skewed.try_close().unwrap();
+            let region = region.try_close().expect_err("a span still holds it");
+            drop((span, atomic));
+            region.try_close().unwrap();
+            let untouched = |b: &u8| *b == 0xee;
+            assert!(buffer[..start].iter().all(untouched), "{start}");
+            assert!(buffer[start + len..].iter().all(untouched), "{start}");
+            buffer.fill(0xee);
+        }
     }
 
     /// `register(1 << 46)` aborted the process in `Words::zeroed` ("memory allocation of

@@ -23,6 +23,7 @@ pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;
 pub mod rping;
+pub mod run;
 pub mod ucmatose;
 pub mod udaddy;
 

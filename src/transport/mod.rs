@@ -57,7 +57,7 @@ pub use wr::{
 };
 
 use crate::keyed::KeyedTable;
-use crate::memory::{Access, DeviceMemory, MemoryError, MemoryRegion, MwType, PdId};
+use crate::memory::{Access, DeviceMemory, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::wire::{
     AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, LKey, Opcode, PacketRepr, Psn, QKey,
     Qpn, RKey, RocePacket, Transport,
@@ -627,6 +627,19 @@ impl Endpoint {
             .register_buffer(pd, iova, buffer, access)
     }
 
+    /// Registers a program's `memory` in place as a region that peers address from `iova`.
+    pub fn reg_foreign(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        memory: ForeignMemory,
+        access: Access,
+    ) -> Result<MemoryRegion, MemoryError> {
+        self.memory
+            .write()
+            .register_foreign(pd, iova, memory, access)
+    }
+
     /// The region registered as `lkey` with `rkey` lost its last application handle:
     /// deregistered now ([`MemoryTable::release`](crate::memory::MemoryTable::release)).
     pub fn release_mr(&mut self, lkey: LKey, rkey: RKey) {
@@ -943,6 +956,32 @@ impl Endpoint {
     /// The QP's transport service; `None` if there is no such QP.
     pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
         self.qps.get(qpn.value()).map(|qp| qp.qp_type)
+    }
+
+    /// `ibv_query_qp`: the QP's state and every attribute a modify sets, as they are now;
+    /// `None` if there is no such QP.
+    pub fn query_qp(&self, qpn: Qpn) -> Option<QpAttr> {
+        let qp = self.qps.get(qpn.value())?;
+        let s = &qp.settings;
+        Some(QpAttr {
+            state: Some(qp.state),
+            cur_state: Some(qp.state),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(s.access),
+            qkey: Some(s.qkey),
+            av: s.av,
+            path_mtu: Some(s.path_mtu),
+            dest_qpn: Some(s.dest_qpn),
+            rq_psn: Some(qp.resp.expected_psn()),
+            sq_psn: Some(qp.req.next_psn()),
+            max_dest_rd_atomic: Some(s.max_dest_rd_atomic),
+            max_rd_atomic: Some(s.max_rd_atomic),
+            min_rnr_timer: Some(s.min_rnr_timer),
+            timeout: Some(s.timeout),
+            retry_cnt: Some(s.retry_cnt),
+            rnr_retry: Some(s.rnr_retry),
+        })
     }
 
     /// The QP's state, as `ibv_query_qp` reports it; `None` if there is no such QP.

@@ -37,6 +37,20 @@ pub enum QpState {
     Error,
 }
 
+impl QpState {
+    /// Every state, in the order of `enum ibv_qp_state` (`IBV_QPS_RESET` is 0, `IBV_QPS_ERR`
+    /// 6): a state's index here is its value there.
+    pub const ALL: [QpState; 7] = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Error,
+    ];
+}
+
 /// The path MTU, 256 to 4096 bytes. Serialised as its size in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -83,6 +83,11 @@ pub(crate) struct Requester {
 }
 
 impl Requester {
+    /// The PSN the next new packet will carry (`ibv_query_qp`'s `sq_psn`).
+    pub fn next_psn(&self) -> Psn {
+        self.high_psn
+    }
+
     /// Starts sending at `sq_psn` (from the modify that sets it), with full retry budgets.
     pub fn start(&mut self, sq_psn: Psn, settings: &QpSettings) {
         self.send_psn = sq_psn;

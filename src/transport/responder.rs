@@ -196,6 +196,11 @@ impl Responder {
         !self.queue.is_empty()
     }
 
+    /// The PSN expected next (`ibv_query_qp`'s `rq_psn`).
+    pub fn expected_psn(&self) -> Psn {
+        self.epsn
+    }
+
     /// Expects `rq_psn` next (from the modify that sets it).
     pub fn start(&mut self, rq_psn: Psn) {
         self.epsn = rq_psn;

@@ -40,6 +40,13 @@ impl BackendKind {
     pub const UDP: BackendKind = BackendKind::Udp { segmentation: true };
 }
 
+/// The variable softroce's C library (`libibverbs.so.1`) reads for its devices' addresses,
+/// comma-separated, one device each (127.0.0.1 if unset); `softroce run --addr` sets it.
+pub const C_ADDR_VAR: &str = "SOFTROCE_ADDR";
+/// The variable softroce's C library reads for its engines' progress: `thread` (the default),
+/// `hybrid` or `inline`; `softroce run --progress` sets it.
+pub const C_PROGRESS_VAR: &str = "SOFTROCE_PROGRESS";
+
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -396,5 +403,45 @@ impl Device {
     pub fn poll_event(&self) -> Option<AsyncEvent> {
         let mut engines = self.inner.engines.iter();
         engines.find_map(|engine| engine.events.try_recv().ok())
+    }
+
+    /// The device's asynchronous events, for a thread that waits for them
+    /// ([`AsyncEvents::wait`]). It holds no handle to the device: once the device is closed,
+    /// the wait ends. An event goes to one taker, this or [`poll_event`](Self::poll_event).
+    pub fn events(&self) -> AsyncEvents {
+        AsyncEvents(
+            self.inner
+                .engines
+                .iter()
+                .map(|e| e.events.clone())
+                .collect(),
+        )
+    }
+}
+
+/// A device's asynchronous events, from every engine ([`Device::events`]).
+#[derive(Debug, Clone)]
+pub struct AsyncEvents(Vec<crossbeam_channel::Receiver<AsyncEvent>>);
+
+impl AsyncEvents {
+    /// Waits for the next event; `None` once the device has stopped and every event it raised
+    /// has been taken.
+    pub fn wait(&self) -> Option<AsyncEvent> {
+        let mut live: Vec<&crossbeam_channel::Receiver<AsyncEvent>> = self.0.iter().collect();
+        while !live.is_empty() {
+            let mut select = crossbeam_channel::Select::new();
+            for receiver in &live {
+                select.recv(receiver);
+            }
+            let ready = select.select();
+            let index = ready.index();
+            match ready.recv(live[index]) {
+                Ok(event) => return Some(event),
+                Err(_) => {
+                    live.remove(index);
+                }
+            }
+        }
+        None
     }
 }

@@ -41,7 +41,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 use crate::cm::{CmError, Failure};
 use crate::engine::{Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK};
 pub use crate::engine::{EnginePanicked, Progress};
-use crate::memory::{inc_rkey, Access, BindMw, MemoryError, MwType, PdId};
+use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
 use crate::transport::{
     connect_steps, AddressVector, CqId, Payload, QpAttr, QpInit, QpState, QpType, QueueSlots,
     RecvWr, SendOp, SendWr, SgeList, SrqAttr, SrqId, VerbsError, WorkCompletion,
@@ -56,7 +56,7 @@ pub use cm::{
     DatagramRequest, Listener,
 };
 pub(crate) use device::random_psn;
-pub use device::{BackendKind, Device, DeviceConfig};
+pub use device::{AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_PROGRESS_VAR};
 
 /// What went wrong with a verb.
 #[derive(Debug)]
@@ -196,6 +196,31 @@ impl ProtectionDomain {
         })
     }
 
+    /// Registers a program's `memory` in place, at its own address, as a region that peers
+    /// address from `iova` (its address for `ibv_reg_mr`): no copy, and a peer's WRITE lands
+    /// in that memory. For a C library over softroce; a Rust program registers a buffer
+    /// ([`register_buffer`](Self::register_buffer)).
+    ///
+    /// After [`deregister`](Self::deregister), the memory is the program's again once
+    /// [`MemoryRegion::try_close`] succeeds on the last handle: until then a transfer in
+    /// flight may still read or write it.
+    pub fn register_foreign(
+        &self,
+        memory: ForeignMemory,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let pd = self.pd;
+        let region = self.device.engine().call(|reply| Command::RegForeign {
+            pd,
+            memory,
+            iova,
+            access,
+            reply,
+        })??;
+        Ok(self.deregistered_on_drop(region))
+    }
+
     /// Registers `buffer` (a `Vec<u8>` or a `Box<[u8]>`), which the application hands over, as
     /// a region of its length: no copy is made, and [`MemoryRegion::into_buffer`] hands the same buffer back once the
     /// region is deregistered ([`deregister`](Self::deregister)) and its last handle is the
@@ -273,6 +298,11 @@ impl ProtectionDomain {
             .device
             .engine()
             .call(|reply| Command::DeregMr(lkey, reply))??)
+    }
+
+    /// The domain's number on its device.
+    pub fn id(&self) -> PdId {
+        self.pd
     }
 
     /// Starts building a queue pair: RC, with 256-deep queues, unless told otherwise.
@@ -424,6 +454,11 @@ impl SharedReceiveQueue {
             .call(|reply| Command::PostSrqRecv(id, wr, reply))??)
     }
 
+    /// Whether `id` is this SRQ's number (the one an `AsyncEvent::SrqLimitReached` names).
+    pub fn owns(&self, id: SrqId) -> bool {
+        self.id == id
+    }
+
     /// `ibv_modify_srq`: resize, or arm the limit event again.
     pub fn modify(&self, change: SrqModify) -> Result<()> {
         let id = self.id;
@@ -549,17 +584,6 @@ impl QpBuilder<'_> {
     }
 }
 
-/// The states a [`QueuePair`] records, by index; RESET, where a QP starts, first.
-const QP_STATES: [QpState; 7] = [
-    QpState::Reset,
-    QpState::Init,
-    QpState::Rtr,
-    QpState::Rts,
-    QpState::Sqd,
-    QpState::Sqe,
-    QpState::Error,
-];
-
 /// A batch post that stopped early: how many requests were posted before the refused one,
 /// and why that one was refused.
 #[derive(Debug)]
@@ -602,7 +626,7 @@ pub struct QueuePair {
     qkey: QKey,
     /// `max_send_wr` and `max_recv_wr`, which [`QpQueues::slots`] holds it to.
     depths: (usize, usize),
-    /// The state its last modify left it in, as an index into [`QP_STATES`].
+    /// The state its last modify left it in, as an index into [`QpState::ALL`] (RESET, where a QP starts, is 0).
     state: AtomicU8,
     /// The send and receive CQs, kept alive until the QP is destroyed, as libibverbs refuses
     /// to destroy a CQ that a QP uses.
@@ -632,9 +656,18 @@ impl QueuePair {
         Ok(())
     }
 
+    /// `ibv_query_qp`: the QP's state and attributes as the engine has them now (a QP that
+    /// failed reports ERROR here before the application has heard of it).
+    pub fn query(&self) -> Result<QpAttr> {
+        let qpn = self.qpn;
+        self.engine()
+            .call(|reply| Command::QueryQp(qpn, reply))?
+            .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
+    }
+
     /// Records the state a modify made by others (the connection manager) left the QP in.
     pub(crate) fn note_state(&self, state: QpState) {
-        let code = QP_STATES.iter().position(|&s| s == state).unwrap_or(0);
+        let code = QpState::ALL.iter().position(|&s| s == state).unwrap_or(0);
         self.state.store(code as u8, Ordering::Release);
     }
 
@@ -679,7 +712,7 @@ impl QueuePair {
     /// error state on its own too, but posting to a QP in error is no mistake (the request
     /// completes flushed), so this is all the checks at the call need.
     fn state(&self) -> QpState {
-        QP_STATES[usize::from(self.state.load(Ordering::Acquire))]
+        QpState::ALL[usize::from(self.state.load(Ordering::Acquire))]
     }
 
     /// What a send request can be refused for at the call: the QP's state (rxe_verbs.c
@@ -870,21 +903,28 @@ impl CompletionQueue {
     /// last of them, `poll` fails with why the device stopped ([`Error::DeviceFailed`] or
     /// [`Error::DeviceClosed`]), so that a poll loop learns it instead of spinning on zero.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        self.poll_each(max, |wc| out.push(wc))
+    }
+
+    /// [`poll`](Self::poll), handing each completion to `each` instead of a `Vec`: for a
+    /// caller that writes them where it keeps them (`ibv_poll_cq`'s array), with no allocation.
+    pub fn poll_each(&self, max: usize, mut each: impl FnMut(WorkCompletion)) -> Result<usize> {
         let engine = self.inner.device.engine();
         // An engine that has stopped has no completions to add: the channel says the rest.
         let _ = engine.help();
-        let before = out.len();
-        while out.len() - before < max {
+        let mut taken = 0;
+        while taken < max {
             match self.inner.completions.try_recv() {
-                Ok(wc) => out.push(wc),
+                Ok(wc) => each(wc),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if out.len() == before => {
+                Err(TryRecvError::Disconnected) if taken == 0 => {
                     return Err(engine.gone().into());
                 }
                 Err(TryRecvError::Disconnected) => break,
             }
+            taken += 1;
         }
-        Ok(out.len() - before)
+        Ok(taken)
     }
 
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
@@ -904,6 +944,13 @@ impl CompletionQueue {
     /// engine to its thread).
     pub fn next_completion(&self) -> NextCompletion<'_> {
         NextCompletion { cq: self }
+    }
+
+    /// Whether `id` is this CQ's number on one of its device's engines (the number an
+    /// `AsyncEvent::CqOverrun` names). Numbers are per engine: with several engines, two CQs
+    /// may each own the same number on different engines.
+    pub fn owns(&self, id: CqId) -> bool {
+        self.inner.ids.contains(&id)
     }
 
     /// `ibv_req_notify_cq`: the CQ's file descriptor ([`AsFd`]) becomes readable at the next

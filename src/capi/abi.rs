@@ -1,0 +1,642 @@
+//! The structures of rdma-core's `<infiniband/verbs.h>` that softroce shares with C, as Debian
+//! 12's rdma-core 44 lays them out (and every release since, which only adds at the ends).
+//! `tests/layout.rs` compiles a C program against the real header and checks the size and
+//! offset of every field here.
+//!
+//! Names keep the header's, so that a reader can hold the two side by side.
+
+// The fields and constants are the header's, documented there.
+#![allow(non_camel_case_types, missing_docs)]
+
+use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t, size_t};
+
+/// `union ibv_gid`: 16 bytes, aligned as its `__be64` view is.
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry` (`ibv_query_gid_ex`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `struct ibv_device_attr` (`ibv_query_device`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_uint,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr` (`ibv_query_port`). The exported `ibv_query_port` fills only the
+/// part before `flags` (`struct _compat_ibv_port_attr`): programs built against older headers
+/// pass that much.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_port_attr {
+    pub state: c_uint,
+    pub max_mtu: c_uint,
+    pub active_mtu: c_uint,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `struct ibv_async_event`: its `element` union is a pointer or the port number.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_async_event {
+    pub element: *mut c_void,
+    pub event_type: c_uint,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_uint,
+    pub opcode: c_uint,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network byte order) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: size_t,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub type_: c_uint,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_grh`: the 40 bytes a UD receive buffer begins with.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_grh {
+    pub version_tclass_flow: u32,
+    pub paylen: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_uint,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_uint,
+    pub cur_qp_state: c_uint,
+    pub path_mtu: c_uint,
+    pub path_mig_state: c_uint,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// The `rdma` member of `ibv_send_wr`'s `wr` union.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct send_wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// The `atomic` member of `ibv_send_wr`'s `wr` union.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct send_wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+/// The `ud` member of `ibv_send_wr`'s `wr` union.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct send_wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// `ibv_send_wr`'s `wr` union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union send_wr_union {
+    pub rdma: send_wr_rdma,
+    pub atomic: send_wr_atomic,
+    pub ud: send_wr_ud,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`'s last union (the other is `tso`, of the same size or
+/// less).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// `struct ibv_send_wr`.
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_uint,
+    pub send_flags: c_uint,
+    /// `imm_data` (network byte order) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: send_wr_union,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    pub bind_mw: send_wr_bind_mw,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_uint,
+    pub qp_type: c_uint,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+/// `struct _ibv_device_ops`: two pointers no program calls.
+#[repr(C)]
+#[derive(Debug)]
+pub struct _ibv_device_ops {
+    pub _dummy1: *mut c_void,
+    pub _dummy2: *mut c_void,
+}
+
+/// `IBV_SYSFS_NAME_MAX` and `IBV_SYSFS_PATH_MAX`.
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: _ibv_device_ops,
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+/// An entry of the ops table that no program calls any more: always null.
+pub type Obsolete = Option<unsafe extern "C" fn()>;
+
+/// `struct ibv_context_ops`: the inline verbs of `verbs.h` call through these.
+#[repr(C)]
+pub struct ibv_context_ops {
+    pub _compat_query_device: Obsolete,
+    pub _compat_query_port: Obsolete,
+    pub _compat_alloc_pd: Obsolete,
+    pub _compat_dealloc_pd: Obsolete,
+    pub _compat_reg_mr: Obsolete,
+    pub _compat_rereg_mr: Obsolete,
+    pub _compat_dereg_mr: Obsolete,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_uint) -> *mut ibv_mw>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
+    pub _compat_create_cq: Obsolete,
+    pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
+    pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
+    pub _compat_cq_event: Obsolete,
+    pub _compat_resize_cq: Obsolete,
+    pub _compat_destroy_cq: Obsolete,
+    pub _compat_create_srq: Obsolete,
+    pub _compat_modify_srq: Obsolete,
+    pub _compat_query_srq: Obsolete,
+    pub _compat_destroy_srq: Obsolete,
+    pub post_srq_recv: Option<
+        unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
+    >,
+    pub _compat_create_qp: Obsolete,
+    pub _compat_query_qp: Obsolete,
+    pub _compat_modify_qp: Obsolete,
+    pub _compat_destroy_qp: Obsolete,
+    pub post_send:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
+    pub post_recv:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+    pub _compat_create_ah: Obsolete,
+    pub _compat_destroy_ah: Obsolete,
+    pub _compat_attach_mcast: Obsolete,
+    pub _compat_detach_mcast: Obsolete,
+    pub _compat_async_event: Obsolete,
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`: `abi_compat` says that a `verbs_context` precedes the context.
+pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+/// An extended verb softroce does not provide: always null, so that `verbs.h`'s inline
+/// wrappers answer `EOPNOTSUPP` (or fall back to the legacy verb) without calling it.
+pub type Absent = Option<unsafe extern "C" fn()>;
+
+/// `struct verbs_context`: the extended ops table, placed before the `ibv_context` it ends with.
+/// Only `query_port` is filled; the other entries are null, which `verbs_get_ctx_op` reads as
+/// "not supported".
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port:
+        Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, size_t) -> c_int>,
+    pub advise_mr: Absent,
+    pub alloc_null_mr: Absent,
+    pub read_counters: Absent,
+    pub attach_counters_point_flow: Absent,
+    pub create_counters: Absent,
+    pub destroy_counters: Absent,
+    pub reg_dm_mr: Absent,
+    pub alloc_dm: Absent,
+    pub free_dm: Absent,
+    pub modify_flow_action_esp: Absent,
+    pub destroy_flow_action: Absent,
+    pub create_flow_action_esp: Absent,
+    pub modify_qp_rate_limit: Absent,
+    pub alloc_parent_domain: Absent,
+    pub dealloc_td: Absent,
+    pub alloc_td: Absent,
+    pub modify_cq: Absent,
+    pub post_srq_ops: Absent,
+    pub destroy_rwq_ind_table: Absent,
+    pub create_rwq_ind_table: Absent,
+    pub destroy_wq: Absent,
+    pub modify_wq: Absent,
+    pub create_wq: Absent,
+    pub query_rt_values: Absent,
+    pub create_cq_ex: Absent,
+    pub priv_: *mut c_void,
+    pub query_device_ex: Absent,
+    pub ibv_destroy_flow: Absent,
+    pub abi_placeholder2: Absent,
+    pub ibv_create_flow: Absent,
+    pub abi_placeholder1: Absent,
+    pub open_qp: Absent,
+    pub create_qp_ex: Absent,
+    pub get_srq_num: Absent,
+    pub create_srq_ex: Absent,
+    pub open_xrcd: Absent,
+    pub close_xrcd: Absent,
+    pub _abi_placeholder3: u64,
+    pub sz: size_t,
+    pub context: ibv_context,
+}
+
+// The enumerations programs pass and read, with the header's values.
+
+pub const IBV_NODE_CA: c_int = 1;
+pub const IBV_TRANSPORT_IB: c_int = 0;
+
+pub const IBV_WC_SUCCESS: c_uint = 0;
+pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
+pub const IBV_WC_GRH: c_uint = 1 << 0;
+pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
+
+pub const IBV_WR_RDMA_WRITE: c_uint = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+pub const IBV_WR_SEND: c_uint = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
+pub const IBV_WR_RDMA_READ: c_uint = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
+pub const IBV_WR_LOCAL_INV: c_uint = 7;
+pub const IBV_WR_BIND_MW: c_uint = 8;
+pub const IBV_WR_SEND_WITH_INV: c_uint = 9;
+
+pub const IBV_SEND_FENCE: c_uint = 1 << 0;
+pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub const IBV_SEND_SOLICITED: c_uint = 1 << 2;
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
+
+pub const IBV_QPT_RC: c_uint = 2;
+pub const IBV_QPT_UC: c_uint = 3;
+pub const IBV_QPT_UD: c_uint = 4;
+
+pub const IBV_QP_STATE: c_int = 1 << 0;
+pub const IBV_QP_CUR_STATE: c_int = 1 << 1;
+pub const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_QKEY: c_int = 1 << 6;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+pub const IBV_QP_CAP: c_int = 1 << 19;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
+
+pub const IBV_EVENT_CQ_ERR: c_uint = 0;
+pub const IBV_EVENT_QP_FATAL: c_uint = 1;
+pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
+
+pub const IBV_PORT_ACTIVE: c_uint = 4;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+
+pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
+pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
+pub const IBV_MW_TYPE_1: c_uint = 1;
+pub const IBV_MW_TYPE_2: c_uint = 2;
+
+pub const IBV_ATOMIC_HCA: c_uint = 1;

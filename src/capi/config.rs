@@ -1,0 +1,95 @@
+//! What a process's devices are: the addresses it binds, from its environment.
+//!
+//! `SOFTROCE_ADDR` names them, comma-separated: one device per address, `softroce0` first.
+//! Unset, there is one device on 127.0.0.1. Two processes on one host use two addresses
+//! (127.0.0.1 and 127.0.0.2, say): each device binds UDP 4791 on its address when it is
+//! opened, and an address another process holds is refused then, with a line saying so.
+//! `softroce run --addr ADDR -- PROGRAM` sets the variable.
+//!
+//! `SOFTROCE_PROGRESS` (`thread`, the default, `hybrid` or `inline`) chooses who runs each
+//! device's engine, as `--progress` does for softroce's own tools.
+
+use std::net::IpAddr;
+
+use softroce::verbs::Progress;
+
+/// The variable that names the process's device addresses.
+pub use softroce::verbs::C_ADDR_VAR as ADDR_VAR;
+use softroce::verbs::C_PROGRESS_VAR as PROGRESS_VAR;
+
+/// The address when `SOFTROCE_ADDR` is unset.
+const DEFAULT_ADDR: &str = "127.0.0.1";
+
+/// The addresses of the process's devices, in device order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addresses(pub Vec<IpAddr>);
+
+impl Addresses {
+    /// Parses `SOFTROCE_ADDR`'s value: addresses separated by commas, at least one, no two the
+    /// same.
+    pub fn parse(value: &str) -> Result<Addresses, String> {
+        let mut addresses: Vec<IpAddr> = Vec::new();
+        for part in value.split(',').map(str::trim) {
+            let addr: IpAddr = part
+                .parse()
+                .map_err(|_| format!("{ADDR_VAR}={value}: {part:?} is not an IP address"))?;
+            if addr.is_unspecified() || addr.is_multicast() {
+                return Err(format!(
+                    "{ADDR_VAR}={value}: {addr} cannot be a device's address; name the one peers reach"
+                ));
+            }
+            if addresses.contains(&addr) {
+                return Err(format!("{ADDR_VAR}={value}: {addr} is named twice"));
+            }
+            addresses.push(addr);
+        }
+        Ok(Addresses(addresses))
+    }
+
+    /// The process's addresses, from its environment.
+    pub fn from_env() -> Result<Addresses, String> {
+        match std::env::var(ADDR_VAR) {
+            Ok(value) => Self::parse(&value),
+            Err(std::env::VarError::NotPresent) => Self::parse(DEFAULT_ADDR),
+            Err(std::env::VarError::NotUnicode(_)) => Err(format!("{ADDR_VAR} is not UTF-8")),
+        }
+    }
+}
+
+/// The engines' progress, from `SOFTROCE_PROGRESS`.
+pub(crate) fn progress() -> Result<Progress, String> {
+    match std::env::var(PROGRESS_VAR).as_deref() {
+        Err(_) | Ok("thread") => Ok(Progress::Thread),
+        Ok("hybrid") => Ok(Progress::Hybrid),
+        Ok("inline") => Ok(Progress::Inline),
+        Ok(other) => Err(format!(
+            "{PROGRESS_VAR}={other}: expected thread, hybrid or inline"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_bad_ones_say_why() {
+        let two = Addresses::parse("127.0.0.1, ::1").unwrap();
+        assert_eq!(
+            two.0,
+            [
+                "127.0.0.1".parse::<IpAddr>().unwrap(),
+                "::1".parse().unwrap()
+            ]
+        );
+        for (bad, says) in [
+            ("localhost", "is not an IP address"),
+            ("0.0.0.0", "cannot be a device's address"),
+            ("10.0.0.1,10.0.0.1", "named twice"),
+            ("", "is not an IP address"),
+        ] {
+            let error = Addresses::parse(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+    }
+}

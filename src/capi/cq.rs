@@ -1,0 +1,403 @@
+//! Completion queues and completion channels.
+//!
+//! A channel's `fd` is an epoll descriptor, and each CQ created on the channel adds its own
+//! notification descriptor (softroce's [`CompletionQueue`] eventfd, readable once an armed
+//! event fired) to it: so `poll(2)` on `channel->fd` wakes for any of its CQs, and
+//! `ibv_get_cq_event` learns which. A program that made `channel->fd` non-blocking gets
+//! `EAGAIN` from `ibv_get_cq_event` when nothing fired.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr;
+use std::sync::RwLock;
+
+use libc::{c_int, c_void};
+use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
+use softroce::verbs::CompletionQueue;
+use softroce::wire::Qpn;
+
+use crate::abi::*;
+use crate::devices::Context;
+use crate::{guard, set_errno, unsupported};
+
+/// CQs a device holds at most: as many as an engine's table grows to.
+pub(crate) const MAX_CQ: c_int = 1 << 20;
+/// Entries a CQ holds at most.
+pub(crate) const MAX_CQE: c_int = 1 << 22;
+
+/// A completion queue: the program's `ibv_cq`, first.
+#[repr(C)]
+pub(crate) struct Cq {
+    pub ibv: ibv_cq,
+    pub cq: CompletionQueue,
+    /// The UD QPs that complete here: their receive completions say a GRH leads the buffer.
+    pub ud_qps: RwLock<Vec<Qpn>>,
+}
+
+/// A completion channel: the program's `ibv_comp_channel`, first.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub ibv: ibv_comp_channel,
+    epoll: OwnedFd,
+}
+
+impl Cq {
+    /// The CQ behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `cq` is one `ibv_create_cq` returned and `ibv_destroy_cq` has not freed.
+    pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
+        // SAFETY: per the contract, `cq` is the first field of a live `Cq`.
+        unsafe { cq.cast::<Cq>().as_ref() }
+    }
+}
+
+/// The program's pointer to the CQ among `cqs` that has softroce's number `id`.
+pub(crate) fn find(cqs: &[usize], id: CqId) -> Option<usize> {
+    cqs.iter().copied().find(|&at| {
+        // SAFETY: the context's list holds live CQs only (`ibv_destroy_cq` takes them out
+        // under the same lock).
+        let cq = unsafe { &*(at as *const Cq) };
+        cq.cq.owns(id)
+    })
+}
+
+/// `ibv_create_comp_channel`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: epoll_create1 takes a flag; a non-negative result is ours.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: `fd` was just opened and is owned by no one else.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let channel = Box::new(Channel {
+            ibv: ibv_comp_channel {
+                context: context.ibv(),
+                fd,
+                refcnt: 0,
+            },
+            epoll,
+        });
+        Box::into_raw(channel).cast()
+    })
+}
+
+/// `ibv_destroy_comp_channel`: `EBUSY` while CQs use it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a channel it created and has not destroyed.
+        let Some(ch) = (unsafe { channel.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        if ch.refcnt > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: every channel is a leaked `Box<Channel>`, handed back once.
+        drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+        0
+    })
+}
+
+/// `ibv_create_cq`: a CQ of at least `cqe` entries (`cq->cqe` says how many), notifying
+/// `channel` if it is not null.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(ctx) = (unsafe { Context::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if !(1..=MAX_CQE).contains(&cqe) {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let cq = match ctx.device.create_cq(cqe as usize) {
+            Ok(cq) => cq,
+            Err(e) => {
+                set_errno(crate::errno_of(&e));
+                return ptr::null_mut();
+            }
+        };
+        let boxed = Box::new(Cq {
+            ibv: ibv_cq {
+                context,
+                channel,
+                cq_context,
+                handle: 0,
+                cqe,
+                // SAFETY: all-zero pthread objects are their static initialisers on glibc.
+                mutex: unsafe { std::mem::zeroed() },
+                // SAFETY: as above.
+                cond: unsafe { std::mem::zeroed() },
+                comp_events_completed: 0,
+                async_events_completed: 0,
+            },
+            cq,
+            ud_qps: RwLock::new(Vec::new()),
+        });
+        let raw = Box::into_raw(boxed);
+        // SAFETY: `raw` was just made; the program does not have it yet.
+        let cq = unsafe { &*raw };
+        // SAFETY: a non-null channel is one the program created and has not destroyed.
+        if let Some(ch) = unsafe { channel.cast::<Channel>().as_mut() } {
+            let mut event = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: raw as u64,
+            };
+            let fd = cq.cq.as_raw_fd();
+            // SAFETY: both descriptors are open; `event` is a valid epoll_event.
+            let added = unsafe {
+                libc::epoll_ctl(ch.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event)
+            };
+            if added != 0 {
+                // SAFETY: `raw` is ours alone still.
+                drop(unsafe { Box::from_raw(raw) });
+                return ptr::null_mut();
+            }
+            ch.ibv.refcnt += 1;
+        }
+        ctx.objects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cqs
+            .push(raw as usize);
+        raw.cast()
+    })
+}
+
+/// `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a CQ it created and has not destroyed.
+        let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the CQ's context is open while the CQ lives.
+        if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
+            let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+            objects.cqs.retain(|&at| at != cq as usize);
+        }
+        // SAFETY: a non-null channel is one the program created and has not destroyed (it
+        // cannot while this CQ holds it).
+        if let Some(ch) = unsafe { this.ibv.channel.cast::<Channel>().as_mut() } {
+            let fd = this.cq.as_raw_fd();
+            // SAFETY: both descriptors are open.
+            unsafe {
+                libc::epoll_ctl(
+                    ch.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    fd,
+                    ptr::null_mut(),
+                )
+            };
+            ch.ibv.refcnt -= 1;
+        }
+        // SAFETY: every CQ is a leaked `Box<Cq>`, handed back once.
+        drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        0
+    })
+}
+
+/// `ibv_resize_cq`: softroce's CQs keep their size.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    unsupported("ibv_resize_cq")
+}
+
+/// The value `enum ibv_wc_status` gives `status`.
+fn status_code(status: WcStatus) -> u32 {
+    match status {
+        WcStatus::Success => 0,
+        WcStatus::LocLenErr => 1,
+        WcStatus::LocQpOpErr => 2,
+        WcStatus::LocProtErr => 4,
+        WcStatus::WrFlushErr => 5,
+        WcStatus::MwBindErr => 6,
+        WcStatus::RemInvReqErr => 9,
+        WcStatus::RemAccessErr => 10,
+        WcStatus::RemOpErr => 11,
+        WcStatus::RetryExcErr => 12,
+        WcStatus::RnrRetryExcErr => 13,
+    }
+}
+
+/// The value `enum ibv_wc_opcode` gives `opcode`.
+fn opcode_code(opcode: WcOpcode) -> u32 {
+    match opcode {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::BindMw => 5,
+        WcOpcode::LocalInv => 6,
+        WcOpcode::Recv => 128,
+        WcOpcode::RecvRdmaWithImm => 129,
+    }
+}
+
+impl Cq {
+    /// The program's `ibv_wc` for `wc`.
+    fn ibv_wc(&self, wc: WorkCompletion) -> ibv_wc {
+        let mut flags = 0;
+        let mut imm = 0;
+        if let Some(data) = wc.imm_data {
+            flags |= IBV_WC_WITH_IMM;
+            imm = data.to_be();
+        }
+        if let Some(rkey) = wc.invalidated_rkey {
+            flags |= IBV_WC_WITH_INV;
+            imm = rkey.0;
+        }
+        let receive = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if receive {
+            let ud = self.ud_qps.read().unwrap_or_else(|p| p.into_inner());
+            if ud.contains(&wc.qp_num) {
+                flags |= IBV_WC_GRH;
+            }
+        }
+        ibv_wc {
+            wr_id: wc.wr_id,
+            status: status_code(wc.status),
+            opcode: opcode_code(wc.opcode),
+            vendor_err: 0,
+            byte_len: wc.byte_len,
+            imm_data: imm,
+            qp_num: wc.qp_num.value(),
+            src_qp: wc.src_qp.map_or(0, Qpn::value),
+            wc_flags: flags,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
+}
+
+/// The context op `poll_cq` (`ibv_poll_cq`): up to `num_entries` completions into `wc`; how
+/// many, or -1 once the device has stopped and none are left.
+pub(crate) unsafe extern "C" fn poll_cq(
+    cq: *mut ibv_cq,
+    num_entries: c_int,
+    wc: *mut ibv_wc,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a CQ it created and has not destroyed.
+        let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
+            return -1;
+        };
+        if num_entries <= 0 {
+            return 0;
+        }
+        if wc.is_null() {
+            return -1;
+        }
+        let mut n = 0;
+        let polled = this.cq.poll_each(num_entries as usize, |completion| {
+            // SAFETY: the program's array holds `num_entries` entries, and `poll_each` hands
+            // at most that many.
+            unsafe { wc.add(n).write(this.ibv_wc(completion)) };
+            n += 1;
+        });
+        match polled {
+            Ok(count) => count as c_int,
+            Err(_) => -1,
+        }
+    })
+}
+
+/// The context op `req_notify_cq` (`ibv_req_notify_cq`).
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a CQ it created and has not destroyed.
+        let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
+            return libc::EINVAL;
+        };
+        this.cq.req_notify(solicited_only != 0);
+        0
+    })
+}
+
+/// `ibv_get_cq_event`: the next CQ of `channel` whose armed event fired, waiting for one
+/// unless the channel's descriptor is non-blocking. 0, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a channel it created and has not destroyed.
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if cq.is_null() || cq_context.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let fd = ch.epoll.as_raw_fd();
+        // SAFETY: fcntl on our own descriptor.
+        let blocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK == 0;
+        loop {
+            let mut event = libc::epoll_event { events: 0, u64: 0 };
+            let timeout = if blocking { -1 } else { 0 };
+            // SAFETY: one event's room, our own descriptor.
+            let n = unsafe { libc::epoll_wait(fd, &mut event, 1, timeout) };
+            if n < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return -1;
+            }
+            if n == 0 {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            let found = event.u64 as *mut Cq;
+            // SAFETY: the channel holds live CQs only: `ibv_destroy_cq` takes its CQ out.
+            let this = unsafe { &*found };
+            if this.cq.take_events() == 0 {
+                // Another thread took this event first.
+                continue;
+            }
+            // SAFETY: the program's out-pointers, checked above.
+            unsafe {
+                *cq = found.cast();
+                *cq_context = this.ibv.cq_context;
+            }
+            return 0;
+        }
+    })
+}
+
+/// `ibv_ack_cq_events`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    guard((), || {
+        // SAFETY: the program passes a CQ it created and has not destroyed; it acknowledges
+        // from one thread at a time, as rdma-core asks of it (the field is the program's).
+        if let Some(cq) = unsafe { cq.as_mut() } {
+            cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents);
+        }
+    })
+}

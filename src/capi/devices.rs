@@ -1,0 +1,920 @@
+//! Devices and contexts: the device list, `ibv_open_device` and `ibv_close_device`, what a
+//! device and its port say of themselves (`ibv_query_device`, `ibv_query_port`, the GID table),
+//! and the asynchronous events of a context.
+//!
+//! A device is one address of the process ([`Addresses`]): opening it opens a softroce
+//! [`Device`] on `address:4791`, with its engine on a thread of its own unless
+//! `SOFTROCE_PROGRESS` says otherwise, so that a program that only waits on a completion
+//! channel still answers its peers' READs, WRITEs and atomics.
+//!
+//! Its GID table holds one entry, index 0: the address as a RoCE v2 GID (IPv4-mapped for an
+//! IPv4 address). softroce speaks RoCE v2 only, so it lists no RoCE v1 GIDs, and no link-local
+//! address it does not listen on; rxe's habitual `-g 1` or `-g 3` gets `EINVAL`, with a line
+//! saying which index to use.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::mem::offset_of;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use libc::{c_char, c_int, c_uint, c_void, size_t};
+use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
+use softroce::verbs::{Device, DeviceConfig};
+
+use crate::abi::*;
+use crate::config::{self, Addresses};
+use crate::{cq, guard, memory, post, qp, set_errno};
+
+/// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
+/// process, so a program may keep the pointer past `ibv_free_device_list`.
+#[repr(C)]
+pub(crate) struct DeviceEntry {
+    /// What the program sees; first, so that the program's pointer is this entry's.
+    pub ibv: ibv_device,
+    pub index: usize,
+    pub addr: IpAddr,
+    pub guid: u64,
+}
+
+// SAFETY: the entry is written once, before any thread sees it, and only read after: its raw
+// pointers (`_ops`) are null.
+unsafe impl Sync for DeviceEntry {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for DeviceEntry {}
+
+/// The process's devices, made at the first `ibv_get_device_list`.
+fn devices() -> &'static Result<Vec<&'static DeviceEntry>, String> {
+    static DEVICES: OnceLock<Result<Vec<&'static DeviceEntry>, String>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let addresses = Addresses::from_env()?;
+        Ok(addresses
+            .0
+            .into_iter()
+            .enumerate()
+            .map(|(index, addr)| &*Box::leak(Box::new(DeviceEntry::new(index, addr))))
+            .collect())
+    })
+}
+
+/// Copies `text` into a C string field, cut to fit with its terminating zero.
+fn fill(field: &mut [c_char], text: &str) {
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(field.len() - 1);
+    for (to, &from) in field.iter_mut().zip(&bytes[..n]) {
+        *to = from as c_char;
+    }
+    field[n] = 0;
+}
+
+/// The node GUID of the device at `addr`: an EUI-64 of a locally administered MAC made of the
+/// address, as rxe derives its GUID from the interface's MAC.
+fn guid_of(addr: IpAddr) -> u64 {
+    let low = match addr {
+        IpAddr::V4(v4) => u32::from(v4) as u64,
+        IpAddr::V6(v6) => u128::from(v6) as u64 & 0xffff_ffff,
+    };
+    // 02:00:<a>:ff:fe:<b>:<c>:<d>
+    let a = (low >> 24) & 0xff;
+    0x0200_0000_0000_0000 | a << 40 | 0xff_fe00_0000 | (low & 0xff_ffff)
+}
+
+impl DeviceEntry {
+    fn new(index: usize, addr: IpAddr) -> DeviceEntry {
+        let mut ibv = ibv_device {
+            _ops: _ibv_device_ops {
+                _dummy1: ptr::null_mut(),
+                _dummy2: ptr::null_mut(),
+            },
+            node_type: IBV_NODE_CA,
+            transport_type: IBV_TRANSPORT_IB,
+            name: [0; IBV_SYSFS_NAME_MAX],
+            dev_name: [0; IBV_SYSFS_NAME_MAX],
+            dev_path: [0; IBV_SYSFS_PATH_MAX],
+            ibdev_path: [0; IBV_SYSFS_PATH_MAX],
+        };
+        let name = format!("softroce{index}");
+        fill(&mut ibv.name, &name);
+        fill(&mut ibv.dev_name, &format!("uverbs{index}"));
+        // No sysfs: the paths name nothing, and `ibv_read_sysfs_file` reads nothing there.
+        fill(&mut ibv.dev_path, &format!("/softroce/{name}"));
+        fill(&mut ibv.ibdev_path, &format!("/softroce/{name}"));
+        DeviceEntry {
+            ibv,
+            index,
+            addr,
+            guid: guid_of(addr),
+        }
+    }
+
+    /// The device's one GID: its address as a RoCE v2 GID.
+    pub(crate) fn gid(&self) -> ibv_gid {
+        let v6 = match self.addr {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        ibv_gid { raw: v6.octets() }
+    }
+
+    /// The entry behind a program's device pointer, if it is one of ours.
+    fn from_ibv(device: *mut ibv_device) -> Option<&'static DeviceEntry> {
+        let list = devices().as_ref().ok()?;
+        list.iter()
+            .copied()
+            .find(|entry| ptr::eq(&entry.ibv, device.cast_const()))
+    }
+}
+
+/// The GID table's length: one entry.
+const GID_TABLE_LEN: c_int = 1;
+
+/// An open device, as `ibv_open_device` hands it out: the program's `ibv_context` is the end of
+/// the `verbs_context`, which begins this structure.
+#[repr(C)]
+pub(crate) struct Context {
+    pub vctx: verbs_context,
+    pub entry: &'static DeviceEntry,
+    pub device: Device,
+    /// The descriptor `async_fd` names: an eventfd, readable while events wait in `events`.
+    async_fd: OwnedFd,
+    /// The descriptor `cmd_fd` names: rdma-core's command channel to the kernel, which
+    /// softroce has none of. A program may `fcntl` it; nothing else.
+    cmd_fd: OwnedFd,
+    events: Arc<PendingEvents>,
+    /// The thread that moves the device's events into `events`.
+    waiter: Option<JoinHandle<()>>,
+    /// What the events name.
+    pub objects: Mutex<Objects>,
+}
+
+/// Asynchronous events not yet taken by `ibv_get_async_event`. `fd` (the context's
+/// `async_fd`) is readable while any wait.
+struct PendingEvents {
+    queue: Mutex<VecDeque<AsyncEvent>>,
+    fd: c_int,
+    closed: AtomicBool,
+}
+
+impl PendingEvents {
+    /// Queues `event` and makes the descriptor readable.
+    fn push(&self, event: AsyncEvent) {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.push_back(event);
+        let one: u64 = 1;
+        // SAFETY: `fd` is the context's eventfd, open while this exists (the context joins the
+        // thread that pushes before it closes the descriptor); the buffer is 8 bytes.
+        unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
+    }
+
+    /// The oldest event, leaving the descriptor readable only while more wait.
+    fn take(&self) -> Option<AsyncEvent> {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = 0u64;
+        // SAFETY: as in `push`; a read of an eventfd takes its whole count (it is
+        // non-blocking, so an empty one answers EAGAIN, which leaves `count` 0).
+        unsafe { libc::read(self.fd, ptr::addr_of_mut!(count).cast(), 8) };
+        let next = queue.pop_front();
+        if !queue.is_empty() {
+            let one: u64 = 1;
+            // SAFETY: as in `push`.
+            unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
+        }
+        next
+    }
+}
+
+/// The objects of a context that asynchronous events name, by the program's pointers.
+#[derive(Default)]
+pub(crate) struct Objects {
+    /// QPs by number.
+    pub qps: Vec<(softroce::wire::Qpn, usize)>,
+    /// CQs, for an overrun's event.
+    pub cqs: Vec<usize>,
+    /// SRQs, for a limit's event.
+    pub srqs: Vec<usize>,
+}
+
+/// `ibv_context_ops` as every context has it.
+const OPS: ibv_context_ops = ibv_context_ops {
+    _compat_query_device: None,
+    _compat_query_port: None,
+    _compat_alloc_pd: None,
+    _compat_dealloc_pd: None,
+    _compat_reg_mr: None,
+    _compat_rereg_mr: None,
+    _compat_dereg_mr: None,
+    alloc_mw: Some(memory::ibv_alloc_mw),
+    bind_mw: Some(memory::ibv_bind_mw),
+    dealloc_mw: Some(memory::ibv_dealloc_mw),
+    _compat_create_cq: None,
+    poll_cq: Some(cq::poll_cq),
+    req_notify_cq: Some(cq::req_notify_cq),
+    _compat_cq_event: None,
+    _compat_resize_cq: None,
+    _compat_destroy_cq: None,
+    _compat_create_srq: None,
+    _compat_modify_srq: None,
+    _compat_query_srq: None,
+    _compat_destroy_srq: None,
+    post_srq_recv: Some(post::post_srq_recv),
+    _compat_create_qp: None,
+    _compat_query_qp: None,
+    _compat_modify_qp: None,
+    _compat_destroy_qp: None,
+    post_send: Some(post::post_send),
+    post_recv: Some(post::post_recv),
+    _compat_create_ah: None,
+    _compat_destroy_ah: None,
+    _compat_attach_mcast: None,
+    _compat_detach_mcast: None,
+    _compat_async_event: None,
+};
+
+/// An eventfd, non-blocking and closed on exec.
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a descriptor we now own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Context {
+    /// The context behind a program's `ibv_context` pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `ctx` must be one `ibv_open_device` returned and `ibv_close_device` has not
+    /// closed.
+    pub(crate) unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
+        if ctx.is_null() {
+            return None;
+        }
+        let at = offset_of!(Context, vctx) + offset_of!(verbs_context, context);
+        // SAFETY: per the contract, `ctx` is the `context` field of the `vctx` of a live
+        // `Context`, so stepping back by the field's offset gives that `Context`.
+        Some(unsafe { &*ctx.byte_sub(at).cast::<Context>() })
+    }
+
+    /// The program's pointer to this context.
+    pub(crate) fn ibv(&self) -> *mut ibv_context {
+        ptr::addr_of!(self.vctx.context).cast_mut()
+    }
+
+    fn open(entry: &'static DeviceEntry) -> Result<Box<Context>, c_int> {
+        let mut config = DeviceConfig::udp(entry.addr);
+        config.progress = config::progress().map_err(|why| {
+            eprintln!("softroce: {why}");
+            libc::EINVAL
+        })?;
+        let device = Device::open(config).map_err(|e| {
+            let name = entry.name();
+            match &e {
+                softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
+                    eprintln!(
+                        "softroce: {name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
+                         give this process another address, for example {}=127.0.0.2 \
+                         (softroce run --addr 127.0.0.2 -- ...)",
+                        entry.addr,
+                        config::ADDR_VAR
+                    );
+                    libc::EADDRINUSE
+                }
+                softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrNotAvailable => {
+                    eprintln!(
+                        "softroce: {name}: {} is not an address of this host: set {} to one it has",
+                        entry.addr,
+                        config::ADDR_VAR
+                    );
+                    libc::EADDRNOTAVAIL
+                }
+                _ => {
+                    eprintln!("softroce: {name}: cannot open the device: {e}");
+                    libc::EIO
+                }
+            }
+        })?;
+        let async_fd = eventfd().map_err(|_| libc::EMFILE)?;
+        let cmd_fd = eventfd().map_err(|_| libc::EMFILE)?;
+        let events = Arc::new(PendingEvents {
+            queue: Mutex::new(VecDeque::new()),
+            fd: async_fd.as_raw_fd(),
+            closed: AtomicBool::new(false),
+        });
+        let waiter = spawn_event_waiter(&device, &events);
+        let mut context = Box::new(Context {
+            vctx: verbs_context::new(),
+            entry,
+            device,
+            async_fd,
+            cmd_fd,
+            events,
+            waiter: Some(waiter),
+            objects: Mutex::new(Objects::default()),
+        });
+        let ctx = &mut context.vctx.context;
+        ctx.device = ptr::addr_of!(entry.ibv).cast_mut();
+        ctx.cmd_fd = context.cmd_fd.as_raw_fd();
+        ctx.async_fd = context.async_fd.as_raw_fd();
+        Ok(context)
+    }
+
+    /// The event the program sees for `event`: its type and the program's pointer to what it
+    /// names; `None` if that was destroyed since.
+    fn async_event(&self, event: AsyncEvent) -> Option<ibv_async_event> {
+        let objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
+        let qp = |qpn| {
+            objects
+                .qps
+                .iter()
+                .find(|(q, _)| *q == qpn)
+                .map(|&(_, at)| at)
+        };
+        let (element, event_type) = match event {
+            AsyncEvent::QpFatal { qpn } => (qp(qpn)?, IBV_EVENT_QP_FATAL),
+            AsyncEvent::QpAccessError { qpn } => (qp(qpn)?, IBV_EVENT_QP_ACCESS_ERR),
+            AsyncEvent::CqOverrun { cq, .. } => (cq::find(&objects.cqs, cq)?, IBV_EVENT_CQ_ERR),
+            AsyncEvent::SrqLimitReached { srq } => (
+                qp::find_srq(&objects.srqs, srq)?,
+                IBV_EVENT_SRQ_LIMIT_REACHED,
+            ),
+        };
+        Some(ibv_async_event {
+            element: element as *mut c_void,
+            event_type,
+        })
+    }
+
+    /// The GID at `index` of port `port`, or why not.
+    pub(crate) fn gid(&self, port: u8, index: c_int) -> Result<ibv_gid, c_int> {
+        if port != 1 {
+            return Err(libc::EINVAL);
+        }
+        if index != 0 {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "softroce: GID index {index}: {} has one GID, index 0 (its address {} as a RoCE v2 GID)",
+                    self.entry.name(),
+                    self.entry.addr
+                );
+            }
+            return Err(libc::EINVAL);
+        }
+        Ok(self.entry.gid())
+    }
+}
+
+impl DeviceEntry {
+    /// The device's name, as the program sees it.
+    pub(crate) fn name(&self) -> &str {
+        // SAFETY: `name` was filled by `fill`, which always leaves a terminating zero.
+        let name = unsafe { CStr::from_ptr(self.ibv.name.as_ptr()) };
+        name.to_str().unwrap_or("softroce")
+    }
+}
+
+/// Moves the device's events into `events`; ends when the device stops or the context closes.
+fn spawn_event_waiter(device: &Device, events: &Arc<PendingEvents>) -> JoinHandle<()> {
+    let source = device.events();
+    let events = events.clone();
+    std::thread::Builder::new()
+        .name("softroce-events".into())
+        .spawn(move || {
+            while let Some(event) = source.wait() {
+                if events.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                events.push(event);
+            }
+        })
+        .expect("a thread for the device's events")
+}
+
+impl verbs_context {
+    /// The extended table softroce fills: `query_port`, and its size.
+    fn new() -> verbs_context {
+        verbs_context {
+            query_port: Some(query_port_ex),
+            advise_mr: None,
+            alloc_null_mr: None,
+            read_counters: None,
+            attach_counters_point_flow: None,
+            create_counters: None,
+            destroy_counters: None,
+            reg_dm_mr: None,
+            alloc_dm: None,
+            free_dm: None,
+            modify_flow_action_esp: None,
+            destroy_flow_action: None,
+            create_flow_action_esp: None,
+            modify_qp_rate_limit: None,
+            alloc_parent_domain: None,
+            dealloc_td: None,
+            alloc_td: None,
+            modify_cq: None,
+            post_srq_ops: None,
+            destroy_rwq_ind_table: None,
+            create_rwq_ind_table: None,
+            destroy_wq: None,
+            modify_wq: None,
+            create_wq: None,
+            query_rt_values: None,
+            create_cq_ex: None,
+            priv_: ptr::null_mut(),
+            query_device_ex: None,
+            ibv_destroy_flow: None,
+            abi_placeholder2: None,
+            ibv_create_flow: None,
+            abi_placeholder1: None,
+            open_qp: None,
+            create_qp_ex: None,
+            get_srq_num: None,
+            create_srq_ex: None,
+            open_xrcd: None,
+            close_xrcd: None,
+            _abi_placeholder3: 0,
+            sz: std::mem::size_of::<verbs_context>(),
+            context: ibv_context {
+                device: ptr::null_mut(),
+                ops: OPS,
+                cmd_fd: -1,
+                async_fd: -1,
+                num_comp_vectors: 1,
+                // SAFETY: an all-zero pthread mutex is PTHREAD_MUTEX_INITIALIZER on glibc.
+                mutex: unsafe { std::mem::zeroed() },
+                abi_compat: VERBS_ABI_IS_EXTENDED,
+            },
+        }
+    }
+}
+
+/// `ibv_get_device_list`: every device of the process, null-terminated, in memory from
+/// `malloc` that `ibv_free_device_list` frees.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    guard(ptr::null_mut(), || {
+        let list = match devices() {
+            Ok(list) => list,
+            Err(why) => {
+                eprintln!("softroce: {why}");
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+        };
+        let size = (list.len() + 1) * std::mem::size_of::<*mut ibv_device>();
+        // SAFETY: malloc takes a size; a null result is handled.
+        let array = unsafe { libc::malloc(size) }.cast::<*mut ibv_device>();
+        if array.is_null() {
+            set_errno(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, entry) in list.iter().enumerate() {
+            // SAFETY: `array` holds `list.len() + 1` pointers.
+            unsafe { array.add(i).write(ptr::addr_of!(entry.ibv).cast_mut()) };
+        }
+        // SAFETY: as above, the last slot.
+        unsafe { array.add(list.len()).write(ptr::null_mut()) };
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a pointer to an int, or null.
+            unsafe { *num_devices = list.len() as c_int };
+        }
+        array
+    })
+}
+
+/// `ibv_free_device_list`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from `ibv_get_device_list`'s malloc, or is null, which free ignores.
+    guard((), || unsafe { libc::free(list.cast()) })
+}
+
+/// `ibv_get_device_name`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    guard(ptr::null(), || match DeviceEntry::from_ibv(device) {
+        Some(entry) => entry.ibv.name.as_ptr(),
+        None => {
+            set_errno(libc::EINVAL);
+            ptr::null()
+        }
+    })
+}
+
+/// `ibv_get_device_guid`: the node GUID, in network byte order.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    guard(0, || {
+        DeviceEntry::from_ibv(device).map_or(0, |e| e.guid.to_be())
+    })
+}
+
+/// `ibv_get_device_index`: the device's place in the list, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    guard(-1, || {
+        DeviceEntry::from_ibv(device).map_or(-1, |e| e.index as c_int)
+    })
+}
+
+/// `ibv_open_device`: opens the device's socket and engine.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard(ptr::null_mut(), || {
+        let Some(entry) = DeviceEntry::from_ibv(device) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match Context::open(entry) {
+            Ok(context) => Box::leak(context).ibv(),
+            Err(errno) => {
+                set_errno(errno);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `ibv_close_device`: closes the device; its objects should have been destroyed first, as
+/// rdma-core asks, but those left behind stop with it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: every context is a leaked `Box<Context>` (`ibv_open_device`), and the
+        // program hands it back once.
+        let mut context = unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) };
+        context.events.closed.store(true, Ordering::Release);
+        let waiter = context.waiter.take();
+        // The device's end ends the waiter's wait.
+        drop(context);
+        if let Some(waiter) = waiter {
+            let _ = waiter.join();
+        }
+        0
+    })
+}
+
+/// The device's attributes: softroce's own limits.
+fn device_attr(entry: &DeviceEntry) -> ibv_device_attr {
+    // SAFETY: `ibv_device_attr` is plain integers and bytes, for which zero is valid.
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    fill(&mut attr.fw_ver, env!("CARGO_PKG_VERSION"));
+    attr.node_guid = entry.guid.to_be();
+    attr.sys_image_guid = entry.guid.to_be();
+    attr.max_mr_size = u64::MAX;
+    attr.page_size_cap = 0xffff_f000;
+    attr.vendor_id = 0xffffff;
+    attr.max_qp = qp::MAX_QP;
+    attr.max_qp_wr = qp::MAX_WR;
+    attr.device_cap_flags = qp::DEVICE_CAP_FLAGS;
+    attr.max_sge = post::MAX_SGE;
+    attr.max_sge_rd = post::MAX_SGE;
+    attr.max_cq = cq::MAX_CQ;
+    attr.max_cqe = cq::MAX_CQE;
+    attr.max_mr = memory::MAX_MR;
+    attr.max_pd = c_int::MAX;
+    attr.max_qp_rd_atom = MAX_RD_ATOMIC.into();
+    attr.max_res_rd_atom = c_int::from(MAX_RD_ATOMIC) * qp::MAX_QP;
+    attr.max_qp_init_rd_atom = MAX_RD_ATOMIC.into();
+    attr.atomic_cap = IBV_ATOMIC_HCA;
+    attr.max_mw = memory::MAX_MW;
+    attr.max_ah = c_int::MAX;
+    attr.max_srq = qp::MAX_QP;
+    attr.max_srq_wr = qp::MAX_WR;
+    attr.max_srq_sge = post::MAX_SGE;
+    attr.max_pkeys = 1;
+    attr.local_ca_ack_delay = 15;
+    attr.phys_port_cnt = 1;
+    attr
+}
+
+/// `ibv_query_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `attr` points to an `ibv_device_attr` the program owns.
+        unsafe { attr.write(device_attr(context.entry)) };
+        0
+    })
+}
+
+/// The port's attributes.
+fn port_attr(context: &Context) -> ibv_port_attr {
+    let mtu = context.device.port_mtu().ibv_enum().into();
+    ibv_port_attr {
+        state: IBV_PORT_ACTIVE,
+        max_mtu: 5,
+        active_mtu: mtu,
+        gid_tbl_len: GID_TABLE_LEN,
+        port_cap_flags: 0x0001_0000 | 0x0400_0000, // CM_SUP, IP_BASED_GIDS
+        max_msg_sz: 0x8000_0000,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: 1,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        active_width: 1,  // 1X
+        active_speed: 32, // EDR: softroce has no line rate of its own
+        phys_state: 5,    // LinkUp
+        link_layer: IBV_LINK_LAYER_ETHERNET,
+        flags: 0,
+        port_cap_flags2: 0,
+    }
+}
+
+/// How many bytes of `ibv_port_attr` the compat `ibv_query_port` fills: up to `flags`
+/// (`struct _compat_ibv_port_attr`, what programs built before rdma-core 17 pass).
+const COMPAT_PORT_ATTR_LEN: usize = offset_of!(ibv_port_attr, flags);
+
+/// Copies the port's attributes for port `port` into the `len` bytes at `attr`.
+///
+/// # Safety
+///
+/// `context` is null or a live context; `attr` is null or points to `len` writable bytes.
+unsafe fn query_port_into(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() || port != 1 {
+        return libc::EINVAL;
+    }
+    let full = port_attr(context);
+    let n = len.min(std::mem::size_of::<ibv_port_attr>());
+    // SAFETY: `attr` has room for `len` bytes, `full` for `n <= size_of` of them.
+    unsafe { ptr::copy_nonoverlapping(ptr::addr_of!(full).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
+
+/// `ibv_query_port` as exported (`verbs.h` calls it when a context has no `query_port` op,
+/// and programs built against old headers always): the compat part of the attributes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: the program passes a live context and its own attribute structure.
+    guard(libc::EIO, || unsafe {
+        query_port_into(context, port_num, attr, COMPAT_PORT_ATTR_LEN)
+    })
+}
+
+/// The context's `query_port` op, which `verbs.h`'s `ibv_query_port` calls with the size of the
+/// structure the program was built with.
+unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    attr_len: size_t,
+) -> c_int {
+    // SAFETY: the program passes a live context and `attr_len` bytes of its own.
+    guard(libc::EIO, || unsafe {
+        query_port_into(context, port_num, attr, attr_len)
+    })
+}
+
+/// `ibv_query_gid`: 0, or -1 for an index or port the device does not have.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if gid.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        match context.gid(port_num, index) {
+            Ok(found) => {
+                // SAFETY: `gid` points to a GID the program owns.
+                unsafe { gid.write(found) };
+                0
+            }
+            Err(errno) => {
+                set_errno(errno);
+                -1
+            }
+        }
+    })
+}
+
+/// `_ibv_query_gid_ex` (what `ibv_query_gid_ex` calls): the GID and its type, RoCE v2.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: size_t,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            return libc::EINVAL;
+        };
+        if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return libc::EINVAL;
+        }
+        let (Ok(port), Ok(index)) = (u8::try_from(port_num), c_int::try_from(gid_index)) else {
+            return libc::EINVAL;
+        };
+        match context.gid(port, index) {
+            Ok(gid) => {
+                let found = ibv_gid_entry {
+                    gid,
+                    gid_index,
+                    port_num,
+                    gid_type: IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: 0,
+                };
+                // SAFETY: `entry` points to at least one `ibv_gid_entry` (checked size).
+                unsafe { entry.write(found) };
+                0
+            }
+            Err(errno) => errno,
+        }
+    })
+}
+
+/// `ibv_query_gid_type` (rdma-core's private node, which `ibv_devinfo` uses): the sysfs type,
+/// where 1 is RoCE v2. 0, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_uint,
+    gid_type: *mut c_int,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            return -1;
+        };
+        let found = c_int::try_from(index).map(|i| context.gid(port_num, i));
+        match found {
+            Ok(Ok(_)) if !gid_type.is_null() => {
+                // SAFETY: `gid_type` points to the program's enum.
+                unsafe { *gid_type = 1 };
+                0
+            }
+            _ => {
+                set_errno(libc::EINVAL);
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_query_pkey`: the one P_Key, 0xFFFF, at index 0. 0, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let context = unsafe { Context::from_ibv(context) };
+        if context.is_none() || port_num != 1 || index != 0 || pkey.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: `pkey` points to the program's `__be16`.
+        unsafe { *pkey = 0xffffu16.to_be() };
+        0
+    })
+}
+
+/// `ibv_get_pkey_index`: the index of `pkey`, 0 for the default P_Key, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    context: *mut ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let context = unsafe { Context::from_ibv(context) };
+        if context.is_some() && port_num == 1 && u16::from_be(pkey) | 0x8000 == 0xffff {
+            0
+        } else {
+            set_errno(libc::ENOENT);
+            -1
+        }
+    })
+}
+
+/// `ibv_get_async_event`: the next event, waiting for it unless `async_fd` is non-blocking
+/// (then -1 with `EAGAIN`). 0, or -1.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if event.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let fd = context.async_fd.as_raw_fd();
+        loop {
+            if let Some(next) = context.events.take() {
+                if let Some(found) = context.async_event(next) {
+                    // SAFETY: `event` points to the program's structure.
+                    unsafe { event.write(found) };
+                    return 0;
+                }
+                // Its object was destroyed since: nothing to tell.
+                continue;
+            }
+            // SAFETY: fcntl on our own descriptor.
+            if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            let mut pollfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd of ours.
+            unsafe { libc::poll(&mut pollfd, 1, -1) };
+        }
+    })
+}
+
+/// `ibv_ack_async_event`: nothing to release; softroce's events hold no references.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+/// `ibv_fork_init`: softroce pins no pages, so a child after `fork` changes nothing a peer
+/// reaches; 0.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED` (2), as with a kernel that copies on fork.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+
+/// `ibv_read_sysfs_file`: softroce has no sysfs; -1 with `ENOENT`, as for a file that is not
+/// there (`ibv_devinfo` asks for the firmware and board IDs and prints what it has).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: size_t,
+) -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}

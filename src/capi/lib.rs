@@ -1,0 +1,105 @@
+//! softroce as `libibverbs.so.1` and `librdmacm.so.1`: the verbs and RDMA-CM calls of
+//! rdma-core's ABI (Debian 12's rdma-core 44, and every release since), over softroce's
+//! [`Device`](softroce::verbs::Device), so that an unmodified, dynamically linked RDMA program
+//! runs over softroce with no NIC and no kernel module.
+//!
+//! The shared object is the `softroce-rdma` target (`main.rs`, linked by `build.rs` with
+//! rdma-core's symbol versions from `rdma.map`); `<profile>/rdma/` holds it under both names.
+//!
+//! # The C boundary
+//!
+//! Every exported function is `unsafe extern "C"`, in the module of its verbs, and:
+//!
+//! - checks each pointer it is given for null before it uses it, and answers null as rdma-core
+//!   does (`EINVAL`, or the verb's own error value);
+//! - runs its body under `guard`, so that a panic never unwinds into C: the call returns its
+//!   error value with `errno` set to `EIO` instead;
+//! - reaches softroce's objects only through the structures it handed out (`abi`), each of which
+//!   begins with the rdma-core structure the program sees, so that the program's pointer is
+//!   also a pointer to softroce's object (the way rdma-core's providers embed theirs).
+//!
+//! What softroce lacks answers `EOPNOTSUPP`, with one line on standard error the first time
+//! (`unsupported`).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod abi;
+mod config;
+mod cq;
+mod devices;
+mod memory;
+mod post;
+mod qp;
+mod strings;
+
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use libc::c_int;
+
+pub use config::{Addresses, ADDR_VAR};
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(value: c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's `errno`, valid for the thread's
+    // life.
+    unsafe { *libc::__errno_location() = value }
+}
+
+/// Runs `body`, the whole of an exported function; if it panics (a bug in softroce), returns
+/// `failed` with `errno` set to `EIO` instead of unwinding into the C caller.
+pub(crate) fn guard<T>(failed: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(_) => {
+            set_errno(libc::EIO);
+            failed
+        }
+    }
+}
+
+/// Says once per verb, on standard error, that softroce does not provide it; the caller then
+/// answers `EOPNOTSUPP`.
+pub(crate) fn unsupported(verb: &str) -> c_int {
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if said
+        .get_or_insert_with(HashSet::new)
+        .insert(verb.to_string())
+    {
+        eprintln!("softroce: {verb} is not supported (EOPNOTSUPP)");
+    }
+    libc::EOPNOTSUPP
+}
+
+/// Reports an error of softroce's own on standard error, in one line, for a call whose C
+/// interface has only an errno to say it with; returns that errno.
+pub(crate) fn report(verb: &str, errno: c_int, why: impl std::fmt::Display) -> c_int {
+    eprintln!("softroce: {verb}: {why}");
+    errno
+}
+
+/// The `errno` rdma-core gives where softroce refuses a verb for `e`'s reason.
+pub(crate) fn errno_of(e: &softroce::verbs::Error) -> c_int {
+    use softroce::memory::MemoryError;
+    use softroce::transport::VerbsError;
+    use softroce::verbs::Error;
+    let memory = |m: &MemoryError| match m {
+        MemoryError::NoMemory { .. } | MemoryError::OutOfKeys => libc::ENOMEM,
+        MemoryError::WindowsBound { .. } => libc::EBUSY,
+        _ => libc::EINVAL,
+    };
+    match e {
+        Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
+        Error::Memory(m) | Error::Verbs(VerbsError::Memory(m)) => memory(m),
+        Error::QueueFull | Error::Verbs(VerbsError::QueueFull) => libc::ENOMEM,
+        Error::Verbs(VerbsError::OutOfResources(_)) => libc::ENOMEM,
+        Error::Verbs(_) => libc::EINVAL,
+        Error::DeviceClosed | Error::DeviceFailed(_) => libc::EIO,
+        Error::Cm(_) | Error::ConnectFailed(_) | Error::Disconnected | Error::Unresolved(_) => {
+            libc::EINVAL
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Protection domains, memory regions over the program's own memory, and memory windows.
+//!
+//! `ibv_reg_mr` registers the program's bytes in place ([`ForeignMemory`]), at any address,
+//! length and alignment: a peer's WRITE lands in them, a READ reads them, and nothing is copied
+//! to or from a shadow buffer. `ibv_dereg_mr` stops both keys at once, then waits until no
+//! transfer still holds the memory before it returns, after which the program may free it;
+//! the wait is bounded, as rxe bounds its own, and past it the call answers `EBUSY` (the keys
+//! stay stopped, and the call may be made again).
+
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use libc::{c_int, c_uint, c_void, size_t};
+use softroce::memory::{Access, ForeignMemory, MwType};
+use softroce::verbs::{MemoryRegion, MemoryWindow, ProtectionDomain};
+
+use crate::abi::*;
+use crate::devices::Context;
+use crate::qp::Qp;
+use crate::{guard, set_errno};
+
+/// Regions a device holds at most: its key table's limit (`softroce::memory`).
+pub(crate) const MAX_MR: c_int = 800_000;
+/// Windows a device holds at most.
+pub(crate) const MAX_MW: c_int = 1_000_000;
+
+/// How long `ibv_dereg_mr` waits for transfers still holding the memory.
+const DEREG_WAIT: Duration = Duration::from_secs(5);
+
+/// A protection domain: the program's `ibv_pd`, first.
+#[repr(C)]
+pub(crate) struct Pd {
+    pub ibv: ibv_pd,
+    pub pd: ProtectionDomain,
+}
+
+impl Pd {
+    /// The PD behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `pd` is one `ibv_alloc_pd` returned and `ibv_dealloc_pd` has not freed.
+    pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
+        // SAFETY: per the contract, `pd` is the first field of a live `Pd`.
+        unsafe { pd.cast::<Pd>().as_ref() }
+    }
+}
+
+/// A memory region: the program's `ibv_mr`, first.
+#[repr(C)]
+pub(crate) struct Mr {
+    pub ibv: ibv_mr,
+    pd: ProtectionDomain,
+    /// Until the memory is the program's again.
+    region: Option<MemoryRegion>,
+    /// Deregistered already: a call that answered `EBUSY` is being made again.
+    deregistered: bool,
+}
+
+/// A memory window: the program's `ibv_mw`, first.
+#[repr(C)]
+pub(crate) struct Mw {
+    pub ibv: ibv_mw,
+    pub window: MemoryWindow,
+}
+
+/// The access flags a region or window grants, from `ibv_access_flags`; `None` for a flag
+/// softroce does not know outside the optional range (bits 20 to 29), which it ignores, as
+/// rdma-core lets providers do.
+pub(crate) fn access(flags: c_uint) -> Option<Access> {
+    const KNOWN: c_uint = 0xff; // through IBV_ACCESS_HUGETLB
+    const OPTIONAL: c_uint = 0x3ff << 20;
+    if flags & !(KNOWN | OPTIONAL) != 0 {
+        return None;
+    }
+    let mut access = Access::NONE;
+    for (bit, right) in [
+        (1, Access::LOCAL_WRITE),
+        (2, Access::REMOTE_WRITE),
+        (4, Access::REMOTE_READ),
+        (8, Access::REMOTE_ATOMIC),
+        (16, Access::MW_BIND),
+    ] {
+        if flags & bit != 0 {
+            access = access | right;
+        }
+    }
+    Some(access)
+}
+
+/// `ibv_alloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a context it opened and has not closed.
+        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match context.device.alloc_pd() {
+            Ok(pd) => {
+                let handle = pd_handle(&pd);
+                let pd = Box::new(Pd {
+                    ibv: ibv_pd {
+                        context: context.ibv(),
+                        handle,
+                    },
+                    pd,
+                });
+                Box::into_raw(pd).cast()
+            }
+            Err(_) => {
+                set_errno(libc::ENODEV);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// A PD's handle: softroce's number for it.
+fn pd_handle(pd: &ProtectionDomain) -> u32 {
+    pd.id().0
+}
+
+/// `ibv_dealloc_pd`: its objects keep what they need of it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    guard(libc::EIO, || {
+        if pd.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: every PD is a leaked `Box<Pd>` (`ibv_alloc_pd`), handed back once.
+        drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+        0
+    })
+}
+
+/// `ibv_reg_mr`: the program's `length` bytes at `addr`, in place, addressed by peers at `addr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: size_t,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded as the program gave them.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+
+/// `ibv_reg_mr_iova`: as `ibv_reg_mr`, addressed by peers at `iova`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: size_t,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded as the program gave them.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
+}
+
+/// `ibv_reg_mr_iova2`, which the others and `verbs.h`'s `ibv_reg_mr` macro come to.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: size_t,
+    iova: u64,
+    access_flags: c_uint,
+) -> *mut ibv_mr {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated and has not freed.
+        let Some(owner) = (unsafe { Pd::from_ibv(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let Some(rights) = access(access_flags) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // IBTA C10-70 (and the kernel's ib_check_mr_access): remote write or atomic access
+        // needs local write.
+        let needs_local = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if rights.intersects(needs_local) && !rights.contains(Access::LOCAL_WRITE) {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let iova = if access_flags & 32 != 0 { 0 } else { iova }; // IBV_ACCESS_ZERO_BASED
+                                                                  // SAFETY: the program registers memory of its own, which verbs require it to keep
+                                                                  // until `ibv_dereg_mr` returns; that call returns only once `try_close` has succeeded,
+                                                                  // after which softroce no longer reaches the memory (see `ibv_dereg_mr`).
+        let Some(memory) = (unsafe { ForeignMemory::new(addr.cast(), length) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match owner.pd.register_foreign(memory, iova, rights) {
+            Ok(region) => {
+                let mr = Box::new(Mr {
+                    ibv: ibv_mr {
+                        context: owner.ibv.context,
+                        pd,
+                        addr,
+                        length,
+                        handle: region.lkey().0,
+                        lkey: region.lkey().0,
+                        rkey: region.rkey().0,
+                    },
+                    pd: owner.pd.clone(),
+                    region: Some(region),
+                    deregistered: false,
+                });
+                Box::into_raw(mr).cast()
+            }
+            Err(e) => {
+                set_errno(crate::errno_of(&e));
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `ibv_dereg_mr`: both keys stop at once; the call returns once no transfer holds the memory,
+/// which is then the program's to free. `EBUSY` if windows are bound over it (nothing
+/// changed), or if transfers still held it after a wait (the keys are stopped; call again).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard(libc::EIO, || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: every MR is a leaked `Box<Mr>` (`ibv_reg_mr_iova2`), alive until this call
+        // succeeds; the program does not use it from another thread meanwhile.
+        let this = unsafe { &mut *mr.cast::<Mr>() };
+        let Some(region) = this.region.take() else {
+            return libc::EINVAL;
+        };
+        if !this.deregistered {
+            if let Err(e) = this.pd.deregister(&region) {
+                this.region = Some(region);
+                return match e {
+                    softroce::verbs::Error::Memory(
+                        softroce::memory::MemoryError::WindowsBound { .. },
+                    ) => libc::EBUSY,
+                    _ => libc::EINVAL,
+                };
+            }
+            this.deregistered = true;
+        }
+        let start = Instant::now();
+        let mut region = region;
+        loop {
+            match region.try_close() {
+                Ok(()) => break,
+                Err(still) if start.elapsed() < DEREG_WAIT => {
+                    region = still;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Err(still) => {
+                    this.region = Some(still);
+                    return libc::EBUSY;
+                }
+            }
+        }
+        // SAFETY: as above; the region is gone, and so is the last use of the box.
+        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        0
+    })
+}
+
+/// The context op `alloc_mw` (what `verbs.h`'s `ibv_alloc_mw` calls).
+pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> *mut ibv_mw {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated and has not freed.
+        let Some(owner) = (unsafe { Pd::from_ibv(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let kind = match type_ {
+            IBV_MW_TYPE_1 => MwType::Type1,
+            IBV_MW_TYPE_2 => MwType::Type2,
+            _ => {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+        };
+        match owner.pd.alloc_mw(kind) {
+            Ok(window) => {
+                let mw = Box::new(Mw {
+                    ibv: ibv_mw {
+                        context: owner.ibv.context,
+                        pd,
+                        rkey: window.rkey().0,
+                        handle: window.rkey().0,
+                        type_,
+                    },
+                    window,
+                });
+                Box::into_raw(mw).cast()
+            }
+            Err(e) => {
+                set_errno(crate::errno_of(&e));
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// The context op `dealloc_mw`.
+pub(crate) unsafe extern "C" fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    guard(libc::EIO, || {
+        if mw.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: every MW is a leaked `Box<Mw>` (`ibv_alloc_mw`), handed back once.
+        drop(unsafe { Box::from_raw(mw.cast::<Mw>()) });
+        0
+    })
+}
+
+/// The context op `bind_mw` (`ibv_bind_mw`, type 1 windows): posts the bind on `qp`; the
+/// window's rkey is the new one from now on, good once the bind completes.
+pub(crate) unsafe extern "C" fn ibv_bind_mw(
+    qp: *mut ibv_qp,
+    mw: *mut ibv_mw,
+    bind: *mut ibv_mw_bind,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes objects it created and has not destroyed.
+        let (Some(qp), Some(mw), Some(bind)) = (
+            unsafe { Qp::from_ibv(qp) },
+            unsafe { mw.cast::<Mw>().as_mut() },
+            unsafe { bind.as_ref() },
+        ) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: a non-null `mr` in the bind is one the program registered.
+        let Some(mr) = (unsafe { bind.bind_info.mr.cast::<Mr>().as_ref() }) else {
+            return libc::EINVAL;
+        };
+        let (Some(region), Some(rights)) = (&mr.region, access(bind.bind_info.mw_access_flags))
+        else {
+            return libc::EINVAL;
+        };
+        let offset = bind.bind_info.addr.wrapping_sub(region.iova()) as usize;
+        let len = bind.bind_info.length as usize;
+        let signaled = bind.send_flags & IBV_SEND_SIGNALED != 0;
+        match qp.bind_mw(
+            bind.wr_id,
+            signaled,
+            &mw.window,
+            region,
+            (offset, len),
+            rights,
+        ) {
+            Ok(()) => {
+                mw.ibv.rkey = mw.window.rkey().0;
+                0
+            }
+            Err(e) => crate::errno_of(&e),
+        }
+    })
+}

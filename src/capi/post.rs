@@ -1,0 +1,319 @@
+//! Posting: `ibv_post_send`, `ibv_post_recv` and `ibv_post_srq_recv` (the inline verbs of
+//! `verbs.h`, which call these through the context's ops table), from rdma-core's work
+//! requests to softroce's.
+//!
+//! A chain of send requests goes to the engine in one batch, with one doorbell. A request that
+//! cannot be posted stops the chain there: it and those after it are not posted, `*bad_wr`
+//! points to it, and the call returns the error (`EINVAL` for a malformed request, `ENOMEM` for
+//! a full queue), as rdma-core's providers do.
+
+use std::ptr;
+
+use libc::c_int;
+use softroce::memory::BindMw;
+use softroce::transport::{Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest};
+use softroce::wire::{LKey, QKey, Qpn, RKey};
+
+use crate::abi::*;
+use crate::memory::{access, Mr, Mw};
+use crate::qp::{Ah, Qp, Srq};
+use crate::{errno_of, guard};
+
+/// SGEs one work request may name.
+pub(crate) const MAX_SGE: c_int = 32;
+/// Bytes an inline send may carry.
+pub(crate) const MAX_INLINE: u32 = 256;
+
+/// The request's SGEs, or `None` if there are more than [`MAX_SGE`] or the list is null.
+///
+/// # Safety
+///
+/// `sg_list` points to `num_sge` SGEs, or `num_sge` is 0.
+unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeList> {
+    if num_sge == 0 {
+        return Some(SgeList::new());
+    }
+    if !(0..=MAX_SGE).contains(&num_sge) || sg_list.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    Some(
+        list.iter()
+            .map(|sge| Sge {
+                addr: sge.addr,
+                len: sge.length,
+                lkey: LKey(sge.lkey),
+            })
+            .collect(),
+    )
+}
+
+/// The bytes an inline send carries: its SGEs' bytes, read now, from the program's memory
+/// (inline data needs no registration).
+///
+/// # Safety
+///
+/// Each SGE names `length` readable bytes at `addr`, as `IBV_SEND_INLINE` requires.
+unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<u8>> {
+    if num_sge == 0 {
+        return Some(Vec::new());
+    }
+    if !(0..=MAX_SGE).contains(&num_sge) || sg_list.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+    if total > u64::from(MAX_INLINE) {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(total as usize);
+    for sge in list {
+        if sge.length == 0 {
+            continue;
+        }
+        // SAFETY: per the contract, `length` readable bytes at `addr`.
+        let part =
+            unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
+        bytes.extend_from_slice(part);
+    }
+    Some(bytes)
+}
+
+/// softroce's send request for the program's `wr` on `qp`; `None` if it is malformed.
+///
+/// # Safety
+///
+/// `wr` is a work request the program built, whose pointers are valid as verbs require.
+unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
+    let flags = wr.send_flags;
+    let imm = u32::from_be(wr.imm_data);
+    // SAFETY: the union member the opcode names is the one the program wrote.
+    let (rdma, atomic) = unsafe { (wr.wr.rdma, wr.wr.atomic) };
+    let op = match wr.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+            rkey: RKey(wr.imm_data),
+        },
+        IBV_WR_RDMA_WRITE => SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey(rdma.rkey),
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey(atomic.rkey),
+            add: atomic.compare_add,
+        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            rkey: RKey(wr.imm_data),
+        },
+        // SAFETY: the bind's pointers are the program's live objects.
+        IBV_WR_BIND_MW => SendOp::BindMw(unsafe { bind(&wr.bind_mw) }?),
+        _ => return None,
+    };
+    let inline = flags & IBV_SEND_INLINE != 0 && !op.is_read_or_atomic();
+    let payload = if inline {
+        // SAFETY: per the contract.
+        Payload::Inline(unsafe { inline_bytes(wr.sg_list, wr.num_sge) }?)
+    } else {
+        // SAFETY: per the contract.
+        Payload::Sges(unsafe { sges(wr.sg_list, wr.num_sge) }?)
+    };
+    let mut request = SendWr::new(wr.wr_id, op, payload);
+    request.signaled = flags & IBV_SEND_SIGNALED != 0 || qp.sq_sig_all;
+    request.fence = flags & IBV_SEND_FENCE != 0;
+    request.solicited = flags & IBV_SEND_SOLICITED != 0;
+    if qp.ibv.qp_type == IBV_QPT_UD {
+        // SAFETY: on a UD QP, `wr.ud` is the member the program wrote.
+        let ud = unsafe { wr.wr.ud };
+        // SAFETY: a non-null `ah` is one the program created and has not destroyed.
+        let ah = unsafe { Ah::from_ibv(ud.ah) }?;
+        request.ud = Some(UdDest {
+            ah: ah.handle,
+            remote_qpn: Qpn::new(ud.remote_qpn & 0xff_ffff),
+            remote_qkey: QKey(ud.remote_qkey),
+        });
+    }
+    Some(request)
+}
+
+/// A type 2 window's bind, from a send request's `bind_mw`.
+///
+/// # Safety
+///
+/// The window and region pointers are null or the program's live objects.
+unsafe fn bind(b: &send_wr_bind_mw) -> Option<BindMw> {
+    // SAFETY: per the contract.
+    let (mw, mr) = unsafe {
+        (
+            b.mw.cast::<Mw>().as_ref()?,
+            b.bind_info.mr.cast::<Mr>().as_ref()?,
+        )
+    };
+    Some(BindMw {
+        window: mw.window.rkey(),
+        new_rkey: RKey(b.rkey),
+        region: LKey(mr.ibv.lkey),
+        addr: b.bind_info.addr,
+        len: b.bind_info.length,
+        access: access(b.bind_info.mw_access_flags)?,
+    })
+}
+
+/// The context op `post_send` (`ibv_post_send`).
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a QP it created and has not destroyed.
+        let Some(this) = (unsafe { Qp::from_ibv(qp) }) else {
+            return libc::EINVAL;
+        };
+        let mut next = wr;
+        let mut malformed = ptr::null_mut();
+        let chain = std::iter::from_fn(|| {
+            // SAFETY: the chain is the program's list of live requests, null-terminated.
+            let current = unsafe { next.as_ref() }?;
+            // SAFETY: as above.
+            match unsafe { send_wr(this, current) } {
+                Some(request) => {
+                    next = current.next;
+                    Some(request)
+                }
+                None => {
+                    malformed = next;
+                    None
+                }
+            }
+        });
+        let result = this.qp.post_send_batch(chain);
+        let failed = match result {
+            Ok(_) if malformed.is_null() => return 0,
+            Ok(_) => (malformed, libc::EINVAL),
+            // The chain stopped at the request the engine refused: the one after the posted.
+            Err(partial) => (nth_send(wr, partial.posted), errno_of(&partial.error)),
+        };
+        if !bad_wr.is_null() {
+            // SAFETY: the program's out-pointer.
+            unsafe { *bad_wr = failed.0 };
+        }
+        failed.1
+    })
+}
+
+/// The `n`th request of the chain from `wr`.
+fn nth_send(mut wr: *mut ibv_send_wr, n: usize) -> *mut ibv_send_wr {
+    for _ in 0..n {
+        // SAFETY: the chain holds more than `n` requests: the engine refused the one after
+        // the `n` it posted.
+        match unsafe { wr.as_ref() } {
+            Some(current) => wr = current.next,
+            None => break,
+        }
+    }
+    wr
+}
+
+/// softroce's receive request for the program's `wr`; `None` if it is malformed.
+///
+/// # Safety
+///
+/// As for [`sges`].
+unsafe fn recv_wr(wr: &ibv_recv_wr) -> Option<RecvWr> {
+    Some(RecvWr {
+        wr_id: wr.wr_id,
+        // SAFETY: per the contract.
+        sges: unsafe { sges(wr.sg_list, wr.num_sge) }?,
+    })
+}
+
+/// Posts each receive of the chain from `wr` with `post`; on the first that fails, points
+/// `bad_wr` at it and returns its error.
+///
+/// # Safety
+///
+/// The chain is the program's list of live requests, null-terminated; `bad_wr` is null or the
+/// program's out-pointer.
+unsafe fn post_receives(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl Fn(RecvWr) -> Result<(), c_int>,
+) -> c_int {
+    let mut next = wr;
+    // SAFETY: per the contract.
+    while let Some(current) = unsafe { next.as_ref() } {
+        // SAFETY: per the contract.
+        let outcome = match unsafe { recv_wr(current) } {
+            Some(request) => post(request),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(errno) = outcome {
+            if !bad_wr.is_null() {
+                // SAFETY: per the contract.
+                unsafe { *bad_wr = next };
+            }
+            return errno;
+        }
+        next = current.next;
+    }
+    0
+}
+
+/// The context op `post_recv` (`ibv_post_recv`).
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a QP it created and has not destroyed.
+        let Some(this) = (unsafe { Qp::from_ibv(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program's chain and out-pointer.
+        unsafe {
+            post_receives(wr, bad_wr, |request| {
+                this.qp.post_recv(request).map_err(|e| errno_of(&e))
+            })
+        }
+    })
+}
+
+/// The context op `post_srq_recv` (`ibv_post_srq_recv`).
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes an SRQ it created and has not destroyed.
+        let Some(this) = (unsafe { Srq::from_ibv(srq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program's chain and out-pointer.
+        unsafe {
+            post_receives(wr, bad_wr, |request| {
+                this.srq.post_recv(request).map_err(|e| errno_of(&e))
+            })
+        }
+    })
+}

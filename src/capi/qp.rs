@@ -1,0 +1,755 @@
+//! Queue pairs, shared receive queues and address handles: create, modify, query, destroy.
+//!
+//! `ibv_modify_qp` takes the attributes the program passes, by its mask, to softroce's
+//! [`QpAttr`]. RoCE addresses a peer by its GID: an address vector needs its GRH
+//! (`is_global`, the peer's GID in `grh.dgid`, `sgid_index` 0), as with rxe and ConnectX.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::ptr;
+
+use libc::{c_int, c_uint, c_void};
+use softroce::memory::Access;
+use softroce::transport::{
+    AddressVector, PathMtu, QpAttr, QpState, QpType, SendOp, SendWr, SgeList, SrqId, SrqModify,
+};
+use softroce::verbs::{
+    AddressHandle, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, SharedReceiveQueue,
+};
+use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
+
+use crate::abi::*;
+use crate::cq::Cq;
+use crate::devices::Context;
+use crate::memory::{access, Pd};
+use crate::post::{MAX_INLINE, MAX_SGE};
+use crate::{errno_of, guard, set_errno, unsupported};
+
+/// QPs a device holds at most: the QP number table's practical limit (`softroce::keyed`).
+pub(crate) const MAX_QP: c_int = 1 << 19;
+/// Requests a queue holds at most.
+pub(crate) const MAX_WR: c_int = 1 << 16;
+/// `ibv_device_cap_flags`: RNR NAKs, memory windows of type 1 and 2B, a system image GUID.
+pub(crate) const DEVICE_CAP_FLAGS: c_uint = (1 << 12) | (1 << 17) | (1 << 24) | (1 << 11);
+
+/// A queue pair: the program's `ibv_qp`, first.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub ibv: ibv_qp,
+    pub qp: QueuePair,
+    /// `sq_sig_all`: every send request completes, signalled or not.
+    pub sq_sig_all: bool,
+    /// The capacities it was created with, for `ibv_query_qp`.
+    cap: ibv_qp_cap,
+}
+
+/// A shared receive queue: the program's `ibv_srq`, first.
+#[repr(C)]
+pub(crate) struct Srq {
+    pub ibv: ibv_srq,
+    pub srq: SharedReceiveQueue,
+    attr: ibv_srq_attr,
+}
+
+/// An address handle: the program's `ibv_ah`, first.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub ibv: ibv_ah,
+    pub handle: AddressHandle,
+    pd: ProtectionDomain,
+}
+
+impl Qp {
+    /// The QP behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `qp` is one `ibv_create_qp` returned and `ibv_destroy_qp` has not freed.
+    pub(crate) unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: per the contract, `qp` is the first field of a live `Qp`.
+        unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    /// Posts a type 1 window's bind (`ibv_bind_mw`).
+    pub(crate) fn bind_mw(
+        &self,
+        wr_id: u64,
+        signaled: bool,
+        window: &MemoryWindow,
+        region: &MemoryRegion,
+        (offset, len): (usize, usize),
+        rights: Access,
+    ) -> softroce::verbs::Result<()> {
+        let bind = window.bind_request(region, offset, len, rights);
+        let mut wr = SendWr::new(
+            wr_id,
+            SendOp::BindMw(bind),
+            softroce::transport::Payload::Sges(SgeList::new()),
+        );
+        wr.signaled = signaled || self.sq_sig_all;
+        self.qp.post_send(wr)
+    }
+}
+
+impl Srq {
+    /// The SRQ behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `srq` is one `ibv_create_srq` returned and `ibv_destroy_srq` has not freed.
+    pub(crate) unsafe fn from_ibv<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
+        // SAFETY: per the contract, `srq` is the first field of a live `Srq`.
+        unsafe { srq.cast::<Srq>().as_ref() }
+    }
+}
+
+impl Ah {
+    /// The address handle behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `ah` is one `ibv_create_ah` returned and `ibv_destroy_ah` has not freed.
+    pub(crate) unsafe fn from_ibv<'a>(ah: *mut ibv_ah) -> Option<&'a Ah> {
+        // SAFETY: per the contract, `ah` is the first field of a live `Ah`.
+        unsafe { ah.cast::<Ah>().as_ref() }
+    }
+}
+
+/// The program's pointer to the SRQ among `srqs` that has softroce's number `id`.
+pub(crate) fn find_srq(srqs: &[usize], id: SrqId) -> Option<usize> {
+    srqs.iter().copied().find(|&at| {
+        // SAFETY: the context's list holds live SRQs only.
+        let srq = unsafe { &*(at as *const Srq) };
+        srq.srq.owns(id)
+    })
+}
+
+/// The state `enum ibv_qp_state`'s `code` names.
+fn state_of(code: c_uint) -> Option<QpState> {
+    QpState::ALL.get(code as usize).copied()
+}
+
+/// `enum ibv_qp_state`'s value for `state`.
+fn state_code(state: QpState) -> c_uint {
+    QpState::ALL.iter().position(|&s| s == state).unwrap_or(7) as c_uint
+}
+
+/// The IP address a RoCE v2 GID names: IPv4-mapped GIDs are IPv4 addresses.
+fn gid_addr(gid: &ibv_gid) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::from(gid.raw)).to_canonical()
+}
+
+/// The GID of `addr`.
+fn addr_gid(addr: IpAddr) -> ibv_gid {
+    let v6 = match addr {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    ibv_gid { raw: v6.octets() }
+}
+
+/// The peer an address vector names, or why not.
+fn peer_of(ah: &ibv_ah_attr) -> Result<IpAddr, &'static str> {
+    if ah.is_global == 0 {
+        return Err(
+            "the address vector has no GRH: RoCE addresses a peer by its GID \
+                    (is_global = 1, its GID in grh.dgid; ibv_*_pingpong take -g 0)",
+        );
+    }
+    if ah.grh.sgid_index != 0 {
+        return Err("sgid_index: the device has one GID, index 0");
+    }
+    Ok(gid_addr(&ah.grh.dgid))
+}
+
+/// softroce's attributes for the program's `attr` under `mask`, or why not.
+fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
+    let has = |bit: c_int| mask & bit != 0;
+    let mut out = QpAttr::default();
+    if has(IBV_QP_STATE) {
+        out.state = Some(state_of(attr.qp_state).ok_or("qp_state is not a QP state")?);
+    }
+    if has(IBV_QP_CUR_STATE) {
+        out.cur_state = Some(state_of(attr.cur_qp_state).ok_or("cur_qp_state is not a QP state")?);
+    }
+    if has(IBV_QP_ACCESS_FLAGS) {
+        out.access = Some(access(attr.qp_access_flags).ok_or("qp_access_flags")?);
+    }
+    if has(IBV_QP_PKEY_INDEX) {
+        out.pkey_index = Some(attr.pkey_index);
+    }
+    if has(IBV_QP_PORT) {
+        out.port = Some(attr.port_num);
+    }
+    if has(IBV_QP_QKEY) {
+        out.qkey = Some(QKey(attr.qkey));
+    }
+    if has(IBV_QP_AV) {
+        out.av = Some(AddressVector {
+            dest: peer_of(&attr.ah_attr)?,
+        });
+    }
+    if has(IBV_QP_PATH_MTU) {
+        out.path_mtu = Some(
+            u8::try_from(attr.path_mtu)
+                .ok()
+                .and_then(PathMtu::from_ibv_enum)
+                .ok_or("path_mtu is not an MTU")?,
+        );
+    }
+    if has(IBV_QP_TIMEOUT) {
+        out.timeout = Some(attr.timeout);
+    }
+    if has(IBV_QP_RETRY_CNT) {
+        out.retry_cnt = Some(attr.retry_cnt);
+    }
+    if has(IBV_QP_RNR_RETRY) {
+        out.rnr_retry = Some(attr.rnr_retry);
+    }
+    if has(IBV_QP_RQ_PSN) {
+        out.rq_psn = Some(Psn::new(attr.rq_psn & 0xff_ffff));
+    }
+    if has(IBV_QP_SQ_PSN) {
+        out.sq_psn = Some(Psn::new(attr.sq_psn & 0xff_ffff));
+    }
+    if has(IBV_QP_MAX_QP_RD_ATOMIC) {
+        out.max_rd_atomic = Some(attr.max_rd_atomic);
+    }
+    if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
+        out.max_dest_rd_atomic = Some(attr.max_dest_rd_atomic);
+    }
+    if has(IBV_QP_MIN_RNR_TIMER) {
+        out.min_rnr_timer = Some(RnrTimer::new(attr.min_rnr_timer));
+    }
+    if has(IBV_QP_DEST_QPN) {
+        out.dest_qpn = Some(Qpn::new(attr.dest_qp_num & 0xff_ffff));
+    }
+    if has(IBV_QP_ALT_PATH) || has(IBV_QP_PATH_MIG_STATE) {
+        return Err("alternate paths (APM): softroce has one path");
+    }
+    if has(IBV_QP_RATE_LIMIT) && attr.rate_limit != 0 {
+        return Err("rate_limit: softroce does not pace QPs");
+    }
+    Ok(out)
+}
+
+/// `ibv_create_qp`: RC, UC or UD, on `pd`, with the capacities asked (reported back, as
+/// created, in `init_attr->cap`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated and its own attributes.
+        let (Some(owner), Some(init)) =
+            (unsafe { Pd::from_ibv(pd) }, unsafe { init_attr.as_mut() })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: the CQs and SRQ named are the program's live objects.
+        let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_ibv(init.send_cq) }, unsafe {
+            Cq::from_ibv(init.recv_cq)
+        }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: as above.
+        let srq = unsafe { Srq::from_ibv(init.srq) };
+        let qp_type = match init.qp_type {
+            IBV_QPT_RC => QpType::Rc,
+            IBV_QPT_UC => QpType::Uc,
+            IBV_QPT_UD => QpType::Ud,
+            _ => {
+                set_errno(unsupported(
+                    "ibv_create_qp of this QP type (RC, UC and UD are)",
+                ));
+                return ptr::null_mut();
+            }
+        };
+        let cap = &mut init.cap;
+        let limits_ok = cap.max_send_wr <= MAX_WR as u32
+            && cap.max_recv_wr <= MAX_WR as u32
+            && cap.max_send_sge <= MAX_SGE as u32
+            && cap.max_recv_sge <= MAX_SGE as u32
+            && cap.max_inline_data <= MAX_INLINE;
+        if !limits_ok {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let mut builder = owner
+            .pd
+            .create_qp()
+            .qp_type(qp_type)
+            .send_cq(&send_cq.cq)
+            .recv_cq(&recv_cq.cq)
+            .max_send_wr(cap.max_send_wr.max(1) as usize)
+            .max_recv_wr(cap.max_recv_wr.max(1) as usize);
+        if let Some(srq) = srq {
+            builder = builder.srq(&srq.srq);
+        }
+        let qp = match builder.build() {
+            Ok(qp) => qp,
+            Err(e) => {
+                set_errno(errno_of(&e));
+                return ptr::null_mut();
+            }
+        };
+        cap.max_send_wr = cap.max_send_wr.max(1);
+        cap.max_recv_wr = if srq.is_some() {
+            0
+        } else {
+            cap.max_recv_wr.max(1)
+        };
+        cap.max_send_sge = MAX_SGE as u32;
+        cap.max_recv_sge = MAX_SGE as u32;
+        cap.max_inline_data = MAX_INLINE;
+        let qpn = qp.qpn();
+        if qp_type == QpType::Ud {
+            for cq in [send_cq, recv_cq] {
+                cq.ud_qps
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(qpn);
+            }
+        }
+        let boxed = Box::new(Qp {
+            ibv: ibv_qp {
+                context: owner.ibv.context,
+                qp_context: init.qp_context,
+                pd,
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq,
+                handle: qpn.value(),
+                qp_num: qpn.value(),
+                state: 0,
+                qp_type: init.qp_type,
+                // SAFETY: all-zero pthread objects are their static initialisers on glibc.
+                mutex: unsafe { std::mem::zeroed() },
+                // SAFETY: as above.
+                cond: unsafe { std::mem::zeroed() },
+                events_completed: 0,
+            },
+            qp,
+            sq_sig_all: init.sq_sig_all != 0,
+            cap: *cap,
+        });
+        let raw = Box::into_raw(boxed);
+        // SAFETY: the PD's context is open while the PD lives.
+        if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
+            let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+            objects.qps.push((qpn, raw as usize));
+        }
+        raw.cast()
+    })
+}
+
+/// `ibv_modify_qp`: 0, or the errno (`EINVAL` for a transition or attribute softroce
+/// refuses, with one line on standard error saying which).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a QP it created and its own attributes.
+        let (Some(this), Some(attr)) = (unsafe { qp.cast::<Qp>().as_mut() }, unsafe {
+            attr.as_ref()
+        }) else {
+            return libc::EINVAL;
+        };
+        let wanted = match qp_attr(attr, attr_mask) {
+            Ok(wanted) => wanted,
+            Err(why) => return crate::report("ibv_modify_qp", libc::EINVAL, why),
+        };
+        match this.qp.modify(&wanted) {
+            Ok(()) => {
+                if let Some(state) = wanted.state {
+                    this.ibv.state = state_code(state);
+                }
+                0
+            }
+            Err(e) => crate::report("ibv_modify_qp", errno_of(&e), e),
+        }
+    })
+}
+
+/// `ibv_query_qp`: every attribute, whatever the mask, as the QP has them now.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a QP it created and its own structures.
+        let (Some(this), Some(out), Some(init)) = (
+            unsafe { qp.cast::<Qp>().as_mut() },
+            unsafe { attr.as_mut() },
+            unsafe { init_attr.as_mut() },
+        ) else {
+            return libc::EINVAL;
+        };
+        let now = match this.qp.query() {
+            Ok(now) => now,
+            Err(e) => return errno_of(&e),
+        };
+        // SAFETY: `ibv_qp_attr` is integers, for which zero is valid.
+        *out = unsafe { std::mem::zeroed() };
+        let state = now.state.map_or(7, state_code);
+        this.ibv.state = state;
+        out.qp_state = state;
+        out.cur_qp_state = state;
+        out.path_mtu = now.path_mtu.map_or(3, |m| m.ibv_enum().into());
+        out.qkey = now.qkey.map_or(0, |q| q.0);
+        out.rq_psn = now.rq_psn.map_or(0, Psn::value);
+        out.sq_psn = now.sq_psn.map_or(0, Psn::value);
+        out.dest_qp_num = now.dest_qpn.map_or(0, Qpn::value);
+        out.qp_access_flags = now.access.map_or(0, access_flags);
+        out.cap = this.cap;
+        if let Some(av) = now.av {
+            out.ah_attr.is_global = 1;
+            out.ah_attr.grh.dgid = addr_gid(av.dest);
+            out.ah_attr.grh.hop_limit = 64;
+            out.ah_attr.port_num = 1;
+        }
+        out.max_rd_atomic = now.max_rd_atomic.unwrap_or(0);
+        out.max_dest_rd_atomic = now.max_dest_rd_atomic.unwrap_or(0);
+        out.min_rnr_timer = now.min_rnr_timer.map_or(0, RnrTimer::code);
+        out.port_num = 1;
+        out.timeout = now.timeout.unwrap_or(0);
+        out.retry_cnt = now.retry_cnt.unwrap_or(0);
+        out.rnr_retry = now.rnr_retry.unwrap_or(0);
+        *init = ibv_qp_init_attr {
+            qp_context: this.ibv.qp_context,
+            send_cq: this.ibv.send_cq,
+            recv_cq: this.ibv.recv_cq,
+            srq: this.ibv.srq,
+            cap: this.cap,
+            qp_type: this.ibv.qp_type,
+            sq_sig_all: this.sq_sig_all.into(),
+        };
+        0
+    })
+}
+
+/// `ibv_access_flags` for `access`.
+fn access_flags(access: Access) -> c_uint {
+    [
+        (Access::LOCAL_WRITE, 1),
+        (Access::REMOTE_WRITE, 2),
+        (Access::REMOTE_READ, 4),
+        (Access::REMOTE_ATOMIC, 8),
+        (Access::MW_BIND, 16),
+    ]
+    .into_iter()
+    .filter(|&(right, _)| access.contains(right))
+    .map(|(_, bit)| bit)
+    .sum()
+}
+
+/// `ibv_destroy_qp`: its outstanding requests are flushed.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes a QP it created and has not destroyed.
+        let Some(this) = (unsafe { Qp::from_ibv(qp) }) else {
+            return libc::EINVAL;
+        };
+        let qpn = this.qp.qpn();
+        // SAFETY: the QP's context is open while the QP lives.
+        if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
+            let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+            objects.qps.retain(|&(q, _)| q != qpn);
+        }
+        for cq in [this.ibv.send_cq, this.ibv.recv_cq] {
+            // SAFETY: the QP's CQs outlive it.
+            if let Some(cq) = unsafe { Cq::from_ibv(cq) } {
+                cq.ud_qps
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|&q| q != qpn);
+            }
+        }
+        // SAFETY: every QP is a leaked `Box<Qp>`, handed back once.
+        drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+        0
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: softroce has no extended QPs (`ibv_wr_*`); null, as rdma-core answers
+/// for a QP created without them. perftest and the pingpongs then post with `ibv_post_send`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
+    set_errno(libc::EOPNOTSUPP);
+    ptr::null_mut()
+}
+
+/// `ibv_create_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated and its own attributes.
+        let (Some(owner), Some(init)) =
+            (unsafe { Pd::from_ibv(pd) }, unsafe { init_attr.as_mut() })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if init.attr.max_wr == 0
+            || init.attr.max_wr > MAX_WR as u32
+            || init.attr.max_sge > MAX_SGE as u32
+        {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let srq = match owner
+            .pd
+            .create_srq(init.attr.max_wr as usize, init.attr.srq_limit)
+        {
+            Ok(srq) => srq,
+            Err(e) => {
+                set_errno(errno_of(&e));
+                return ptr::null_mut();
+            }
+        };
+        init.attr.max_sge = MAX_SGE as u32;
+        let boxed = Box::new(Srq {
+            ibv: ibv_srq {
+                context: owner.ibv.context,
+                srq_context: init.srq_context,
+                pd,
+                handle: 0,
+                // SAFETY: all-zero pthread objects are their static initialisers on glibc.
+                mutex: unsafe { std::mem::zeroed() },
+                // SAFETY: as above.
+                cond: unsafe { std::mem::zeroed() },
+                events_completed: 0,
+            },
+            srq,
+            attr: init.attr,
+        });
+        let raw = Box::into_raw(boxed);
+        // SAFETY: the PD's context is open while the PD lives.
+        if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
+            ctx.objects
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .srqs
+                .push(raw as usize);
+        }
+        raw.cast()
+    })
+}
+
+/// `ibv_modify_srq`: resize (`IBV_SRQ_MAX_WR`) or arm the limit (`IBV_SRQ_LIMIT`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes an SRQ it created and its own attributes.
+        let (Some(this), Some(attr)) = (unsafe { srq.cast::<Srq>().as_mut() }, unsafe {
+            attr.as_ref()
+        }) else {
+            return libc::EINVAL;
+        };
+        let change = SrqModify {
+            max_wr: (mask & IBV_SRQ_MAX_WR != 0).then_some(attr.max_wr as usize),
+            srq_limit: (mask & IBV_SRQ_LIMIT != 0).then_some(attr.srq_limit),
+        };
+        match this.srq.modify(change) {
+            Ok(()) => {
+                if mask & IBV_SRQ_MAX_WR != 0 {
+                    this.attr.max_wr = attr.max_wr;
+                }
+                if mask & IBV_SRQ_LIMIT != 0 {
+                    this.attr.srq_limit = attr.srq_limit;
+                }
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// `ibv_query_srq`: its size and limit as last set.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the program passes an SRQ it created and its own attributes.
+        let (Some(this), Some(out)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_mut() })
+        else {
+            return libc::EINVAL;
+        };
+        *out = this.attr;
+        0
+    })
+}
+
+/// `ibv_destroy_srq`: the program's handle goes. softroce's engine keeps the queue itself
+/// until the device closes (its core has no destroy for SRQs yet).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the SRQ's context is open while the SRQ lives.
+        let ctx = unsafe { Context::from_ibv((*srq).context) };
+        if let Some(ctx) = ctx {
+            let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+            objects.srqs.retain(|&at| at != srq as usize);
+        }
+        // SAFETY: every SRQ is a leaked `Box<Srq>`, handed back once.
+        drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+        0
+    })
+}
+
+/// `ibv_create_ah`: a UD destination, by its GID.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated and its own attributes.
+        let (Some(owner), Some(attr)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_ref() })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let dest = match peer_of(attr) {
+            Ok(dest) => dest,
+            Err(why) => {
+                set_errno(crate::report("ibv_create_ah", libc::EINVAL, why));
+                return ptr::null_mut();
+            }
+        };
+        match owner.pd.create_ah(dest) {
+            Ok(handle) => {
+                let ah = Box::new(Ah {
+                    ibv: ibv_ah {
+                        context: owner.ibv.context,
+                        pd,
+                        handle: 0,
+                    },
+                    handle,
+                    pd: owner.pd.clone(),
+                });
+                Box::into_raw(ah).cast()
+            }
+            Err(e) => {
+                set_errno(errno_of(&e));
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `ibv_destroy_ah`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    guard(libc::EIO, || {
+        if ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: every AH is a leaked `Box<Ah>`, handed back once.
+        let ah = unsafe { Box::from_raw(ah.cast::<Ah>()) };
+        match ah.pd.destroy_ah(ah.handle) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+/// `ibv_init_ah_from_wc`: the address vector back to the sender of a UD receive, from the
+/// GRH its buffer begins with (softroce writes the sender's GID there, as rxe does).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes its context, completion, buffer and attributes.
+        let (Some(_), Some(wc), Some(grh), Some(out)) = (
+            unsafe { Context::from_ibv(context) },
+            unsafe { wc.as_ref() },
+            unsafe { grh.as_ref() },
+            unsafe { ah_attr.as_mut() },
+        ) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if wc.wc_flags & IBV_WC_GRH == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: `ibv_ah_attr` is integers, for which zero is valid.
+        *out = unsafe { std::mem::zeroed() };
+        out.is_global = 1;
+        out.grh.dgid = grh.sgid;
+        out.grh.sgid_index = 0;
+        out.grh.hop_limit = 0xff;
+        out.grh.traffic_class = (u32::from_be(grh.version_tclass_flow) >> 20) as u8;
+        out.grh.flow_label = u32::from_be(grh.version_tclass_flow) & 0xf_ffff;
+        out.dlid = wc.slid;
+        out.sl = wc.sl;
+        out.port_num = port_num;
+        0
+    })
+}
+
+/// `ibv_create_ah_from_wc`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard(ptr::null_mut(), || {
+        // SAFETY: the program passes a PD it allocated.
+        let Some(owner) = (unsafe { Pd::from_ibv(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: `ibv_ah_attr` is integers, for which zero is valid.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: forwarded as the program gave them.
+        if unsafe { ibv_init_ah_from_wc(owner.ibv.context, port_num, wc, grh, &mut attr) } != 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: as above, with the attributes just made.
+        unsafe { ibv_create_ah(pd, &mut attr) }
+    })
+}
+
+/// `ibv_attach_mcast`: softroce has no multicast.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    unsupported("ibv_attach_mcast")
+}
+
+/// `ibv_detach_mcast`: softroce has no multicast.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    unsupported("ibv_detach_mcast")
+}

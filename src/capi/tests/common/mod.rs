@@ -1,0 +1,130 @@
+//! Running Debian's unmodified RDMA programs over softroce's libibverbs.so.1 and
+//! librdmacm.so.1: a directory holding the library under both names, programs started with it
+//! on `LD_LIBRARY_PATH` and an address of their own, and a bound on how long each may take.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A directory with `libibverbs.so.1` and `librdmacm.so.1`, both softroce's library: the one
+/// cargo built, or `SOFTROCE_RDMA_LIB` (.ci/run runs these tests as nobody, on a copy). Made
+/// once per test process.
+pub fn lib_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let library = std::env::var_os("SOFTROCE_RDMA_LIB").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")),
+            PathBuf::from,
+        );
+        let dir = std::env::temp_dir().join(format!("softroce-rdma-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&library, &link).unwrap();
+        }
+        dir
+    })
+    .clone()
+}
+
+/// `program args...`, over softroce, with its device on `addr`. Panics, saying what to
+/// install, if the program is not there.
+pub fn program(addr: &str, program: &str, args: &[&str]) -> Command {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()));
+    assert!(
+        found,
+        "{program} is not installed: apt-get install ibverbs-utils rdmacm-utils perftest"
+    );
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SOFTROCE_ADDR", addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Waits for `child` at most `limit`; kills it past that and panics, with what it printed.
+pub fn finish(name: &str, child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    let mut child = child;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "{name} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Panics unless `output` is a success, with what the program printed.
+pub fn succeeded(name: &str, output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{name}: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Waits until something listens on TCP `port` (from /proc/net/tcp and tcp6, so that no
+/// connection is spent on finding out), at most `limit`.
+pub fn wait_listening(port: u16, limit: Duration) {
+    let start = Instant::now();
+    let wanted = format!(":{port:04X} ");
+    while start.elapsed() < limit {
+        let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+            std::fs::read_to_string(table).is_ok_and(|text| {
+                text.lines().skip(1).any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() > 3
+                        && format!("{} ", fields[1]).contains(&wanted)
+                        && fields[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listened on TCP port {port} within {limit:?}");
+}
+
+/// Runs a server and a client of the same kind: the server on `addrs.0`, listening on TCP
+/// `port` (its `args` say so), the client on `addrs.1`; both must succeed within `limit`.
+/// Returns both outputs.
+pub fn pair(
+    name: &str,
+    addrs: (&str, &str),
+    server_args: &[&str],
+    client_args: &[&str],
+    port: u16,
+    limit: Duration,
+) -> (String, String) {
+    let server = program(addrs.0, name, server_args).spawn().unwrap();
+    wait_listening(port, limit);
+    let client = program(addrs.1, name, client_args).spawn().unwrap();
+    let client = finish(&format!("{name} (client)"), client, limit);
+    let server = finish(&format!("{name} (server)"), server, limit);
+    (
+        succeeded(&format!("{name} (server)"), &server),
+        succeeded(&format!("{name} (client)"), &client),
+    )
+}

@@ -1,0 +1,494 @@
+//! Every structure softroce's C library shares with programs, field by field, against
+//! rdma-core's own header: a C program built with the system's `<infiniband/verbs.h>` (Debian's
+//! libibverbs-dev) prints the size of each structure and the offset and size of each field,
+//! and each must equal softroce's.
+
+use std::fmt::Write as _;
+use std::mem::{offset_of, size_of};
+use std::process::Command;
+
+use softroce_capi::abi::*;
+
+/// A field as softroce lays it out: its C name (an expression after `s.`), offset and size.
+struct Field {
+    c: &'static str,
+    offset: usize,
+    size: usize,
+}
+
+/// A structure: its C name, its size, and every field.
+struct Layout {
+    c: &'static str,
+    size: usize,
+    fields: Vec<Field>,
+}
+
+/// `layout!(rust_type, "struct c_name", field, field => "c.expr", ...)`.
+macro_rules! layout {
+    ($t:ty, $c:literal, $($f:ident $(=> $cf:literal)?),* $(,)?) => {
+        Layout {
+            c: $c,
+            size: size_of::<$t>(),
+            fields: vec![$(Field {
+                c: layout!(@name $f $(, $cf)?),
+                offset: offset_of!($t, $f),
+                size: {
+                    fn size_of_field<T>(_: fn(&$t) -> &T) -> usize { size_of::<T>() }
+                    size_of_field(|s: &$t| &s.$f)
+                },
+            }),*],
+        }
+    };
+    (@name $f:ident) => { stringify!($f) };
+    (@name $f:ident, $cf:literal) => { $cf };
+}
+
+fn layouts() -> Vec<Layout> {
+    vec![
+        layout!(ibv_gid, "union ibv_gid", raw),
+        layout!(
+            ibv_gid_entry,
+            "struct ibv_gid_entry",
+            gid,
+            gid_index,
+            port_num,
+            gid_type,
+            ndev_ifindex
+        ),
+        layout!(
+            ibv_device_attr,
+            "struct ibv_device_attr",
+            fw_ver,
+            node_guid,
+            sys_image_guid,
+            max_mr_size,
+            page_size_cap,
+            vendor_id,
+            vendor_part_id,
+            hw_ver,
+            max_qp,
+            max_qp_wr,
+            device_cap_flags,
+            max_sge,
+            max_sge_rd,
+            max_cq,
+            max_cqe,
+            max_mr,
+            max_pd,
+            max_qp_rd_atom,
+            max_ee_rd_atom,
+            max_res_rd_atom,
+            max_qp_init_rd_atom,
+            max_ee_init_rd_atom,
+            atomic_cap,
+            max_ee,
+            max_rdd,
+            max_mw,
+            max_raw_ipv6_qp,
+            max_raw_ethy_qp,
+            max_mcast_grp,
+            max_mcast_qp_attach,
+            max_total_mcast_qp_attach,
+            max_ah,
+            max_fmr,
+            max_map_per_fmr,
+            max_srq,
+            max_srq_wr,
+            max_srq_sge,
+            max_pkeys,
+            local_ca_ack_delay,
+            phys_port_cnt,
+        ),
+        layout!(
+            ibv_port_attr,
+            "struct ibv_port_attr",
+            state,
+            max_mtu,
+            active_mtu,
+            gid_tbl_len,
+            port_cap_flags,
+            max_msg_sz,
+            bad_pkey_cntr,
+            qkey_viol_cntr,
+            pkey_tbl_len,
+            lid,
+            sm_lid,
+            lmc,
+            max_vl_num,
+            sm_sl,
+            subnet_timeout,
+            init_type_reply,
+            active_width,
+            active_speed,
+            phys_state,
+            link_layer,
+            flags,
+            port_cap_flags2,
+        ),
+        layout!(
+            ibv_async_event,
+            "struct ibv_async_event",
+            element,
+            event_type
+        ),
+        layout!(
+            ibv_wc,
+            "struct ibv_wc",
+            wr_id,
+            status,
+            opcode,
+            vendor_err,
+            byte_len,
+            imm_data,
+            qp_num,
+            src_qp,
+            wc_flags,
+            pkey_index,
+            slid,
+            sl,
+            dlid_path_bits,
+        ),
+        layout!(
+            ibv_mw_bind_info,
+            "struct ibv_mw_bind_info",
+            mr,
+            addr,
+            length,
+            mw_access_flags
+        ),
+        layout!(ibv_pd, "struct ibv_pd", context, handle),
+        layout!(
+            ibv_mr,
+            "struct ibv_mr",
+            context,
+            pd,
+            addr,
+            length,
+            handle,
+            lkey,
+            rkey
+        ),
+        layout!(ibv_mw, "struct ibv_mw", context, pd, rkey, handle, type_ => "type"),
+        layout!(
+            ibv_global_route,
+            "struct ibv_global_route",
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class,
+        ),
+        layout!(
+            ibv_grh,
+            "struct ibv_grh",
+            version_tclass_flow,
+            paylen,
+            next_hdr,
+            hop_limit,
+            sgid,
+            dgid,
+        ),
+        layout!(
+            ibv_ah_attr,
+            "struct ibv_ah_attr",
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num,
+        ),
+        layout!(
+            ibv_srq_attr,
+            "struct ibv_srq_attr",
+            max_wr,
+            max_sge,
+            srq_limit
+        ),
+        layout!(
+            ibv_srq_init_attr,
+            "struct ibv_srq_init_attr",
+            srq_context,
+            attr
+        ),
+        layout!(
+            ibv_qp_cap,
+            "struct ibv_qp_cap",
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
+            max_inline_data,
+        ),
+        layout!(
+            ibv_qp_init_attr,
+            "struct ibv_qp_init_attr",
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all,
+        ),
+        layout!(
+            ibv_qp_attr,
+            "struct ibv_qp_attr",
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            cap,
+            ah_attr,
+            alt_ah_attr,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout,
+            rate_limit,
+        ),
+        layout!(ibv_sge, "struct ibv_sge", addr, length, lkey),
+        layout!(
+            ibv_send_wr, "struct ibv_send_wr",
+            wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr,
+            remote_srqn => "qp_type.xrc.remote_srqn", bind_mw,
+        ),
+        layout!(
+            send_wr_rdma,
+            "typeof(((struct ibv_send_wr *)0)->wr.rdma)",
+            remote_addr,
+            rkey
+        ),
+        layout!(
+            send_wr_atomic,
+            "typeof(((struct ibv_send_wr *)0)->wr.atomic)",
+            remote_addr,
+            compare_add,
+            swap,
+            rkey,
+        ),
+        layout!(
+            send_wr_ud,
+            "typeof(((struct ibv_send_wr *)0)->wr.ud)",
+            ah,
+            remote_qpn,
+            remote_qkey
+        ),
+        layout!(
+            send_wr_bind_mw,
+            "typeof(((struct ibv_send_wr *)0)->bind_mw)",
+            mw,
+            rkey,
+            bind_info
+        ),
+        layout!(
+            ibv_recv_wr,
+            "struct ibv_recv_wr",
+            wr_id,
+            next,
+            sg_list,
+            num_sge
+        ),
+        layout!(
+            ibv_mw_bind,
+            "struct ibv_mw_bind",
+            wr_id,
+            send_flags,
+            bind_info
+        ),
+        layout!(
+            ibv_srq,
+            "struct ibv_srq",
+            context,
+            srq_context,
+            pd,
+            handle,
+            mutex,
+            cond,
+            events_completed,
+        ),
+        layout!(
+            ibv_qp,
+            "struct ibv_qp",
+            context,
+            qp_context,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            handle,
+            qp_num,
+            state,
+            qp_type,
+            mutex,
+            cond,
+            events_completed,
+        ),
+        layout!(
+            ibv_comp_channel,
+            "struct ibv_comp_channel",
+            context,
+            fd,
+            refcnt
+        ),
+        layout!(
+            ibv_cq,
+            "struct ibv_cq",
+            context,
+            channel,
+            cq_context,
+            handle,
+            cqe,
+            mutex,
+            cond,
+            comp_events_completed,
+            async_events_completed,
+        ),
+        layout!(ibv_ah, "struct ibv_ah", context, pd, handle),
+        layout!(
+            ibv_device,
+            "struct ibv_device",
+            _ops,
+            node_type,
+            transport_type,
+            name,
+            dev_name,
+            dev_path,
+            ibdev_path,
+        ),
+        layout!(
+            ibv_context_ops,
+            "struct ibv_context_ops",
+            _compat_query_device,
+            _compat_query_port,
+            _compat_alloc_pd,
+            _compat_dealloc_pd,
+            _compat_reg_mr,
+            _compat_rereg_mr,
+            _compat_dereg_mr,
+            alloc_mw,
+            bind_mw,
+            dealloc_mw,
+            _compat_create_cq,
+            poll_cq,
+            req_notify_cq,
+            _compat_cq_event,
+            _compat_resize_cq,
+            _compat_destroy_cq,
+            _compat_create_srq,
+            _compat_modify_srq,
+            _compat_query_srq,
+            _compat_destroy_srq,
+            post_srq_recv,
+            _compat_create_qp,
+            _compat_query_qp,
+            _compat_modify_qp,
+            _compat_destroy_qp,
+            post_send,
+            post_recv,
+            _compat_create_ah,
+            _compat_destroy_ah,
+            _compat_attach_mcast,
+            _compat_detach_mcast,
+            _compat_async_event,
+        ),
+        layout!(
+            ibv_context,
+            "struct ibv_context",
+            device,
+            ops,
+            cmd_fd,
+            async_fd,
+            num_comp_vectors,
+            mutex,
+            abi_compat,
+        ),
+        layout!(
+            verbs_context, "struct verbs_context",
+            query_port, advise_mr, alloc_null_mr, read_counters, attach_counters_point_flow,
+            create_counters, destroy_counters, reg_dm_mr, alloc_dm, free_dm,
+            modify_flow_action_esp, destroy_flow_action, create_flow_action_esp,
+            modify_qp_rate_limit, alloc_parent_domain, dealloc_td, alloc_td, modify_cq,
+            post_srq_ops, destroy_rwq_ind_table, create_rwq_ind_table, destroy_wq, modify_wq,
+            create_wq, query_rt_values, create_cq_ex, priv_ => "priv", query_device_ex,
+            ibv_destroy_flow, abi_placeholder2 => "ABI_placeholder2", ibv_create_flow,
+            abi_placeholder1 => "ABI_placeholder1", open_qp, create_qp_ex, get_srq_num,
+            create_srq_ex, open_xrcd, close_xrcd, _abi_placeholder3 => "_ABI_placeholder3", sz,
+            context,
+        ),
+    ]
+}
+
+/// The C program that prints, for each structure, `name size` and for each field
+/// `name.field offset size`, from the real header.
+fn c_program(layouts: &[Layout]) -> String {
+    let mut c = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\nint main(void)\n{\n",
+    );
+    for l in layouts {
+        let _ = writeln!(c, "\tprintf(\"{0} %zu\\n\", sizeof({0}));", l.c);
+        for f in &l.fields {
+            let _ = writeln!(
+                c,
+                "\tprintf(\"{0}.{1} %zu %zu\\n\", offsetof({0}, {1}), sizeof((({0} *)0)->{1}));",
+                l.c, f.c
+            );
+        }
+    }
+    c.push_str("\treturn 0;\n}\n");
+    c
+}
+
+#[test]
+fn every_shared_structure_matches_the_header() {
+    let layouts = layouts();
+    let dir = std::env::temp_dir().join(format!("softroce-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (source, program) = (dir.join("layout.c"), dir.join("layout"));
+    std::fs::write(&source, c_program(&layouts)).unwrap();
+    let built = Command::new("cc")
+        .arg("-std=gnu11")
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .output()
+        .expect("a C compiler (cc)");
+    assert!(
+        built.status.success(),
+        "building against <infiniband/verbs.h> failed (apt-get install libibverbs-dev):\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let printed = Command::new(&program).output().unwrap();
+    let printed = String::from_utf8(printed.stdout).unwrap();
+    let mut expected = String::new();
+    for l in &layouts {
+        let _ = writeln!(expected, "{} {}", l.c, l.size);
+        for f in &l.fields {
+            let _ = writeln!(expected, "{}.{} {} {}", l.c, f.c, f.offset, f.size);
+        }
+    }
+    let differ: Vec<_> = printed
+        .lines()
+        .zip(expected.lines())
+        .filter(|(c, rust)| c != rust)
+        .map(|(c, rust)| format!("header: {c}\nsoftroce: {rust}"))
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert_eq!(printed.lines().count(), expected.lines().count());
+    let _ = std::fs::remove_dir_all(&dir);
+}

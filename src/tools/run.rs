@@ -1,0 +1,66 @@
+//! `softroce run -- PROGRAM ARGS...`: an unmodified RDMA program over softroce's C library,
+//! with no root and no kernel module. It finds `libibverbs.so.1` and `librdmacm.so.1` beside
+//! this executable (cargo builds them there, as `rdma/`), puts that directory first on
+//! `LD_LIBRARY_PATH`, names the program's device address, and becomes the program.
+
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::verbs::{C_ADDR_VAR, C_PROGRESS_VAR};
+
+/// Where the C library is: `rdma/` beside this executable, as cargo lays out its target
+/// directory.
+pub fn lib_dir() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let dir = exe
+        .parent()
+        .map(|d| d.join("rdma"))
+        .ok_or("this executable has no directory")?;
+    if !dir.join("libibverbs.so.1").exists() || !dir.join("librdmacm.so.1").exists() {
+        return Err(format!(
+            "{} holds no libibverbs.so.1 and librdmacm.so.1: build them with `cargo build{}` \
+             (the softroce-rdma target)",
+            dir.display(),
+            if cfg!(debug_assertions) {
+                ""
+            } else {
+                " --release"
+            }
+        ));
+    }
+    Ok(dir)
+}
+
+/// Runs `program` with `args` over softroce, its devices on `addrs` (the C library's default,
+/// 127.0.0.1, if none) and its engines driven as `progress` says. Returns only if the program
+/// could not be started, with why.
+pub fn exec(
+    addrs: &[IpAddr],
+    progress: Option<&str>,
+    program: &OsString,
+    args: &[OsString],
+) -> String {
+    let dir = match lib_dir() {
+        Ok(dir) => dir,
+        Err(why) => return why,
+    };
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let mut command = Command::new(program);
+    command.args(args).env("LD_LIBRARY_PATH", path);
+    if !addrs.is_empty() {
+        let list: Vec<String> = addrs.iter().map(IpAddr::to_string).collect();
+        command.env(C_ADDR_VAR, list.join(","));
+    }
+    if let Some(progress) = progress {
+        command.env(C_PROGRESS_VAR, progress);
+    }
+    let error = command.exec();
+    format!("cannot run {}: {error}", program.to_string_lossy())
+}
