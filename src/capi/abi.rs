@@ -251,6 +251,43 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_rx_hash_conf`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex` (`rdma_create_qp_ex`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_uint,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `IBV_QP_INIT_ATTR_PD` and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: the parts of an extended QP's
+/// attributes softroce takes (the operations a QP of softroce's may post are all of them).
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
 /// `struct ibv_qp_attr`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -640,3 +677,149 @@ pub const IBV_MW_TYPE_1: c_uint = 1;
 pub const IBV_MW_TYPE_2: c_uint = 2;
 
 pub const IBV_ATOMIC_HCA: c_uint = 1;
+
+// librdmacm: <rdma/rdma_cma.h>.
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: the source and destination as `sockaddr_storage` (the header's unions
+/// of `sockaddr`, `sockaddr_in`, `sockaddr_in6` and `sockaddr_storage`), and the IB addresses.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_addr {
+    pub src_storage: libc::sockaddr_storage,
+    pub dst_storage: libc::sockaddr_storage,
+    pub ibaddr: rdma_ib_addr,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut c_void,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_cm_id`.
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: c_uint,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: c_uint,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// `rdma_cm_event`'s `param` union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_cm_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+/// `struct rdma_cm_event`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_uint,
+    pub status: c_int,
+    pub param: rdma_cm_event_param,
+}
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: size_t,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: size_t,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+pub const RDMA_CM_EVENT_ADDR_RESOLVED: c_uint = 0;
+pub const RDMA_CM_EVENT_ADDR_ERROR: c_uint = 1;
+pub const RDMA_CM_EVENT_ROUTE_RESOLVED: c_uint = 2;
+pub const RDMA_CM_EVENT_ROUTE_ERROR: c_uint = 3;
+pub const RDMA_CM_EVENT_CONNECT_REQUEST: c_uint = 4;
+pub const RDMA_CM_EVENT_CONNECT_RESPONSE: c_uint = 5;
+pub const RDMA_CM_EVENT_CONNECT_ERROR: c_uint = 6;
+pub const RDMA_CM_EVENT_UNREACHABLE: c_uint = 7;
+pub const RDMA_CM_EVENT_REJECTED: c_uint = 8;
+pub const RDMA_CM_EVENT_ESTABLISHED: c_uint = 9;
+pub const RDMA_CM_EVENT_DISCONNECTED: c_uint = 10;
+pub const RDMA_CM_EVENT_DEVICE_REMOVAL: c_uint = 11;
+pub const RDMA_CM_EVENT_TIMEWAIT_EXIT: c_uint = 15;
+
+pub const RDMA_PS_TCP: c_uint = 0x0106;
+pub const RDMA_PS_UDP: c_uint = 0x0111;
+pub const RDMA_PS_IB: c_uint = 0x013f;
+pub const RDMA_PS_IPOIB: c_uint = 0x0002;
+
+/// `RDMA_UDP_QKEY`: the Q_Key of RDMA-CM's UD QPs.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;

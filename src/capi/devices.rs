@@ -20,7 +20,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 
 use libc::{c_char, c_int, c_uint, c_void, size_t};
 use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
@@ -39,6 +38,17 @@ pub(crate) struct DeviceEntry {
     pub index: usize,
     pub addr: IpAddr,
     pub guid: u64,
+    /// The device while any context has it open.
+    opened: Mutex<Option<Opened>>,
+}
+
+/// A device opened by one context or more (the program's own, and librdmacm's, which share
+/// it as they would share a NIC): one softroce device on the address, and one thread handing
+/// its asynchronous events to every context.
+struct Opened {
+    device: Device,
+    /// Each open context's event queue.
+    contexts: Arc<Mutex<Vec<Arc<PendingEvents>>>>,
 }
 
 // SAFETY: the entry is written once, before any thread sees it, and only read after: its raw
@@ -108,6 +118,39 @@ impl DeviceEntry {
             index,
             addr,
             guid: guid_of(addr),
+            opened: Mutex::new(None),
+        }
+    }
+
+    /// The device, opened now if no context has it open, for a context whose events go to
+    /// `events`.
+    fn open(&self, events: &Arc<PendingEvents>) -> Result<Device, c_int> {
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if opened.is_none() {
+            let device = self.open_device()?;
+            let contexts = Arc::new(Mutex::new(Vec::new()));
+            spawn_event_waiter(&device, &contexts);
+            *opened = Some(Opened { device, contexts });
+        }
+        let shared = opened.as_ref().expect("opened above");
+        shared
+            .contexts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(events.clone());
+        Ok(shared.device.clone())
+    }
+
+    /// A context that had the device open closed: the device closes with the last.
+    fn close(&self, events: &Arc<PendingEvents>) {
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let last = opened.as_ref().is_some_and(|shared| {
+            let mut contexts = shared.contexts.lock().unwrap_or_else(|p| p.into_inner());
+            contexts.retain(|c| !Arc::ptr_eq(c, events));
+            contexts.is_empty()
+        });
+        if last {
+            *opened = None;
         }
     }
 
@@ -129,6 +172,43 @@ impl DeviceEntry {
     }
 }
 
+/// The process's devices; none if `SOFTROCE_ADDR` does not parse.
+pub(crate) fn all() -> &'static [&'static DeviceEntry] {
+    devices().as_deref().unwrap_or(&[])
+}
+
+/// The device at `ip`, or for a wildcard address the first device.
+pub(crate) fn entry_for(ip: IpAddr) -> Option<&'static DeviceEntry> {
+    let list = all();
+    if ip.is_unspecified() {
+        return list.first().copied();
+    }
+    list.iter().copied().find(|e| e.addr == ip.to_canonical())
+}
+
+/// The address of the device a connection to `dst` goes from, without a source address: the
+/// first device of `dst`'s family, or the first device.
+pub(crate) fn default_for(dst: IpAddr) -> Option<IpAddr> {
+    let list = all();
+    let same = list
+        .iter()
+        .find(|e| e.addr.is_ipv4() == dst.to_canonical().is_ipv4());
+    same.or(list.first()).map(|e| e.addr)
+}
+
+/// librdmacm's context of `entry`'s device: opened at its first use and kept open for the
+/// process's life, as rdma-core's librdmacm keeps its contexts.
+pub(crate) fn cm_context(entry: &'static DeviceEntry) -> Result<*mut ibv_context, c_int> {
+    static CONTEXTS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, context)) = contexts.iter().find(|(index, _)| *index == entry.index) {
+        return Ok(context as *mut ibv_context);
+    }
+    let context = Box::leak(Context::open(entry)?).ibv();
+    contexts.push((entry.index, context as usize));
+    Ok(context)
+}
+
 /// The GID table's length: one entry.
 const GID_TABLE_LEN: c_int = 1;
 
@@ -145,10 +225,10 @@ pub(crate) struct Context {
     /// softroce has none of. A program may `fcntl` it; nothing else.
     cmd_fd: OwnedFd,
     events: Arc<PendingEvents>,
-    /// The thread that moves the device's events into `events`.
-    waiter: Option<JoinHandle<()>>,
     /// What the events name.
     pub objects: Mutex<Objects>,
+    /// librdmacm's PD on this context, for QPs created on an ID with no PD of the program's.
+    default_pd: OnceLock<usize>,
 }
 
 /// Asynchronous events not yet taken by `ibv_get_async_event`. `fd` (the context's
@@ -156,7 +236,6 @@ pub(crate) struct Context {
 struct PendingEvents {
     queue: Mutex<VecDeque<AsyncEvent>>,
     fd: c_int,
-    closed: AtomicBool,
 }
 
 impl PendingEvents {
@@ -165,25 +244,27 @@ impl PendingEvents {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         queue.push_back(event);
         let one: u64 = 1;
-        // SAFETY: `fd` is the context's eventfd, open while this exists (the context joins the
-        // thread that pushes before it closes the descriptor); the buffer is 8 bytes.
+        // SAFETY: `fd` is the context's eventfd, open while the context is on its device's list
+        // (`DeviceEntry::close` takes it off, under the lock `push` is called under, before
+        // the descriptor closes); the buffer is 8 bytes.
         unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
     }
 
-    /// The oldest event, leaving the descriptor readable only while more wait.
+    /// The oldest event, leaving the descriptor readable only while more wait. The count is
+    /// not zero exactly while events wait (both change under the queue's lock), so the read
+    /// after one was taken never blocks.
     fn take(&self) -> Option<AsyncEvent> {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let next = queue.pop_front()?;
         let mut count = 0u64;
-        // SAFETY: as in `push`; a read of an eventfd takes its whole count (it is
-        // non-blocking, so an empty one answers EAGAIN, which leaves `count` 0).
+        // SAFETY: as in `push`; a read of an eventfd takes its whole count, not zero here.
         unsafe { libc::read(self.fd, ptr::addr_of_mut!(count).cast(), 8) };
-        let next = queue.pop_front();
         if !queue.is_empty() {
             let one: u64 = 1;
             // SAFETY: as in `push`.
             unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
         }
-        next
+        Some(next)
     }
 }
 
@@ -234,10 +315,11 @@ const OPS: ibv_context_ops = ibv_context_ops {
     _compat_async_event: None,
 };
 
-/// An eventfd, non-blocking and closed on exec.
+/// An eventfd, closed on exec; blocking, as a program expects `async_fd` to be until it makes
+/// it otherwise.
 fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: eventfd takes no pointers; a non-negative result is a descriptor we now own.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -268,46 +350,13 @@ impl Context {
     }
 
     fn open(entry: &'static DeviceEntry) -> Result<Box<Context>, c_int> {
-        let mut config = DeviceConfig::udp(entry.addr);
-        config.progress = config::progress().map_err(|why| {
-            eprintln!("softroce: {why}");
-            libc::EINVAL
-        })?;
-        let device = Device::open(config).map_err(|e| {
-            let name = entry.name();
-            match &e {
-                softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
-                    eprintln!(
-                        "softroce: {name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
-                         give this process another address, for example {}=127.0.0.2 \
-                         (softroce run --addr 127.0.0.2 -- ...)",
-                        entry.addr,
-                        config::ADDR_VAR
-                    );
-                    libc::EADDRINUSE
-                }
-                softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrNotAvailable => {
-                    eprintln!(
-                        "softroce: {name}: {} is not an address of this host: set {} to one it has",
-                        entry.addr,
-                        config::ADDR_VAR
-                    );
-                    libc::EADDRNOTAVAIL
-                }
-                _ => {
-                    eprintln!("softroce: {name}: cannot open the device: {e}");
-                    libc::EIO
-                }
-            }
-        })?;
         let async_fd = eventfd().map_err(|_| libc::EMFILE)?;
         let cmd_fd = eventfd().map_err(|_| libc::EMFILE)?;
         let events = Arc::new(PendingEvents {
             queue: Mutex::new(VecDeque::new()),
             fd: async_fd.as_raw_fd(),
-            closed: AtomicBool::new(false),
         });
-        let waiter = spawn_event_waiter(&device, &events);
+        let device = entry.open(&events)?;
         let mut context = Box::new(Context {
             vctx: verbs_context::new(),
             entry,
@@ -315,8 +364,8 @@ impl Context {
             async_fd,
             cmd_fd,
             events,
-            waiter: Some(waiter),
             objects: Mutex::new(Objects::default()),
+            default_pd: OnceLock::new(),
         });
         let ctx = &mut context.vctx.context;
         ctx.device = ptr::addr_of!(entry.ibv).cast_mut();
@@ -351,6 +400,25 @@ impl Context {
         })
     }
 
+    /// librdmacm's PD on this context, allocated at its first use and kept.
+    pub(crate) fn default_pd(&self) -> Result<*mut ibv_pd, c_int> {
+        if let Some(&pd) = self.default_pd.get() {
+            return Ok(pd as *mut ibv_pd);
+        }
+        // SAFETY: this context is open.
+        let pd = unsafe { crate::memory::ibv_alloc_pd(self.ibv()) };
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        let kept = *self.default_pd.get_or_init(|| pd as usize);
+        if kept != pd as usize {
+            // Another thread's won: let this one go.
+            // SAFETY: `pd` was just allocated and is ours.
+            unsafe { crate::memory::ibv_dealloc_pd(pd) };
+        }
+        Ok(kept as *mut ibv_pd)
+    }
+
     /// The GID at `index` of port `port`, or why not.
     pub(crate) fn gid(&self, port: u8, index: c_int) -> Result<ibv_gid, c_int> {
         if port != 1 {
@@ -372,6 +440,44 @@ impl Context {
 }
 
 impl DeviceEntry {
+    /// Opens the softroce device on the entry's address, or says on standard error why not.
+    fn open_device(&self) -> Result<Device, c_int> {
+        let mut config = DeviceConfig::udp(self.addr);
+        config.progress = config::progress().map_err(|why| {
+            eprintln!("softroce: {why}");
+            libc::EINVAL
+        })?;
+        Device::open(config).map_err(|e| {
+            let name = self.name();
+            match &e {
+                softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
+                    eprintln!(
+                        "softroce: {name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
+                         give this process another address, for example {}=127.0.0.2 \
+                         (softroce run --addr 127.0.0.2 -- ...)",
+                        self.addr,
+                        config::ADDR_VAR
+                    );
+                    libc::EADDRINUSE
+                }
+                softroce::verbs::Error::Io(io)
+                    if io.kind() == std::io::ErrorKind::AddrNotAvailable =>
+                {
+                    eprintln!(
+                        "softroce: {name}: {} is not an address of this host: set {} to one it has",
+                        self.addr,
+                        config::ADDR_VAR
+                    );
+                    libc::EADDRNOTAVAIL
+                }
+                _ => {
+                    eprintln!("softroce: {name}: cannot open the device: {e}");
+                    libc::EIO
+                }
+            }
+        })
+    }
+
     /// The device's name, as the program sees it.
     pub(crate) fn name(&self) -> &str {
         // SAFETY: `name` was filled by `fill`, which always leaves a terminating zero.
@@ -380,21 +486,24 @@ impl DeviceEntry {
     }
 }
 
-/// Moves the device's events into `events`; ends when the device stops or the context closes.
-fn spawn_event_waiter(device: &Device, events: &Arc<PendingEvents>) -> JoinHandle<()> {
+/// Hands each of the device's events to every context that has it open; ends when the device
+/// stops (its last handle, the program's objects' included, is gone).
+fn spawn_event_waiter(device: &Device, contexts: &Arc<Mutex<Vec<Arc<PendingEvents>>>>) {
     let source = device.events();
-    let events = events.clone();
-    std::thread::Builder::new()
+    let contexts = contexts.clone();
+    let spawned = std::thread::Builder::new()
         .name("softroce-events".into())
         .spawn(move || {
             while let Some(event) = source.wait() {
-                if events.closed.load(Ordering::Acquire) {
-                    return;
+                let contexts = contexts.lock().unwrap_or_else(|p| p.into_inner());
+                for context in contexts.iter() {
+                    context.push(event);
                 }
-                events.push(event);
             }
-        })
-        .expect("a thread for the device's events")
+        });
+    if spawned.is_err() {
+        eprintln!("softroce: no thread for asynchronous events: none will be reported");
+    }
 }
 
 impl verbs_context {
@@ -553,14 +662,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         };
         // SAFETY: every context is a leaked `Box<Context>` (`ibv_open_device`), and the
         // program hands it back once.
-        let mut context = unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) };
-        context.events.closed.store(true, Ordering::Release);
-        let waiter = context.waiter.take();
-        // The device's end ends the waiter's wait.
+        let context = unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) };
+        context.entry.close(&context.events);
         drop(context);
-        if let Some(waiter) = waiter {
-            let _ = waiter.join();
-        }
         0
     })
 }

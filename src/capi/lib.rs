@@ -25,11 +25,13 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+mod cm;
 mod config;
 mod cq;
 mod devices;
 mod memory;
 mod post;
+mod provider;
 mod qp;
 mod strings;
 

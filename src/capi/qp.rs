@@ -6,6 +6,7 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::ptr;
+use std::sync::Arc;
 
 use libc::{c_int, c_uint, c_void};
 use softroce::memory::Access;
@@ -35,7 +36,7 @@ pub(crate) const DEVICE_CAP_FLAGS: c_uint = (1 << 12) | (1 << 17) | (1 << 24) | 
 #[repr(C)]
 pub(crate) struct Qp {
     pub ibv: ibv_qp,
-    pub qp: QueuePair,
+    pub qp: Arc<QueuePair>,
     /// `sq_sig_all`: every send request completes, signalled or not.
     pub sq_sig_all: bool,
     /// The capacities it was created with, for `ibv_query_qp`.
@@ -289,7 +290,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             builder = builder.srq(&srq.srq);
         }
         let qp = match builder.build() {
-            Ok(qp) => qp,
+            Ok(qp) => Arc::new(qp),
             Err(e) => {
                 set_errno(errno_of(&e));
                 return ptr::null_mut();
@@ -360,10 +361,18 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }) else {
             return libc::EINVAL;
         };
-        let wanted = match qp_attr(attr, attr_mask) {
+        let mut wanted = match qp_attr(attr, attr_mask) {
             Ok(wanted) => wanted,
             Err(why) => return crate::report("ibv_modify_qp", libc::EINVAL, why),
         };
+        if wanted.state.is_none() {
+            // A modify without IBV_QP_STATE changes attributes in the QP's current state
+            // (RTS to RTS, say, for the minimum RNR timer).
+            match this.qp.query() {
+                Ok(now) => wanted.state = now.state,
+                Err(e) => return errno_of(&e),
+            }
+        }
         match this.qp.modify(&wanted) {
             Ok(()) => {
                 if let Some(state) = wanted.state {
@@ -697,16 +706,28 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // SAFETY: `ibv_ah_attr` is integers, for which zero is valid.
         *out = unsafe { std::mem::zeroed() };
         out.is_global = 1;
-        out.grh.dgid = grh.sgid;
+        out.grh.dgid = sender_gid(grh);
         out.grh.sgid_index = 0;
         out.grh.hop_limit = 0xff;
-        out.grh.traffic_class = (u32::from_be(grh.version_tclass_flow) >> 20) as u8;
-        out.grh.flow_label = u32::from_be(grh.version_tclass_flow) & 0xf_ffff;
         out.dlid = wc.slid;
         out.sl = wc.sl;
         out.port_num = port_num;
         0
     })
+}
+
+/// The sender's GID from the 40 bytes a UD receive begins with: over IPv6 the IPv6 header
+/// (the GRH's own layout), over IPv4 20 unused bytes and the IPv4 header, as rxe writes them
+/// and rdma-core reads them.
+fn sender_gid(grh: &ibv_grh) -> ibv_gid {
+    // SAFETY: `ibv_grh` is 40 bytes of plain data.
+    let raw: &[u8; 40] = unsafe { &*ptr::from_ref(grh).cast() };
+    if raw[20] >> 4 == 4 {
+        let src = std::net::Ipv4Addr::new(raw[32], raw[33], raw[34], raw[35]);
+        addr_gid(IpAddr::V4(src))
+    } else {
+        grh.sgid
+    }
 }
 
 /// `ibv_create_ah_from_wc`.

@@ -575,7 +575,7 @@ impl Agent {
     }
 }
 
-/// Moves a QP in RESET to INIT with `access`; one in INIT stays there.
+/// Moves a QP in RESET to INIT with `access`; one in INIT is given `access`.
 fn init_qp(
     now: Duration,
     (qps, ep): (&mut dyn AppQps, &mut Endpoint),
@@ -593,7 +593,16 @@ fn init_qp(
             };
             Ok(qps.modify_qp(ep, now, qpn, &init)?)
         }
-        Some(QpState::Init) => Ok(()),
+        // A QP its application took to INIT itself (librdmacm's `rdma_create_qp` grants remote
+        // write only there) gets the access the connection grants, as cm.c sets it at RTR.
+        Some(QpState::Init) => {
+            let again = QpAttr {
+                state: Some(QpState::Init),
+                access: Some(access),
+                ..Default::default()
+            };
+            Ok(qps.modify_qp(ep, now, qpn, &again)?)
+        }
         Some(_) => Err(CmError::WrongState("the QP must be in RESET or INIT")),
         None => Err(CmError::Qp(VerbsError::UnknownQp(qpn))),
     }

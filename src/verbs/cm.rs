@@ -40,6 +40,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver};
@@ -251,12 +252,30 @@ impl ConnectionRequest {
     /// first, after [`QueuePair::init`], if the peer may send at once): the QP goes to RTS
     /// with what the REQ negotiated, the REP goes out with up to 196 bytes of `private_data`,
     /// and the call returns once the peer's RTU (or its first packet) says it is ready.
+    ///
+    /// The QP may be shared (an `Arc<QueuePair>`), for a caller that posts to it while the
+    /// connection is made elsewhere, as librdmacm's programs do.
     pub fn accept(
-        mut self,
-        qp: QueuePair,
+        self,
+        qp: impl Into<Arc<QueuePair>>,
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Connection> {
+        let connection = self.accept_now(qp, options, private_data)?;
+        connection.established()?;
+        Ok(connection)
+    }
+
+    /// [`accept`](Self::accept) up to the REP: returns once the QP is in RTS and the REP is on
+    /// its way, as librdmacm's `rdma_accept` does, without waiting for the peer's RTU;
+    /// [`Connection::established`] waits for it.
+    pub fn accept_now(
+        mut self,
+        qp: impl Into<Arc<QueuePair>>,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<Connection> {
+        let qp = qp.into();
         self.answered = true;
         let (events, incoming) = bounded(8);
         let engine = self.device.engine();
@@ -278,10 +297,13 @@ impl ConnectionRequest {
             private_data: std::mem::take(&mut self.request.private_data),
             events: incoming,
             ended: AtomicBool::new(false),
+            established: AtomicBool::new(false),
         };
         // From here the connection's drop ends it, whatever happens.
         accepted?;
-        connection.wait_established()?;
+        // The CM took the QP to RTS before the REP: posts may go out now, as librdmacm's
+        // programs post once `rdma_accept` returns.
+        connection.qp.note_state(QpState::Rts);
         Ok(connection)
     }
 
@@ -313,16 +335,19 @@ impl Drop for ConnectionRequest {
 
 /// A connected QP and its connection: [`Connection::connect`] or
 /// [`ConnectionRequest::accept`]. It derefs to its [`QueuePair`]. Dropping it disconnects
-/// (one DREQ, as when a process exits under librdmacm) and destroys the QP.
+/// (one DREQ, as when a process exits under librdmacm) and destroys the QP, unless the caller
+/// shares it (`Arc<QueuePair>`) and still holds it.
 #[derive(Debug)]
 pub struct Connection {
-    qp: QueuePair,
+    qp: Arc<QueuePair>,
     conn: ConnId,
     peer: SocketAddr,
     private_data: Vec<u8>,
     events: Receiver<CmEvent>,
     /// The connection is over (disconnected or failed): nothing more comes on `events`.
     ended: AtomicBool,
+    /// The connection was established (an accepted one waits for the peer's RTU).
+    established: AtomicBool,
 }
 
 /// How a connection ended.
@@ -340,13 +365,15 @@ impl Connection {
     /// bytes of `private_data` in the REQ; returns once the peer accepted and the QP is in
     /// RTS. `options` sets the QP's access, path MTU (at most the port's), ACK timeout and
     /// RNR timer, the retry counts asked of the peer, and the READ/atomic depth offered both
-    /// ways. A rejection is [`Error::ConnectFailed`] with the peer's reason and data.
+    /// ways. A rejection is [`Error::ConnectFailed`] with the peer's reason and data. The QP
+    /// may be shared, as for [`ConnectionRequest::accept`].
     pub fn connect(
-        qp: QueuePair,
+        qp: impl Into<Arc<QueuePair>>,
         to: SocketAddr,
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Connection> {
+        let qp = qp.into();
         let (events, incoming) = bounded(8);
         let call = Box::new(ConnectCall {
             qpn: qp.qpn(),
@@ -370,9 +397,20 @@ impl Connection {
             private_data: Vec::new(),
             events: incoming,
             ended: AtomicBool::new(false),
+            established: AtomicBool::new(false),
         };
         connection.private_data = connection.wait_established()?;
         Ok(connection)
+    }
+
+    /// Waits for a connection accepted with [`ConnectionRequest::accept_now`] to be
+    /// established: the peer's RTU, or its first packet. Returns at once for one already
+    /// established.
+    pub fn established(&self) -> Result<()> {
+        if self.established.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.wait_established().map(drop)
     }
 
     /// Waits for the connection to be established; returns the REP's private data, if one
@@ -385,6 +423,7 @@ impl Connection {
                 Some(CmEvent::Established { .. }) => {
                     // The CM took the QP to RTS in the engine: posts may go out now.
                     self.qp.note_state(QpState::Rts);
+                    self.established.store(true, Ordering::Relaxed);
                     return Ok(reply_data);
                 }
                 Some(CmEvent::Failed { failure, .. }) => {

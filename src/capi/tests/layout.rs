@@ -264,6 +264,34 @@ fn layouts() -> Vec<Layout> {
         ),
         layout!(ibv_sge, "struct ibv_sge", addr, length, lkey),
         layout!(
+            ibv_rx_hash_conf,
+            "struct ibv_rx_hash_conf",
+            rx_hash_function,
+            rx_hash_key_len,
+            rx_hash_key,
+            rx_hash_fields_mask,
+        ),
+        layout!(
+            ibv_qp_init_attr_ex,
+            "struct ibv_qp_init_attr_ex",
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all,
+            comp_mask,
+            pd,
+            xrcd,
+            create_flags,
+            max_tso_header,
+            rwq_ind_tbl,
+            rx_hash_conf,
+            source_qpn,
+            send_ops_flags,
+        ),
+        layout!(
             ibv_send_wr, "struct ibv_send_wr",
             wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr,
             remote_srqn => "qp_type.xrc.remote_srqn", bind_mw,
@@ -436,10 +464,9 @@ fn layouts() -> Vec<Layout> {
 
 /// The C program that prints, for each structure, `name size` and for each field
 /// `name.field offset size`, from the real header.
-fn c_program(layouts: &[Layout]) -> String {
-    let mut c = String::from(
-        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\nint main(void)\n{\n",
-    );
+fn c_program(layouts: &[Layout], include: &str) -> String {
+    let mut c =
+        format!("#include <stddef.h>\n#include <stdio.h>\n{include}\n\nint main(void)\n{{\n");
     for l in layouts {
         let _ = writeln!(c, "\tprintf(\"{0} %zu\\n\", sizeof({0}));", l.c);
         for f in &l.fields {
@@ -456,11 +483,19 @@ fn c_program(layouts: &[Layout]) -> String {
 
 #[test]
 fn every_shared_structure_matches_the_header() {
-    let layouts = layouts();
-    let dir = std::env::temp_dir().join(format!("softroce-layout-{}", std::process::id()));
+    check(&layouts(), "#include <infiniband/verbs.h>");
+}
+
+/// Builds and runs the C program for `layouts` with `include`, and compares every line.
+fn check(layouts: &[Layout], include: &str) {
+    let dir = std::env::temp_dir().join(format!(
+        "softroce-layout-{}-{}",
+        std::process::id(),
+        layouts.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let (source, program) = (dir.join("layout.c"), dir.join("layout"));
-    std::fs::write(&source, c_program(&layouts)).unwrap();
+    std::fs::write(&source, c_program(layouts, include)).unwrap();
     let built = Command::new("cc")
         .arg("-std=gnu11")
         .arg(&source)
@@ -470,13 +505,13 @@ fn every_shared_structure_matches_the_header() {
         .expect("a C compiler (cc)");
     assert!(
         built.status.success(),
-        "building against <infiniband/verbs.h> failed (apt-get install libibverbs-dev):\n{}",
+        "building against {include} failed (apt-get install libibverbs-dev librdmacm-dev):\n{}",
         String::from_utf8_lossy(&built.stderr)
     );
     let printed = Command::new(&program).output().unwrap();
     let printed = String::from_utf8(printed.stdout).unwrap();
     let mut expected = String::new();
-    for l in &layouts {
+    for l in layouts {
         let _ = writeln!(expected, "{} {}", l.c, l.size);
         for f in &l.fields {
             let _ = writeln!(expected, "{}.{} {} {}", l.c, f.c, f.offset, f.size);
@@ -491,4 +526,89 @@ fn every_shared_structure_matches_the_header() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert_eq!(printed.lines().count(), expected.lines().count());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same for `<rdma/rdma_cma.h>`, whose `sockaddr` unions softroce keeps as their
+/// `sockaddr_storage` members.
+#[test]
+fn every_shared_rdma_cm_structure_matches_the_header() {
+    let layouts = vec![
+        layout!(rdma_ib_addr, "struct rdma_ib_addr", sgid, dgid, pkey),
+        layout!(
+            rdma_addr, "struct rdma_addr",
+            src_storage, dst_storage, ibaddr => "addr.ibaddr",
+        ),
+        layout!(rdma_route, "struct rdma_route", addr, path_rec, num_paths),
+        layout!(rdma_event_channel, "struct rdma_event_channel", fd),
+        layout!(
+            rdma_cm_id,
+            "struct rdma_cm_id",
+            verbs,
+            channel,
+            context,
+            qp,
+            route,
+            ps,
+            port_num,
+            event,
+            send_cq_channel,
+            send_cq,
+            recv_cq_channel,
+            recv_cq,
+            srq,
+            pd,
+            qp_type,
+        ),
+        layout!(
+            rdma_conn_param,
+            "struct rdma_conn_param",
+            private_data,
+            private_data_len,
+            responder_resources,
+            initiator_depth,
+            flow_control,
+            retry_count,
+            rnr_retry_count,
+            srq,
+            qp_num,
+        ),
+        layout!(
+            rdma_ud_param,
+            "struct rdma_ud_param",
+            private_data,
+            private_data_len,
+            ah_attr,
+            qp_num,
+            qkey,
+        ),
+        layout!(
+            rdma_cm_event,
+            "struct rdma_cm_event",
+            id,
+            listen_id,
+            event,
+            status,
+            param
+        ),
+        layout!(
+            rdma_addrinfo,
+            "struct rdma_addrinfo",
+            ai_flags,
+            ai_family,
+            ai_qp_type,
+            ai_port_space,
+            ai_src_len,
+            ai_dst_len,
+            ai_src_addr,
+            ai_dst_addr,
+            ai_src_canonname,
+            ai_dst_canonname,
+            ai_route_len,
+            ai_route,
+            ai_connect_len,
+            ai_connect,
+            ai_next,
+        ),
+    ];
+    check(&layouts, "#include <rdma/rdma_cma.h>");
 }

@@ -128,3 +128,80 @@ pub fn pair(
         succeeded(&format!("{name} (client)"), &client),
     )
 }
+
+/// Runs `server` and then `client` until the client succeeds and its output shows it was
+/// served (`served`): it fails while the server is not listening yet (a refused TCP
+/// connection, or REJ 8 from RDMA-CM; rping exits 0 even then). Each try is bounded by
+/// `limit`; both must succeed. Returns both outputs.
+pub fn until_served(
+    name: &str,
+    mut server: Command,
+    mut client: impl FnMut() -> Command,
+    served: impl Fn(&str) -> bool,
+    limit: Duration,
+) -> (String, String) {
+    let mut server = server.spawn().unwrap();
+    let start = Instant::now();
+    let client = loop {
+        let attempt = finish(
+            &format!("{name} (client)"),
+            client().spawn().unwrap(),
+            limit,
+        );
+        if attempt.status.success() && served(&String::from_utf8_lossy(&attempt.stdout)) {
+            break attempt;
+        }
+        let server_done = server.try_wait().unwrap().is_some();
+        if server_done || start.elapsed() > limit {
+            let _ = server.kill();
+            let server = server.wait_with_output().unwrap();
+            panic!(
+                "{name}: the client failed ({})\nclient stdout:\n{}\nclient stderr:\n{}\n\
+                 server stdout:\n{}\nserver stderr:\n{}",
+                attempt.status,
+                String::from_utf8_lossy(&attempt.stdout),
+                String::from_utf8_lossy(&attempt.stderr),
+                String::from_utf8_lossy(&server.stdout),
+                String::from_utf8_lossy(&server.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let server = finish(&format!("{name} (server)"), server, limit);
+    (
+        succeeded(&format!("{name} (server)"), &server),
+        succeeded(&format!("{name} (client)"), &client),
+    )
+}
+
+/// Whether perftest's output has its result line: the message size and the iterations, then
+/// the figures.
+pub fn has_result_line(out: &str) -> bool {
+    out.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let numeric = |f: Option<&str>| f.is_some_and(|f| f.parse::<u64>().is_ok());
+        numeric(fields.next()) && numeric(fields.next()) && fields.next().is_some()
+    })
+}
+
+/// softroce's own command line, beside the C library: cargo builds both into one directory,
+/// or `SOFTROCE_BIN` names it (.ci/run's copy for nobody).
+pub fn softroce(addr: &str, args: &[&str]) -> Command {
+    let bin = std::env::var_os("SOFTROCE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")).with_file_name("softroce"),
+        PathBuf::from,
+    );
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the workspace (cargo build)",
+        bin.display()
+    );
+    let mut command = Command::new(bin);
+    command
+        .args(args)
+        .args(["--bind", addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}

@@ -1,0 +1,1202 @@
+//! RDMA-CM IDs: what `rdma_create_id` hands out, and every call on one, over softroce's CM.
+//!
+//! An ID moves through the stages of librdmacm's (fresh, bound, address and route resolved,
+//! listening, a request not yet answered, connecting, connected, ended). The calls that wait
+//! on the network start a thread of the ID's and return; the thread posts the outcome to the
+//! ID's channel as an event. A synchronous ID (made with no channel, as `rdma_create_ep` makes
+//! them) has a channel of its own, and its calls wait for their event before they return.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libc::{c_int, c_void};
+use softroce::memory::Access;
+use softroce::transport::ConnectOptions;
+use softroce::verbs::{
+    Connection, ConnectionRequest, DatagramRequest, Device, Error as VerbsError, QueuePair,
+};
+use softroce::wire::RnrTimer;
+
+use super::channel::{Channel, Event, Events};
+use super::{ip_of, socket_addr, storage};
+use crate::abi::*;
+use crate::devices::{self, Context};
+use crate::qp::Qp;
+use crate::{errno_of, guard, set_errno, unsupported};
+
+/// How long a synchronous call waits for its event: longer than the CM's own retries (15
+/// tries of about 4.3 s) take to give up.
+const SYNC_WAIT: Duration = Duration::from_secs(90);
+/// How often the threads that wait on softroce's CM look whether their ID was destroyed.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What a connection request waits for: an answer to a REQ, or to a SIDR request.
+enum Request {
+    Rc(ConnectionRequest),
+    Ud(DatagramRequest),
+}
+
+/// Where an ID is.
+enum Stage {
+    Fresh,
+    Bound,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    Requested(Request),
+    Connecting,
+    Connected(Arc<Connection>),
+    Ended,
+}
+
+/// What an ID's threads share with it.
+struct Shared {
+    /// The program's pointer to the ID, which its events carry.
+    me: usize,
+    events: Mutex<Arc<Events>>,
+    stage: Mutex<Stage>,
+    destroyed: AtomicBool,
+}
+
+impl Shared {
+    fn post(&self, event: Box<Event>) {
+        if self.destroyed.load(Ordering::Acquire) {
+            return;
+        }
+        let events = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        events.post(event);
+    }
+
+    fn id(&self) -> *mut rdma_cm_id {
+        self.me as *mut rdma_cm_id
+    }
+
+    fn set(&self, stage: Stage) {
+        *self.stage.lock().unwrap_or_else(|p| p.into_inner()) = stage;
+    }
+}
+
+/// An RDMA-CM ID: the program's `rdma_cm_id`, first.
+#[repr(C)]
+pub(crate) struct Id {
+    pub ibv: rdma_cm_id,
+    shared: Arc<Shared>,
+    /// A synchronous ID's own channel.
+    own: Option<Box<Channel>>,
+    /// A synchronous listener's QP attributes (`rdma_create_ep`): each request's ID gets a QP
+    /// made with them, on this PD.
+    qp_attr: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
+    /// The CQs and completion channels `rdma_create_qp` made for a QP given none.
+    made_cqs: bool,
+    /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
+    /// that the port is free again when `rdma_destroy_id` returns.
+    listening: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Id {
+    /// A new ID on `events`, boxed and leaked: the program's pointer is its first field.
+    fn create(
+        events: Arc<Events>,
+        channel: *mut rdma_event_channel,
+        own: Option<Box<Channel>>,
+        context: *mut c_void,
+        ps: u32,
+    ) -> *mut Id {
+        // SAFETY: `rdma_cm_id` is pointers and integers, for which zero (null) is valid.
+        let mut ibv: rdma_cm_id = unsafe { std::mem::zeroed() };
+        ibv.channel = channel;
+        ibv.context = context;
+        ibv.ps = ps;
+        ibv.qp_type = if ps == RDMA_PS_UDP {
+            IBV_QPT_UD
+        } else {
+            IBV_QPT_RC
+        };
+        let raw = Box::into_raw(Box::new(Id {
+            ibv,
+            shared: Arc::new(Shared {
+                me: 0,
+                events: Mutex::new(events),
+                stage: Mutex::new(Stage::Fresh),
+                destroyed: AtomicBool::new(false),
+            }),
+            own,
+            qp_attr: None,
+            made_cqs: false,
+            listening: None,
+        }));
+        // SAFETY: `raw` was just made and is ours alone; `shared` has no other holder yet.
+        unsafe {
+            Arc::get_mut(&mut (*raw).shared)
+                .expect("no other holder yet")
+                .me = raw as usize;
+        }
+        raw
+    }
+
+    /// The ID behind a program's pointer; `None` for null.
+    ///
+    /// # Safety
+    ///
+    /// A non-null `id` is one librdmacm handed out (`rdma_create_id`, a connection request's
+    /// event) that `rdma_destroy_id` has not freed, used by one thread at a time for the
+    /// calls that change it, as librdmacm asks.
+    unsafe fn from_ibv<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
+        // SAFETY: per the contract, `id` is the first field of a live `Id`.
+        unsafe { id.cast::<Id>().as_mut() }
+    }
+
+    fn local(&self) -> SocketAddr {
+        ip_of(&self.ibv.route.addr.src_storage)
+    }
+
+    fn peer(&self) -> SocketAddr {
+        ip_of(&self.ibv.route.addr.dst_storage)
+    }
+
+    fn set_local(&mut self, addr: SocketAddr) {
+        self.ibv.route.addr.src_storage = storage(addr).0;
+        self.ibv.route.addr.ibaddr.sgid = gid(addr.ip());
+    }
+
+    fn set_peer(&mut self, addr: SocketAddr) {
+        self.ibv.route.addr.dst_storage = storage(addr).0;
+        self.ibv.route.addr.ibaddr.dgid = gid(addr.ip());
+    }
+
+    /// Binds the ID to the device of `addr` (the first device for a wildcard address).
+    fn bind(&mut self, addr: SocketAddr) -> Result<(), c_int> {
+        let entry = devices::entry_for(addr.ip()).ok_or(libc::EADDRNOTAVAIL)?;
+        let context = devices::cm_context(entry)?;
+        // SAFETY: librdmacm's contexts stay open for the process's life.
+        let pd = unsafe { Context::from_ibv(context) }
+            .ok_or(libc::EINVAL)?
+            .default_pd()?;
+        self.ibv.verbs = context;
+        self.ibv.pd = pd;
+        self.ibv.port_num = 1;
+        self.ibv.route.addr.ibaddr.pkey = 0xffffu16.to_be();
+        let local = if addr.ip().is_unspecified() {
+            SocketAddr::new(entry.addr, addr.port())
+        } else {
+            addr
+        };
+        self.set_local(local);
+        Ok(())
+    }
+
+    /// The softroce device under the ID.
+    fn device(&self) -> Result<&Device, c_int> {
+        // SAFETY: an ID's context is one of librdmacm's, open for the process's life.
+        let context = unsafe { Context::from_ibv(self.ibv.verbs) }.ok_or(libc::EINVAL)?;
+        Ok(&context.device)
+    }
+
+    /// The QP the program created on the ID (`rdma_create_qp`).
+    fn qp(&self) -> Option<&Qp> {
+        // SAFETY: `id->qp` is null or the QP `rdma_create_qp` made, which the program
+        // destroys only through `rdma_destroy_qp` (which clears it) or before the ID.
+        unsafe { Qp::from_ibv(self.ibv.qp) }
+    }
+
+    fn stage(&self) -> std::sync::MutexGuard<'_, Stage> {
+        self.shared.stage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// For a synchronous ID, waits for the event its call posts: 0 if it is `success`, else
+    /// -1 with `errno` from the event. 0 at once for an ID on a program's channel.
+    fn finish(&self, success: u32) -> c_int {
+        let Some(own) = &self.own else {
+            return 0;
+        };
+        let Some(event) = own.events.wait_for(self.shared.id(), SYNC_WAIT) else {
+            set_errno(libc::ETIMEDOUT);
+            return -1;
+        };
+        if event.ibv.event == success {
+            return 0;
+        }
+        let status = event.ibv.status;
+        set_errno(if status < 0 {
+            -status
+        } else {
+            libc::ECONNREFUSED
+        });
+        -1
+    }
+}
+
+/// The RoCE v2 GID of `ip`.
+fn gid(ip: IpAddr) -> ibv_gid {
+    let v6 = match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    ibv_gid { raw: v6.octets() }
+}
+
+/// Starts `work` on a thread of the ID's.
+fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
+    spawn_joinable(work).map(drop)
+}
+
+/// Starts `work` on a thread of the ID's, to be joined.
+fn spawn_joinable(
+    work: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, c_int> {
+    std::thread::Builder::new()
+        .name("softroce-rdmacm".into())
+        .spawn(work)
+        .map_err(|_| libc::EAGAIN)
+}
+
+/// Runs an exported call's body on the ID behind `id`: -1 with `EINVAL` for null, -1 with
+/// the errno `body` returns, or 0.
+fn with_id(id: *mut rdma_cm_id, body: impl FnOnce(&mut Id) -> Result<c_int, c_int>) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program passes an ID it holds.
+        let Some(this) = (unsafe { Id::from_ibv(id) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        match body(this) {
+            Ok(value) => value,
+            Err(errno) => {
+                set_errno(errno);
+                -1
+            }
+        }
+    })
+}
+
+/// `rdma_create_id`: an ID on `channel`, or a synchronous one if `channel` is null.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() || !matches!(ps, RDMA_PS_TCP | RDMA_PS_UDP) {
+            if ps == RDMA_PS_IB || ps == RDMA_PS_IPOIB {
+                set_errno(unsupported("rdma_create_id in the IB or IPoIB port space"));
+            } else {
+                set_errno(libc::EINVAL);
+            }
+            return -1;
+        }
+        // SAFETY: a non-null channel is one the program created and has not destroyed.
+        let (events, own) = match unsafe { Channel::from_ibv(channel) } {
+            Some(channel) => (channel.events.clone(), None),
+            None => match Channel::new() {
+                Ok(own) => (own.events.clone(), Some(own)),
+                Err(_) => {
+                    set_errno(libc::EMFILE);
+                    return -1;
+                }
+            },
+        };
+        let made = Id::create(events, channel, own, context, ps);
+        // SAFETY: the program's out-pointer, checked above.
+        unsafe { *id = made.cast() };
+        0
+    })
+}
+
+/// `rdma_destroy_id`: stops what the ID was doing (a listen, a connection: its QP is moved
+/// to ERROR and the peer sent a DREQ), and forgets its events not yet taken.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: every ID is a leaked `Box<Id>`, handed back once.
+        let mut this = unsafe { Box::from_raw(id.cast::<Id>()) };
+        this.shared.destroyed.store(true, Ordering::Release);
+        this.shared.set(Stage::Ended);
+        if let Some(listening) = this.listening.take() {
+            let _ = listening.join();
+        }
+        let events = this
+            .shared
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        events.forget(id);
+        0
+    })
+}
+
+/// `rdma_bind_addr`: the ID's source address, and so its device (any device for a wildcard).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    with_id(id, |this| {
+        // SAFETY: the program passes a sockaddr of its family's length.
+        let addr = unsafe { socket_addr(addr) }.ok_or(libc::EAFNOSUPPORT)?;
+        this.bind(addr)?;
+        this.shared.set(Stage::Bound);
+        Ok(0)
+    })
+}
+
+/// `rdma_resolve_addr`: binds to `src` (or the device for `dst`) and records `dst`; the
+/// address is resolved at once (RoCE v2 addresses peers by IP), `ADDR_RESOLVED` follows.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    with_id(id, |this| {
+        // SAFETY: the program passes sockaddrs of their families' lengths, or null for src.
+        let dst = unsafe { socket_addr(dst) }.ok_or(libc::EINVAL)?;
+        // SAFETY: as above.
+        match unsafe { socket_addr(src) } {
+            Some(src) => this.bind(src)?,
+            None if this.ibv.verbs.is_null() => {
+                let wildcard = SocketAddr::new(
+                    devices::default_for(dst.ip()).ok_or(libc::EADDRNOTAVAIL)?,
+                    0,
+                );
+                this.bind(wildcard)?;
+            }
+            None => {}
+        }
+        this.set_peer(dst);
+        this.shared.set(Stage::AddrResolved);
+        this.shared
+            .post(Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+        Ok(this.finish(RDMA_CM_EVENT_ADDR_RESOLVED))
+    })
+}
+
+/// `rdma_resolve_route`: the one path there is, at once; `ROUTE_RESOLVED` follows.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    with_id(id, |this| {
+        if !matches!(*this.stage(), Stage::AddrResolved | Stage::RouteResolved) {
+            return Err(libc::EINVAL);
+        }
+        this.shared.set(Stage::RouteResolved);
+        this.ibv.route.num_paths = 1;
+        this.shared
+            .post(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+        Ok(this.finish(RDMA_CM_EVENT_ROUTE_RESOLVED))
+    })
+}
+
+/// The connection options for a connection parameter block (librdmacm's defaults without
+/// one): the retry counts, the READ/atomic depth, and remote read and atomics only with
+/// responder resources, as cma.c grants them.
+fn options(param: Option<&rdma_conn_param>) -> ConnectOptions {
+    let mut options = ConnectOptions::default();
+    let Some(p) = param else {
+        return options;
+    };
+    options.retry_cnt = p.retry_count.min(7);
+    options.rnr_retry = p.rnr_retry_count.min(7);
+    options.max_rd_atomic = p.responder_resources.max(p.initiator_depth).min(16);
+    options.min_rnr_timer = RnrTimer::new(12);
+    options.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    if p.responder_resources > 0 {
+        options.access = options.access | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    }
+    options
+}
+
+/// The private data of a connection parameter block.
+///
+/// # Safety
+///
+/// A non-null `private_data` points to `private_data_len` readable bytes.
+unsafe fn private_data(param: Option<&rdma_conn_param>) -> Vec<u8> {
+    match param {
+        Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+            // SAFETY: per the contract.
+            unsafe {
+                std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into())
+            }
+            .to_vec()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Waits, on the ID's thread, for the end of `conn` and reports it (`DISCONNECTED`), unless
+/// the ID is destroyed first.
+fn watch(shared: Arc<Shared>, conn: Arc<Connection>) {
+    loop {
+        if shared.destroyed.load(Ordering::Acquire) {
+            return;
+        }
+        match conn.wait_event(POLL) {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => break,
+        }
+    }
+    shared.set(Stage::Ended);
+    shared.post(Event::new(shared.id(), RDMA_CM_EVENT_DISCONNECTED, 0));
+}
+
+/// The event for a connection attempt that failed with `error`.
+fn failed(id: *mut rdma_cm_id, error: &VerbsError) -> Box<Event> {
+    use softroce::cm::Failure;
+    match error {
+        VerbsError::ConnectFailed(Failure::Rejected {
+            reason,
+            private_data,
+        }) => {
+            // SAFETY: the parameters are plain data, for which zero (null) is valid.
+            let conn: rdma_conn_param = unsafe { std::mem::zeroed() };
+            Event::new(id, RDMA_CM_EVENT_REJECTED, reason.0.into()).conn(conn, private_data)
+        }
+        VerbsError::ConnectFailed(Failure::TimedOut) => {
+            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+        }
+        VerbsError::ConnectFailed(Failure::Unreachable) => {
+            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH)
+        }
+        VerbsError::Unresolved(status) => {
+            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, status.0.into())
+        }
+        _ => Event::new(id, RDMA_CM_EVENT_CONNECT_ERROR, -errno_of(error)),
+    }
+}
+
+/// The attributes that move a QP to ERROR.
+fn error_state() -> softroce::transport::QpAttr {
+    softroce::transport::QpAttr {
+        state: Some(softroce::transport::QpState::Error),
+        ..Default::default()
+    }
+}
+
+/// The `conn` parameters an established connection's event carries: the depths and retry
+/// counts, and the peer's QP.
+fn established_param(conn: &Connection, options: &ConnectOptions) -> rdma_conn_param {
+    let peer_qpn = conn.qp().query().ok().and_then(|now| now.dest_qpn);
+    rdma_conn_param {
+        private_data: ptr::null(),
+        private_data_len: 0,
+        responder_resources: options.max_rd_atomic,
+        initiator_depth: options.max_rd_atomic,
+        flow_control: 1,
+        retry_count: options.retry_cnt,
+        rnr_retry_count: options.rnr_retry,
+        srq: 0,
+        qp_num: peer_qpn.map_or(0, |q| q.value()),
+    }
+}
+
+/// `rdma_connect`: an RC connection (a REQ; `ESTABLISHED`, `REJECTED` or `UNREACHABLE`
+/// follows) or, on a UD ID, a service resolution (SIDR; `ESTABLISHED` with the server's QP,
+/// or `UNREACHABLE`). The ID needs its QP (`rdma_create_qp`).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    with_id(id, |this| {
+        if !matches!(*this.stage(), Stage::RouteResolved) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's parameter block, or null.
+        let param = unsafe { param.as_ref() };
+        // SAFETY: its private data is as long as it says.
+        let data = unsafe { private_data(param) };
+        let (peer, shared) = (this.peer(), this.shared.clone());
+        if this.ibv.ps == RDMA_PS_UDP {
+            let device = this.device()?.clone();
+            this.shared.set(Stage::Connecting);
+            spawn(move || {
+                let event = match device.resolve_datagram(peer, &data) {
+                    Ok(found) => {
+                        let ud = rdma_ud_param {
+                            private_data: ptr::null(),
+                            private_data_len: 0,
+                            ah_attr: ah_attr(found.addr),
+                            qp_num: found.qpn.value(),
+                            qkey: found.qkey.0,
+                        };
+                        shared.set(Stage::Ended);
+                        Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
+                            .ud(ud, &found.private_data)
+                    }
+                    Err(e) => failed(shared.id(), &e),
+                };
+                shared.post(event);
+            })?;
+            return Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED));
+        }
+        let Some(qp) = this.qp() else {
+            return Err(crate::report(
+                "rdma_connect",
+                unsupported("rdma_connect on an ID without a QP (rdma_create_qp)"),
+                "create the QP on the ID",
+            ));
+        };
+        let qp: Arc<QueuePair> = qp.qp.clone();
+        let options = options(param);
+        this.shared.set(Stage::Connecting);
+        spawn(
+            move || match Connection::connect(qp.clone(), peer, &options, &data) {
+                Ok(conn) => {
+                    let conn = Arc::new(conn);
+                    shared.set(Stage::Connected(conn.clone()));
+                    let event = Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
+                        .conn(established_param(&conn, &options), conn.private_data());
+                    shared.post(event);
+                    watch(shared, conn);
+                }
+                Err(e) => {
+                    // As librdmacm does with a rejected or failed connection's QP.
+                    let _ = qp.modify(&error_state());
+                    shared.set(Stage::Ended);
+                    shared.post(failed(shared.id(), &e));
+                }
+            },
+        )?;
+        Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED))
+    })
+}
+
+/// The address vector to a UD peer at `addr`.
+fn ah_attr(addr: IpAddr) -> ibv_ah_attr {
+    // SAFETY: `ibv_ah_attr` is plain data, for which zero is valid.
+    let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    attr.is_global = 1;
+    attr.grh.dgid = gid(addr);
+    attr.grh.sgid_index = 0;
+    attr.grh.hop_limit = 64;
+    attr.port_num = 1;
+    attr
+}
+
+/// `rdma_listen`: takes connection requests (or, on a UD ID, service resolutions) for the
+/// bound port on the bound device; each comes as `CONNECT_REQUEST` with an ID of its own.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    with_id(id, |this| {
+        if !matches!(*this.stage(), Stage::Bound) {
+            return Err(libc::EINVAL);
+        }
+        let local = this.local();
+        let device = this.device()?.clone();
+        let template = Template {
+            verbs: this.ibv.verbs,
+            pd: this.ibv.pd,
+            channel: this.ibv.channel,
+            context: this.ibv.context,
+            ps: this.ibv.ps,
+            local,
+        };
+        let shared = this.shared.clone();
+        if this.ibv.ps == RDMA_PS_UDP {
+            let listener = device
+                .listen_datagram(local.port())
+                .map_err(|e| errno_of(&e))?;
+            this.listening = Some(spawn_joinable(move || loop {
+                if shared.destroyed.load(Ordering::Acquire) {
+                    return;
+                }
+                match listener.next_request(POLL) {
+                    Ok(Some(request)) => {
+                        let peer = request.peer();
+                        let data = request.private_data().to_vec();
+                        let ud = rdma_ud_param {
+                            private_data: ptr::null(),
+                            private_data_len: 0,
+                            ah_attr: ah_attr(peer.ip()),
+                            qp_num: 0,
+                            qkey: RDMA_UDP_QKEY,
+                        };
+                        let child = template.child(&shared, peer, Request::Ud(request));
+                        let mut event =
+                            Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).ud(ud, &data);
+                        event.ibv.listen_id = shared.id();
+                        shared.post(event);
+                    }
+                    Ok(None) => {}
+                    Err(_) => return,
+                }
+            })?);
+        } else {
+            let listener = device.listen(local.port()).map_err(|e| errno_of(&e))?;
+            this.listening = Some(spawn_joinable(move || loop {
+                if shared.destroyed.load(Ordering::Acquire) {
+                    return;
+                }
+                match listener.next_request(POLL) {
+                    Ok(Some(request)) => {
+                        let d = request.details();
+                        let conn = rdma_conn_param {
+                            private_data: ptr::null(),
+                            private_data_len: 0,
+                            responder_resources: d.responder_resources,
+                            initiator_depth: d.initiator_depth,
+                            flow_control: 1,
+                            retry_count: d.retry_count,
+                            rnr_retry_count: d.rnr_retry_count,
+                            srq: d.srq.into(),
+                            qp_num: d.peer_qpn.value(),
+                        };
+                        let (peer, data) = (request.peer(), request.private_data().to_vec());
+                        let child = template.child(&shared, peer, Request::Rc(request));
+                        let mut event =
+                            Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(conn, &data);
+                        event.ibv.listen_id = shared.id();
+                        shared.post(event);
+                    }
+                    Ok(None) => {}
+                    Err(_) => return,
+                }
+            })?);
+        }
+        this.shared.set(Stage::Listening);
+        Ok(0)
+    })
+}
+
+/// What a listening ID's requests' IDs take from it.
+struct Template {
+    verbs: *mut ibv_context,
+    pd: *mut ibv_pd,
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: u32,
+    local: SocketAddr,
+}
+
+// SAFETY: the pointers are only copied into new IDs, never dereferenced by the thread.
+unsafe impl Send for Template {}
+
+impl Template {
+    /// A new ID for `request` from `peer`, on the listening ID's channel and device.
+    fn child(&self, listener: &Shared, peer: SocketAddr, request: Request) -> *mut rdma_cm_id {
+        let events = listener
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let raw = Id::create(events, self.channel, None, self.context, self.ps);
+        // SAFETY: `raw` was just made; the program does not have it until the event.
+        let child = unsafe { &mut *raw };
+        child.ibv.verbs = self.verbs;
+        child.ibv.pd = self.pd;
+        child.ibv.port_num = 1;
+        child.set_local(self.local);
+        child.set_peer(peer);
+        child.shared.set(Stage::Requested(request));
+        raw.cast()
+    }
+}
+
+/// `rdma_get_request`: a synchronous listener's next request's ID.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    with_id(listen, |this| {
+        let Some(own) = &this.own else {
+            return Err(libc::EINVAL);
+        };
+        if id.is_null() {
+            return Err(libc::EINVAL);
+        }
+        loop {
+            let event = own
+                .events
+                .wait_for_listener(this.shared.id(), SYNC_WAIT)
+                .ok_or(libc::ETIMEDOUT)?;
+            if event.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+                // SAFETY: the program's out-pointer, checked above.
+                unsafe { *id = event.ibv.id };
+                // SAFETY: the request's ID is new and the program's now; make it synchronous
+                // as its listener is, with a channel of its own.
+                if let Some(child) = unsafe { Id::from_ibv(event.ibv.id) } {
+                    if let Ok(channel) = Channel::new() {
+                        *child
+                            .shared
+                            .events
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner()) = channel.events.clone();
+                        child.own = Some(channel);
+                    }
+                }
+                if let Some((pd, mut attr)) = this.qp_attr {
+                    // SAFETY: the listener's PD (or null) and a copy of its attributes.
+                    if unsafe { rdma_create_qp(event.ibv.id, pd, &mut attr) } != 0 {
+                        return Err(crate::cm::last_errno());
+                    }
+                }
+                return Ok(0);
+            }
+        }
+    })
+}
+
+/// `rdma_accept`: answers the request with the ID's QP (the REP goes out; `ESTABLISHED`
+/// follows the RTU), or, on a UD ID, names the ID's QP to the client (SIDR_REP).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    with_id(id, |this| {
+        // SAFETY: the program's parameter block, or null.
+        let param = unsafe { param.as_ref() };
+        // SAFETY: its private data is as long as it says.
+        let data = unsafe { private_data(param) };
+        let request = match std::mem::replace(&mut *this.stage(), Stage::Connecting) {
+            Stage::Requested(request) => request,
+            other => {
+                *this.stage() = other;
+                return Err(libc::EINVAL);
+            }
+        };
+        let Some(qp) = this.qp() else {
+            this.shared.set(Stage::Ended);
+            return Err(crate::report(
+                "rdma_accept",
+                unsupported("rdma_accept on an ID without a QP (rdma_create_qp)"),
+                "create the QP on the ID",
+            ));
+        };
+        let qp: Arc<QueuePair> = qp.qp.clone();
+        match request {
+            Request::Ud(request) => {
+                this.shared.set(Stage::Ended);
+                request.reply(&qp, &data).map_err(|e| errno_of(&e))?;
+                Ok(0)
+            }
+            Request::Rc(request) => {
+                let options = options(param);
+                // As librdmacm's: the QP is in RTS and the REP on its way when this returns;
+                // the peer's RTU comes as ESTABLISHED.
+                let conn = match request.accept_now(qp, &options, &data) {
+                    Ok(conn) => Arc::new(conn),
+                    Err(e) => {
+                        this.shared.set(Stage::Ended);
+                        return Err(errno_of(&e));
+                    }
+                };
+                this.shared.set(Stage::Connected(conn.clone()));
+                let shared = this.shared.clone();
+                spawn(move || match conn.established() {
+                    Ok(()) => {
+                        let event = Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
+                            .conn(established_param(&conn, &options), &[]);
+                        shared.post(event);
+                        watch(shared, conn);
+                    }
+                    Err(e) => {
+                        shared.set(Stage::Ended);
+                        shared.post(failed(shared.id(), &e));
+                    }
+                })?;
+                Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED))
+            }
+        }
+    })
+}
+
+/// `rdma_reject`: REJ (consumer defined, 28) with up to 148 bytes of private data, or, on a
+/// UD ID, a refused service resolution.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    with_id(id, |this| {
+        let request = match std::mem::replace(&mut *this.stage(), Stage::Ended) {
+            Stage::Requested(request) => request,
+            other => {
+                *this.stage() = other;
+                return Err(libc::EINVAL);
+            }
+        };
+        let data = if private_data.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the program passes `private_data_len` readable bytes.
+            unsafe {
+                std::slice::from_raw_parts(private_data.cast::<u8>(), private_data_len.into())
+            }
+            .to_vec()
+        };
+        let rejected = match request {
+            Request::Rc(request) => request.reject(&data),
+            Request::Ud(request) => request.reject(),
+        };
+        rejected.map(|()| 0).map_err(|e| errno_of(&e))
+    })
+}
+
+/// `rdma_disconnect`: the QP goes to ERROR and the DREQ goes out; `DISCONNECTED` follows
+/// when the peer answers (or the CM gives up).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    with_id(id, |this| {
+        let conn = match &*this.stage() {
+            Stage::Connected(conn) => conn.clone(),
+            Stage::Ended => return Ok(0),
+            _ => return Err(libc::EINVAL),
+        };
+        if let Some(qp) = this.qp() {
+            let _ = qp.qp.modify(&error_state());
+        }
+        spawn(move || {
+            let _ = conn.disconnect();
+        })?;
+        Ok(this.finish(RDMA_CM_EVENT_DISCONNECTED))
+    })
+}
+
+/// `rdma_create_qp`: a QP on the ID's device (on `pd`, or a PD of librdmacm's own), moved as
+/// librdmacm moves it: INIT for RC and UC, which the connection then takes to RTS; RTS with
+/// RDMA-CM's Q_Key for UD.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    with_id(id, |this| {
+        if this.ibv.verbs.is_null() || attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the ID's context is one of librdmacm's, open for the process's life.
+        let context = unsafe { Context::from_ibv(this.ibv.verbs) }.ok_or(libc::EINVAL)?;
+        let pd = if pd.is_null() {
+            context.default_pd()?
+        } else {
+            pd
+        };
+        // SAFETY: the program's attributes, checked above.
+        let attr = unsafe { &mut *attr };
+        let made_cqs = attr.send_cq.is_null() || attr.recv_cq.is_null();
+        if made_cqs {
+            this.make_cqs(context, attr)?;
+        }
+        // SAFETY: forwarded as the program gave them, with a live PD and CQs.
+        let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
+        if qp.is_null() {
+            let errno = crate::cm::last_errno();
+            if made_cqs {
+                this.destroy_cqs();
+            }
+            return Err(errno);
+        }
+        // SAFETY: `qp` was just created.
+        let made = unsafe { Qp::from_ibv(qp) }.expect("just created");
+        let ready = if this.ibv.ps == RDMA_PS_UDP {
+            ready_datagram(&made.qp)
+        } else {
+            made.qp
+                .init(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
+        };
+        if let Err(e) = ready {
+            // SAFETY: `qp` is ours to destroy again.
+            unsafe { crate::qp::ibv_destroy_qp(qp) };
+            return Err(errno_of(&e));
+        }
+        this.ibv.qp = qp;
+        this.ibv.pd = pd;
+        this.ibv.send_cq = attr.send_cq;
+        this.ibv.recv_cq = attr.recv_cq;
+        this.ibv.srq = attr.srq;
+        this.ibv.qp_type = attr.qp_type;
+        Ok(0)
+    })
+}
+
+/// Takes a UD QP to RTS with RDMA-CM's Q_Key, as librdmacm readies its UD QPs.
+fn ready_datagram(qp: &QueuePair) -> softroce::verbs::Result<()> {
+    use softroce::transport::{QpAttr, QpState};
+    qp.modify(&QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        qkey: Some(softroce::wire::QKey(RDMA_UDP_QKEY)),
+        ..Default::default()
+    })?;
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rtr),
+        ..Default::default()
+    })?;
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(softroce::wire::Psn::new(0)),
+        ..Default::default()
+    })
+}
+
+/// `rdma_create_qp_ex`: as `rdma_create_qp`, with the extended attributes' PD. Its
+/// `send_ops_flags` ask for the `ibv_wr_*` interface, which softroce does not have
+/// (`ibv_qp_to_qp_ex` answers null); the QP takes every operation through `ibv_post_send`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the program's attributes, or null.
+        let Some(ex) = (unsafe { attr.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if ex.comp_mask & !known != 0 {
+            set_errno(unsupported(
+                "rdma_create_qp_ex beyond a PD and send operations",
+            ));
+            return -1;
+        }
+        let pd = if ex.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+            ex.pd
+        } else {
+            ptr::null_mut()
+        };
+        let mut plain = ibv_qp_init_attr {
+            qp_context: ex.qp_context,
+            send_cq: ex.send_cq,
+            recv_cq: ex.recv_cq,
+            srq: ex.srq,
+            cap: ex.cap,
+            qp_type: ex.qp_type,
+            sq_sig_all: ex.sq_sig_all,
+        };
+        // SAFETY: forwarded with the same meaning.
+        let made = unsafe { rdma_create_qp(id, pd, &mut plain) };
+        ex.cap = plain.cap;
+        made
+    })
+}
+
+/// `rdma_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    with_id(id, |this| {
+        let qp = std::mem::replace(&mut this.ibv.qp, ptr::null_mut());
+        if !qp.is_null() {
+            // SAFETY: the QP `rdma_create_qp` made, destroyed once.
+            unsafe { crate::qp::ibv_destroy_qp(qp) };
+        }
+        if this.made_cqs {
+            this.destroy_cqs();
+        }
+        Ok(0)
+    });
+}
+
+/// Keeps a synchronous listener's QP attributes for the IDs of its requests
+/// (`rdma_create_ep`).
+///
+/// # Safety
+///
+/// `id` is a live ID; `pd` is null or a live PD.
+pub(crate) unsafe fn remember_qp_attr(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: &ibv_qp_init_attr,
+) {
+    // SAFETY: per the contract.
+    if let Some(this) = unsafe { Id::from_ibv(id) } {
+        this.qp_attr = Some((pd, *attr));
+    }
+}
+
+impl Id {
+    /// Makes the CQs (each with a completion channel) a QP's attributes lack, as librdmacm
+    /// does for `rdma_create_qp`, and names them in the attributes and the ID.
+    fn make_cqs(&mut self, context: &Context, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
+        let ctx = context.ibv();
+        for send in [true, false] {
+            let cq = if send { attr.send_cq } else { attr.recv_cq };
+            if !cq.is_null() {
+                continue;
+            }
+            // SAFETY: the context is open.
+            let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+            let depth = if send {
+                attr.cap.max_send_wr
+            } else {
+                attr.cap.max_recv_wr
+            };
+            // SAFETY: as above, with the channel just made (or null).
+            let cq = unsafe {
+                crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, ptr::null_mut(), channel, 0)
+            };
+            if channel.is_null() || cq.is_null() {
+                self.made_cqs = true;
+                self.destroy_cqs();
+                return Err(libc::ENOMEM);
+            }
+            if send {
+                (attr.send_cq, self.ibv.send_cq, self.ibv.send_cq_channel) = (cq, cq, channel);
+            } else {
+                (attr.recv_cq, self.ibv.recv_cq, self.ibv.recv_cq_channel) = (cq, cq, channel);
+            }
+        }
+        self.made_cqs = true;
+        Ok(())
+    }
+
+    /// Destroys the CQs and channels [`make_cqs`](Self::make_cqs) made.
+    fn destroy_cqs(&mut self) {
+        let cqs = [
+            (&mut self.ibv.send_cq, &mut self.ibv.send_cq_channel),
+            (&mut self.ibv.recv_cq, &mut self.ibv.recv_cq_channel),
+        ];
+        for (cq, channel) in cqs {
+            let (cq, channel) = (std::mem::take(cq), std::mem::take(channel));
+            if !cq.is_null() {
+                // SAFETY: a CQ `make_cqs` made, destroyed once, before its channel.
+                unsafe { crate::cq::ibv_destroy_cq(cq) };
+            }
+            if !channel.is_null() {
+                // SAFETY: a channel `make_cqs` made, destroyed once.
+                unsafe { crate::cq::ibv_destroy_comp_channel(channel) };
+            }
+        }
+        self.made_cqs = false;
+    }
+}
+
+/// `rdma_migrate_id`: the ID's events go to `channel` from now on.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    with_id(id, |this| {
+        // SAFETY: a channel the program created and has not destroyed.
+        let channel_ref = unsafe { Channel::from_ibv(channel) }.ok_or(libc::EINVAL)?;
+        *this.shared.events.lock().unwrap_or_else(|p| p.into_inner()) = channel_ref.events.clone();
+        this.ibv.channel = channel;
+        this.own = None;
+        Ok(0)
+    })
+}
+
+/// `rdma_set_option`: accepted and kept to no effect (the TOS of RoCE v2 over a UDP socket is
+/// the device's; address reuse and IPv6-only do not apply to softroce's CM).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut rdma_cm_id,
+    _level: c_int,
+    _optname: c_int,
+    _optval: *mut c_void,
+    _optlen: libc::size_t,
+) -> c_int {
+    with_id(id, |_| Ok(0))
+}
+
+/// `rdma_get_src_port`, in network byte order.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the program passes an ID it holds.
+    guard(0, || {
+        unsafe { Id::from_ibv(id) }.map_or(0, |id| id.local().port().to_be())
+    })
+}
+
+/// `rdma_get_dst_port`, in network byte order.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the program passes an ID it holds.
+    guard(0, || {
+        unsafe { Id::from_ibv(id) }.map_or(0, |id| id.peer().port().to_be())
+    })
+}
+
+/// `rdma_notify`: softroce's CM takes a QP's first packet as the RTU itself.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    with_id(id, |_| Ok(0))
+}
+
+/// `rdma_establish`: only for an ID without a QP, which softroce does not connect.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(_id: *mut rdma_cm_id) -> c_int {
+    set_errno(unsupported("rdma_establish (an ID without a QP)"));
+    -1
+}
+
+/// `rdma_init_qp_attr`: only for a QP the program moves itself, which softroce does not
+/// connect.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    _id: *mut rdma_cm_id,
+    _attr: *mut ibv_qp_attr,
+    _mask: *mut c_int,
+) -> c_int {
+    set_errno(unsupported(
+        "rdma_init_qp_attr (a QP the program moves itself)",
+    ));
+    -1
+}
+
+/// `rdma_join_multicast`: softroce has no multicast.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut libc::sockaddr,
+    _context: *mut c_void,
+) -> c_int {
+    set_errno(unsupported("rdma_join_multicast"));
+    -1
+}
+
+/// `rdma_leave_multicast`: softroce has no multicast.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut libc::sockaddr,
+) -> c_int {
+    set_errno(unsupported("rdma_leave_multicast"));
+    -1
+}
+
+/// `rdma_get_devices`: librdmacm's context of every device, opened if need be, in a list
+/// `rdma_free_devices` frees; the contexts stay open for the process's life.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    guard(ptr::null_mut(), || {
+        let contexts: Vec<*mut ibv_context> = devices::all()
+            .iter()
+            .filter_map(|entry| devices::cm_context(entry).ok())
+            .collect();
+        let size = (contexts.len() + 1) * std::mem::size_of::<*mut ibv_context>();
+        // SAFETY: malloc takes a size; null is handled.
+        let list = unsafe { libc::malloc(size) }.cast::<*mut ibv_context>();
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, &context) in contexts.iter().chain([&ptr::null_mut()]).enumerate() {
+            // SAFETY: `list` holds `contexts.len() + 1` pointers.
+            unsafe { list.add(i).write(context) };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the program's out-pointer.
+            unsafe { *num_devices = contexts.len() as c_int };
+        }
+        list
+    })
+}
+
+/// `rdma_free_devices`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: `list` came from `rdma_get_devices`'s malloc, or is null, which free ignores.
+    guard((), || unsafe { libc::free(list.cast()) })
+}

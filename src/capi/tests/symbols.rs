@@ -1,0 +1,181 @@
+//! The symbols softroce's library exports, at rdma-core's versions: every symbol that Debian's
+//! RDMA programs (and the vendor libraries perftest links) import from libibverbs.so.1 or
+//! librdmacm.so.1 must be there at the version they ask for, or the program does not load; and
+//! a loader that asks for a symbol at its version with `dlvsym`, as NCCL does, finds it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `(version, name)` of each dynamic symbol of `file` that `keep` takes, from readelf.
+fn symbols(file: &Path, keep: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, String)> {
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(file)
+        .output()
+        .expect("readelf (binutils)");
+    assert!(out.status.success(), "readelf {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (ndx, name) = (fields.get(6)?, fields.get(7)?);
+            let (name, version) = name.split_once('@')?;
+            let version = version.trim_start_matches('@').split(' ').next()?;
+            keep(ndx, version).then(|| (version.to_string(), name.to_string()))
+        })
+        .collect()
+}
+
+fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join(program))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{program} is not installed (apt-get install ibverbs-utils rdmacm-utils perftest)"
+            )
+        })
+}
+
+/// The libraries `program` loads, from ldd: the vendor libraries perftest links come too.
+fn linked(program: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(program).output().expect("ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            line.split("=> ")
+                .nth(1)?
+                .split(' ')
+                .next()
+                .map(PathBuf::from)
+        })
+        .filter(|lib| {
+            let name = lib.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            !name.starts_with("libibverbs") && !name.starts_with("librdmacm")
+        })
+        .collect()
+}
+
+const PROGRAMS: [&str; 17] = [
+    "ibv_devices",
+    "ibv_devinfo",
+    "ibv_rc_pingpong",
+    "ibv_uc_pingpong",
+    "ibv_ud_pingpong",
+    "ibv_srq_pingpong",
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+    "ib_atomic_bw",
+    "ib_write_lat",
+    "ib_read_lat",
+    "ib_send_lat",
+    "rping",
+    "ucmatose",
+    "udaddy",
+    "rdma_server",
+];
+
+#[test]
+fn every_symbol_the_programs_import_is_exported_at_its_version() {
+    let library = PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma"));
+    let exported = symbols(&library, |ndx, _| ndx != "UND");
+    let rdma = |v: &str| v.starts_with("IBVERBS_") || v.starts_with("RDMACM_");
+    let mut missing = BTreeSet::new();
+    for program in PROGRAMS.iter().chain(&["rdma_client"]) {
+        let path = which(program);
+        let mut files = vec![path.clone()];
+        files.extend(linked(&path));
+        for file in files {
+            for wanted in symbols(&file, |ndx, v| ndx == "UND" && rdma(v)) {
+                if !exported.contains(&wanted) {
+                    missing.insert(format!(
+                        "{} {} (for {})",
+                        wanted.0,
+                        wanted.1,
+                        file.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not exported:\n{}",
+        missing.into_iter().collect::<Vec<_>>().join("\n")
+    );
+    // And no ibv_ or rdma_ symbol is exported without its node (dlvsym would not find it).
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(&library)
+        .output()
+        .unwrap();
+    let unversioned: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (ndx, name) = (*fields.get(6)?, *fields.get(7)?);
+            let ours = ["ibv_", "_ibv_", "rdma_"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            (ndx != "UND" && ours && !name.contains('@')).then(|| name.to_string())
+        })
+        .collect();
+    assert!(unversioned.is_empty(), "{unversioned:?}");
+}
+
+#[test]
+fn dlvsym_finds_symbols_at_their_versions() {
+    let dir = std::env::temp_dir().join(format!("softroce-dlvsym-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("dlvsym.c");
+    std::fs::write(
+        &source,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv)
+{
+	const char *wanted[][2] = {
+		{"ibv_get_device_list", "IBVERBS_1.1"}, {"ibv_reg_mr_iova2", "IBVERBS_1.8"},
+		{"_ibv_query_gid_ex", "IBVERBS_1.11"}, {"ibv_create_comp_channel", "IBVERBS_1.0"},
+		{"rdma_create_id", "RDMACM_1.0"}, {"rdma_establish", "RDMACM_1.2"},
+	};
+	void *h = dlopen(argv[1], RTLD_NOW);
+	if (!h) { printf("dlopen: %s\n", dlerror()); return 1; }
+	for (unsigned i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
+		if (!dlvsym(h, wanted[i][0], wanted[i][1])) {
+			printf("missing %s@%s\n", wanted[i][0], wanted[i][1]);
+			return 1;
+		}
+	if (dlvsym(h, "ibv_get_device_list", "IBVERBS_9.9")) { printf("a version that is not\n"); return 1; }
+	printf("ok\n");
+	return 0;
+}
+"#,
+    )
+    .unwrap();
+    let program = dir.join("dlvsym");
+    let built = Command::new("cc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let lib = common::lib_dir().join("libibverbs.so.1");
+    let out = Command::new(&program).arg(&lib).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
