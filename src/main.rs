@@ -164,6 +164,11 @@ enum Command {
         /// Who runs each device's engine: thread (default), hybrid or inline.
         #[arg(long, value_parser = ["thread", "hybrid", "inline"])]
         progress: Option<String>,
+        /// The ports' active MTU: 256, 512, 1024, 2048 or 4096 [default: the link's, as rxe
+        /// has it: 1024 on a 1500-byte link, 4096 on jumbo frames or loopback]. A CM client
+        /// names it in its REQ; a peer whose port is smaller needs it no larger.
+        #[arg(long, value_name = "SIZE", value_parser = path_mtu)]
+        mtu: Option<PathMtu>,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<std::ffi::OsString>,
@@ -1122,10 +1127,15 @@ fn main() -> ExitCode {
         Command::Run {
             addrs,
             progress,
+            mtu,
             program,
         } => {
-            let why =
-                softroce::tools::run::exec(addrs, progress.as_deref(), &program[0], &program[1..]);
+            let options = softroce::tools::run::RunOptions {
+                addrs,
+                progress: progress.as_deref(),
+                mtu: *mtu,
+            };
+            let why = softroce::tools::run::exec(&options, &program[0], &program[1..]);
             eprintln!("softroce run: {why}");
             ExitCode::FAILURE
         }

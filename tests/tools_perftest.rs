@@ -153,7 +153,7 @@ fn read_bw_in_gigabits() {
     assert_eq!(landed(&client, &server), 65536);
     for side in [&server, &client] {
         assert!(side.has(" Mtu             : 4096[B]"));
-        assert!(side.has(" Outstand reads  : 16"));
+        assert!(side.has(" Outstand reads  : 128"));
         assert!(side.has(&BW_COLUMNS.replace("MB/sec", "Gb/sec")));
         check_bw_row(&side.rows()[0], 65536, 100);
         let remote = side
@@ -161,7 +161,7 @@ fn read_bw_in_gigabits() {
             .iter()
             .find(|l| l.starts_with(" remote address:"))
             .unwrap();
-        assert!(remote.contains(" OUT 0x10 RKey 0x"), "{remote}");
+        assert!(remote.contains(" OUT 0x80 RKey 0x"), "{remote}");
     }
 }
 

@@ -76,3 +76,48 @@ fn linger_waits_out_the_peers_dreq_period_after_answering_its_dreq() {
     let (counters, _) = client.cm_counters().unwrap();
     assert_eq!(counters.unknown_dreqs_answered, 0);
 }
+
+/// A connection closed and its device dropped at once still ends at the peer: the close
+/// queues the DREQ, and the engine sends what is queued before it stops (which it also does
+/// when the close and the shutdown reach it in one batch, a race this test cannot force). And
+/// `Device::flush` returns once what is queued is in the socket, as a process that exits next
+/// needs (softroce's C library calls it at exit, since nothing drops its devices then).
+#[test]
+fn a_dropped_device_still_sends_the_dreq_it_queued_and_flush_says_when() {
+    let server = device("127.0.0.73");
+    let listener = server.listen(7175).unwrap();
+    let accepted = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            let request = listener.next_request(WAIT).unwrap().expect("a request");
+            let pd = server.alloc_pd().unwrap();
+            let cq = server.create_cq(4).unwrap();
+            let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+            conns.push(request.accept(qp, &ConnectOptions::default(), &[]).unwrap());
+        }
+        (server, conns)
+    });
+    let connect = |client: &Device| {
+        let pd = client.alloc_pd().unwrap();
+        let cq = client.create_cq(4).unwrap();
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        let to = "127.0.0.73:7175".parse().unwrap();
+        Connection::connect(qp, to, &ConnectOptions::default(), &[]).unwrap()
+    };
+    let dropped = device("127.0.0.74");
+    let conn = connect(&dropped);
+    conn.close();
+    drop(conn);
+    drop(dropped);
+    let flushed = device("127.0.0.75");
+    let conn = connect(&flushed);
+    let (_server, conns) = accepted.join().unwrap();
+    conn.close();
+    assert!(flushed.flush(WAIT).unwrap());
+    for server_conn in &conns {
+        assert_eq!(
+            server_conn.wait_event(WAIT).unwrap(),
+            Some(ConnectionEvent::Disconnected)
+        );
+    }
+}

@@ -8,14 +8,20 @@
 //!
 //! `SOFTROCE_PROGRESS` (`thread`, the default, `hybrid` or `inline`) chooses who runs each
 //! device's engine, as `--progress` does for softroce's own tools.
+//!
+//! `SOFTROCE_MTU` (256 to 4096) sets the ports' active MTU. Unset, a port follows its link as
+//! rxe's does: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames and on loopback. A CM
+//! client names its port's MTU in its REQ, so a process whose link runs jumbo frames toward a
+//! peer whose port has 1024 sets it to 1024.
 
 use std::net::IpAddr;
 
+use softroce::transport::PathMtu;
 use softroce::verbs::Progress;
 
 /// The variable that names the process's device addresses.
 pub use softroce::verbs::C_ADDR_VAR as ADDR_VAR;
-use softroce::verbs::C_PROGRESS_VAR as PROGRESS_VAR;
+use softroce::verbs::{C_MTU_VAR as MTU_VAR, C_PROGRESS_VAR as PROGRESS_VAR};
 
 /// The address when `SOFTROCE_ADDR` is unset.
 const DEFAULT_ADDR: &str = "127.0.0.1";
@@ -68,6 +74,24 @@ pub(crate) fn progress() -> Result<Progress, String> {
     }
 }
 
+/// The ports' active MTU from `SOFTROCE_MTU`; `None` when unset (the link's).
+pub(crate) fn port_mtu() -> Result<Option<PathMtu>, String> {
+    match std::env::var(MTU_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{MTU_VAR} is not UTF-8")),
+        Ok(value) => parse_mtu(&value).map(Some),
+    }
+}
+
+fn parse_mtu(value: &str) -> Result<PathMtu, String> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .and_then(|bytes| PathMtu::try_from(bytes).ok())
+        .ok_or_else(|| format!("{MTU_VAR}={value}: expected 256, 512, 1024, 2048 or 4096"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +114,19 @@ mod tests {
         ] {
             let error = Addresses::parse(bad).unwrap_err();
             assert!(error.contains(says), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn mtu_is_an_ib_mtu_in_bytes() {
+        assert_eq!(parse_mtu("1024"), Ok(PathMtu::Mtu1024));
+        assert_eq!(parse_mtu(" 4096 "), Ok(PathMtu::Mtu4096));
+        for bad in ["1500", "0", "mtu", "-1", "", "3"] {
+            let error = parse_mtu(bad).unwrap_err();
+            assert!(
+                error.contains("expected 256, 512, 1024, 2048 or 4096"),
+                "{bad}: {error}"
+            );
         }
     }
 }

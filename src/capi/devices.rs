@@ -20,6 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use libc::{c_char, c_int, c_uint, c_void, size_t};
 use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
@@ -128,6 +129,7 @@ impl DeviceEntry {
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
         if opened.is_none() {
             let device = self.open_device()?;
+            flush_at_exit();
             let contexts = Arc::new(Mutex::new(Vec::new()));
             spawn_event_waiter(&device, &contexts);
             *opened = Some(Opened { device, contexts });
@@ -150,7 +152,9 @@ impl DeviceEntry {
             contexts.is_empty()
         });
         if last {
-            *opened = None;
+            if let Some(shared) = opened.take() {
+                let _ = shared.device.flush(FLUSH_LIMIT);
+            }
         }
     }
 
@@ -170,6 +174,41 @@ impl DeviceEntry {
             .copied()
             .find(|entry| ptr::eq(&entry.ibv, device.cast_const()))
     }
+}
+
+/// How long closing a device, or the process's exit, waits for the packets already queued
+/// (the ACK of the last message received, a DREQ) to reach the socket: a turn of the engine,
+/// unless the socket is full.
+const FLUSH_LIMIT: Duration = Duration::from_secs(1);
+
+/// Has the process's exit wait for what its open devices have queued (`FLUSH_LIMIT` each).
+/// A device's engine is a thread of the process and dies with it: without this, the DREQ of a
+/// program that disconnects and exits at once may never go out (its peer then waits for ever,
+/// as rping's server waits for its DISCONNECTED event), where the kernel's would.
+fn flush_at_exit() {
+    extern "C" fn flush_open_devices() {
+        guard((), || {
+            for entry in all() {
+                // try_lock: a thread of the program that still holds the entry at exit must not
+                // hang it.
+                let device = match entry.opened.try_lock() {
+                    Ok(opened) => opened.as_ref().map(|shared| shared.device.clone()),
+                    Err(_) => None,
+                };
+                if let Some(device) = device {
+                    let _ = device.flush(FLUSH_LIMIT);
+                }
+            }
+        });
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: the handler is a plain function of this library that takes nothing. glibc's
+        // `atexit` is linked into the library (libc_nonshared.a) and registers it with the
+        // library's `__dso_handle`, so it also runs, and is forgotten, if the library is
+        // dlclose()d before the exit: it is never called once the library is gone.
+        unsafe { libc::atexit(flush_open_devices) };
+    });
 }
 
 /// The process's devices; none if `SOFTROCE_ADDR` does not parse.
@@ -443,7 +482,8 @@ impl DeviceEntry {
     /// Opens the softroce device on the entry's address, or says on standard error why not.
     fn open_device(&self) -> Result<Device, c_int> {
         let mut config = DeviceConfig::udp(self.addr);
-        config.progress = config::progress().map_err(|why| {
+        let settings = config::progress().and_then(|p| Ok((p, config::port_mtu()?)));
+        (config.progress, config.port_mtu) = settings.map_err(|why| {
             eprintln!("softroce: {why}");
             libc::EINVAL
         })?;

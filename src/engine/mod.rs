@@ -123,6 +123,9 @@ pub(crate) enum Command {
     QueryQp(Qpn, Reply<Option<QpAttr>>),
     /// Connection management ([`CmCommand`]).
     Cm(CmCommand),
+    /// Answered once every packet queued so far (the CM's included) is in the backend's
+    /// hands: after the turn whose transmit left nothing waiting.
+    Flush(Reply<()>),
     Shutdown,
 }
 
@@ -256,6 +259,8 @@ struct Engine<B: Backend> {
     failure: Failure,
     /// Destinations the backend could not reach, handed to the core after each flush.
     unreachable: Vec<IpAddr>,
+    /// [`Command::Flush`]es waiting for a turn that sends everything queued.
+    flushes: Vec<Reply<()>>,
 }
 
 /// A request the core refused after `post_send` or `post_recv` returned: it completes with
@@ -341,6 +346,7 @@ pub(crate) fn start<B: Backend>(
         stopped: false,
         failure,
         unreachable: Vec::new(),
+        flushes: Vec::new(),
     };
     let failure = engine.failure.clone();
     let name = match lane.count() {
@@ -441,6 +447,13 @@ impl<B: Backend> Engine<B> {
             return Ok(false);
         }
         if !self.commands()? {
+            // What the commands before the shutdown queued (the DREQ of a connection dropped
+            // just before its device) still goes out, once, as far as the socket takes it.
+            let now = self.now();
+            if let Some(cm) = &mut self.cm {
+                cm.pump(now, &mut self.endpoint);
+            }
+            let _ = self.transmit();
             self.shut_down();
             self.stopped = true;
             return Ok(false);
@@ -472,6 +485,11 @@ impl<B: Backend> Engine<B> {
         }
         let more_to_send = self.transmit()?;
         self.backlog |= more_to_send;
+        if !more_to_send {
+            for flushed in self.flushes.drain(..) {
+                let _ = flushed.send(());
+            }
+        }
         self.unreachable_peers(now);
         // Requests that found their queue full may fit now that this turn's ACKs have
         // completed others: take them now, or a turn that sleeps would leave them waiting.
@@ -654,6 +672,7 @@ impl<B: Backend> Engine<B> {
                     self.lanes.count(&mut io);
                     let _ = reply.send((self.endpoint.counters().clone(), io));
                 }
+                Command::Flush(reply) => self.flushes.push(reply),
                 Command::Shutdown => return Ok(false),
             }
         }

@@ -1660,7 +1660,7 @@ mod tests {
         let atomic = server(Test::AtomicBw);
         assert_eq!(
             (atomic.sizes[0], atomic.cq_mod, atomic.out_reads),
-            (8, 100, 16)
+            (8, 100, 128)
         );
         let send = server(Test::SendBw);
         assert_eq!((send.rx_depth, send.no_peak), (512, true));

@@ -9,7 +9,8 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::verbs::{C_ADDR_VAR, C_PROGRESS_VAR};
+use crate::transport::PathMtu;
+use crate::verbs::{C_ADDR_VAR, C_MTU_VAR, C_PROGRESS_VAR};
 
 /// Where the C library is: `rdma/` beside this executable, as cargo lays out its target
 /// directory.
@@ -34,15 +35,20 @@ pub fn lib_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Runs `program` with `args` over softroce, its devices on `addrs` (the C library's default,
-/// 127.0.0.1, if none) and its engines driven as `progress` says. Returns only if the program
-/// could not be started, with why.
-pub fn exec(
-    addrs: &[IpAddr],
-    progress: Option<&str>,
-    program: &OsString,
-    args: &[OsString],
-) -> String {
+/// How `softroce run` sets up the program's devices; `None` leaves the C library's default.
+#[derive(Debug, Default)]
+pub struct RunOptions<'a> {
+    /// The device addresses (default 127.0.0.1).
+    pub addrs: &'a [IpAddr],
+    /// Who runs each device's engine (default `thread`).
+    pub progress: Option<&'a str>,
+    /// The ports' active MTU (default: the link's, by rxe's rule).
+    pub mtu: Option<PathMtu>,
+}
+
+/// Runs `program` with `args` over softroce, its devices as `options` say. Returns only if the
+/// program could not be started, with why.
+pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> String {
     let dir = match lib_dir() {
         Ok(dir) => dir,
         Err(why) => return why,
@@ -54,12 +60,15 @@ pub fn exec(
     }
     let mut command = Command::new(program);
     command.args(args).env("LD_LIBRARY_PATH", path);
-    if !addrs.is_empty() {
-        let list: Vec<String> = addrs.iter().map(IpAddr::to_string).collect();
+    if !options.addrs.is_empty() {
+        let list: Vec<String> = options.addrs.iter().map(IpAddr::to_string).collect();
         command.env(C_ADDR_VAR, list.join(","));
     }
-    if let Some(progress) = progress {
+    if let Some(progress) = options.progress {
         command.env(C_PROGRESS_VAR, progress);
+    }
+    if let Some(mtu) = options.mtu {
+        command.env(C_MTU_VAR, mtu.bytes().to_string());
     }
     let error = command.exec();
     format!("cannot run {}: {error}", program.to_string_lossy())

@@ -297,6 +297,7 @@ impl ConnectionRequest {
             private_data: std::mem::take(&mut self.request.private_data),
             events: incoming,
             ended: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             established: AtomicBool::new(false),
         };
         // From here the connection's drop ends it, whatever happens.
@@ -348,6 +349,8 @@ pub struct Connection {
     ended: AtomicBool,
     /// The connection was established (an accepted one waits for the peer's RTU).
     established: AtomicBool,
+    /// The CM was told the application is done with it ([`close`](Self::close) or the drop).
+    closed: AtomicBool,
 }
 
 /// How a connection ended.
@@ -397,6 +400,7 @@ impl Connection {
             private_data: Vec::new(),
             events: incoming,
             ended: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             established: AtomicBool::new(false),
         };
         connection.private_data = connection.wait_established()?;
@@ -483,6 +487,29 @@ impl Connection {
     /// flushed), the DREQ goes out, and the call returns when the peer answered (or after the
     /// CM's retries). Disconnecting an ended connection does nothing.
     pub fn disconnect(&self) -> Result<()> {
+        self.start_disconnect()?;
+        while self.wait_event(POLL)?.is_none() {}
+        Ok(())
+    }
+
+    /// Tells the CM now that the application is done with the connection, as dropping it
+    /// does, while others may still hold it: an established connection sends its DREQ (and
+    /// does not wait for the answer), an attempt is rejected; no event follows. As
+    /// `rdma_destroy_id`, which must not wait for the last holder of the connection to let go.
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self
+                .qp
+                .device
+                .engine()
+                .command(Command::Cm(CmCommand::Abort(self.conn)));
+        }
+    }
+
+    /// Starts a disconnect and returns once the DREQ is queued (the QP already in ERROR);
+    /// [`wait_event`](Self::wait_event) reports the end. Disconnecting an ended connection
+    /// does nothing.
+    pub fn start_disconnect(&self) -> Result<()> {
         if self.ended.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -491,7 +518,6 @@ impl Connection {
             .device
             .engine()
             .call(|reply| Command::Cm(CmCommand::Disconnect { conn, reply }))??;
-        while self.wait_event(POLL)?.is_none() {}
         Ok(())
     }
 }
@@ -505,11 +531,7 @@ impl Deref for Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let _ = self
-            .qp
-            .device
-            .engine()
-            .command(Command::Cm(CmCommand::Abort(self.conn)));
+        self.close();
     }
 }
 

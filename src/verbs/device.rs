@@ -7,10 +7,11 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 
-use super::{CompletionQueue, CqInner, Error, ProtectionDomain, Result};
+use super::{receive, CompletionQueue, CqInner, Error, ProtectionDomain, Result};
 use crate::cm::CmConfig;
 use crate::engine::{self, Command, CqNotify, EngineHandle, Progress};
 use crate::io::{
@@ -46,6 +47,9 @@ pub const C_ADDR_VAR: &str = "SOFTROCE_ADDR";
 /// The variable softroce's C library reads for its engines' progress: `thread` (the default),
 /// `hybrid` or `inline`; `softroce run --progress` sets it.
 pub const C_PROGRESS_VAR: &str = "SOFTROCE_PROGRESS";
+/// The variable softroce's C library reads for its ports' active MTU in bytes (256 to 4096), in
+/// place of the link's ([`DeviceConfig::port_mtu`]); `softroce run --mtu` sets it.
+pub const C_MTU_VAR: &str = "SOFTROCE_MTU";
 
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -365,6 +369,28 @@ impl Device {
         Ok(CompletionQueue {
             inner: Arc::new(inner),
         })
+    }
+
+    /// Waits, up to `max`, until every packet queued so far on the device, the CM's too (a
+    /// DREQ of a connection just dropped, the ACK of the last message received), has been
+    /// handed to the socket. True if that came before `max`. A process that exits right after
+    /// its last verb calls this first: its engines die with it, and what they had not sent
+    /// yet is never sent.
+    pub fn flush(&self, max: Duration) -> Result<bool> {
+        let deadline = Instant::now() + max;
+        let mut waits = Vec::with_capacity(self.inner.engines.len());
+        for engine in self.inner.engines.iter() {
+            let (flushed, done) = bounded(1);
+            engine.command(Command::Flush(flushed))?;
+            waits.push((engine, done));
+        }
+        for (engine, done) in waits {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if receive(engine, &done, left)?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The transport's and the backend's counters, summed over the engines.

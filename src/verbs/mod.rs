@@ -56,7 +56,9 @@ pub use cm::{
     DatagramRequest, Listener,
 };
 pub(crate) use device::random_psn;
-pub use device::{AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_PROGRESS_VAR};
+pub use device::{
+    AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_MTU_VAR, C_PROGRESS_VAR,
+};
 
 /// What went wrong with a verb.
 #[derive(Debug)]

@@ -53,13 +53,18 @@ softroce_cm_pair() {
 # (rping's syntax, without -s/-c/-a), over $SR_BIND and $SR_PEER; softroce also with $SR_OPTS
 # and --mtu $SR_MTU: the host side's link runs jumbo frames (br0, MTU 9000) whatever vmB's eth0
 # has, and a CM client names its own link's MTU in its REQ, which the kernel's server takes.
+# With SR_C=1, librdmacm's rping runs on the host side instead, through softroce's C library.
 rping_pair() {
   local role=$1 args=$2 sargs=${3:-}
-  case $role in
-    client) softroce_cm_pair client rping 7174 "rping -s -a $SR_PEER -v $args" \
-              "$SOFTROCE_BIN rping -c -a $SR_PEER -I $SR_BIND --mtu ${SR_MTU:-1024} $SR_OPTS -v $args $sargs" "";;
-    server) softroce_cm_pair server rping 7174 "rping -c -a $SR_BIND -v $args" \
-              "$SOFTROCE_BIN rping -s -a $SR_BIND -d $SR_OPTS -v $args $sargs" '^rdma_listen$';;
+  case $SR_C:$role in
+    1:client) softroce_cm_pair client rping 7174 "rping -s -a $SR_PEER -v $args" \
+                "$(sr_c_cmd "rping -c -a $SR_PEER -I $SR_BIND -v $args $sargs")" "";;
+    1:server) softroce_cm_pair server rping 7174 "rping -c -a $SR_BIND -v $args" \
+                "$(sr_c_cmd "rping -s -a $SR_BIND -d -v $args $sargs")" '^rdma_listen$';;
+    0:client) softroce_cm_pair client rping 7174 "rping -s -a $SR_PEER -v $args" \
+                "$SOFTROCE_BIN rping -c -a $SR_PEER -I $SR_BIND --mtu ${SR_MTU:-1024} $SR_OPTS -v $args $sargs" "";;
+    0:server) softroce_cm_pair server rping 7174 "rping -c -a $SR_BIND -v $args" \
+                "$SOFTROCE_BIN rping -s -a $SR_BIND -d $SR_OPTS -v $args $sargs" '^rdma_listen$';;
   esac
 }
 
@@ -83,14 +88,19 @@ rping_ok() {
 
 # cm_tool_pair ROLE TOOL PORT ARGS: softroce ucmatose or udaddy (TOOL) against the same tool in
 # vmB, both with ARGS; the server binds its address (-b), the client names the server (-s).
+# With SR_C=1, librdmacm's TOOL runs on the host side instead, through softroce's C library.
 cm_tool_pair() {
   local role=$1 tool=$2 port=$3 args=$4 ready
   ready="^$([ "$tool" = ucmatose ] && echo cmatose || echo udaddy): starting server\$"
-  case $role in
-    client) softroce_cm_pair client "$tool" "$port" "$tool -b $SR_PEER $args" \
-              "$SOFTROCE_BIN $tool -s $SR_PEER -b $SR_BIND $(cm_client_mtu "$tool") $SR_OPTS $args" "";;
-    server) softroce_cm_pair server "$tool" "$port" "$tool -s $SR_BIND $args" \
-              "$SOFTROCE_BIN $tool -b $SR_BIND $SR_OPTS $args" "$ready";;
+  case $SR_C:$role in
+    1:client) softroce_cm_pair client "$tool" "$port" "$tool -b $SR_PEER $args" \
+                "$(sr_c_cmd "$tool -s $SR_PEER -b $SR_BIND $args")" "";;
+    1:server) softroce_cm_pair server "$tool" "$port" "$tool -s $SR_BIND $args" \
+                "$(sr_c_cmd "$tool -b $SR_BIND $args")" "$ready";;
+    0:client) softroce_cm_pair client "$tool" "$port" "$tool -b $SR_PEER $args" \
+                "$SOFTROCE_BIN $tool -s $SR_PEER -b $SR_BIND $(cm_client_mtu "$tool") $SR_OPTS $args" "";;
+    0:server) softroce_cm_pair server "$tool" "$port" "$tool -s $SR_BIND $args" \
+                "$SOFTROCE_BIN $tool -b $SR_BIND $SR_OPTS $args" "$ready";;
   esac
 }
 

@@ -596,17 +596,20 @@ SOFTROCE_BIN=${SOFTROCE_LAB_BIN:-$LAB_REPO/target/release/softroce}
 # SR_OPTS: more options for softroce (e.g. --backend raw). SR_TIMEOUT: the seconds each side
 # may take. SR_PREPARE: a command run after vmB is reset (lab_guest_reset) and before the pair
 # starts (the matrix's netem).
-SR_BIND=$LAB_HOST_IP SR_PEER=$VM_B SR_GID=1 SR_OPTS="" SR_PREPARE="" SR_TIMEOUT=90
+# SR_C: 1 puts Debian's own program (ibv_*_pingpong, perftest's ib_*, rping, ucmatose, udaddy) on
+# the host side in place of softroce's tool of the same name, run unmodified through softroce's
+# libibverbs.so.1 and librdmacm.so.1 (`softroce run`): the matrix's capi column.
+SR_BIND=$LAB_HOST_IP SR_PEER=$VM_B SR_GID=1 SR_OPTS="" SR_PREPARE="" SR_TIMEOUT=90 SR_C=0
 
-# softroce_build: build target/release/softroce once per lab run. It runs outside the namespace,
+# softroce_build: build target/release/softroce and its C library once per lab run. It runs outside the namespace,
 # which has no uplink (a cold cargo cache fetches crates), and only once, so that every case of a
 # run uses the same binary even if the sources change meanwhile. With SOFTROCE_LAB_BIN set, that
 # binary is used as it is, and nothing is built.
 softroce_build() {
   [ -n "${SOFTROCE_LAB_BIN:-}" ] && { [ -x "$SOFTROCE_BIN" ] || { echo "no $SOFTROCE_BIN"; return 1; }; return 0; }
   [ -e "$LAB_RUN/softroce.built" ] && return 0
-  echo "---- building $SOFTROCE_BIN"
-  cargo build --release --quiet --manifest-path "$LAB_REPO/Cargo.toml" --bin softroce \
+  echo "---- building $SOFTROCE_BIN and its C library (rdma/ beside it)"
+  cargo build --release --quiet --manifest-path "$LAB_REPO/Cargo.toml" --bin softroce --bin softroce-rdma \
     || { echo "cannot build softroce"; return 1; }
   touch "$LAB_RUN/softroce.built"
 }
@@ -628,10 +631,23 @@ guest_rxe_counters() {
 # the other is stopped at once instead of waited for.
 softroce_pair() {
   local role=$1 tool=$2 args=$3 sargs=${4:-}
-  # With --bind the server listens before it prints its local address line.
-  softroce_guest_pair "$role" "$tool" "ibv_${tool}_pingpong -d rxe0 -g $SR_GID $args" \
-    "$SOFTROCE_BIN ${tool}-pingpong --bind $SR_BIND $SR_OPTS $args $sargs" 'local address'
+  # With --bind the server listens before it prints its local address line; rdma-core's prints
+  # it first, so its server is ready once TCP 18515 listens. Its one GID is index 0.
+  if [ "$SR_C" = 1 ]; then
+    softroce_guest_pair "$role" "$tool" "ibv_${tool}_pingpong -d rxe0 -g $SR_GID $args" \
+      "$(sr_c_cmd "ibv_${tool}_pingpong -g 0 $args $sargs")" tcp:18515
+  else
+    softroce_guest_pair "$role" "$tool" "ibv_${tool}_pingpong -d rxe0 -g $SR_GID $args" \
+      "$SOFTROCE_BIN ${tool}-pingpong --bind $SR_BIND $SR_OPTS $args $sargs" 'local address'
+  fi
 }
+
+# sr_c_cmd PROGRAM ARGS...: the host side's command line that runs PROGRAM unmodified through
+# softroce's C library, its device on $SR_BIND, its port's MTU $SR_MTU (1024 unless set: the
+# host side's br0 runs jumbo frames, so the link's would be 4096 where vmB's port has 1024, and
+# a CM client names its port's MTU in its REQ), line-buffered (stdbuf -oL, an LD_PRELOAD that
+# the C library does not mind), so that a server's ready line reaches its file as printed.
+sr_c_cmd() { echo "$SOFTROCE_BIN run --addr $SR_BIND --mtu ${SR_MTU:-1024} -- stdbuf -oL $*"; }
 
 # softroce_guest_pair ROLE TAG GUEST_CMD SOFTROCE_CMD READY: what softroce_pair and
 # softroce_perftest_pair do, for any pair of tools with a TCP exchange on port 18515: the guest
@@ -668,9 +684,9 @@ softroce_guest_pair() {
 }
 
 # sr_serve_guest_client SOFTROCE_CMD READY GUEST_CMD OUT: SOFTROCE_CMD, softroce's server, in
-# the background on the host side (its output in OUT) until a line of it matches READY, then
-# GUEST_CMD in vmB as its client; the server is stopped if the client failed. Each side is given
-# $SR_TIMEOUT seconds. Sets SR_OUT/SR_RC and G_OUT/G_RC.
+# the background on the host side (its output in OUT) until it is ready (sr_ready READY OUT),
+# then GUEST_CMD in vmB as its client; the server is stopped if the client failed. Each side is
+# given $SR_TIMEOUT seconds. Sets SR_OUT/SR_RC and G_OUT/G_RC.
 sr_serve_guest_client() {
   local scmd=$1 ready=$2 gcmd=$3 out=$4 pid i
   # `ip netns exec` execs timeout, so $! is its PID, and a TERM to it reaches the server
@@ -678,7 +694,7 @@ sr_serve_guest_client() {
   ip netns exec "$LAB_NS" timeout "$SR_TIMEOUT" $scmd >"$out" 2>&1 &
   pid=$!
   for i in $(seq 1 100); do
-    grep -q "$ready" "$out" && break
+    sr_ready "$ready" "$out" && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -686,6 +702,15 @@ sr_serve_guest_client() {
   [ "$G_RC" = 0 ] || kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" || SR_RC=$?
   SR_OUT=$(cat "$out")
+}
+
+# sr_ready READY OUT: a host-side server is ready: READY is tcp:PORT and something listens on
+# TCP PORT in the namespace, or a line of its output OUT matches READY (grep).
+sr_ready() {
+  case $1 in
+    tcp:*) [ -n "$(lab_ns_exec ss -Hltn "sport = :${1#tcp:}")" ];;
+    *) grep -q "$1" "$2";;
+  esac
 }
 
 # sr_pair_report SOFTROCE_CMD GUEST_CMD: prints both sides of the last pair, their exit
@@ -737,8 +762,13 @@ _no_invalid_data() { ! printf '%s\n' "$1" | grep -q 'invalid data'; }
 # prints perftest's "Waiting for client to connect" banner, which it does once it listens.
 softroce_perftest_pair() {
   local role=$1 test=$2 args=$3 sargs=${4:-}
-  softroce_guest_pair "$role" "${test//-/_}" "ib_${test//-/_} -d rxe0 -x $SR_GID $args" \
-    "$SOFTROCE_BIN $test --bind $SR_BIND -x $SR_GID $SR_OPTS $args $sargs" 'Waiting for client to connect'
+  if [ "$SR_C" = 1 ]; then
+    softroce_guest_pair "$role" "${test//-/_}" "ib_${test//-/_} -d rxe0 -x $SR_GID $args" \
+      "$(sr_c_cmd "ib_${test//-/_} -x 0 $args $sargs")" tcp:18515
+  else
+    softroce_guest_pair "$role" "${test//-/_}" "ib_${test//-/_} -d rxe0 -x $SR_GID $args" \
+      "$SOFTROCE_BIN $test --bind $SR_BIND -x $SR_GID $SR_OPTS $args $sargs" 'Waiting for client to connect'
+  fi
 }
 
 # perftest_gid_line ADDRESS: the GID line perftest prints for ADDRESS's GID (IPv4-mapped for an

@@ -10,6 +10,9 @@
 #   loss     1% netem loss of the RoCE packets vmB sends and of those it receives
 #   rdma_cm  connected by RDMA-CM: the perftest tools with -R (no TCP at all); for rping,
 #            ucmatose and udaddy, which always are, the cell is their base case (cases/8*.sh)
+#   capi     the host side runs Debian's own program of the row (ibv_rc_pingpong, ib_write_bw,
+#            rping, ...) unmodified through softroce's libibverbs.so.1 and librdmacm.so.1
+#            (`softroce run`) in place of softroce's tool; otherwise the base column
 #
 # The RDMA-CM tools (rping, ucmatose, udaddy) are rows too, against librdmacm's in vmB; their
 # base cases are cases/80-86.
@@ -26,7 +29,7 @@ source "$(dirname "$0")/cm.sh"
 
 MX_TOOLS="rc-pingpong uc-pingpong ud-pingpong write-bw read-bw send-bw atomic-bw send-lat write-lat read-lat
 rping ucmatose udaddy"
-MX_COLUMNS="mtu4096 ipv6 raw loss ipv6+mtu4096 raw+mtu4096 rdma_cm"
+MX_COLUMNS="mtu4096 ipv6 raw loss ipv6+mtu4096 raw+mtu4096 rdma_cm capi"
 MX_LOSS=1
 MX_CSUM_MARK=$LAB_RUN/matrix.ipv6-udp-checksum
 
@@ -43,6 +46,7 @@ mx_title() {
       raw) t+="${sep}raw";;
       loss) t+="${sep}$MX_LOSS% loss";;
       rdma_cm) t+="${sep}RDMA-CM (-R)";;
+      capi) t+="${sep}C programs on libibverbs.so.1";;
     esac
     sep=", "
   done
@@ -230,10 +234,12 @@ cmd_run() {
     ! mx_has mtu4096 || guest_set_mtu 1024 vmB >/dev/null 2>&1 || true' EXIT
   softroce_build || exit 1
   SR_PREPARE=mx_prepare SR_TIMEOUT=30 MX_PCAP=""
+  if mx_has capi; then SR_C=1; fi
   # a lost packet may cost a 2 s ACK timeout, and a CM tool waits out its peer's DREQ period
   # (up to 7 s) before it exits (CmToolDevice)
   if mx_has loss; then SR_TIMEOUT=60; fi
-  if "$SOFTROCE_BIN" rc-pingpong --help | grep -q -- '--pcap'; then
+  # (the C library records nothing: its programs take no --pcap)
+  if [ "$SR_C" = 0 ] && "$SOFTROCE_BIN" rc-pingpong --help | grep -q -- '--pcap'; then
     MX_PCAP=$LAB_RUN/cases/matrix_${cell//[:+]/_}.pcap
     rm -f "$MX_PCAP"
     SR_OPTS="$SR_OPTS --pcap $MX_PCAP"

@@ -17,6 +17,8 @@ usage: $0 [options]      (as root)
                   matrix cells are cases named matrix:TOOL:ROLE:COLUMN, e.g. 'matrix:.*:ipv6'
   --matrix-md FILE  write the matrix's table as markdown to FILE
                   (default \$SOFTROCE_LAB_CACHE/matrix.md)
+  --perf          also run perftest between the two guests on kernel rxe and through softroce's
+                  library (perf.sh), and write the table as markdown to \$SOFTROCE_LAB_CACHE/perf.md
   --keep          leave the lab running afterwards (guests, namespace) for debugging;
                   tear it down later with: $0 --down
   --build-only    install packages and build/cache the guest, then exit (no lab)
@@ -30,10 +32,11 @@ environment:
 EOF
 }
 
-OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0 OPT_MATRIX_MD=$LAB_CACHE/matrix.md
+OPT_PERF=0 OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0 OPT_MATRIX_MD=$LAB_CACHE/matrix.md
 while [ $# -gt 0 ]; do
   case $1 in
     --fixtures) OPT_FIXTURES=1;;
+    --perf) OPT_PERF=1;;
     --keep) OPT_KEEP=1;;
     --only) [ $# -ge 2 ] || die "--only needs a regex"; OPT_ONLY=$2; shift;;
     --matrix-md) [ $# -ge 2 ] || die "--matrix-md needs a file"; OPT_MATRIX_MD=$2; shift;;
@@ -153,6 +156,12 @@ for cell in $(bash "$HERE/matrix.sh" list); do
 done
 stage_done "interop matrix cells" "$t0"
 
+if [ "$OPT_PERF" = 1 ]; then
+  t0=$(now)
+  RUN_CASE_FORCE=1 run_case "perf" 1800 bash "$HERE/perf.sh" run "$LAB_CACHE/perf.md" || true
+  stage_done "perftest on rxe and on softroce between the guests" "$t0"
+fi
+
 if [ "$OPT_FIXTURES" = 1 ]; then
   t0=$(now)
   fx_failed=0 fx_ran=0
@@ -193,6 +202,9 @@ if printf '%s\n' "${RES_NAME[@]}" | grep -qE '^(matrix:|[0-9]+-softroce-)'; then
   mkdir -p "$(dirname "$OPT_MATRIX_MD")"
   bash "$HERE/matrix.sh" table "$LAB_RUN/results.tsv" "$OPT_MATRIX_MD" \
     "$(awk -v t="$T_TOTAL" 'BEGIN { printf "%d min %02d s", t / 60, t % 60 }')" || log "cannot write the matrix table"
+fi
+if [ "$OPT_PERF" = 1 ] && [ -s "$LAB_CACHE/perf.md" ]; then
+  echo; cat "$LAB_CACHE/perf.md"; echo "  markdown: $LAB_CACHE/perf.md"
 fi
 [ ${#RES_NAME[@]} -gt 0 ] || { log "no case matched --only '$OPT_ONLY'"; exit 1; }
 [ "$FAILED" = 0 ] || { log "some cases FAILED"; exit 1; }

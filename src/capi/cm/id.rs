@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use libc::{c_int, c_void};
 use softroce::memory::Access;
-use softroce::transport::ConnectOptions;
+use softroce::transport::{ConnectOptions, MAX_RD_ATOMIC};
 use softroce::verbs::{
     Connection, ConnectionRequest, DatagramRequest, Device, Error as VerbsError, QueuePair,
 };
@@ -323,6 +323,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // SAFETY: every ID is a leaked `Box<Id>`, handed back once.
         let mut this = unsafe { Box::from_raw(id.cast::<Id>()) };
         this.shared.destroyed.store(true, Ordering::Release);
+        // The connection's end goes to the CM now (its DREQ queued), not when the ID's watcher
+        // lets go of it: the program may exit right after.
+        if let Stage::Connected(conn) = &*this.stage() {
+            conn.close();
+        }
         this.shared.set(Stage::Ended);
         if let Some(listening) = this.listening.take() {
             let _ = listening.join();
@@ -407,7 +412,10 @@ fn options(param: Option<&rdma_conn_param>) -> ConnectOptions {
     };
     options.retry_cnt = p.retry_count.min(7);
     options.rnr_retry = p.rnr_retry_count.min(7);
-    options.max_rd_atomic = p.responder_resources.max(p.initiator_depth).min(16);
+    options.max_rd_atomic = p
+        .responder_resources
+        .max(p.initiator_depth)
+        .min(MAX_RD_ATOMIC);
     options.min_rnr_timer = RnrTimer::new(12);
     options.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     if p.responder_resources > 0 {
@@ -853,9 +861,9 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         if let Some(qp) = this.qp() {
             let _ = qp.qp.modify(&error_state());
         }
-        spawn(move || {
-            let _ = conn.disconnect();
-        })?;
+        // The DREQ is queued before this returns, so that the program's next calls (destroy,
+        // exit) come after it; the ID's watcher reports the end.
+        conn.start_disconnect().map_err(|e| errno_of(&e))?;
         Ok(this.finish(RDMA_CM_EVENT_DISCONNECTED))
     })
 }

@@ -133,3 +133,59 @@ fn rdma_server_and_rdma_client_use_synchronous_ids() {
     assert!(server.contains("rdma_server: end 0"), "{server}");
     assert!(client.contains("rdma_client: end 0"), "{client}");
 }
+
+/// A program that connects and exits without disconnecting: `rdma_destroy_ep` leaves the
+/// connection, whose DREQ (IBTA 12.9.8.5; cma.c destroys a connected ID with
+/// `ib_send_cm_dreq`) must reach the peer although the process exits right after. The
+/// client's engine runs only inside its own calls (`SOFTROCE_PROGRESS=inline`): the DREQ goes
+/// out only if the destroy itself hands it to the CM, not if a thread of the ID's would,
+/// later. The peer is softroce's Rust API, which reports the end.
+#[test]
+fn a_program_that_exits_connected_still_sends_its_dreq() {
+    use softroce::transport::ConnectOptions;
+    use softroce::verbs::{ConnectionEvent, Device, DeviceConfig};
+
+    let server = Device::open(DeviceConfig::udp("127.0.3.50".parse().unwrap())).unwrap();
+    let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(8).unwrap());
+    let listener = server.listen(7195).unwrap();
+    let client = common::compile_c(
+        "exit_connected",
+        r#"#include <stdio.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+int main(void) {
+    struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP }, *res;
+    struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+        .max_send_sge = 1, .max_recv_sge = 1 }, .sq_sig_all = 1 };
+    struct rdma_cm_id *id;
+    if (rdma_getaddrinfo("127.0.3.50", "7195", &hints, &res)) { perror("rdma_getaddrinfo"); return 1; }
+    if (rdma_create_ep(&id, res, NULL, &attr)) { perror("rdma_create_ep"); return 1; }
+    if (rdma_connect(id, NULL)) { perror("rdma_connect"); return 1; }
+    printf("connected\n");
+    rdma_destroy_ep(id);
+    return 0;
+}
+"#,
+        &["-lrdmacm", "-libverbs"],
+    );
+    let accepted = std::thread::spawn(move || {
+        let request = listener
+            .next_request(Duration::from_secs(30))
+            .unwrap()
+            .expect("the client's REQ");
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        request.accept(qp, &ConnectOptions::default(), &[]).unwrap()
+    });
+    let mut run = program("127.0.3.51", client.to_str().unwrap(), &[]);
+    run.env("SOFTROCE_PROGRESS", "inline");
+    let output = common::finish("the client", run.spawn().unwrap(), LIMIT);
+    assert!(
+        common::succeeded("the client", &output).contains("connected"),
+        "{output:?}"
+    );
+    let connection = accepted.join().unwrap();
+    // The DREQ's one trip on loopback; without it the connection would stand until the QP's
+    // first send timed out, and there is none.
+    let ended = connection.wait_event(Duration::from_secs(5)).unwrap();
+    assert_eq!(ended, Some(ConnectionEvent::Disconnected));
+}

@@ -132,11 +132,8 @@ fn every_symbol_the_programs_import_is_exported_at_its_version() {
 
 #[test]
 fn dlvsym_finds_symbols_at_their_versions() {
-    let dir = std::env::temp_dir().join(format!("softroce-dlvsym-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let source = dir.join("dlvsym.c");
-    std::fs::write(
-        &source,
+    let program = common::compile_c(
+        "dlvsym",
         r#"#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -159,23 +156,9 @@ int main(int argc, char **argv)
 	return 0;
 }
 "#,
-    )
-    .unwrap();
-    let program = dir.join("dlvsym");
-    let built = Command::new("cc")
-        .arg(&source)
-        .arg("-o")
-        .arg(&program)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
+        &["-ldl"],
     );
     let lib = common::lib_dir().join("libibverbs.so.1");
     let out = Command::new(&program).arg(&lib).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
-    let _ = std::fs::remove_dir_all(&dir);
 }

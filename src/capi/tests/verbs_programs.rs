@@ -28,7 +28,7 @@ fn ibv_devices_and_ibv_devinfo_describe_the_device() {
         "PORT_ACTIVE (4)",
         "link_layer:\t\tEthernet",
         "GID[  0]:\t\t::ffff:127.0.3.9, RoCE v2",
-        "max_qp_rd_atom:\t\t\t16",
+        "max_qp_rd_atom:\t\t\t128",
     ] {
         assert!(info.contains(expected), "{expected:?} in:\n{info}");
     }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # softroce against perftest: `softroce read-bw -a` (host side) as the client of ib_read_bw -a -x 1
 # in vmB: every size from 2 bytes to 8 MiB, 5 READs of each, so softroce READs from rxe messages
-# of 1 to 8192 packets at MTU 1024, with up to 16 outstanding. rxe answers the largest over
+# of 1 to 8192 packets at MTU 1024, at most 5 outstanding (the TX depth -n 5 leaves). rxe answers the largest over
 # seconds under TCG, and the requester must wait them out rather than ask again (the stale
 # responses push its retry timer back, as rxe_comp.c does: see requester.rs). softroce prints a
 # row per size; ib_read_bw prints the last, which softroce reports to it.

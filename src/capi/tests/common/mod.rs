@@ -205,3 +205,26 @@ pub fn softroce(addr: &str, args: &[&str]) -> Command {
         .stderr(Stdio::piped());
     command
 }
+
+/// Compiles the C program `source` with `cc`, linked with `libs` (`-ldl`, `-lrdmacm`, ...),
+/// into a directory of this test process's; panics with the compiler's message if it fails.
+/// Returns the executable.
+pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("softroce-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, program) = (dir.join(format!("{name}.c")), dir.join(name));
+    std::fs::write(&file, source).unwrap();
+    let built = Command::new("cc")
+        .arg(&file)
+        .arg("-o")
+        .arg(&program)
+        .args(libs)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{name}.c: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    program
+}

@@ -1,0 +1,170 @@
+//! What the C library costs a program: perftest's `ib_write_bw` and `ib_send_lat`, as Debian
+//! ships them, through softroce's `libibverbs.so.1`, against softroce's own `write-bw` and
+//! `send-lat` (the same engine, called from Rust) on the same loopback, sizes and iteration
+//! counts, alternated run by run. Prints a markdown table of medians over `SOFTROCE_BENCH_RUNS`
+//! runs (default 3), each figure as the client reports it, and the ratios issue 22 asks for:
+//! bandwidth at least 0.9x, latency (perftest's typical, the median) at most 1.1x.
+//!
+//! Needs perftest installed and softroce's command line built beside the library:
+//! `cargo build --release && cargo bench -p softroce-rdma --bench programs`.
+//! `SOFTROCE_BENCH_ONLY=write` (or `send`) keeps the rows whose test contains it.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{finish, program, softroce, succeeded, wait_listening};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const SERVER: &str = "127.0.5.1";
+const CLIENT: &str = "127.0.5.2";
+
+/// One row: perftest's program, softroce's tool, the message size and the iterations (enough
+/// for a second or two a run here), the column of the client's result line that is the figure,
+/// and whether more is better.
+struct Row {
+    program: &'static str,
+    tool: &'static str,
+    size: usize,
+    iters: usize,
+    column: usize,
+    higher_is_better: bool,
+}
+
+const fn bw(size: usize, iters: usize) -> Row {
+    // " #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]": the average
+    Row {
+        program: "ib_write_bw",
+        tool: "write-bw",
+        size,
+        iters,
+        column: 3,
+        higher_is_better: true,
+    }
+}
+
+const fn lat(size: usize, iters: usize) -> Row {
+    // " #bytes #iterations t_min t_max t_typical t_avg ...": the typical (median) half round trip
+    Row {
+        program: "ib_send_lat",
+        tool: "send-lat",
+        size,
+        iters,
+        column: 4,
+        higher_is_better: false,
+    }
+}
+
+const ROWS: [Row; 6] = [
+    bw(64, 100_000),
+    bw(4096, 50_000),
+    bw(65536, 5_000),
+    bw(1 << 20, 500),
+    lat(8, 20_000),
+    lat(4096, 10_000),
+];
+
+fn runs() -> usize {
+    std::env::var("SOFTROCE_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
+
+/// The figure in `column` of the result line for `size` in perftest's (or softroce's, which
+/// prints the same) output.
+fn figure(out: &str, size: usize, column: usize) -> Option<f64> {
+    out.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() > column && fields[0] == size.to_string())
+            .then(|| fields[column].parse().ok())
+            .flatten()
+    })
+}
+
+/// Runs a server and then its client, the server listening on TCP `port`; returns the client's
+/// figure.
+fn measure(name: &str, server: Command, client: Command, port: u16, row: &Row) -> f64 {
+    let mut server = server;
+    let mut client = client;
+    let server = server.spawn().unwrap();
+    wait_listening(port, LIMIT);
+    let client = finish(&format!("{name} (client)"), client.spawn().unwrap(), LIMIT);
+    let server = finish(&format!("{name} (server)"), server, LIMIT);
+    succeeded(&format!("{name} (server)"), &server);
+    let out = succeeded(&format!("{name} (client)"), &client);
+    figure(&out, row.size, row.column)
+        .unwrap_or_else(|| panic!("{name}: no result line for {} bytes:\n{out}", row.size))
+}
+
+/// The options both programs take, perftest's syntax.
+fn args(row: &Row, port: u16) -> Vec<String> {
+    let (size, iters, port) = (
+        row.size.to_string(),
+        row.iters.to_string(),
+        port.to_string(),
+    );
+    ["-F", "-s", &size, "-n", &iters, "-p", &port]
+        .map(String::from)
+        .to_vec()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a plain `cargo test --benches` passes nothing and runs
+    // nothing, so that this bench costs the test suite no time.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let only = std::env::var("SOFTROCE_BENCH_ONLY").unwrap_or_default();
+    let mut port = 19_500u16;
+    println!("| test | bytes | softroce's tool | perftest on libibverbs.so.1 | ratio | target |");
+    println!("|---|---|---|---|---|---|");
+    for row in ROWS.iter().filter(|r| r.program.contains(only.as_str())) {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..runs() {
+            port += 1;
+            let a = args(row, port);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let client_args: Vec<&str> = a.iter().copied().chain([SERVER]).collect();
+            ours.push(measure(
+                row.tool,
+                softroce(SERVER, &[&[row.tool], a.as_slice()].concat()),
+                softroce(CLIENT, &[&[row.tool], client_args.as_slice()].concat()),
+                port,
+                row,
+            ));
+            port += 1;
+            let a = args(row, port);
+            let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+            a.extend(["-x", "0"]);
+            let client_args: Vec<&str> = a.iter().copied().chain([SERVER]).collect();
+            theirs.push(measure(
+                row.program,
+                program(SERVER, row.program, &a),
+                program(CLIENT, row.program, &client_args),
+                port,
+                row,
+            ));
+        }
+        let (ours, theirs) = (median(ours), median(theirs));
+        let (unit, target) = if row.higher_is_better {
+            ("MB/s", "≥ 0.9")
+        } else {
+            ("µs", "≤ 1.1")
+        };
+        println!(
+            "| {} | {} | {ours:.2} {unit} | {theirs:.2} {unit} | {:.2} | {target} |",
+            row.program,
+            row.size,
+            theirs / ours
+        );
+    }
+}
