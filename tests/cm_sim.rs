@@ -13,7 +13,7 @@ use std::time::Duration;
 use sim::cm::{config, mad_name, rc_peer, CmSim, Peer};
 use sim::{seed, Faults};
 use softroce::cm::agent::Connect;
-use softroce::cm::{ib_timeout, CmEvent, ConnId, Failure};
+use softroce::cm::{ib_timeout, CmConfig, CmEvent, ConnId, Failure};
 use softroce::transport::{
     ConnectOptions, PathMtu, Payload, QpState, RecvWr, SendOp, SendWr, WcStatus,
 };
@@ -248,11 +248,16 @@ fn a_quarter_of_the_packets_lost_still_connects() {
     }
 }
 
-/// cm.c `cm_issue_rej`: a REQ for a port no one listens on is rejected at once with reason 8,
-/// and the active QP is left in ERROR, as librdmacm leaves it.
+/// cm.c `cm_issue_rej`: a REQ for a port no one listens on is rejected at once with reason 8
+/// (with no listen grace, as the kernel), and the active QP is left in ERROR, as librdmacm
+/// leaves it.
 #[test]
 fn a_req_for_a_port_no_one_listens_on_is_rejected_at_once() {
-    let mut cm = CmSim::new(2, seed(6), Faults::default(), config());
+    let config = CmConfig {
+        listen_grace: Duration::ZERO,
+        ..config()
+    };
+    let mut cm = CmSim::new(2, seed(6), Faults::default(), config);
     let peer = rc_peer(&mut cm.sim, 0);
     let active = connect(&mut cm, &peer, ServiceId::ip(PortSpace::Tcp, 9), b"");
     cm.run_until(LIMIT, |cm| {
@@ -270,7 +275,7 @@ fn a_req_for_a_port_no_one_listens_on_is_rejected_at_once() {
         })
     ));
     assert!(
-        cm.sim.now < ib_timeout(config().response_timeout),
+        cm.sim.now < ib_timeout(config.response_timeout),
         "no timer was needed"
     );
     assert_eq!(cm.sim.nodes[0].qp_state(peer.qpn), Some(QpState::Error));

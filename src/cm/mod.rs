@@ -118,7 +118,18 @@ pub struct CmConfig {
     pub max_pending: usize,
     /// Connections in any state at once, timewait included.
     pub max_connections: usize,
+    /// How long a REQ for a service no one listens on is held before its REJ (reason 8): a
+    /// listener that appears meanwhile takes it. The kernel rejects at once (cm.c
+    /// `cm_issue_rej`); softroce's CM answers a process's peer sooner than a kernel's, which
+    /// makes it likelier that a client connects right after a handshake and before its server's
+    /// listen (perftest's `-R` data connections, whose retry after a REJ perftest 4.5 botches).
+    /// At most [`MAX_HELD_REQS`] are held; zero rejects at once.
+    pub listen_grace: Duration,
 }
+
+/// REQs held for a listener at once ([`CmConfig::listen_grace`]); beyond them, a REQ for no
+/// listener is rejected at once.
+pub const MAX_HELD_REQS: usize = 16;
 
 impl Default for CmConfig {
     fn default() -> Self {
@@ -127,6 +138,7 @@ impl Default for CmConfig {
             max_retries: 15,
             max_pending: 256,
             max_connections: 4096,
+            listen_grace: Duration::from_millis(250),
         }
     }
 }
@@ -489,6 +501,8 @@ pub struct CmEndpoint {
     by_remote: HashMap<(IpAddr, u32), u32>,
     listeners: HashMap<ServiceId, ListenerId>,
     next_listener: u32,
+    /// REQs for no listener, oldest first, waiting out the listen grace.
+    held: VecDeque<passive::HeldReq>,
     sidr: sidr::SidrTable,
     outbox: Outbox,
     events: VecDeque<CmEvent>,
@@ -573,6 +587,7 @@ impl CmEndpoint {
             by_remote: HashMap::new(),
             listeners: HashMap::new(),
             next_listener: 1,
+            held: VecDeque::new(),
             sidr: sidr::SidrTable::default(),
             outbox: Outbox::default(),
             events: VecDeque::new(),
@@ -629,6 +644,7 @@ impl CmEndpoint {
         let id = ListenerId(self.next_listener);
         self.next_listener = self.next_listener.wrapping_add(1);
         self.listeners.insert(service_id, id);
+        self.claim_held(service_id);
         Ok(id)
     }
 
@@ -650,7 +666,8 @@ impl CmEndpoint {
     /// The earliest time [`handle_timeout`](Self::handle_timeout) has work.
     pub fn next_deadline(&self) -> Option<Duration> {
         let conns = self.conns.values().filter_map(|c| c.deadline);
-        conns.chain(self.sidr.deadline()).min()
+        let held = self.held.front().map(|h| h.until);
+        conns.chain(self.sidr.deadline()).chain(held).min()
     }
 
     /// A MAD from QP1 of `src`.
@@ -691,6 +708,7 @@ impl CmEndpoint {
             self.on_conn_timer(id);
         }
         self.sidr_timers();
+        self.reject_held(now);
     }
 
     /// A connection's timer fired.

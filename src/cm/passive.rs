@@ -2,6 +2,7 @@
 //! 12.6.5, 12.6.7, 12.9.6; cm.c `cm_req_handler`, `cm_dup_req_handler`, `cm_rep_handler`;
 //! cma.c `cma_ib_req_handler`, `cma_save_ip_info`).
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -13,9 +14,20 @@ use crate::transport::{PathMtu, QpType};
 use crate::wire::cm::rej::{REJECTED_REQ, REJ_ARI};
 use crate::wire::cm::{
     CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmaHeader, CmaHeaderRepr, RejReason,
-    CMA_HEADER_LEN, MRA_PRIVATE_DATA, REJ_PRIVATE_DATA, REP_PRIVATE_DATA,
+    ServiceId, CMA_HEADER_LEN, MRA_PRIVATE_DATA, REJ_PRIVATE_DATA, REP_PRIVATE_DATA,
 };
 use crate::wire::{Psn, QKey, Qpn};
+
+/// A REQ for a service no one listens on yet, held for the listen grace
+/// ([`CmConfig::listen_grace`](super::CmConfig::listen_grace)).
+#[derive(Debug)]
+pub(super) struct HeldReq {
+    /// When it is rejected if no listener has taken it.
+    pub until: Duration,
+    src: IpAddr,
+    tid: u64,
+    req: Box<CmReqRepr>,
+}
 
 /// The passive side's answer to a REQ, for its REP.
 #[derive(Debug, Clone, Copy)]
@@ -91,8 +103,10 @@ impl CmEndpoint {
             return;
         }
         let Some(&listener) = self.listeners.get(&req.service_id) else {
-            self.counters.rejected_no_listener += 1;
-            self.reject_req(src, tid, req.local_comm_id, RejReason::INVALID_SERVICE_ID);
+            if !self.hold(src, tid, req) {
+                self.counters.rejected_no_listener += 1;
+                self.reject_req(src, tid, req.local_comm_id, RejReason::INVALID_SERVICE_ID);
+            }
             return;
         };
         let parts = match check_req(self.local, src, req) {
@@ -198,6 +212,56 @@ impl CmEndpoint {
 
     /// A REJ of a REQ we keep no state for (cm.c `cm_issue_rej`): it names the REQ's sender,
     /// not us.
+    /// Holds a REQ for no listener for the listen grace; false if it is to be rejected now:
+    /// no grace, already [`MAX_HELD_REQS`](super::MAX_HELD_REQS) held, or a repeat of a held
+    /// one (its sender waited a whole retry period, shorter than the grace: it is answered
+    /// now, before its retries run out and it reports a timeout instead of the REJ).
+    fn hold(&mut self, src: IpAddr, tid: u64, req: &CmReqRepr) -> bool {
+        let same = |h: &HeldReq| h.src == src && h.req.local_comm_id == req.local_comm_id;
+        if let Some(at) = self.held.iter().position(same) {
+            self.held.remove(at);
+            return false;
+        }
+        if self.config.listen_grace.is_zero() || self.held.len() >= super::MAX_HELD_REQS {
+            return false;
+        }
+        self.held.push_back(HeldReq {
+            until: self.now + self.config.listen_grace,
+            src,
+            tid,
+            req: Box::new(req.clone()),
+        });
+        true
+    }
+
+    /// A listener for `service_id` appeared: the REQs held for it are taken as if they came
+    /// now.
+    pub(super) fn claim_held(&mut self, service_id: ServiceId) {
+        let (claimed, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.req.service_id == service_id);
+        self.held = rest;
+        for h in claimed {
+            self.on_req(h.src, h.tid, &h.req);
+        }
+    }
+
+    /// Rejects the held REQs whose grace is over (REJ 8, as for no listener).
+    pub(super) fn reject_held(&mut self, now: Duration) {
+        while self.held.front().is_some_and(|h| h.until <= now) {
+            let Some(h) = self.held.pop_front() else {
+                break;
+            };
+            self.counters.rejected_no_listener += 1;
+            self.reject_req(
+                h.src,
+                h.tid,
+                h.req.local_comm_id,
+                RejReason::INVALID_SERVICE_ID,
+            );
+        }
+    }
+
     fn reject_req(&mut self, dst: IpAddr, tid: u64, remote_id: u32, reason: RejReason) {
         let rej = CmRejRepr {
             local_comm_id: 0,

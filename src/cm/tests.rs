@@ -211,14 +211,22 @@ fn req_rep_rtu_connects_both_sides_with_what_each_asked() {
     assert_eq!(pair.b.next_deadline(), None);
 }
 
-/// cm.c `cm_issue_rej`: no listener for the service ID is REJ 8, at once, naming only the
-/// REQ's sender.
+/// cm.c `cm_issue_rej`: no listener for the service ID is REJ 8, naming only the REQ's
+/// sender; softroce's after the listen grace, in which no listener appeared.
 #[test]
 fn a_req_for_a_service_no_one_listens_on_is_rejected_with_reason_8() {
     let mut pair = Pair::new(config());
     let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
     let req = pair.a.poll_transmit().unwrap();
     pair.b.handle_mad(pair.now, A, &req.mad[..]);
+    let grace = config().listen_grace;
+    assert!(
+        pair.b.poll_transmit().is_none(),
+        "held for the listen grace"
+    );
+    assert_eq!(pair.b.next_deadline(), Some(pair.now + grace));
+    pair.now += grace;
+    pair.b.handle_timeout(pair.now);
     let rej = pair.b.poll_transmit().unwrap();
     let parsed = parse_rej(&rej.mad[..]);
     assert_eq!(parsed.reason, RejReason::INVALID_SERVICE_ID);
@@ -250,6 +258,74 @@ fn a_req_for_a_service_no_one_listens_on_is_rejected_with_reason_8() {
         "nothing kept for a REQ no one wanted"
     );
     assert_eq!(pair.a.connections(), 0);
+}
+
+/// A listener that appears within the listen grace takes the REQ that came before it (a
+/// client that connects right after a handshake, before its server's listen): the connection
+/// is made as if the REQ had come after the listen. With no grace, the REQ is rejected at
+/// once, as the kernel does.
+#[test]
+fn a_listener_within_the_grace_takes_a_req_that_came_first() {
+    let mut pair = Pair::new(config());
+    let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.wire, [(A, "REQ")]);
+    pair.advance(config().listen_grace / 2);
+    pair.b.listen(RPING).unwrap();
+    let events = pair.events(B);
+    assert!(
+        matches!(events[..], [CmEvent::ConnectRequest { .. }]),
+        "{events:?}"
+    );
+    assert_eq!(pair.b.counters().rejected_no_listener, 0);
+    assert_eq!(
+        pair.a.connections(),
+        1,
+        "{active:?} still waits for its answer"
+    );
+
+    let mut pair = Pair::new(CmConfig {
+        listen_grace: Duration::ZERO,
+        ..config()
+    });
+    pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.wire, [(A, "REQ"), (B, "REJ")]);
+}
+
+/// The REQs held for a listener are bounded (`MAX_HELD_REQS`): beyond them a REQ for no
+/// listener is rejected at once, so a flood costs a fixed amount; and a repeat of a held REQ
+/// (its sender's retry period was shorter than the grace) is answered at once, so that the
+/// sender hears the REJ before its retries run out.
+#[test]
+fn held_reqs_are_bounded_and_a_repeat_is_answered_at_once() {
+    let mut a = CmEndpoint::new(A, 1, config());
+    let mut b = CmEndpoint::new(B, 2, config());
+    let mut reqs = Vec::new();
+    for _ in 0..MAX_HELD_REQS + 4 {
+        a.connect(Duration::ZERO, &req_params(b"")).unwrap();
+        reqs.push(a.poll_transmit().unwrap());
+    }
+    for req in &reqs {
+        b.handle_mad(Duration::ZERO, A, &req.mad[..]);
+    }
+    b.handle_mad(Duration::ZERO, A, &reqs[0].mad[..]);
+    let mut rejs = 0;
+    while b.poll_transmit().is_some() {
+        rejs += 1;
+    }
+    assert_eq!(rejs, 5, "the REQs beyond the bound, and the repeat");
+    b.handle_timeout(config().listen_grace);
+    let mut rejs = 0;
+    while b.poll_transmit().is_some() {
+        rejs += 1;
+    }
+    assert_eq!(
+        rejs,
+        MAX_HELD_REQS - 1,
+        "each other held REQ once, after the grace"
+    );
+    assert_eq!(b.counters().rejected_no_listener, MAX_HELD_REQS as u64 + 4);
 }
 
 /// IBTA 12.9.6: a REQ or REP unanswered is sent again at the response timeout; the peer

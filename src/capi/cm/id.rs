@@ -62,16 +62,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// Posts `event` to the ID's channel, unless the ID is destroyed. The check and the post
+    /// are made under the channel's lock, which `rdma_destroy_id` takes to mark the ID
+    /// destroyed before it forgets the ID's queued events: so no event of a freed ID is left
+    /// for the program to read (its `id` would point at freed memory).
     fn post(&self, event: Box<Event>) {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
-        let events = self
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         events.post(event);
+    }
+
+    /// Marks the ID destroyed (see [`post`](Self::post)) and returns its channel's events.
+    fn destroy(&self) -> Arc<Events> {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        self.destroyed.store(true, Ordering::Release);
+        events.clone()
     }
 
     fn id(&self) -> *mut rdma_cm_id {
@@ -322,7 +329,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         // SAFETY: every ID is a leaked `Box<Id>`, handed back once.
         let mut this = unsafe { Box::from_raw(id.cast::<Id>()) };
-        this.shared.destroyed.store(true, Ordering::Release);
+        let events = this.shared.destroy();
         // The connection's end goes to the CM now (its DREQ queued), not when the ID's watcher
         // lets go of it: the program may exit right after.
         if let Stage::Connected(conn) = &*this.stage() {
@@ -332,12 +339,6 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if let Some(listening) = this.listening.take() {
             let _ = listening.join();
         }
-        let events = this
-            .shared
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
         events.forget(id);
         0
     })
