@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sim::cm::{config, mad_name, rc_peer, CmSim, Peer};
 use sim::{seed, Faults};
-use softroce::cm::agent::Connect;
+use softroce::cm::agent::{active_steps, passive_steps, Accept, Connect, QpMover};
 use softroce::cm::{ib_timeout, CmConfig, CmEvent, ConnId, Failure};
 use softroce::transport::{
     ConnectOptions, PathMtu, Payload, QpState, RecvWr, SendOp, SendWr, WcStatus,
@@ -32,6 +32,16 @@ fn options() -> ConnectOptions {
 
 /// Node 0 sends a REQ for `peer`'s QP to `service` on node 1.
 fn connect(cm: &mut CmSim, peer: &Peer, service: ServiceId, data: &[u8]) -> ConnId {
+    connect_moved_by(cm, peer, service, data, QpMover::Agent)
+}
+
+fn connect_moved_by(
+    cm: &mut CmSim,
+    peer: &Peer,
+    service: ServiceId,
+    data: &[u8],
+    mover: QpMover,
+) -> ConnId {
     let now = cm.sim.now;
     let options = options();
     let connect = Connect {
@@ -41,6 +51,7 @@ fn connect(cm: &mut CmSim, peer: &Peer, service: ServiceId, data: &[u8]) -> Conn
         src_port: 40000,
         options: &options,
         private_data: data,
+        mover,
     };
     cm.agents[0]
         .connect(now, &mut cm.sim.nodes[0], &connect)
@@ -52,9 +63,14 @@ fn accept(cm: &mut CmSim, peer: &Peer) -> ConnId {
     let (conn, request) = cm.first_request(1).expect("a connection request");
     let now = cm.sim.now;
     let ep = &mut cm.sim.nodes[1];
-    cm.agents[1]
-        .accept(now, ep, conn, (peer.qpn, &request), &options(), b"accepted")
-        .unwrap();
+    let accept = Accept {
+        qpn: peer.qpn,
+        request: &request,
+        options: &options(),
+        private_data: b"accepted",
+        mover: QpMover::Agent,
+    };
+    cm.agents[1].accept(now, ep, conn, &accept).unwrap();
     conn
 }
 
@@ -396,4 +412,86 @@ fn each_side_sends_from_the_psn_its_peer_named() {
         Some(request.peer_psn),
         "the passive side sends from the REQ's PSN"
     );
+}
+
+/// librdmacm's IDs without a QP (`rdma_init_qp_attr`, `rdma_establish`; cma.c
+/// `rdma_init_qp_attr`, which gives each side the PSN its own REQ or REP named as `rq_psn`):
+/// the agents exchange REQ, REP and RTU but leave the QPs alone; each side moves its QP
+/// itself with the attributes the CM negotiated, the passive side before its REP, the active
+/// side between the REP and the RTU, which it sends only when told. Data then flows both ways,
+/// and a disconnect leaves the QPs as they are, for their application to move.
+#[test]
+fn an_application_that_moves_its_own_qps_connects_with_the_negotiated_attributes() {
+    let mut cm = CmSim::new(2, seed(7), Faults::default(), config());
+    let peers = [rc_peer(&mut cm.sim, 0), rc_peer(&mut cm.sim, 1)];
+    let mover = QpMover::Application(softroce::transport::QpType::Rc);
+    cm.agents[1].cm_mut().listen(SERVICE).unwrap();
+    let active = connect_moved_by(&mut cm, &peers[0], SERVICE, b"mine", mover);
+    assert_eq!(
+        cm.sim.nodes[0].qp_state(peers[0].qpn),
+        Some(QpState::Reset),
+        "the agent leaves the QP alone"
+    );
+    cm.run_until(LIMIT, |cm| cm.first_request(1).is_some());
+    let (passive, request) = cm.first_request(1).unwrap();
+    let now = cm.sim.now;
+    let steps = passive_steps(&request, &options()).steps;
+    for step in &steps {
+        cm.sim.nodes[1].modify_qp(now, peers[1].qpn, step).unwrap();
+    }
+    let accept = Accept {
+        qpn: peers[1].qpn,
+        request: &request,
+        options: &options(),
+        private_data: b"accepted",
+        mover,
+    };
+    cm.agents[1]
+        .accept(now, &mut cm.sim.nodes[1], passive, &accept)
+        .unwrap();
+    let reply = |cm: &CmSim| {
+        cm.events[0].iter().find_map(|e| match e {
+            CmEvent::Reply { conn, reply } if *conn == active => Some(reply.clone()),
+            _ => None,
+        })
+    };
+    cm.run_until(LIMIT, |cm| reply(cm).is_some());
+    let reply = reply(&cm).unwrap();
+    // A while after the REP's arrival, the RTU still waits for the application.
+    for _ in 0..10 {
+        cm.step();
+    }
+    assert!(!established(&cm, 0, active) && !established(&cm, 1, passive));
+    assert_eq!(cm.sim.nodes[0].qp_state(peers[0].qpn), Some(QpState::Reset));
+    let now = cm.sim.now;
+    let port_mtu = cm.sim.nodes[0].port_mtu();
+    let steps = active_steps(
+        softroce::transport::QpType::Rc,
+        sim::addr(1),
+        &reply,
+        &options(),
+        port_mtu,
+    );
+    for step in &steps {
+        cm.sim.nodes[0].modify_qp(now, peers[0].qpn, step).unwrap();
+    }
+    cm.agents[0].establish(now, active).unwrap();
+    cm.run_until(LIMIT, |cm| {
+        established(cm, 0, active) && established(cm, 1, passive)
+    });
+    carry_data(&mut cm, &peers);
+    let now = cm.sim.now;
+    cm.agents[0]
+        .disconnect(now, &mut cm.sim.nodes[0], active)
+        .unwrap();
+    cm.run_until(LIMIT, |cm| {
+        cm.saw(1, &CmEvent::Disconnected { conn: passive })
+    });
+    for (n, peer) in peers.iter().enumerate() {
+        assert_eq!(
+            cm.sim.nodes[n].qp_state(peer.qpn),
+            Some(QpState::Rts),
+            "node {n}'s QP is its application's to move"
+        );
+    }
 }

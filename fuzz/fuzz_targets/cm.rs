@@ -9,7 +9,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use softroce::cm::{CmConfig, CmEndpoint, CmEvent, RepParams, MAX_HELD_REQS, RDMA_UDP_QKEY};
 use softroce::wire::cm::{PortSpace, RejReason, ServiceId, MAD_LEN};
-use softroce::wire::{Psn, Qpn};
+use softroce::wire::Qpn;
 
 /// Each record: the sender (one of three), a time step, and up to a MAD's bytes.
 const RECORD: usize = 2 + MAD_LEN;
@@ -42,7 +42,6 @@ fuzz_target!(|data: &[u8]| {
                 CmEvent::ConnectRequest { conn, .. } if who & 0x10 == 0 => {
                     let rep = RepParams {
                         local_qpn: Qpn::new(0x100),
-                        starting_psn: Psn::new(1),
                         responder_resources: 1,
                         initiator_depth: 1,
                         rnr_retry_count: 7,

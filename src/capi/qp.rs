@@ -125,7 +125,7 @@ pub(crate) fn find_srq(srqs: &[usize], id: SrqId) -> Option<usize> {
 }
 
 /// The state `enum ibv_qp_state`'s `code` names.
-fn state_of(code: c_uint) -> Option<QpState> {
+pub(crate) fn state_of(code: c_uint) -> Option<QpState> {
     QpState::ALL.get(code as usize).copied()
 }
 
@@ -231,6 +231,56 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
         return Err("rate_limit: softroce does not pace QPs");
     }
     Ok(out)
+}
+
+/// Writes the attributes `attr` holds into `out` and returns their `ibv_qp_attr_mask`: the
+/// inverse of [`qp_attr`], for `ibv_query_qp` and `rdma_init_qp_attr`.
+pub(crate) fn write_qp_attr(attr: &QpAttr, out: &mut ibv_qp_attr) -> c_int {
+    let mut mask = 0;
+    let mut has = |bit: c_int, present: bool| {
+        if present {
+            mask |= bit;
+        }
+    };
+    has(IBV_QP_STATE, attr.state.is_some());
+    out.qp_state = attr.state.map_or(out.qp_state, state_code);
+    has(IBV_QP_ACCESS_FLAGS, attr.access.is_some());
+    out.qp_access_flags = attr.access.map_or(out.qp_access_flags, access_flags);
+    has(IBV_QP_PKEY_INDEX, attr.pkey_index.is_some());
+    out.pkey_index = attr.pkey_index.unwrap_or(out.pkey_index);
+    has(IBV_QP_PORT, attr.port.is_some());
+    out.port_num = attr.port.unwrap_or(out.port_num);
+    has(IBV_QP_QKEY, attr.qkey.is_some());
+    out.qkey = attr.qkey.map_or(out.qkey, |q| q.0);
+    has(IBV_QP_AV, attr.av.is_some());
+    if let Some(av) = attr.av {
+        out.ah_attr.is_global = 1;
+        out.ah_attr.grh.dgid = addr_gid(av.dest);
+        out.ah_attr.grh.sgid_index = 0;
+        out.ah_attr.grh.hop_limit = 64;
+        out.ah_attr.port_num = 1;
+    }
+    has(IBV_QP_PATH_MTU, attr.path_mtu.is_some());
+    out.path_mtu = attr.path_mtu.map_or(out.path_mtu, |m| m.ibv_enum().into());
+    has(IBV_QP_TIMEOUT, attr.timeout.is_some());
+    out.timeout = attr.timeout.unwrap_or(out.timeout);
+    has(IBV_QP_RETRY_CNT, attr.retry_cnt.is_some());
+    out.retry_cnt = attr.retry_cnt.unwrap_or(out.retry_cnt);
+    has(IBV_QP_RNR_RETRY, attr.rnr_retry.is_some());
+    out.rnr_retry = attr.rnr_retry.unwrap_or(out.rnr_retry);
+    has(IBV_QP_RQ_PSN, attr.rq_psn.is_some());
+    out.rq_psn = attr.rq_psn.map_or(out.rq_psn, Psn::value);
+    has(IBV_QP_SQ_PSN, attr.sq_psn.is_some());
+    out.sq_psn = attr.sq_psn.map_or(out.sq_psn, Psn::value);
+    has(IBV_QP_MAX_QP_RD_ATOMIC, attr.max_rd_atomic.is_some());
+    out.max_rd_atomic = attr.max_rd_atomic.unwrap_or(out.max_rd_atomic);
+    has(IBV_QP_MAX_DEST_RD_ATOMIC, attr.max_dest_rd_atomic.is_some());
+    out.max_dest_rd_atomic = attr.max_dest_rd_atomic.unwrap_or(out.max_dest_rd_atomic);
+    has(IBV_QP_MIN_RNR_TIMER, attr.min_rnr_timer.is_some());
+    out.min_rnr_timer = attr.min_rnr_timer.map_or(out.min_rnr_timer, RnrTimer::code);
+    has(IBV_QP_DEST_QPN, attr.dest_qpn.is_some());
+    out.dest_qp_num = attr.dest_qpn.map_or(out.dest_qp_num, Qpn::value);
+    mask
 }
 
 /// `ibv_create_qp`: RC, UC or UD, on `pd`, with the capacities asked (reported back, as
@@ -408,30 +458,15 @@ pub unsafe extern "C" fn ibv_query_qp(
         };
         // SAFETY: `ibv_qp_attr` is integers, for which zero is valid.
         *out = unsafe { std::mem::zeroed() };
-        let state = now.state.map_or(7, state_code);
-        this.ibv.state = state;
-        out.qp_state = state;
-        out.cur_qp_state = state;
-        out.path_mtu = now.path_mtu.map_or(3, |m| m.ibv_enum().into());
-        out.qkey = now.qkey.map_or(0, |q| q.0);
-        out.rq_psn = now.rq_psn.map_or(0, Psn::value);
-        out.sq_psn = now.sq_psn.map_or(0, Psn::value);
-        out.dest_qp_num = now.dest_qpn.map_or(0, Qpn::value);
-        out.qp_access_flags = now.access.map_or(0, access_flags);
-        out.cap = this.cap;
-        if let Some(av) = now.av {
-            out.ah_attr.is_global = 1;
-            out.ah_attr.grh.dgid = addr_gid(av.dest);
-            out.ah_attr.grh.hop_limit = 64;
-            out.ah_attr.port_num = 1;
-        }
-        out.max_rd_atomic = now.max_rd_atomic.unwrap_or(0);
-        out.max_dest_rd_atomic = now.max_dest_rd_atomic.unwrap_or(0);
-        out.min_rnr_timer = now.min_rnr_timer.map_or(0, RnrTimer::code);
+        // What the QP lacks reads as a QP of the device's defaults: ERROR's code if it has no
+        // state, path MTU 1024 (3), port 1.
+        out.qp_state = 7;
+        out.path_mtu = 3;
         out.port_num = 1;
-        out.timeout = now.timeout.unwrap_or(0);
-        out.retry_cnt = now.retry_cnt.unwrap_or(0);
-        out.rnr_retry = now.rnr_retry.unwrap_or(0);
+        write_qp_attr(&now, out);
+        this.ibv.state = out.qp_state;
+        out.cur_qp_state = out.qp_state;
+        out.cap = this.cap;
         *init = ibv_qp_init_attr {
             qp_context: this.ibv.qp_context,
             send_cq: this.ibv.send_cq,

@@ -159,6 +159,7 @@ impl CmEndpoint {
                 tid,
                 local_qpn: p.local_qpn,
                 remote_qpn: Qpn::new(0),
+                local_psn: p.starting_psn,
                 ack_timeout: p.local_ack_timeout,
                 period,
                 // The passive side sends again after the response time our REQ announces
@@ -192,12 +193,15 @@ impl CmEndpoint {
                 conn.state = State::RepRcvd;
                 conn.remote_id = rep.local_comm_id;
                 conn.remote_qpn = rep.local_qpn;
-                // The QP is moved at once; this bounds an agent that never calls establish.
-                conn.deadline = Some(now + conn.period);
+                // An application that moves its QP itself (librdmacm's ID without a QP) calls
+                // establish when it is ready; it has as long as a passive application has to
+                // answer a REQ, which is about as long as the peer sends its REP again.
+                conn.deadline = Some(now + ib_timeout(MRA_SERVICE_TIMEOUT));
                 conn.last = None;
                 let reply = Reply {
                     peer_qpn: rep.local_qpn,
                     peer_psn: rep.starting_psn,
+                    local_psn: conn.local_psn,
                     responder_resources: rep.responder_resources,
                     initiator_depth: rep.initiator_depth,
                     rnr_retry_count: rep.rnr_retry_count,

@@ -20,9 +20,9 @@ use super::{
 };
 use crate::memory::{Access, MemoryRegion, PdId};
 use crate::transport::{
-    connect_steps, AddressHandle, AddressVector, ConnectOptions, CqId, Endpoint, Payload, QpAttr,
-    QpEndpoint, QpInit, QpState, QpType, RecvWr, Resources, SendOp, SendWr, UdDest, VerbsError,
-    WcOpcode, WcStatus, GRH_LEN,
+    connect_steps, datagram_steps, AddressHandle, AddressVector, ConnectOptions, CqId, Endpoint,
+    PathMtu, Payload, QpAttr, QpEndpoint, QpInit, QpState, QpType, RecvWr, Resources, SendOp,
+    SendWr, UdDest, VerbsError, WcOpcode, WcStatus, GRH_LEN,
 };
 use crate::wire::cm::{RejReason, ServiceId, MAD_LEN};
 use crate::wire::{QKey, Qpn};
@@ -53,10 +53,26 @@ pub struct AgentCounters {
 struct Bound {
     qpn: Qpn,
     peer: IpAddr,
-    /// The active side's receive PSN (its REQ's) and options, for the transitions when the REP
-    /// comes.
-    active: Option<(crate::wire::Psn, ConnectOptions)>,
+    /// The active side's options, for the transitions when the REP comes.
+    active: Option<ConnectOptions>,
+    /// Who moves the QP.
+    mover: QpMover,
     established: bool,
+}
+
+/// Who moves a connection's QP through INIT, RTR and RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpMover {
+    /// The agent, as the REQ and the REP negotiate: librdmacm's IDs with a QP
+    /// (`rdma_create_qp`).
+    Agent,
+    /// The application, with the attributes the CM negotiated ([`active_steps`],
+    /// [`passive_steps`]): librdmacm's IDs without a QP, which learn them by
+    /// `rdma_init_qp_attr` and end the active side's handshake by `rdma_establish`
+    /// ([`Agent::establish`]). The QP, of this type, may be one the agent never sees (UCX
+    /// names a placeholder QP and connects its own out of band); the agent neither checks nor
+    /// moves it, not even to ERROR when the connection ends (cma.c moves only `id->qp`).
+    Application(QpType),
 }
 
 /// A connection attempt, as [`Agent::connect`] takes it.
@@ -75,6 +91,103 @@ pub struct Connect<'a> {
     pub options: &'a ConnectOptions,
     /// Private data for the REQ: up to 56 bytes in RDMA-CM's IP port spaces, 92 otherwise.
     pub private_data: &'a [u8],
+    /// Who moves the QP.
+    pub mover: QpMover,
+}
+
+/// An answer to a connection request, as [`Agent::accept`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Accept<'a> {
+    /// An RC or UC QP of the type the request asks for, in RESET or INIT.
+    pub qpn: Qpn,
+    /// The request, as [`CmEvent::ConnectRequest`] gave it.
+    pub request: &'a ConnectRequest,
+    /// The access the QP grants, its RNR timer, the RNR retry count the peer is to use, and
+    /// the READ/atomic depth offered both ways.
+    pub options: &'a ConnectOptions,
+    /// Private data for the REP: up to 196 bytes.
+    pub private_data: &'a [u8],
+    /// Who moves the QP.
+    pub mover: QpMover,
+}
+
+/// The INIT, RTR and RTS attributes of the active side's QP once `reply` came from `peer`,
+/// for a connection asked with `options` on a port of `port_mtu`: what the agent applies, or
+/// what an application that moves its QP applies itself.
+pub fn active_steps(
+    qp_type: QpType,
+    peer: IpAddr,
+    reply: &Reply,
+    options: &ConnectOptions,
+    port_mtu: PathMtu,
+) -> [QpAttr; 3] {
+    let mtu = options.mtu.map_or(port_mtu, |mtu| mtu.min(port_mtu));
+    let negotiated = ConnectOptions {
+        mtu: Some(mtu),
+        rnr_retry: reply.rnr_retry_count,
+        ..*options
+    };
+    let remote = QpEndpoint {
+        addr: peer,
+        qpn: reply.peer_qpn,
+        psn: reply.local_psn,
+        mtu,
+        qkey: QKey(0),
+    };
+    let mut steps = connect_steps(qp_type, &remote, reply.peer_psn, &negotiated);
+    if qp_type == QpType::Rc {
+        steps[2].max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
+    }
+    steps
+}
+
+/// What accepting a request takes: the passive side's INIT, RTR and RTS attributes, and the
+/// READ/atomic depths its REP names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassiveSteps {
+    /// INIT, RTR and RTS.
+    pub steps: [QpAttr; 3],
+    /// Our `max_dest_rd_atomic`: the smaller of the peer's initiator depth and ours.
+    pub responder_resources: u8,
+    /// Our `max_rd_atomic`: the smaller of the peer's responder resources and ours.
+    pub initiator_depth: u8,
+}
+
+/// The passive side's attributes for `request` accepted with `options`: the path MTU, the ACK
+/// timeout and the retry counts the REQ asked (cm.c `cm_init_qp_rts_attr`), the PSNs each side
+/// named, and the READ/atomic depths both sides allow.
+pub fn passive_steps(request: &ConnectRequest, options: &ConnectOptions) -> PassiveSteps {
+    let rc = request.qp_type == QpType::Rc;
+    let depth = |ours: u8, theirs: u8| if rc { ours.min(theirs) } else { 0 };
+    let responder_resources = depth(options.max_rd_atomic, request.initiator_depth);
+    let initiator_depth = depth(options.max_rd_atomic, request.responder_resources);
+    let negotiated = ConnectOptions {
+        mtu: Some(request.path_mtu),
+        access: options.access,
+        timeout: request.local_ack_timeout,
+        retry_cnt: request.retry_count,
+        rnr_retry: request.rnr_retry_count,
+        min_rnr_timer: options.min_rnr_timer,
+        max_rd_atomic: 0,
+    };
+    // Our QP sends from the PSN the REQ names and expects the one our REP names.
+    let remote = QpEndpoint {
+        addr: request.peer,
+        qpn: request.peer_qpn,
+        psn: request.local_psn,
+        mtu: request.path_mtu,
+        qkey: QKey(0),
+    };
+    let mut steps = connect_steps(request.qp_type, &remote, request.peer_psn, &negotiated);
+    if rc {
+        steps[1].max_dest_rd_atomic = Some(responder_resources);
+        steps[2].max_rd_atomic = Some(initiator_depth);
+    }
+    PassiveSteps {
+        steps,
+        responder_resources,
+        initiator_depth,
+    }
 }
 
 /// The application's QPs, as the agent moves them through their states. On a device of one
@@ -167,24 +280,7 @@ impl Agent {
             max_recv_wr: RECV_SLOTS,
         };
         let gsi = ep.create_gsi_qp(init)?;
-        let steps = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                qkey: Some(QKey::GSI),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(crate::wire::Psn::new(0)),
-                ..Default::default()
-            },
-        ];
+        let steps = datagram_steps(QKey::GSI);
         for step in &steps {
             ep.modify_qp(now, gsi, step)?;
         }
@@ -239,7 +335,7 @@ impl Agent {
         }
     }
 
-    /// Sends a REQ for `c.qpn`, moving it to INIT first if it is in RESET (as
+    /// Sends a REQ for `c.qpn`. A QP the agent moves goes to INIT first if it is in RESET (as
     /// `rdma_create_qp` leaves it), so that receives can be posted before the peer sends.
     pub fn connect(
         &mut self,
@@ -247,9 +343,16 @@ impl Agent {
         ep: &mut Endpoint,
         c: &Connect<'_>,
     ) -> Result<ConnId, CmError> {
-        let qp_type = (self.qps.qp_type(ep, c.qpn)).ok_or(VerbsError::UnknownQp(c.qpn))?;
         let o = c.options;
-        init_qp(now, (&mut *self.qps, ep), c.qpn, o.access)?;
+        let qp_type = match c.mover {
+            QpMover::Agent => {
+                let qp_type = self.qps.qp_type(ep, c.qpn);
+                let qp_type = qp_type.ok_or(VerbsError::UnknownQp(c.qpn))?;
+                init_qp(now, (&mut *self.qps, ep), c.qpn, o.access)?;
+                qp_type
+            }
+            QpMover::Application(qp_type) => qp_type,
+        };
         // The REQ names the PSN our QP expects; the REP will name the one it sends from.
         let starting_psn = self.cm.random_psn();
         let rc = qp_type == QpType::Rc;
@@ -276,101 +379,85 @@ impl Agent {
         let bound = Bound {
             qpn: c.qpn,
             peer: c.dst.to_canonical(),
-            active: Some((starting_psn, *o)),
+            active: Some(*o),
+            mover: c.mover,
             established: false,
         };
         self.bound.insert(conn, bound);
         Ok(conn)
     }
 
-    /// Accepts `request` (of [`CmEvent::ConnectRequest`] `conn`) with `qpn`, an RC or UC QP in
-    /// RESET or INIT: moves it to RTS with what the REQ asked and `options` allow, then sends
-    /// the REP. The READ/atomic depths are the smaller of the peer's and
-    /// `options.max_rd_atomic`; the RNR retry count the peer is to use is `options.rnr_retry`.
-    /// A REQ whose path MTU is above the port's is rejected (reason 26, invalid MTU): the
-    /// link could not carry the peer's packets.
+    /// Accepts a request (of [`CmEvent::ConnectRequest`] `conn`) with `a.qpn`, an RC or UC QP
+    /// in RESET or INIT: moves it to RTS with what the REQ asked and `a.options` allow
+    /// ([`passive_steps`]), unless the application moves it, then sends the REP. A REQ whose
+    /// path MTU is above the port's is rejected (reason 26, invalid MTU): the link could not
+    /// carry the peer's packets.
     pub fn accept(
         &mut self,
         now: Duration,
         ep: &mut Endpoint,
         conn: ConnId,
-        (qpn, request): (Qpn, &ConnectRequest),
-        options: &ConnectOptions,
-        private_data: &[u8],
+        a: &Accept<'_>,
     ) -> Result<(), CmError> {
+        let request = a.request;
         if request.path_mtu > ep.port_mtu() {
             self.cm
-                .reject(now, conn, RejReason::INVALID_MTU, private_data)?;
+                .reject(now, conn, RejReason::INVALID_MTU, a.private_data)?;
             return Err(CmError::Invalid(
                 "the peer's path MTU is above the port's: rejected with reason 26",
             ));
         }
-        if self.qps.qp_type(ep, qpn) != Some(request.qp_type) {
+        let qp_type = match a.mover {
+            QpMover::Agent => self.qps.qp_type(ep, a.qpn),
+            QpMover::Application(qp_type) => Some(qp_type),
+        };
+        if qp_type != Some(request.qp_type) {
             return Err(CmError::Invalid(
                 "the QP is not of the type the REQ asks for",
             ));
         }
-        let rc = request.qp_type == QpType::Rc;
-        let responder_resources = if rc {
-            options.max_rd_atomic.min(request.initiator_depth)
-        } else {
-            0
-        };
-        let initiator_depth = if rc {
-            options.max_rd_atomic.min(request.responder_resources)
-        } else {
-            0
-        };
-        // Our QP sends from the PSN the REQ names and expects the one our REP names.
-        let rq_psn = self.cm.random_psn();
-        // The passive side uses the REQ's ACK timeout and retry counts (cm.c
-        // `cm_init_qp_rts_attr`): its own RNR retry count it names in the REP, for the peer.
-        let negotiated = ConnectOptions {
-            mtu: Some(request.path_mtu),
-            access: options.access,
-            timeout: request.local_ack_timeout,
-            retry_cnt: request.retry_count,
-            rnr_retry: request.rnr_retry_count,
-            min_rnr_timer: options.min_rnr_timer,
-            max_rd_atomic: 0,
-        };
-        let remote = QpEndpoint {
-            addr: request.peer,
-            qpn: request.peer_qpn,
-            psn: rq_psn,
-            mtu: request.path_mtu,
-            qkey: QKey(0),
-        };
-        init_qp(now, (&mut *self.qps, ep), qpn, options.access)?;
-        let [_, mut rtr, mut rts] =
-            connect_steps(request.qp_type, &remote, request.peer_psn, &negotiated);
-        if rc {
-            rtr.max_dest_rd_atomic = Some(responder_resources);
-            rts.max_rd_atomic = Some(initiator_depth);
+        let negotiated = passive_steps(request, a.options);
+        if a.mover == QpMover::Agent {
+            init_qp(now, (&mut *self.qps, ep), a.qpn, a.options.access)?;
+            let [_, rtr, rts] = &negotiated.steps;
+            self.qps.modify_qp(ep, now, a.qpn, rtr)?;
+            self.qps.modify_qp(ep, now, a.qpn, rts)?;
         }
-        self.qps.modify_qp(ep, now, qpn, &rtr)?;
-        self.qps.modify_qp(ep, now, qpn, &rts)?;
         self.cm.accept(
             now,
             conn,
             &RepParams {
-                local_qpn: qpn,
-                starting_psn: rq_psn,
-                responder_resources,
-                initiator_depth,
-                rnr_retry_count: options.rnr_retry,
+                local_qpn: a.qpn,
+                responder_resources: negotiated.responder_resources,
+                initiator_depth: negotiated.initiator_depth,
+                rnr_retry_count: a.options.rnr_retry,
                 srq: false,
-                private_data,
+                private_data: a.private_data,
             },
         )?;
         let bound = Bound {
-            qpn,
+            qpn: a.qpn,
             peer: request.peer,
             active: None,
+            mover: a.mover,
             established: false,
         };
         self.bound.insert(conn, bound);
         Ok(())
+    }
+
+    /// Ends the active side's handshake of a connection whose QP the application moves, once
+    /// its QP is in RTS: the RTU goes out (`rdma_establish`).
+    pub fn establish(&mut self, now: Duration, conn: ConnId) -> Result<(), CmError> {
+        match self.bound.get(&conn) {
+            Some(b) if b.active.is_some() && b.mover != QpMover::Agent => {
+                self.cm.establish(now, conn)
+            }
+            Some(_) => Err(CmError::WrongState(
+                "only the active side of a QP the application moves establishes",
+            )),
+            None => Err(CmError::Unknown),
+        }
     }
 
     /// Ends a connection as `rdma_disconnect` does: its QP goes to ERROR (what it had
@@ -381,7 +468,7 @@ impl Agent {
         ep: &mut Endpoint,
         conn: ConnId,
     ) -> Result<(), CmError> {
-        if let Some(bound) = self.bound.get(&conn) {
+        if let Some(bound) = self.bound.get(&conn).filter(|b| b.mover == QpMover::Agent) {
             to_error(now, (&mut *self.qps, ep), bound.qpn);
         }
         self.cm.disconnect(now, conn)
@@ -451,7 +538,8 @@ impl Agent {
             // As librdmacm does on REJECTED and rdma_disconnect: the QP leaves RTS, and what
             // it had outstanding is flushed.
             CmEvent::Failed { conn, .. } | CmEvent::Disconnected { conn } => {
-                if let Some(bound) = self.bound.remove(conn) {
+                let bound = self.bound.remove(conn);
+                if let Some(bound) = bound.filter(|b| b.mover == QpMover::Agent) {
                     to_error(now, (&mut *self.qps, ep), bound.qpn);
                 }
             }
@@ -459,7 +547,8 @@ impl Agent {
         }
     }
 
-    /// The REP came: RTR and RTS with what it says, then the RTU.
+    /// The REP came: RTR and RTS with what it says, then the RTU; for a QP the application
+    /// moves, nothing until it calls [`establish`](Self::establish).
     fn complete_active(
         &mut self,
         now: Duration,
@@ -471,29 +560,11 @@ impl Agent {
             // The application gave up on it; the CM's own timer ends it.
             return Ok(());
         };
-        let Some((rq_psn, options)) = bound.active else {
+        let (Some(options), QpMover::Agent) = (bound.active, bound.mover) else {
             return Ok(());
         };
         let qp_type = (self.qps.qp_type(ep, bound.qpn)).ok_or(VerbsError::UnknownQp(bound.qpn))?;
-        let mtu = options
-            .mtu
-            .map_or(ep.port_mtu(), |mtu| mtu.min(ep.port_mtu()));
-        let negotiated = ConnectOptions {
-            mtu: Some(mtu),
-            rnr_retry: reply.rnr_retry_count,
-            ..options
-        };
-        let remote = QpEndpoint {
-            addr: bound.peer,
-            qpn: reply.peer_qpn,
-            psn: rq_psn,
-            mtu,
-            qkey: QKey(0),
-        };
-        let [_, rtr, mut rts] = connect_steps(qp_type, &remote, reply.peer_psn, &negotiated);
-        if qp_type == QpType::Rc {
-            rts.max_rd_atomic = Some(options.max_rd_atomic.min(reply.responder_resources));
-        }
+        let [_, rtr, rts] = active_steps(qp_type, bound.peer, reply, &options, ep.port_mtu());
         let qpn = bound.qpn;
         self.qps.modify_qp(ep, now, qpn, &rtr)?;
         self.qps.modify_qp(ep, now, qpn, &rts)?;

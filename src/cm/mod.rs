@@ -173,6 +173,9 @@ pub struct ConnectRequest {
     pub peer_qpn: Qpn,
     /// The PSN the active side's QP expects first (the REQ's Starting PSN).
     pub peer_psn: Psn,
+    /// The PSN our QP is to expect first, drawn when the REQ came: the REP names it. A program
+    /// that moves its QP itself learns it (`rdma_init_qp_attr`) before it accepts.
+    pub local_psn: Psn,
     /// RC or UC.
     pub qp_type: QpType,
     /// The path MTU the REQ names.
@@ -201,6 +204,8 @@ pub struct Reply {
     pub peer_qpn: Qpn,
     /// The PSN the passive side's QP expects first (the REP's Starting PSN).
     pub peer_psn: Psn,
+    /// The PSN our QP expects first: the one our REQ named.
+    pub local_psn: Psn,
     /// The passive side's `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
     /// The passive side's `max_rd_atomic` (the REP's Initiator Depth).
@@ -441,6 +446,8 @@ struct Conn {
     tid: u64,
     local_qpn: Qpn,
     remote_qpn: Qpn,
+    /// The PSN our QP expects first: our REQ's or our REP's Starting PSN.
+    local_psn: Psn,
     /// The connection's local ACK timeout: timewait lasts as long.
     ack_timeout: u8,
     /// How long the peer has to answer our last message before it is sent again.

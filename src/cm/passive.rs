@@ -16,7 +16,7 @@ use crate::wire::cm::{
     CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmaHeader, CmaHeaderRepr, RejReason,
     ServiceId, CMA_HEADER_LEN, MRA_PRIVATE_DATA, REJ_PRIVATE_DATA, REP_PRIVATE_DATA,
 };
-use crate::wire::{Psn, QKey, Qpn};
+use crate::wire::{QKey, Qpn};
 
 /// A REQ for a service no one listens on yet, held for the listen grace
 /// ([`CmConfig::listen_grace`](super::CmConfig::listen_grace)).
@@ -34,8 +34,6 @@ pub(super) struct HeldReq {
 pub struct RepParams<'a> {
     /// Our QP's number, sent as the REP's Local QPN.
     pub local_qpn: Qpn,
-    /// The PSN our QP expects first (its `rq_psn`): the peer sends from it.
-    pub starting_psn: Psn,
     /// Our `max_dest_rd_atomic` and `max_rd_atomic`.
     pub responder_resources: u8,
     /// Our `max_rd_atomic`: READs and atomics we keep outstanding.
@@ -126,6 +124,7 @@ impl CmEndpoint {
                 return;
             }
         };
+        let local_psn = self.random_psn();
         self.conns.insert(
             id,
             Conn {
@@ -135,6 +134,7 @@ impl CmEndpoint {
                 tid,
                 local_qpn: Qpn::new(0),
                 remote_qpn: req.local_qpn,
+                local_psn,
                 ack_timeout: req.primary_path.local_ack_timeout,
                 // The REP is sent again as often as the active side would send its REQ, and
                 // waits as long as it says it takes to answer.
@@ -159,6 +159,7 @@ impl CmEndpoint {
             peer_port: parts.peer_port,
             peer_qpn: req.local_qpn,
             peer_psn: req.starting_psn,
+            local_psn,
             qp_type: parts.qp_type,
             path_mtu: parts.path_mtu,
             responder_resources: req.responder_resources,
@@ -294,7 +295,8 @@ impl CmEndpoint {
             local_qkey: QKey(0),
             local_qpn: p.local_qpn,
             local_eecn: 0,
-            starting_psn: p.starting_psn,
+            // What the request told the application its QP is to expect.
+            starting_psn: c.local_psn,
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
             target_ack_delay: TARGET_ACK_DELAY,

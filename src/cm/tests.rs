@@ -134,7 +134,6 @@ fn req_params(data: &[u8]) -> ReqParams<'_> {
 fn rep_params() -> RepParams<'static> {
     RepParams {
         local_qpn: Qpn::new(0x22),
-        starting_psn: Psn::new(0x654321),
         responder_resources: 2,
         initiator_depth: 4,
         rnr_retry_count: 7,
@@ -188,7 +187,15 @@ fn req_rep_rtu_connects_both_sides_with_what_each_asked() {
         other => panic!("A saw {other:?}"),
     };
     assert_eq!(reply.peer_qpn, Qpn::new(0x22));
-    assert_eq!(reply.peer_psn, Psn::new(0x654321));
+    assert_eq!(
+        reply.peer_psn, request.local_psn,
+        "the REP names the PSN the request told the passive side's application"
+    );
+    assert_eq!(
+        reply.local_psn,
+        Psn::new(0x123456),
+        "the reply recalls the PSN our REQ named"
+    );
     assert_eq!((reply.responder_resources, reply.initiator_depth), (2, 4));
     assert_eq!(reply.rnr_retry_count, 7);
     assert_eq!(reply.target_ack_delay, TARGET_ACK_DELAY);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use super::Reply;
-use crate::cm::agent::{Agent, AgentCounters, Connect};
+use crate::cm::agent::{Accept, Agent, AgentCounters, Connect, QpMover};
 use crate::cm::AppQps;
 use crate::cm::{
     CmConfig, CmCounters, CmError, CmEvent, ConnId, ConnectRequest, ListenerId, SidrId,
@@ -29,6 +29,7 @@ pub(crate) struct ConnectCall {
     pub service_id: ServiceId,
     pub options: ConnectOptions,
     pub private_data: Vec<u8>,
+    pub mover: QpMover,
 }
 
 /// What the application asks of the device's CM.
@@ -53,7 +54,13 @@ pub(crate) enum CmCommand {
         request: Box<ConnectRequest>,
         options: Box<ConnectOptions>,
         private_data: Vec<u8>,
+        mover: QpMover,
         events: Sender<CmEvent>,
+        reply: Reply<Result<(), CmError>>,
+    },
+    /// Sends the RTU of a connection whose QP the application moves (`rdma_establish`).
+    Establish {
+        conn: ConnId,
         reply: Reply<Result<(), CmError>>,
     },
     Reject {
@@ -178,6 +185,7 @@ impl CmRouter {
                     src_port,
                     options: &call.options,
                     private_data: &call.private_data,
+                    mover: call.mover,
                 };
                 let result = self.agent.connect(now, ep, &connect);
                 let _ = reply.send(result.and_then(|conn| self.route_conn(now, conn, events)));
@@ -188,14 +196,23 @@ impl CmRouter {
                 request,
                 options,
                 private_data,
+                mover,
                 events,
                 reply,
             } => {
-                let accepted =
-                    self.agent
-                        .accept(now, ep, conn, (qpn, &request), &options, &private_data);
+                let accept = Accept {
+                    qpn,
+                    request: &request,
+                    options: &options,
+                    private_data: &private_data,
+                    mover,
+                };
+                let accepted = self.agent.accept(now, ep, conn, &accept);
                 let routed = accepted.and_then(|()| self.route_conn(now, conn, events));
                 let _ = reply.send(routed.map(|_| ()));
+            }
+            CmCommand::Establish { conn, reply } => {
+                let _ = reply.send(self.agent.establish(now, conn));
             }
             CmCommand::Reject {
                 conn,

@@ -45,8 +45,8 @@ pub use datagram::{Datagram, GRH_LEN};
 pub use lane::{Lane, MAX_LANES};
 pub use outgoing::MAX_PACKET_LEN;
 pub use qp::{
-    check_modify, connect_steps, AddressVector, AttrName, ConnectOptions, ModifyError, PathMtu,
-    QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
+    check_modify, connect_steps, datagram_steps, AddressVector, AttrName, ConnectOptions,
+    ModifyError, PathMtu, QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
 pub use slots::QueueSlots;

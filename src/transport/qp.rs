@@ -716,6 +716,29 @@ pub fn connect_steps(
     ]
 }
 
+/// `ibv_modify_qp` to INIT, RTR and RTS of a UD QP that checks `qkey`, sending from PSN 0: as
+/// the CM readies QP1 (Q_Key 0x80010000) and librdmacm its UD QPs (RDMA-CM's Q_Key).
+pub fn datagram_steps(qkey: QKey) -> [QpAttr; 3] {
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(qkey),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(0)),
+            ..Default::default()
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,30 +38,25 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver};
 
-use super::{receive, Device, Error, QueuePair, Result};
-use crate::cm::agent::AgentCounters;
+use super::connection::{Link, POLL};
+use super::{receive, Connection, Device, Error, ManualConnection, QueuePair, Result};
+use crate::cm::agent::{passive_steps, AgentCounters, QpMover};
 use crate::cm::{
     CmCounters, CmEvent, ConnId, ConnectRequest, Failure, ListenerId, SidrId, RDMA_UDP_QKEY,
 };
-use crate::engine::{CmCommand, Command, ConnectCall};
-use crate::transport::{ConnectOptions, QpState, QpType};
+use crate::engine::{CmCommand, Command};
+use crate::transport::{ConnectOptions, QpAttr, QpType};
 use crate::wire::cm::{PortSpace, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
 /// Requests a listener holds for the application before the CM refuses more ("no
 /// resources"), as `rdma_listen`'s backlog.
 const BACKLOG: usize = 64;
-
-/// How often a wait for the CM looks again whether the device still runs: every wait ends
-/// by the CM's own timers, which bound each step of the protocol.
-const POLL: Duration = Duration::from_secs(1);
 
 impl Device {
     /// Listens for RC and UC connections on `port` of RDMA-CM's TCP port space, as
@@ -270,42 +265,67 @@ impl ConnectionRequest {
     /// its way, as librdmacm's `rdma_accept` does, without waiting for the peer's RTU;
     /// [`Connection::established`] waits for it.
     pub fn accept_now(
-        mut self,
+        self,
         qp: impl Into<Arc<QueuePair>>,
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Connection> {
         let qp = qp.into();
+        let link = self.answer((qp.qpn(), QpMover::Agent), options, private_data)?;
+        Ok(Connection::accepted(qp, link))
+    }
+
+    /// The attributes that take a QP the application moves itself to INIT, RTR and RTS, if it
+    /// accepts with `options` ([`accept_manual`](Self::accept_manual)): what librdmacm's
+    /// `rdma_init_qp_attr` gives before `rdma_accept`.
+    pub fn qp_attrs(&self, options: &ConnectOptions) -> [QpAttr; 3] {
+        passive_steps(&self.request, options).steps
+    }
+
+    /// Accepts naming `qpn`, a QP of the type the peer asked that the application moves itself
+    /// with [`qp_attrs`](Self::qp_attrs) (or [`ManualConnection::qp_attr`]): the REP goes out
+    /// with up to 196 bytes of `private_data`, and the call returns at once, as librdmacm's
+    /// `rdma_accept` on an ID without a QP; [`ManualConnection::established`] waits for the
+    /// peer's RTU.
+    pub fn accept_manual(
+        self,
+        qpn: Qpn,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<ManualConnection> {
+        let steps = self.qp_attrs(options);
+        let mover = QpMover::Application(self.request.qp_type);
+        let link = self.answer((qpn, mover), options, private_data)?;
+        Ok(ManualConnection::accepted(link, steps))
+    }
+
+    /// Sends the REP naming `qpn`; the connection's handle from then on.
+    fn answer(
+        mut self,
+        (qpn, mover): (Qpn, QpMover),
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<Link> {
         self.answered = true;
         let (events, incoming) = bounded(8);
-        let engine = self.device.engine();
-        let accepted = engine.call(|reply| {
+        let accepted = self.device.engine().call(|reply| {
             Command::Cm(CmCommand::Accept {
                 conn: self.conn,
-                qpn: qp.qpn(),
+                qpn,
                 request: self.request.clone(),
                 options: Box::new(*options),
                 private_data: private_data.to_vec(),
+                mover,
                 events,
                 reply,
             })
         })?;
-        let connection = Connection {
-            qp,
-            conn: self.conn,
-            peer: self.peer(),
-            private_data: std::mem::take(&mut self.request.private_data),
-            events: incoming,
-            ended: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            established: AtomicBool::new(false),
-        };
+        let peer = self.peer();
+        let data = std::mem::take(&mut self.request.private_data);
         // From here the connection's drop ends it, whatever happens.
+        let link = Link::new(&self.device, self.conn, peer, data, incoming);
         accepted?;
-        // The CM took the QP to RTS before the REP: posts may go out now, as librdmacm's
-        // programs post once `rdma_accept` returns.
-        connection.qp.note_state(QpState::Rts);
-        Ok(connection)
+        Ok(link)
     }
 
     /// Rejects with up to 148 bytes of private data (REJ reason 28, consumer defined, as
@@ -331,207 +351,6 @@ impl Drop for ConnectionRequest {
                 .engine()
                 .command(Command::Cm(CmCommand::Abort(self.conn)));
         }
-    }
-}
-
-/// A connected QP and its connection: [`Connection::connect`] or
-/// [`ConnectionRequest::accept`]. It derefs to its [`QueuePair`]. Dropping it disconnects
-/// (one DREQ, as when a process exits under librdmacm) and destroys the QP, unless the caller
-/// shares it (`Arc<QueuePair>`) and still holds it.
-#[derive(Debug)]
-pub struct Connection {
-    qp: Arc<QueuePair>,
-    conn: ConnId,
-    peer: SocketAddr,
-    private_data: Vec<u8>,
-    events: Receiver<CmEvent>,
-    /// The connection is over (disconnected or failed): nothing more comes on `events`.
-    ended: AtomicBool,
-    /// The connection was established (an accepted one waits for the peer's RTU).
-    established: AtomicBool,
-    /// The CM was told the application is done with it ([`close`](Self::close) or the drop).
-    closed: AtomicBool,
-}
-
-/// How a connection ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConnectionEvent {
-    /// The peer's DREQ, or the answer (or silence) after ours: the QP is in ERROR, its
-    /// outstanding work flushed.
-    Disconnected,
-    /// It failed before it was established: rejected, unanswered, or refused by the QP.
-    Failed(Failure),
-}
-
-impl Connection {
-    /// Connects `qp` (RC or UC, in RESET or INIT) to the listener at `to`, sending up to 56
-    /// bytes of `private_data` in the REQ; returns once the peer accepted and the QP is in
-    /// RTS. `options` sets the QP's access, path MTU (at most the port's), ACK timeout and
-    /// RNR timer, the retry counts asked of the peer, and the READ/atomic depth offered both
-    /// ways. A rejection is [`Error::ConnectFailed`] with the peer's reason and data. The QP
-    /// may be shared, as for [`ConnectionRequest::accept`].
-    pub fn connect(
-        qp: impl Into<Arc<QueuePair>>,
-        to: SocketAddr,
-        options: &ConnectOptions,
-        private_data: &[u8],
-    ) -> Result<Connection> {
-        let qp = qp.into();
-        let (events, incoming) = bounded(8);
-        let call = Box::new(ConnectCall {
-            qpn: qp.qpn(),
-            dst: to.ip(),
-            service_id: ServiceId::ip(PortSpace::Tcp, to.port()),
-            options: *options,
-            private_data: private_data.to_vec(),
-        });
-        let device = qp.device.clone();
-        let conn = device.engine().call(|reply| {
-            Command::Cm(CmCommand::Connect {
-                call,
-                events,
-                reply,
-            })
-        })??;
-        let mut connection = Connection {
-            qp,
-            conn,
-            peer: to,
-            private_data: Vec::new(),
-            events: incoming,
-            ended: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            established: AtomicBool::new(false),
-        };
-        connection.private_data = connection.wait_established()?;
-        Ok(connection)
-    }
-
-    /// Waits for a connection accepted with [`ConnectionRequest::accept_now`] to be
-    /// established: the peer's RTU, or its first packet. Returns at once for one already
-    /// established.
-    pub fn established(&self) -> Result<()> {
-        if self.established.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        self.wait_established().map(drop)
-    }
-
-    /// Waits for the connection to be established; returns the REP's private data, if one
-    /// came (the active side's).
-    fn wait_established(&self) -> Result<Vec<u8>> {
-        let mut reply_data = Vec::new();
-        loop {
-            match self.next_cm_event(POLL)? {
-                Some(CmEvent::Reply { reply, .. }) => reply_data = reply.private_data,
-                Some(CmEvent::Established { .. }) => {
-                    // The CM took the QP to RTS in the engine: posts may go out now.
-                    self.qp.note_state(QpState::Rts);
-                    self.established.store(true, Ordering::Relaxed);
-                    return Ok(reply_data);
-                }
-                Some(CmEvent::Failed { failure, .. }) => {
-                    self.ended.store(true, Ordering::Relaxed);
-                    return Err(Error::ConnectFailed(failure));
-                }
-                Some(CmEvent::Disconnected { .. }) => {
-                    self.ended.store(true, Ordering::Relaxed);
-                    return Err(Error::Disconnected);
-                }
-                Some(_) | None => {}
-            }
-        }
-    }
-
-    fn next_cm_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        receive(self.qp.device.engine(), &self.events, timeout)
-    }
-
-    /// The connected QP (the connection also derefs to it).
-    pub fn qp(&self) -> &QueuePair {
-        &self.qp
-    }
-
-    /// The peer's address and port: the listener's for the active side, the peer's RDMA-CM
-    /// source port for the passive side.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    /// What the peer sent: the REP's 196 bytes on the active side, the REQ's 56 on the
-    /// passive side, zero-padded by the sender.
-    pub fn private_data(&self) -> &[u8] {
-        &self.private_data
-    }
-
-    /// Whether the connection has ended, as far as events taken so far say.
-    pub fn is_connected(&self) -> bool {
-        !self.ended.load(Ordering::Relaxed)
-    }
-
-    /// How the connection ended, waiting up to `timeout` for it: `None` while it stands.
-    pub fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
-        if self.ended.load(Ordering::Relaxed) {
-            return Ok(Some(ConnectionEvent::Disconnected));
-        }
-        let event = match self.next_cm_event(timeout)? {
-            Some(CmEvent::Disconnected { .. }) => ConnectionEvent::Disconnected,
-            Some(CmEvent::Failed { failure, .. }) => ConnectionEvent::Failed(failure),
-            _ => return Ok(None),
-        };
-        self.ended.store(true, Ordering::Relaxed);
-        Ok(Some(event))
-    }
-
-    /// Disconnects as `rdma_disconnect`: the QP goes to ERROR (what it had outstanding is
-    /// flushed), the DREQ goes out, and the call returns when the peer answered (or after the
-    /// CM's retries). Disconnecting an ended connection does nothing.
-    pub fn disconnect(&self) -> Result<()> {
-        self.start_disconnect()?;
-        while self.wait_event(POLL)?.is_none() {}
-        Ok(())
-    }
-
-    /// Tells the CM now that the application is done with the connection, as dropping it
-    /// does, while others may still hold it: an established connection sends its DREQ (and
-    /// does not wait for the answer), an attempt is rejected; no event follows. As
-    /// `rdma_destroy_id`, which must not wait for the last holder of the connection to let go.
-    pub fn close(&self) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            let _ = self
-                .qp
-                .device
-                .engine()
-                .command(Command::Cm(CmCommand::Abort(self.conn)));
-        }
-    }
-
-    /// Starts a disconnect and returns once the DREQ is queued (the QP already in ERROR);
-    /// [`wait_event`](Self::wait_event) reports the end. Disconnecting an ended connection
-    /// does nothing.
-    pub fn start_disconnect(&self) -> Result<()> {
-        if self.ended.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let conn = self.conn;
-        self.qp
-            .device
-            .engine()
-            .call(|reply| Command::Cm(CmCommand::Disconnect { conn, reply }))??;
-        Ok(())
-    }
-}
-
-impl Deref for Connection {
-    type Target = QueuePair;
-    fn deref(&self) -> &QueuePair {
-        &self.qp
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        self.close();
     }
 }
 

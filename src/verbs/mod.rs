@@ -23,6 +23,7 @@
 //! QPs flushed and its socket closed, when the last handle is dropped.
 
 mod cm;
+mod connection;
 mod device;
 
 use std::fmt;
@@ -51,10 +52,8 @@ use crate::wire::cm::SidrStatus;
 use crate::wire::{Psn, QKey, Qpn, RKey};
 
 pub use crate::memory::MemoryRegion;
-pub use cm::{
-    Connection, ConnectionEvent, ConnectionRequest, DatagramListener, DatagramPeer,
-    DatagramRequest, Listener,
-};
+pub use cm::{ConnectionRequest, DatagramListener, DatagramPeer, DatagramRequest, Listener};
+pub use connection::{Connection, ConnectionEvent, ManualConnection};
 pub(crate) use device::random_psn;
 pub use device::{
     AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_MTU_VAR, C_PROGRESS_VAR,

@@ -252,10 +252,32 @@ until grep -qiE ':$hex [0-9A-F:]+ 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null;
 done" >/dev/null
 }
 
+# lab_guest_fetch FILE DEST GUEST...: copies the host side's FILE to DEST in each GUEST, made
+# executable: a web server on the host side for the guests' busybox wget (the guests have no
+# other way in).
+LAB_FETCH_PORT=8471
+lab_guest_fetch() {
+  local file=$1 dest=$2 pid g rc=0
+  shift 2
+  ip netns exec "$LAB_NS" "$LAB_PY" -m http.server "$LAB_FETCH_PORT" --bind "$LAB_HOST_IP" \
+    --directory "$(dirname "$file")" >"$LAB_RUN/fetch-http.log" 2>&1 &
+  pid=$!
+  sleep 1
+  for g in "$@"; do
+    gexec "$g" 120 "set -e
+mkdir -p $(dirname "$dest")
+wget -q -O $dest http://$LAB_HOST_IP:$LAB_FETCH_PORT/$(basename "$file")
+chmod +x $dest" || { echo "$g: cannot fetch $(basename "$file")" >&2; rc=1; }
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  return $rc
+}
+
 # lab_guest_reset GUEST...: kill test programs a failed case may have left and remove netem,
 # so each case starts from a clean guest.
 LAB_TEST_PROGS="ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ib_write_bw ib_read_bw
-ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat rping udaddy ucmatose tcpdump"
+ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat rping udaddy ucmatose own_qp tcpdump"
 lab_guest_reset() {
   local g
   for g in "$@"; do

@@ -18,7 +18,6 @@ ib_send_bw 4096 2000 3 MB/s
 ib_write_lat 8 1000 4 us
 ib_send_lat 8 1000 4 us
 ib_read_lat 8 1000 4 us"
-PERF_PORT=8471
 PERF_LIB=/tmp/softroce
 
 # perf_one STACK PROGRAM SIZE ITERS COLUMN: PROGRAM's server in vmB, its client in vmA, on STACK:
@@ -44,30 +43,22 @@ perf_one() {
   echo "$fig"
 }
 
-# perf_install_softroce: softroce's library into both guests' $PERF_LIB (served by a web server
-# on the host side for the guests' busybox wget), rxe0 deleted and rdma_rxe unloaded (busybox's
-# modprobe -r says 1 even when it unloaded it: lsmod has the last word).
+# perf_install_softroce: softroce's library into both guests' $PERF_LIB (lab_guest_fetch), rxe0
+# deleted and rdma_rxe unloaded (busybox's modprobe -r says 1 even when it unloaded it: lsmod has
+# the last word).
 perf_install_softroce() {
-  local dir=$LAB_RUN/perf-lib pid g rc=0
+  local dir=$LAB_RUN/perf-lib g rc=0
   mkdir -p "$dir"
   # (without its debug information: a quarter of the size to send)
   strip --strip-debug -o "$dir/softroce-rdma" "$(dirname "$SOFTROCE_BIN")/softroce-rdma"
-  ip netns exec "$LAB_NS" "$LAB_PY" -m http.server "$PERF_PORT" --bind "$LAB_HOST_IP" --directory "$dir" \
-    >"$LAB_RUN/perf-http.log" 2>&1 &
-  pid=$!
-  sleep 1
+  lab_guest_fetch "$dir/softroce-rdma" "$PERF_LIB/libibverbs.so.1" vmA vmB || return 1
   for g in vmA vmB; do
     gexec "$g" 120 "set -e
-mkdir -p $PERF_LIB
-wget -q -O $PERF_LIB/libibverbs.so.1 http://$LAB_HOST_IP:$PERF_PORT/softroce-rdma
-chmod +x $PERF_LIB/libibverbs.so.1
 ln -sf libibverbs.so.1 $PERF_LIB/librdmacm.so.1
 rdma link delete rxe0
 modprobe -r rdma_rxe || true
 ! lsmod | grep -q '^rdma_rxe '" || { echo "$g: cannot install softroce's library or unload rxe" >&2; rc=1; }
   done
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
   return $rc
 }
 

@@ -14,13 +14,16 @@ use std::time::Duration;
 
 use libc::{c_int, c_void};
 use softroce::memory::Access;
+use softroce::transport::QpType;
 use softroce::transport::{ConnectOptions, MAX_RD_ATOMIC};
 use softroce::verbs::{
-    Connection, ConnectionRequest, DatagramRequest, Device, Error as VerbsError, QueuePair,
+    Connection, ConnectionRequest, DatagramRequest, Device, Error as VerbsError, ManualConnection,
+    QueuePair,
 };
-use softroce::wire::RnrTimer;
+use softroce::wire::{Qpn, RnrTimer};
 
 use super::channel::{Channel, Event, Events};
+use super::link::{established_param, Link};
 use super::{ip_of, socket_addr, storage};
 use crate::abi::*;
 use crate::devices::{self, Context};
@@ -34,13 +37,13 @@ const SYNC_WAIT: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
 /// What a connection request waits for: an answer to a REQ, or to a SIDR request.
-enum Request {
+pub(super) enum Request {
     Rc(ConnectionRequest),
     Ud(DatagramRequest),
 }
 
 /// Where an ID is.
-enum Stage {
+pub(super) enum Stage {
     Fresh,
     Bound,
     AddrResolved,
@@ -48,7 +51,7 @@ enum Stage {
     Listening,
     Requested(Request),
     Connecting,
-    Connected(Arc<Connection>),
+    Connected(Link),
     Ended,
 }
 
@@ -406,7 +409,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
 /// The connection options for a connection parameter block (librdmacm's defaults without
 /// one): the retry counts, the READ/atomic depth, and remote read and atomics only with
 /// responder resources, as cma.c grants them.
-fn options(param: Option<&rdma_conn_param>) -> ConnectOptions {
+pub(super) fn options(param: Option<&rdma_conn_param>) -> ConnectOptions {
     let mut options = ConnectOptions::default();
     let Some(p) = param else {
         return options;
@@ -445,7 +448,7 @@ unsafe fn private_data(param: Option<&rdma_conn_param>) -> Vec<u8> {
 
 /// Waits, on the ID's thread, for the end of `conn` and reports it (`DISCONNECTED`), unless
 /// the ID is destroyed first.
-fn watch(shared: Arc<Shared>, conn: Arc<Connection>) {
+fn watch(shared: Arc<Shared>, conn: Link) {
     loop {
         if shared.destroyed.load(Ordering::Acquire) {
             return;
@@ -492,23 +495,6 @@ fn error_state() -> softroce::transport::QpAttr {
     }
 }
 
-/// The `conn` parameters an established connection's event carries: the depths and retry
-/// counts, and the peer's QP.
-fn established_param(conn: &Connection, options: &ConnectOptions) -> rdma_conn_param {
-    let peer_qpn = conn.qp().query().ok().and_then(|now| now.dest_qpn);
-    rdma_conn_param {
-        private_data: ptr::null(),
-        private_data_len: 0,
-        responder_resources: options.max_rd_atomic,
-        initiator_depth: options.max_rd_atomic,
-        flow_control: 1,
-        retry_count: options.retry_cnt,
-        rnr_retry_count: options.rnr_retry,
-        srq: 0,
-        qp_num: peer_qpn.map_or(0, |q| q.value()),
-    }
-}
-
 /// `rdma_connect`: an RC connection (a REQ; `ESTABLISHED`, `REJECTED` or `UNREACHABLE`
 /// follows) or, on a UD ID, a service resolution (SIDR; `ESTABLISHED` with the server's QP,
 /// or `UNREACHABLE`). The ID needs its QP (`rdma_create_qp`).
@@ -546,25 +532,50 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             })?;
             return Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED));
         }
+        let options = options(param);
         let Some(qp) = this.qp() else {
-            return Err(crate::report(
-                "rdma_connect",
-                unsupported("rdma_connect on an ID without a QP (rdma_create_qp)"),
-                "create the QP on the ID",
-            ));
+            // A QP the program moves itself: the REQ names `qp_num`; the REP comes as
+            // CONNECT_RESPONSE, and `rdma_establish` sends the RTU.
+            let qpn = param.map_or(0, |p| p.qp_num);
+            if qpn == 0 {
+                return Err(crate::report(
+                    "rdma_connect",
+                    libc::EINVAL,
+                    "an ID without a QP names the program's QP in conn_param->qp_num",
+                ));
+            }
+            let route = (Qpn::new(qpn), qp_type_of(&this.ibv));
+            let device = this.device()?.clone();
+            this.shared.set(Stage::Connecting);
+            spawn(move || {
+                match ManualConnection::connect(&device, route, peer, &options, &data) {
+                    Ok(conn) => {
+                        let link = Link::Manual(Arc::new(conn));
+                        shared.set(Stage::Connected(link.clone()));
+                        let event = Event::new(shared.id(), RDMA_CM_EVENT_CONNECT_RESPONSE, 0)
+                            .conn(established_param(&link, &options), link.private_data());
+                        shared.post(event);
+                        watch(shared, link);
+                    }
+                    Err(e) => {
+                        shared.set(Stage::Ended);
+                        shared.post(failed(shared.id(), &e));
+                    }
+                }
+            })?;
+            return Ok(this.finish(RDMA_CM_EVENT_CONNECT_RESPONSE));
         };
         let qp: Arc<QueuePair> = qp.qp.clone();
-        let options = options(param);
         this.shared.set(Stage::Connecting);
         spawn(
             move || match Connection::connect(qp.clone(), peer, &options, &data) {
                 Ok(conn) => {
-                    let conn = Arc::new(conn);
-                    shared.set(Stage::Connected(conn.clone()));
+                    let link = Link::Qp(Arc::new(conn));
+                    shared.set(Stage::Connected(link.clone()));
                     let event = Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
-                        .conn(established_param(&conn, &options), conn.private_data());
+                        .conn(established_param(&link, &options), link.private_data());
                     shared.post(event);
-                    watch(shared, conn);
+                    watch(shared, link);
                 }
                 Err(e) => {
                     // As librdmacm does with a rejected or failed connection's QP.
@@ -770,13 +781,9 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
                 return Err(libc::EINVAL);
             }
         };
+        let options = options(param);
         let Some(qp) = this.qp() else {
-            this.shared.set(Stage::Ended);
-            return Err(crate::report(
-                "rdma_accept",
-                unsupported("rdma_accept on an ID without a QP (rdma_create_qp)"),
-                "create the QP on the ID",
-            ));
+            return accept_manual(this, request, param, (&options, &data));
         };
         let qp: Arc<QueuePair> = qp.qp.clone();
         match request {
@@ -786,34 +793,85 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
                 Ok(0)
             }
             Request::Rc(request) => {
-                let options = options(param);
                 // As librdmacm's: the QP is in RTS and the REP on its way when this returns;
                 // the peer's RTU comes as ESTABLISHED.
-                let conn = match request.accept_now(qp, &options, &data) {
-                    Ok(conn) => Arc::new(conn),
+                let link = match request.accept_now(qp, &options, &data) {
+                    Ok(conn) => Link::Qp(Arc::new(conn)),
                     Err(e) => {
                         this.shared.set(Stage::Ended);
                         return Err(errno_of(&e));
                     }
                 };
-                this.shared.set(Stage::Connected(conn.clone()));
-                let shared = this.shared.clone();
-                spawn(move || match conn.established() {
-                    Ok(()) => {
-                        let event = Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
-                            .conn(established_param(&conn, &options), &[]);
-                        shared.post(event);
-                        watch(shared, conn);
-                    }
-                    Err(e) => {
-                        shared.set(Stage::Ended);
-                        shared.post(failed(shared.id(), &e));
-                    }
-                })?;
-                Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED))
+                until_established(this, link)
             }
         }
     })
+}
+
+/// `rdma_accept` on an ID without a QP: the REP names the program's QP, `conn_param->qp_num`,
+/// which the program moves itself (`rdma_init_qp_attr`); ESTABLISHED follows the RTU.
+fn accept_manual(
+    this: &mut Id,
+    request: Request,
+    param: Option<&rdma_conn_param>,
+    (options, data): (&ConnectOptions, &[u8]),
+) -> Result<c_int, c_int> {
+    let qpn = param.map_or(0, |p| p.qp_num);
+    let request = match request {
+        Request::Rc(request) if qpn != 0 => request,
+        Request::Rc(request) => {
+            this.shared.set(Stage::Requested(Request::Rc(request)));
+            return Err(crate::report(
+                "rdma_accept",
+                libc::EINVAL,
+                "an ID without a QP names the program's QP in conn_param->qp_num",
+            ));
+        }
+        Request::Ud(_) => {
+            this.shared.set(Stage::Ended);
+            return Err(crate::report(
+                "rdma_accept",
+                unsupported("rdma_accept on a UD ID without a QP"),
+                "create the QP on the ID (rdma_create_qp)",
+            ));
+        }
+    };
+    let link = match request.accept_manual(Qpn::new(qpn), options, data) {
+        Ok(conn) => Link::Manual(Arc::new(conn)),
+        Err(e) => {
+            this.shared.set(Stage::Ended);
+            return Err(errno_of(&e));
+        }
+    };
+    until_established(this, link)
+}
+
+/// An accepted ID's connection: ESTABLISHED when the peer's RTU (or first packet) comes,
+/// then its end. The event carries no parameters, as the kernel's after an RTU (cma.c
+/// `cma_ib_handler`), which a program's test against kernel rxe showed.
+fn until_established(this: &mut Id, link: Link) -> Result<c_int, c_int> {
+    this.shared.set(Stage::Connected(link.clone()));
+    let shared = this.shared.clone();
+    spawn(move || match link.established() {
+        Ok(()) => {
+            shared.post(Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0));
+            watch(shared, link);
+        }
+        Err(e) => {
+            shared.set(Stage::Ended);
+            shared.post(failed(shared.id(), &e));
+        }
+    })?;
+    Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED))
+}
+
+/// The type of QP an ID connects: UC for an ID made so, RC otherwise.
+fn qp_type_of(id: &rdma_cm_id) -> QpType {
+    if id.qp_type == IBV_QPT_UC {
+        QpType::Uc
+    } else {
+        QpType::Rc
+    }
 }
 
 /// `rdma_reject`: REJ (consumer defined, 28) with up to 148 bytes of private data, or, on a
@@ -929,23 +987,9 @@ pub unsafe extern "C" fn rdma_create_qp(
 
 /// Takes a UD QP to RTS with RDMA-CM's Q_Key, as librdmacm readies its UD QPs.
 fn ready_datagram(qp: &QueuePair) -> softroce::verbs::Result<()> {
-    use softroce::transport::{QpAttr, QpState};
-    qp.modify(&QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port: Some(1),
-        qkey: Some(softroce::wire::QKey(RDMA_UDP_QKEY)),
-        ..Default::default()
-    })?;
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rtr),
-        ..Default::default()
-    })?;
-    qp.modify(&QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(softroce::wire::Psn::new(0)),
-        ..Default::default()
-    })
+    super::link::ud_steps()
+        .iter()
+        .try_for_each(|step| qp.modify(step))
 }
 
 /// `rdma_create_qp_ex`: as `rdma_create_qp`, with the extended attributes' PD. Its
@@ -1133,25 +1177,39 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_in
     with_id(id, |_| Ok(0))
 }
 
-/// `rdma_establish`: only for an ID without a QP, which softroce does not connect.
+/// `rdma_establish`: the active side of an ID without a QP, its QP in RTS, sends the RTU
+/// after CONNECT_RESPONSE; the passive side's ESTABLISHED follows. No event comes here.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_establish(_id: *mut rdma_cm_id) -> c_int {
-    set_errno(unsupported("rdma_establish (an ID without a QP)"));
-    -1
+pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    with_id(id, |this| {
+        let link = match &*this.stage() {
+            Stage::Connected(Link::Manual(conn)) => conn.clone(),
+            _ => return Err(libc::EINVAL),
+        };
+        link.establish().map(|()| 0).map_err(|e| errno_of(&e))
+    })
 }
 
-/// `rdma_init_qp_attr`: only for a QP the program moves itself, which softroce does not
-/// connect.
+/// `rdma_init_qp_attr`: the attributes and mask that take a QP to `attr->qp_state` (INIT,
+/// RTR or RTS) as the ID's connection negotiated, for a program that moves its QP itself:
+/// INIT once the ID has an address; RTR and RTS once a request came (the passive side, before
+/// `rdma_accept`) or the REP did (the active side, after CONNECT_RESPONSE). `EINVAL` before.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_init_qp_attr(
-    _id: *mut rdma_cm_id,
-    _attr: *mut ibv_qp_attr,
-    _mask: *mut c_int,
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
 ) -> c_int {
-    set_errno(unsupported(
-        "rdma_init_qp_attr (a QP the program moves itself)",
-    ));
-    -1
+    with_id(id, |this| {
+        // SAFETY: the program's attribute block and mask, or null.
+        let (Some(out), Some(mask)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
+            return Err(libc::EINVAL);
+        };
+        let state = crate::qp::state_of(out.qp_state).ok_or(libc::EINVAL)?;
+        let step = super::link::qp_attr(&this.stage(), &this.ibv, state).ok_or(libc::EINVAL)?;
+        *mask = crate::qp::write_qp_attr(&step, out);
+        Ok(0)
+    })
 }
 
 /// `rdma_join_multicast`: softroce has no multicast.

@@ -189,3 +189,31 @@ int main(void) {
     let ended = connection.wait_event(Duration::from_secs(5)).unwrap();
     assert_eq!(ended, Some(ConnectionEvent::Disconnected));
 }
+
+/// A program that moves its own QP, as UCX does: IDs without a QP, the QP from
+/// `ibv_create_qp` named by `conn_param.qp_num`, taken through INIT, RTR and RTS with
+/// `rdma_init_qp_attr`, and the client's `rdma_establish` after `CONNECT_RESPONSE`
+/// (rdma_establish(3)); the server's ESTABLISHED follows its RTU. A WRITE and a SEND then
+/// land in the server's buffer, and the client's `rdma_disconnect` reaches the server.
+#[test]
+fn a_program_that_moves_its_own_qp_connects_with_init_qp_attr_and_establish() {
+    let own_qp = common::compile_c(
+        "own_qp",
+        include_str!("own_qp.c"),
+        &["-lrdmacm", "-libverbs"],
+    );
+    let own_qp = own_qp.to_str().unwrap();
+    let args = |role| [role, "127.0.3.54", "7196"];
+    let (server, client) = until_served(
+        "own_qp",
+        program("127.0.3.54", own_qp, &args("server")),
+        || program("127.0.3.55", own_qp, &args("client")),
+        |out| out.contains("client: wrote and sent"),
+        LIMIT,
+    );
+    assert!(
+        server.contains("server: received \"ping\" and \"written\""),
+        "{server}"
+    );
+    assert!(client.contains("wrote and sent"), "{client}");
+}

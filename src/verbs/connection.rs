@@ -1,0 +1,405 @@
+//! Connections the CM made: [`Connection`], a QP the CM moved to RTS, and [`ManualConnection`],
+//! for a QP the application moves itself with the attributes the CM negotiated. Both keep a
+//! [`Link`] to the CM: the connection's events and how far it got.
+
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver};
+
+use super::{receive, Device, Error, QueuePair, Result};
+use crate::cm::agent::{active_steps, QpMover};
+use crate::cm::{CmError, CmEvent, ConnId, Failure, Reply};
+use crate::engine::{CmCommand, Command, ConnectCall};
+use crate::transport::{ConnectOptions, QpAttr, QpState, QpType};
+use crate::wire::cm::{PortSpace, ServiceId};
+use crate::wire::Qpn;
+
+/// How often a wait for the CM looks again whether the device still runs: every wait ends
+/// by the CM's own timers, which bound each step of the protocol.
+pub(super) const POLL: Duration = Duration::from_secs(1);
+
+/// What a connection's handle keeps of the CM: where its events come, and how far it got.
+#[derive(Debug)]
+pub(super) struct Link {
+    device: Device,
+    conn: ConnId,
+    peer: SocketAddr,
+    private_data: Vec<u8>,
+    events: Receiver<CmEvent>,
+    /// The connection is over (disconnected or failed): nothing more comes on `events`.
+    ended: AtomicBool,
+    /// The connection was established (an accepted one waits for the peer's RTU).
+    established: AtomicBool,
+    /// The CM was told the application is done with it ([`close`](Self::close) or the drop).
+    closed: AtomicBool,
+}
+
+impl Link {
+    /// Sends a REQ naming `qpn` to the listener at `to`; the REP has not come yet.
+    pub(super) fn connect(
+        device: &Device,
+        (qpn, mover): (Qpn, QpMover),
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<Link> {
+        let (events, incoming) = bounded(8);
+        let call = Box::new(ConnectCall {
+            qpn,
+            dst: to.ip(),
+            service_id: ServiceId::ip(PortSpace::Tcp, to.port()),
+            options: *options,
+            private_data: private_data.to_vec(),
+            mover,
+        });
+        let conn = device.engine().call(|reply| {
+            Command::Cm(CmCommand::Connect {
+                call,
+                events,
+                reply,
+            })
+        })??;
+        Ok(Link::new(device, conn, to, Vec::new(), incoming))
+    }
+
+    /// The handle of connection `conn` to `peer`, whose events come on `events`.
+    pub(super) fn new(
+        device: &Device,
+        conn: ConnId,
+        peer: SocketAddr,
+        private_data: Vec<u8>,
+        events: Receiver<CmEvent>,
+    ) -> Link {
+        Link {
+            device: device.clone(),
+            conn,
+            peer,
+            private_data,
+            events,
+            ended: AtomicBool::new(false),
+            established: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for the REP (if `reply_ends`) or for the connection to be established; returns
+    /// the REP if one came.
+    fn wait(&self, reply_ends: bool) -> Result<Option<Box<Reply>>> {
+        let mut got = None;
+        loop {
+            match self.next_cm_event(POLL)? {
+                Some(CmEvent::Reply { reply, .. }) if reply_ends => return Ok(Some(reply)),
+                Some(CmEvent::Reply { reply, .. }) => got = Some(reply),
+                Some(CmEvent::Established { .. }) => {
+                    self.established.store(true, Ordering::Relaxed);
+                    return Ok(got);
+                }
+                Some(CmEvent::Failed { failure, .. }) => {
+                    self.ended.store(true, Ordering::Relaxed);
+                    return Err(Error::ConnectFailed(failure));
+                }
+                Some(CmEvent::Disconnected { .. }) => {
+                    self.ended.store(true, Ordering::Relaxed);
+                    return Err(Error::Disconnected);
+                }
+                Some(_) | None => {}
+            }
+        }
+    }
+
+    /// Waits for the peer's RTU (or first packet); at once if the connection is established.
+    fn established(&self) -> Result<()> {
+        if self.established.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.wait(false).map(drop)
+    }
+
+    fn next_cm_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        receive(self.device.engine(), &self.events, timeout)
+    }
+
+    fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
+        if self.ended.load(Ordering::Relaxed) {
+            return Ok(Some(ConnectionEvent::Disconnected));
+        }
+        let event = match self.next_cm_event(timeout)? {
+            Some(CmEvent::Disconnected { .. }) => ConnectionEvent::Disconnected,
+            Some(CmEvent::Failed { failure, .. }) => ConnectionEvent::Failed(failure),
+            _ => return Ok(None),
+        };
+        self.ended.store(true, Ordering::Relaxed);
+        Ok(Some(event))
+    }
+
+    fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self
+                .device
+                .engine()
+                .command(Command::Cm(CmCommand::Abort(self.conn)));
+        }
+    }
+
+    fn start_disconnect(&self) -> Result<()> {
+        if self.ended.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let conn = self.conn;
+        self.device
+            .engine()
+            .call(|reply| Command::Cm(CmCommand::Disconnect { conn, reply }))??;
+        Ok(())
+    }
+
+    fn disconnect(&self) -> Result<()> {
+        self.start_disconnect()?;
+        while self.wait_event(POLL)?.is_none() {}
+        Ok(())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A connected QP and its connection: [`Connection::connect`] or
+/// [`ConnectionRequest::accept`](super::ConnectionRequest::accept). It derefs to its
+/// [`QueuePair`]. Dropping it disconnects (one DREQ, as when a process exits under librdmacm)
+/// and destroys the QP, unless the caller shares it (`Arc<QueuePair>`) and still holds it.
+#[derive(Debug)]
+pub struct Connection {
+    qp: Arc<QueuePair>,
+    link: Link,
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEvent {
+    /// The peer's DREQ, or the answer (or silence) after ours: the QP is in ERROR, its
+    /// outstanding work flushed.
+    Disconnected,
+    /// It failed before it was established: rejected, unanswered, or refused by the QP.
+    Failed(Failure),
+}
+
+impl Connection {
+    /// Connects `qp` (RC or UC, in RESET or INIT) to the listener at `to`, sending up to 56
+    /// bytes of `private_data` in the REQ; returns once the peer accepted and the QP is in
+    /// RTS. `options` sets the QP's access, path MTU (at most the port's), ACK timeout and
+    /// RNR timer, the retry counts asked of the peer, and the READ/atomic depth offered both
+    /// ways. A rejection is [`Error::ConnectFailed`] with the peer's reason and data. The QP
+    /// may be shared, as for [`ConnectionRequest::accept`](super::ConnectionRequest::accept).
+    pub fn connect(
+        qp: impl Into<Arc<QueuePair>>,
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<Connection> {
+        let qp = qp.into();
+        let route = (qp.qpn(), QpMover::Agent);
+        let mut link = Link::connect(&qp.device, route, to, options, private_data)?;
+        let reply = link.wait(false)?;
+        link.private_data = reply.map(|r| r.private_data).unwrap_or_default();
+        // The CM took the QP to RTS in the engine: posts may go out now.
+        qp.note_state(QpState::Rts);
+        Ok(Connection { qp, link })
+    }
+
+    /// The connection of `qp`, accepted with `link`: the CM took the QP to RTS before its REP,
+    /// so posts may go out now, as librdmacm's programs post once `rdma_accept` returns.
+    pub(super) fn accepted(qp: Arc<QueuePair>, link: Link) -> Connection {
+        qp.note_state(QpState::Rts);
+        Connection { qp, link }
+    }
+
+    /// Waits for a connection accepted with
+    /// [`ConnectionRequest::accept_now`](super::ConnectionRequest::accept_now) to be
+    /// established: the peer's RTU, or its first packet. Returns at once for one already
+    /// established.
+    pub fn established(&self) -> Result<()> {
+        self.link.established()
+    }
+
+    /// The connected QP (the connection also derefs to it).
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The peer's address and port: the listener's for the active side, the peer's RDMA-CM
+    /// source port for the passive side.
+    pub fn peer(&self) -> SocketAddr {
+        self.link.peer
+    }
+
+    /// What the peer sent: the REP's 196 bytes on the active side, the REQ's 56 on the
+    /// passive side, zero-padded by the sender.
+    pub fn private_data(&self) -> &[u8] {
+        &self.link.private_data
+    }
+
+    /// Whether the connection has ended, as far as events taken so far say.
+    pub fn is_connected(&self) -> bool {
+        !self.link.ended.load(Ordering::Relaxed)
+    }
+
+    /// How the connection ended, waiting up to `timeout` for it: `None` while it stands.
+    pub fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
+        self.link.wait_event(timeout)
+    }
+
+    /// Disconnects as `rdma_disconnect`: the QP goes to ERROR (what it had outstanding is
+    /// flushed), the DREQ goes out, and the call returns when the peer answered (or after the
+    /// CM's retries). Disconnecting an ended connection does nothing.
+    pub fn disconnect(&self) -> Result<()> {
+        self.link.disconnect()
+    }
+
+    /// Tells the CM now that the application is done with the connection, as dropping it
+    /// does, while others may still hold it: an established connection sends its DREQ (and
+    /// does not wait for the answer), an attempt is rejected; no event follows. As
+    /// `rdma_destroy_id`, which must not wait for the last holder of the connection to let go.
+    pub fn close(&self) {
+        self.link.close();
+    }
+
+    /// Starts a disconnect and returns once the DREQ is queued (the QP already in ERROR);
+    /// [`wait_event`](Self::wait_event) reports the end. Disconnecting an ended connection
+    /// does nothing.
+    pub fn start_disconnect(&self) -> Result<()> {
+        self.link.start_disconnect()
+    }
+}
+
+impl Deref for Connection {
+    type Target = QueuePair;
+    fn deref(&self) -> &QueuePair {
+        &self.qp
+    }
+}
+
+/// A connection the CM negotiated for a QP the application moves itself, as librdmacm's IDs
+/// without a QP are connected (UCX names a placeholder QP there and connects its own out of
+/// band). The CM exchanges the REQ, the REP and the RTU; the application takes its QP through
+/// INIT, RTR and RTS with [`qp_attr`](Self::qp_attr) (`rdma_init_qp_attr`), and the active side
+/// ends the handshake with [`establish`](Self::establish) (`rdma_establish`). Nothing here
+/// moves, checks or flushes the QP, which may even be another device's. Dropping it
+/// disconnects.
+#[derive(Debug)]
+pub struct ManualConnection {
+    link: Link,
+    steps: [QpAttr; 3],
+    active: bool,
+}
+
+impl ManualConnection {
+    /// Sends a REQ naming `qpn`, a QP of `qp_type` (RC or UC) that the application moves, to
+    /// the listener at `to`, with up to 56 bytes of `private_data`; returns once the peer
+    /// accepted (its REP: librdmacm's `CONNECT_RESPONSE`). Then move the QP to RTR and RTS
+    /// with [`qp_attr`](Self::qp_attr) and call [`establish`](Self::establish). `options` are
+    /// as for [`Connection::connect`].
+    pub fn connect(
+        device: &Device,
+        (qpn, qp_type): (Qpn, QpType),
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> Result<ManualConnection> {
+        let route = (qpn, QpMover::Application(qp_type));
+        let mut link = Link::connect(device, route, to, options, private_data)?;
+        let Some(reply) = link.wait(true)? else {
+            return Err(Error::Disconnected);
+        };
+        let steps = active_steps(qp_type, to.ip(), &reply, options, device.port_mtu());
+        link.private_data = reply.private_data;
+        Ok(ManualConnection {
+            link,
+            steps,
+            active: true,
+        })
+    }
+
+    /// The passive side's connection, accepted with `link` and `steps`.
+    pub(super) fn accepted(link: Link, steps: [QpAttr; 3]) -> ManualConnection {
+        ManualConnection {
+            link,
+            steps,
+            active: false,
+        }
+    }
+
+    /// The attributes that take the QP to `state` (INIT, RTR or RTS) as the CM negotiated:
+    /// the peer's QPN, address and PSN, the PSNs, the path MTU, the timeouts, retry counts and
+    /// READ/atomic depths; `None` for another state.
+    pub fn qp_attr(&self, state: QpState) -> Option<&QpAttr> {
+        let step = match state {
+            QpState::Init => 0,
+            QpState::Rtr => 1,
+            QpState::Rts => 2,
+            _ => return None,
+        };
+        Some(&self.steps[step])
+    }
+
+    /// The active side's last step, once its QP is in RTS: the RTU goes out and the
+    /// connection is established (the passive side's `ESTABLISHED`). The passive side has
+    /// nothing to send: it waits with [`established`](Self::established).
+    pub fn establish(&self) -> Result<()> {
+        if !self.active {
+            return Err(Error::Cm(CmError::WrongState(
+                "the passive side waits for the RTU (established); it sends none",
+            )));
+        }
+        let conn = self.link.conn;
+        let engine = self.link.device.engine();
+        engine.call(|reply| Command::Cm(CmCommand::Establish { conn, reply }))??;
+        self.link.established.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Waits until the connection is established: the peer's RTU (or its QP's first packet,
+    /// if the QP is this device's) on the passive side, [`establish`](Self::establish) on the
+    /// active side.
+    pub fn established(&self) -> Result<()> {
+        if self.active && !self.link.established.load(Ordering::Relaxed) {
+            return Err(Error::Cm(CmError::WrongState(
+                "the active side is established by its own establish",
+            )));
+        }
+        self.link.established()
+    }
+
+    /// The peer's address and port, as for [`Connection::peer`].
+    pub fn peer(&self) -> SocketAddr {
+        self.link.peer
+    }
+
+    /// What the peer sent, as for [`Connection::private_data`].
+    pub fn private_data(&self) -> &[u8] {
+        &self.link.private_data
+    }
+
+    /// How the connection ended, waiting up to `timeout` for it: `None` while it stands.
+    pub fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
+        self.link.wait_event(timeout)
+    }
+
+    /// Starts a disconnect: the DREQ is queued when this returns, and
+    /// [`wait_event`](Self::wait_event) reports the end. The QP is the application's to move
+    /// to ERROR.
+    pub fn start_disconnect(&self) -> Result<()> {
+        self.link.start_disconnect()
+    }
+
+    /// Tells the CM that the application is done with the connection, as for
+    /// [`Connection::close`].
+    pub fn close(&self) {
+        self.link.close();
+    }
+}
