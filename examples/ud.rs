@@ -45,11 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     sender.ready_datagram()?;
     let server_qp = client.resolve_datagram("127.0.0.75:7176".parse()?, &[])?;
     let _qp = answering.join().expect("the server thread")?;
-    let dest = UdDest {
-        ah: client_pd.create_ah(server_qp.addr)?,
-        remote_qpn: server_qp.qpn,
-        remote_qkey: server_qp.qkey,
-    };
+    let dest = server_qp.dest(client_pd.create_ah(server_qp.addr)?);
     let text = b"a datagram, no connection needed";
     outbox.write(0, text)?;
     sender.post_send(SendWr::send(1, outbox.sge(0, text.len())?).to(dest))?;

@@ -172,8 +172,17 @@ fn requests_that_cannot_go_are_refused_at_the_call() {
 
     let rc = qp(QpType::Rc);
     let write = || SendWr::write(1, mr.sge(0, 8).unwrap(), target);
-    assert!(refusal(rc.post_send(write())).contains("state Reset"));
-    assert!(refusal(rc.post_recv(RecvWr::new(1, mr.sge(0, 8).unwrap()))).contains("state Reset"));
+    // What to do, not only what is wrong.
+    let refused = refusal(rc.post_send(write()));
+    assert!(
+        refused.contains("in RESET") && refused.contains("connect it"),
+        "{refused}"
+    );
+    let refused = refusal(rc.post_recv(RecvWr::new(1, mr.sge(0, 8).unwrap())));
+    assert!(
+        refused.contains("in RESET") && refused.contains("INIT"),
+        "{refused}"
+    );
 
     let uc = qp(QpType::Uc);
     uc.connect(&rc.endpoint(), &ConnectOptions::default())

@@ -121,3 +121,33 @@ fn a_dropped_device_still_sends_the_dreq_it_queued_and_flush_says_when() {
         );
     }
 }
+
+/// A connect has a timeout of its own, shorter than the CM's retries: toward a peer that
+/// answers nothing (a device whose engine runs only in its calls, and which makes none), it
+/// fails with `TimedOut` when the time is up.
+#[test]
+fn a_connect_to_a_silent_peer_gives_up_at_its_timeout() {
+    let mut config = DeviceConfig::udp("127.0.6.31".parse().unwrap());
+    config.progress = softroce::verbs::Progress::Inline;
+    let silent = Device::open(config).unwrap();
+    let _listener = silent.listen(7178).unwrap();
+    let client = device("127.0.6.32");
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = "127.0.6.31:7178".parse().unwrap();
+    let tried = Connection::connect_timeout(
+        qp,
+        to,
+        &ConnectOptions::default(),
+        &[],
+        Duration::from_millis(300),
+    );
+    assert!(
+        matches!(
+            tried,
+            Err(Error::ConnectFailed(softroce::cm::Failure::TimedOut))
+        ),
+        "{tried:?}"
+    );
+}

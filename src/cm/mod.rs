@@ -358,6 +358,9 @@ cm_counters!(
     /// REQs and SIDR_REQs whose fields do not hold together (addresses, GIDs, transport,
     /// MTU, QPN), rejected with the reason.
     rejected_invalid,
+    /// REQs from a QP already in one of our connections: rejected with reason 10, stale
+    /// connection, and the old connection, if established, sent a DREQ.
+    rejected_stale,
     /// DREQs for no connection, answered with a DREP all the same.
     unknown_dreqs_answered,
 );

@@ -100,6 +100,21 @@ impl CmEndpoint {
             self.on_repeated_req(id);
             return;
         }
+        if let Some(old) = self.connection_of(src, req.local_qpn) {
+            // cm.c `cm_match_req`: the peer's QP is already in a connection of ours (a new
+            // communication ID for the same QP: the peer lost the old one). The REQ gets REJ
+            // 10, stale connection, and an established old connection a DREQ.
+            self.counters.rejected_stale += 1;
+            self.reject_req(src, tid, req.local_comm_id, RejReason::STALE_CONN);
+            if self
+                .conns
+                .get(&old)
+                .is_some_and(|c| c.state == State::Established)
+            {
+                let _ = self.disconnect(self.now, ConnId(old));
+            }
+            return;
+        }
         let Some(&listener) = self.listeners.get(&req.service_id) else {
             if !self.hold(src, tid, req) {
                 self.counters.rejected_no_listener += 1;
@@ -175,6 +190,13 @@ impl CmEndpoint {
             listener,
             request: Box::new(request),
         });
+    }
+
+    /// Our connection, in any state up to the end of its timewait, whose peer is `qpn` at
+    /// `peer` (cm.c keeps a remote QPN in its table as long).
+    fn connection_of(&self, peer: IpAddr, qpn: Qpn) -> Option<u32> {
+        let same = |c: &Conn| c.peer == peer && c.remote_qpn == qpn && qpn.value() != 0;
+        self.conns.iter().find(|(_, c)| same(c)).map(|(&id, _)| id)
     }
 
     /// A REQ we have seen: the peer did not hear our answer, or has not had one yet.

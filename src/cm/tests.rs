@@ -644,8 +644,13 @@ fn a_flood_of_reqs_is_bounded_by_max_pending() {
     let mut b = CmEndpoint::new(B, 2, config);
     b.listen(RPING).unwrap();
     let mut a = CmEndpoint::new(A, 1, config);
-    for _ in 0..100 {
-        let _ = a.connect(Duration::ZERO, &req_params(b""));
+    for n in 0..100 {
+        // Each from a QP of its own: a second REQ from one QP would be stale.
+        let p = ReqParams {
+            local_qpn: Qpn::new(0x100 + n),
+            ..req_params(b"")
+        };
+        let _ = a.connect(Duration::ZERO, &p);
     }
     while let Some(out) = a.poll_transmit() {
         b.handle_mad(Duration::ZERO, A, &out.mad[..]);
@@ -857,4 +862,36 @@ fn softroce_and_rxe_agree_in_the_captured_handshake() {
             (from_softroce && bth.dest_qp == rep.local_qpn).then_some(bth.psn)
         });
     assert_eq!(first_send, Some(rep.starting_psn));
+}
+
+/// cm.c `cm_match_req`: a REQ from a QP that is already connected (the same QPN at the same
+/// address, under a new communication ID, as from a peer that lost the old connection) is
+/// rejected with reason 10, stale connection, and the old connection, established, is sent a
+/// DREQ; B's application hears that it ended.
+#[test]
+fn a_req_from_a_connected_qp_is_rejected_as_stale_and_ends_the_old_connection() {
+    let mut pair = Pair::new(config());
+    let (_, passive) = pair.connected();
+    // A forgets the connection (no DREQ) and asks again for the same QP.
+    let again = pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    let req = pair.a.poll_transmit().unwrap();
+    pair.b.handle_mad(pair.now, A, &req.mad[..]);
+    let rej = pair.b.poll_transmit().expect("an answer to the REQ");
+    let rej = parse_rej(&rej.mad[..]);
+    assert_eq!(rej.reason, RejReason::STALE_CONN);
+    assert_eq!(rej.remote_comm_id, again.0);
+    assert_eq!(rej.message_rejected, REJECTED_REQ);
+    let dreq = pair
+        .b
+        .poll_transmit()
+        .expect("a DREQ for the old connection");
+    assert_eq!(CmMessage::parse(&dreq.mad[..]).unwrap().1.name(), "DREQ");
+    assert_eq!(pair.b.counters().rejected_stale, 1);
+    assert!(
+        pair.events(B).is_empty(),
+        "no request reaches the application"
+    );
+    pair.a.handle_mad(pair.now, B, &dreq.mad[..]);
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
 }

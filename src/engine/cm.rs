@@ -18,6 +18,10 @@ use crate::transport::{ConnectOptions, Endpoint, Resources};
 use crate::wire::cm::{RejReason, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
+/// Where the CM's events for a listener, a connection or a SIDR request go: a channel the
+/// application may wait on from a thread or await from a task (`verbs::inbox`).
+pub(crate) type EventSender = flume::Sender<CmEvent>;
+
 /// The bytes of the agent's receive buffers, kept apart from the application's regions.
 pub(super) const AGENT_REGION: u64 = 64 * 1024;
 
@@ -37,14 +41,14 @@ pub(crate) enum CmCommand {
     /// Listens on a service; its requests go to `requests`.
     Listen {
         service_id: ServiceId,
-        requests: Sender<CmEvent>,
+        requests: EventSender,
         reply: Reply<Result<ListenerId, CmError>>,
     },
     Unlisten(ListenerId),
     /// Sends a REQ; the connection's events go to `events`.
     Connect {
         call: Box<ConnectCall>,
-        events: Sender<CmEvent>,
+        events: EventSender,
         reply: Reply<Result<ConnId, CmError>>,
     },
     /// Accepts a request with a QP; the connection's events go to `events`.
@@ -55,7 +59,7 @@ pub(crate) enum CmCommand {
         options: Box<ConnectOptions>,
         private_data: Vec<u8>,
         mover: QpMover,
-        events: Sender<CmEvent>,
+        events: EventSender,
         reply: Reply<Result<(), CmError>>,
     },
     /// Sends the RTU of a connection whose QP the application moves (`rdma_establish`).
@@ -79,7 +83,7 @@ pub(crate) enum CmCommand {
         dst: IpAddr,
         service_id: ServiceId,
         private_data: Vec<u8>,
-        events: Sender<CmEvent>,
+        events: EventSender,
         reply: Reply<Result<SidrId, CmError>>,
     },
     SidrReply {
@@ -103,9 +107,9 @@ pub(crate) enum CmCommand {
 #[derive(Debug)]
 pub(super) struct CmRouter {
     agent: Agent,
-    listeners: HashMap<ListenerId, Sender<CmEvent>>,
-    conns: HashMap<ConnId, Sender<CmEvent>>,
-    sidr: HashMap<SidrId, Sender<CmEvent>>,
+    listeners: HashMap<ListenerId, EventSender>,
+    conns: HashMap<ConnId, EventSender>,
+    sidr: HashMap<SidrId, EventSender>,
     /// Waiting for the disconnects in flight to settle, each until its deadline.
     lingering: Vec<(Duration, Sender<()>)>,
     /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
@@ -283,7 +287,7 @@ impl CmRouter {
         &mut self,
         now: Duration,
         conn: ConnId,
-        events: Sender<CmEvent>,
+        events: EventSender,
     ) -> Result<ConnId, CmError> {
         if self.conns.contains_key(&conn) {
             self.agent.abort(now, conn);

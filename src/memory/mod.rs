@@ -31,7 +31,7 @@ mod window;
 use std::fmt;
 
 pub use foreign::ForeignMemory;
-pub use region::{MemoryRegion, RemoteRegion, Span};
+pub use region::{MemoryRegion, RemoteRegion, Sge, Span};
 pub use shared::{DeviceMemory, MemoryRead, MemoryWrite};
 pub use table::MemoryTable;
 pub use window::{inc_rkey, BindMw, MwType};

@@ -36,7 +36,6 @@ use super::bulk;
 use super::foreign::ForeignMemory;
 use super::lent::Lent;
 use super::{Access, MemoryError, PdId};
-use crate::transport::Sge;
 use crate::wire::{LKey, RKey};
 
 const WORD: usize = 8;
@@ -205,8 +204,18 @@ impl Words {
     }
 }
 
-/// A registered memory region, as the application holds it.
-///
+/// A scatter/gather element: `len` bytes at `addr` in the region `lkey` names. Made checked
+/// by [`MemoryRegion::sge`]; a work request's lists hold them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// The first byte, in the region's address space (from its `iova`).
+    pub addr: u64,
+    /// How many bytes.
+    pub len: u32,
+    /// The local key of the region the bytes are in.
+    pub lkey: LKey,
+}
+
 /// A peer's memory as this side addresses it: where it starts, how long it is, and its rkey.
 /// The type to exchange out of band for RDMA READ, WRITE and atomics
 /// ([`MemoryRegion::remote`] on the peer's side).
@@ -242,6 +251,8 @@ impl Drop for LastHandle {
     }
 }
 
+/// A registered memory region, as the application holds it.
+///
 /// Cloning gives another handle to the same memory. The handle stays usable after
 /// deregistration, but the keys no longer reach it.
 #[derive(Clone)]

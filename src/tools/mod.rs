@@ -310,6 +310,25 @@ pub(crate) fn cm_tool_device(
     device.open(address).map(CmToolDevice)
 }
 
+/// `rdma_disconnect` of each connection, then their `DISCONNECTED` events, which rping's and
+/// cmatose's threads wait for before they exit: each peer's DREP, or the DREQ's last retry
+/// going unanswered.
+pub(crate) fn disconnect_and_wait<'a>(
+    conns: impl IntoIterator<Item = &'a verbs::Connection> + Clone,
+) -> Result<()> {
+    for conn in conns.clone() {
+        conn.disconnect().map_err(failed("rdma_disconnect"))?;
+    }
+    for conn in conns {
+        while conn
+            .wait_event(Duration::from_secs(1))
+            .map_err(failed("rdma_get_cm_event"))?
+            .is_none()
+        {}
+    }
+    Ok(())
+}
+
 /// The last lines of ucmatose and udaddy (their `main`): "test complete" and the status.
 pub(crate) fn librdmacm_test_end(out: &mut dyn std::io::Write, result: Result<()>) -> Result<()> {
     writeln!(out, "test complete")?;

@@ -358,10 +358,7 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
         }
         ping += 1;
     }
-    conn.disconnect().map_err(|error| Error::Device {
-        doing: "rdma_disconnect".into(),
-        error,
-    })
+    super::disconnect_and_wait([&conn])
 }
 
 fn server(o: &Options, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {

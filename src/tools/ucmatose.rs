@@ -207,12 +207,7 @@ fn server(o: &Options, out: &mut dyn Write) -> Result<()> {
         writeln!(out, "data transfers complete")?;
     }
     writeln!(out, "cmatose: disconnecting")?;
-    for (_, conn) in &nodes {
-        conn.disconnect().map_err(|error| Error::Device {
-            doing: "rdma_disconnect".into(),
-            error,
-        })?;
-    }
+    super::disconnect_and_wait(nodes.iter().map(|(_, conn)| conn))?;
     // Once every connection has ended (`disconnect_events`).
     writeln!(out, "disconnected")?;
     Ok(())

@@ -249,11 +249,7 @@ fn client(o: &Options, server: IpAddr, out: &mut dyn Write) -> Result<()> {
         return Ok(());
     }
     writeln!(out, "initiating data transfers")?;
-    let dest = UdDest {
-        ah: node.ah(peer.addr)?,
-        remote_qpn: peer.qpn,
-        remote_qkey: peer.qkey,
-    };
+    let dest = peer.dest(node.ah(peer.addr)?);
     // Unsignaled, as udaddy's client's (sq_sig_all 0): only the replies complete.
     node.post_sends(o, dest, false)?;
     writeln!(out, "receiving data transfers")?;

@@ -152,6 +152,15 @@ impl fmt::Display for VerbsError {
             VerbsError::Modify(e) => e.fmt(f),
             VerbsError::Memory(e) => e.fmt(f),
             VerbsError::QueueFull => f.write_str("the queue is full"),
+            VerbsError::WrongState(QpState::Reset) => f.write_str(
+                "the QP is in RESET: take it to INIT to post receives (QueuePair::init), and \
+                 connect it to send (QueuePair::connect, Connection::connect)",
+            ),
+            VerbsError::WrongState(s @ (QpState::Init | QpState::Rtr)) => write!(
+                f,
+                "the QP is in {s:?}: sends wait for RTS, where connecting it takes it \
+                 (QueuePair::connect, Connection::connect)"
+            ),
             VerbsError::WrongState(s) => write!(f, "not allowed in state {s:?}"),
             VerbsError::InvalidRequest(why) => write!(f, "invalid request: {why}"),
             VerbsError::OutOfResources(what) => write!(f, "out of resources: {what}"),

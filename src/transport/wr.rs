@@ -7,20 +7,9 @@ use std::ops::Deref;
 use smallvec::SmallVec;
 
 use super::{AddressHandle, QpType, VerbsError};
+pub use crate::memory::Sge;
 use crate::memory::{BindMw, RemoteRegion};
-use crate::wire::{LKey, QKey, Qpn, RKey};
-
-/// A scatter/gather element: `len` bytes at `addr` in the region `lkey` names. Made checked
-/// by [`MemoryRegion::sge`](crate::memory::MemoryRegion::sge).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sge {
-    /// The first byte, in the region's address space (from its `iova`).
-    pub addr: u64,
-    /// How many bytes.
-    pub len: u32,
-    /// The local key of the region the bytes are in.
-    pub lkey: LKey,
-}
+use crate::wire::{QKey, Qpn, RKey};
 
 /// How many SGEs a work request holds without a heap allocation.
 pub const INLINE_SGES: usize = 4;
@@ -223,7 +212,10 @@ impl Payload {
 /// Where a UD send goes: `ibv_send_wr.wr.ud`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
-    /// The destination address, from [`Endpoint::create_ah`](super::Endpoint::create_ah).
+    /// The destination address: from `ProtectionDomain::create_ah` in the verbs API
+    /// (`softroce::verbs`), or [`Endpoint::create_ah`](super::Endpoint::create_ah) on the
+    /// sans-IO core. [`DatagramPeer::dest`](crate::verbs::DatagramPeer::dest) makes the whole
+    /// destination from a service resolution's answer.
     pub ah: AddressHandle,
     /// The destination QP.
     pub remote_qpn: Qpn,
@@ -551,6 +543,7 @@ impl WorkCompletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::LKey;
 
     fn sge(addr: u64) -> Sge {
         Sge {

@@ -37,20 +37,22 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver};
+use crossbeam_channel::bounded;
 
 use super::connection::{Link, POLL};
+use super::inbox::next_event;
 use super::{receive, Connection, Device, Error, ManualConnection, QueuePair, Result};
 use crate::cm::agent::{passive_steps, AgentCounters, QpMover};
 use crate::cm::{
     CmCounters, CmEvent, ConnId, ConnectRequest, Failure, ListenerId, SidrId, RDMA_UDP_QKEY,
 };
 use crate::engine::{CmCommand, Command};
-use crate::transport::{ConnectOptions, QpAttr, QpType};
+use crate::transport::{AddressHandle, ConnectOptions, QpAttr, QpType, UdDest};
 use crate::wire::cm::{PortSpace, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
@@ -77,7 +79,7 @@ impl Device {
     /// `rdma_connect` on an `RDMA_PS_UDP` ID). Sends go to the answer with an address handle
     /// for `to.ip()` ([`ProtectionDomain::create_ah`](super::ProtectionDomain::create_ah)).
     pub fn resolve_datagram(&self, to: SocketAddr, private_data: &[u8]) -> Result<DatagramPeer> {
-        let (events, answers) = bounded(1);
+        let (events, answers) = flume::bounded(1);
         let service_id = ServiceId::ip(PortSpace::Udp, to.port());
         let private_data = private_data.to_vec();
         self.engine().call(|reply| {
@@ -147,12 +149,12 @@ struct Listening {
     device: Device,
     id: ListenerId,
     port: u16,
-    requests: Receiver<CmEvent>,
+    requests: flume::Receiver<CmEvent>,
 }
 
 impl Listening {
     fn start(device: &Device, service_id: ServiceId) -> Result<Listening> {
-        let (requests, incoming) = bounded(BACKLOG);
+        let (requests, incoming) = flume::bounded(BACKLOG);
         let id = device.engine().call(|reply| {
             Command::Cm(CmCommand::Listen {
                 service_id,
@@ -170,6 +172,10 @@ impl Listening {
 
     fn next(&self, timeout: Duration) -> Result<Option<CmEvent>> {
         receive(self.device.engine(), &self.requests, timeout)
+    }
+
+    async fn next_async(&self) -> Result<CmEvent> {
+        next_event(self.device.engine(), &self.requests).await
     }
 }
 
@@ -196,15 +202,29 @@ impl Listener {
 
     /// The next connection request, waiting up to `timeout` for one.
     pub fn next_request(&self, timeout: Duration) -> Result<Option<ConnectionRequest>> {
-        let Some(CmEvent::ConnectRequest { conn, request, .. }) = self.0.next(timeout)? else {
-            return Ok(None);
+        Ok(self.0.next(timeout)?.and_then(|event| self.request(event)))
+    }
+
+    /// The next connection request, as a future any executor can run (one task at a time
+    /// should await it): a server's accept loop with no thread of its own.
+    pub async fn next(&self) -> Result<ConnectionRequest> {
+        loop {
+            if let Some(request) = self.request(self.0.next_async().await?) {
+                return Ok(request);
+            }
+        }
+    }
+
+    fn request(&self, event: CmEvent) -> Option<ConnectionRequest> {
+        let CmEvent::ConnectRequest { conn, request, .. } = event else {
+            return None;
         };
-        Ok(Some(ConnectionRequest {
+        Some(ConnectionRequest {
             device: self.0.device.clone(),
             conn,
             request,
             answered: false,
-        }))
+        })
     }
 }
 
@@ -233,7 +253,9 @@ impl ConnectionRequest {
         SocketAddr::new(self.request.peer, self.request.peer_port)
     }
 
-    /// The peer's private data: 56 bytes, zero-padded by the sender.
+    /// The peer's private data: 56 bytes, zero-padded by the sender. The wire carries no
+    /// length: a peer that needs one sends it
+    /// ([`private_data::encode`](super::private_data::encode)).
     pub fn private_data(&self) -> &[u8] {
         &self.request.private_data
     }
@@ -259,6 +281,24 @@ impl ConnectionRequest {
         let connection = self.accept_now(qp, options, private_data)?;
         connection.established()?;
         Ok(connection)
+    }
+
+    /// [`accept`](Self::accept) as a future, for any executor: it resolves once the peer's
+    /// RTU (or first packet) came. It owns what it is given (it may be spawned) and sends the
+    /// REP when first polled; dropped before the end, the connection is ended (a REJ while the
+    /// REP is unanswered).
+    pub fn accept_async(
+        self,
+        qp: impl Into<Arc<QueuePair>>,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> impl Future<Output = Result<Connection>> + Send + 'static {
+        let (qp, options, private_data) = (qp.into(), *options, private_data.to_vec());
+        async move {
+            let connection = self.accept_now(qp, &options, &private_data)?;
+            connection.established_async().await?;
+            Ok(connection)
+        }
     }
 
     /// [`accept`](Self::accept) up to the REP: returns once the QP is in RTS and the REP is on
@@ -307,7 +347,7 @@ impl ConnectionRequest {
         private_data: &[u8],
     ) -> Result<Link> {
         self.answered = true;
-        let (events, incoming) = bounded(8);
+        let (events, incoming) = flume::bounded(8);
         let accepted = self.device.engine().call(|reply| {
             Command::Cm(CmCommand::Accept {
                 conn: self.conn,
@@ -366,22 +406,35 @@ impl DatagramListener {
 
     /// The next resolution request, waiting up to `timeout` for one.
     pub fn next_request(&self, timeout: Duration) -> Result<Option<DatagramRequest>> {
-        let Some(CmEvent::SidrRequest {
+        Ok(self.0.next(timeout)?.and_then(|event| self.request(event)))
+    }
+
+    /// The next resolution request, as a future any executor can run.
+    pub async fn next(&self) -> Result<DatagramRequest> {
+        loop {
+            if let Some(request) = self.request(self.0.next_async().await?) {
+                return Ok(request);
+            }
+        }
+    }
+
+    fn request(&self, event: CmEvent) -> Option<DatagramRequest> {
+        let CmEvent::SidrRequest {
             id,
             peer_port,
             private_data,
             ..
-        }) = self.0.next(timeout)?
+        } = event
         else {
-            return Ok(None);
+            return None;
         };
-        Ok(Some(DatagramRequest {
+        Some(DatagramRequest {
             device: self.0.device.clone(),
             id,
             peer_port,
             private_data,
             answered: false,
-        }))
+        })
     }
 }
 
@@ -460,4 +513,16 @@ pub struct DatagramPeer {
     pub qkey: QKey,
     /// The SIDR_REP's private data: 136 bytes, zero-padded by the sender.
     pub private_data: Vec<u8>,
+}
+
+impl DatagramPeer {
+    /// Where sends to the service go: its QP and Q_Key, through `ah`, an address handle for
+    /// [`addr`](Self::addr) ([`ProtectionDomain::create_ah`](super::ProtectionDomain::create_ah)).
+    pub fn dest(&self, ah: AddressHandle) -> UdDest {
+        UdDest {
+            ah,
+            remote_qpn: self.qpn,
+            remote_qkey: self.qkey,
+        }
+    }
 }

@@ -2,14 +2,14 @@
 //! for a QP the application moves itself with the attributes the CM negotiated. Both keep a
 //! [`Link`] to the CM: the connection's events and how far it got.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver};
-
+use super::inbox::next_event;
 use super::{receive, Device, Error, QueuePair, Result};
 use crate::cm::agent::{active_steps, QpMover};
 use crate::cm::{CmError, CmEvent, ConnId, Failure, Reply};
@@ -29,7 +29,7 @@ pub(super) struct Link {
     conn: ConnId,
     peer: SocketAddr,
     private_data: Vec<u8>,
-    events: Receiver<CmEvent>,
+    events: flume::Receiver<CmEvent>,
     /// The connection is over (disconnected or failed): nothing more comes on `events`.
     ended: AtomicBool,
     /// The connection was established (an accepted one waits for the peer's RTU).
@@ -47,7 +47,7 @@ impl Link {
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Link> {
-        let (events, incoming) = bounded(8);
+        let (events, incoming) = flume::bounded(8);
         let call = Box::new(ConnectCall {
             qpn,
             dst: to.ip(),
@@ -72,7 +72,7 @@ impl Link {
         conn: ConnId,
         peer: SocketAddr,
         private_data: Vec<u8>,
-        events: Receiver<CmEvent>,
+        events: flume::Receiver<CmEvent>,
     ) -> Link {
         Link {
             device: device.clone(),
@@ -86,27 +86,63 @@ impl Link {
         }
     }
 
-    /// Waits for the REP (if `reply_ends`) or for the connection to be established; returns
-    /// the REP if one came.
-    fn wait(&self, reply_ends: bool) -> Result<Option<Box<Reply>>> {
+    /// What `event` means to a wait for the REP (if `reply_ends`) or for the connection to be
+    /// established: `Some` ends the wait, with the REP if one came (kept in `got` meanwhile).
+    fn absorb(
+        &self,
+        event: CmEvent,
+        reply_ends: bool,
+        got: &mut Option<Box<Reply>>,
+    ) -> Option<Result<Option<Box<Reply>>>> {
+        match event {
+            CmEvent::Reply { reply, .. } if reply_ends => return Some(Ok(Some(reply))),
+            CmEvent::Reply { reply, .. } => *got = Some(reply),
+            CmEvent::Established { .. } => {
+                self.established.store(true, Ordering::Relaxed);
+                return Some(Ok(got.take()));
+            }
+            CmEvent::Failed { failure, .. } => {
+                self.ended.store(true, Ordering::Relaxed);
+                return Some(Err(Error::ConnectFailed(failure)));
+            }
+            CmEvent::Disconnected { .. } => {
+                self.ended.store(true, Ordering::Relaxed);
+                return Some(Err(Error::Disconnected));
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// Waits for the REP (if `reply_ends`) or for the connection to be established, until
+    /// `deadline` if there is one (then the attempt has failed, `TimedOut`); returns the REP
+    /// if one came.
+    fn wait(&self, reply_ends: bool, deadline: Option<Instant>) -> Result<Option<Box<Reply>>> {
         let mut got = None;
         loop {
-            match self.next_cm_event(POLL)? {
-                Some(CmEvent::Reply { reply, .. }) if reply_ends => return Ok(Some(reply)),
-                Some(CmEvent::Reply { reply, .. }) => got = Some(reply),
-                Some(CmEvent::Established { .. }) => {
-                    self.established.store(true, Ordering::Relaxed);
-                    return Ok(got);
-                }
-                Some(CmEvent::Failed { failure, .. }) => {
+            let mut wait = POLL;
+            if let Some(deadline) = deadline {
+                wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+                if wait.is_zero() {
                     self.ended.store(true, Ordering::Relaxed);
-                    return Err(Error::ConnectFailed(failure));
+                    return Err(Error::ConnectFailed(Failure::TimedOut));
                 }
-                Some(CmEvent::Disconnected { .. }) => {
-                    self.ended.store(true, Ordering::Relaxed);
-                    return Err(Error::Disconnected);
+            }
+            if let Some(event) = receive(self.device.engine(), &self.events, wait)? {
+                if let Some(done) = self.absorb(event, reply_ends, &mut got) {
+                    return done;
                 }
-                Some(_) | None => {}
+            }
+        }
+    }
+
+    /// [`wait`](Self::wait), awaited.
+    async fn wait_async(&self, reply_ends: bool) -> Result<Option<Box<Reply>>> {
+        let mut got = None;
+        loop {
+            let event = next_event(self.device.engine(), &self.events).await?;
+            if let Some(done) = self.absorb(event, reply_ends, &mut got) {
+                return done;
             }
         }
     }
@@ -116,24 +152,46 @@ impl Link {
         if self.established.load(Ordering::Relaxed) {
             return Ok(());
         }
-        self.wait(false).map(drop)
+        self.wait(false, None).map(drop)
     }
 
-    fn next_cm_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        receive(self.device.engine(), &self.events, timeout)
+    /// [`established`](Self::established), awaited.
+    async fn established_async(&self) -> Result<()> {
+        if self.established.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.wait_async(false).await.map(drop)
+    }
+
+    /// Whether `event` ends the connection, and how.
+    fn end_of(&self, event: CmEvent) -> Option<ConnectionEvent> {
+        let end = match event {
+            CmEvent::Disconnected { .. } => ConnectionEvent::Disconnected,
+            CmEvent::Failed { failure, .. } => ConnectionEvent::Failed(failure),
+            _ => return None,
+        };
+        self.ended.store(true, Ordering::Relaxed);
+        Some(end)
     }
 
     fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
         if self.ended.load(Ordering::Relaxed) {
             return Ok(Some(ConnectionEvent::Disconnected));
         }
-        let event = match self.next_cm_event(timeout)? {
-            Some(CmEvent::Disconnected { .. }) => ConnectionEvent::Disconnected,
-            Some(CmEvent::Failed { failure, .. }) => ConnectionEvent::Failed(failure),
-            _ => return Ok(None),
-        };
-        self.ended.store(true, Ordering::Relaxed);
-        Ok(Some(event))
+        let event = receive(self.device.engine(), &self.events, timeout)?;
+        Ok(event.and_then(|event| self.end_of(event)))
+    }
+
+    async fn ended(&self) -> Result<ConnectionEvent> {
+        loop {
+            if self.ended.load(Ordering::Relaxed) {
+                return Ok(ConnectionEvent::Disconnected);
+            }
+            let event = next_event(self.device.engine(), &self.events).await?;
+            if let Some(end) = self.end_of(event) {
+                return Ok(end);
+            }
+        }
     }
 
     fn close(&self) {
@@ -145,7 +203,7 @@ impl Link {
         }
     }
 
-    fn start_disconnect(&self) -> Result<()> {
+    fn disconnect(&self) -> Result<()> {
         if self.ended.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -153,12 +211,6 @@ impl Link {
         self.device
             .engine()
             .call(|reply| Command::Cm(CmCommand::Disconnect { conn, reply }))??;
-        Ok(())
-    }
-
-    fn disconnect(&self) -> Result<()> {
-        self.start_disconnect()?;
-        while self.wait_event(POLL)?.is_none() {}
         Ok(())
     }
 }
@@ -202,14 +254,63 @@ impl Connection {
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Connection> {
+        Connection::connect_within(qp, to, options, private_data, None)
+    }
+
+    /// [`connect`](Self::connect), given up after `timeout` if the peer has not accepted by
+    /// then: [`Error::ConnectFailed`] with [`Failure::TimedOut`], and the attempt abandoned
+    /// (the peer gets a REJ). Without it a connect lasts as long as the CM's retries
+    /// (`DeviceConfig::cm`: about a minute with librdmacm's).
+    pub fn connect_timeout(
+        qp: impl Into<Arc<QueuePair>>,
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Connection> {
+        let deadline = Instant::now() + timeout;
+        Connection::connect_within(qp, to, options, private_data, Some(deadline))
+    }
+
+    fn connect_within(
+        qp: impl Into<Arc<QueuePair>>,
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<Connection> {
         let qp = qp.into();
         let route = (qp.qpn(), QpMover::Agent);
-        let mut link = Link::connect(&qp.device, route, to, options, private_data)?;
-        let reply = link.wait(false)?;
+        let link = Link::connect(&qp.device, route, to, options, private_data)?;
+        let reply = link.wait(false, deadline)?;
+        Ok(Connection::connected(qp, link, reply))
+    }
+
+    /// [`connect`](Self::connect) as a future, for any executor: it resolves once the peer
+    /// accepted and the QP is in RTS. It owns what it is given (it may be spawned), sends the
+    /// REQ when first polled, and, dropped before the end, abandons the attempt (the peer gets
+    /// a REJ), so a runtime's timeout around it bounds the connect.
+    pub fn connect_async(
+        qp: impl Into<Arc<QueuePair>>,
+        to: SocketAddr,
+        options: &ConnectOptions,
+        private_data: &[u8],
+    ) -> impl Future<Output = Result<Connection>> + Send + 'static {
+        let (qp, options, private_data) = (qp.into(), *options, private_data.to_vec());
+        async move {
+            let route = (qp.qpn(), QpMover::Agent);
+            let link = Link::connect(&qp.device, route, to, &options, &private_data)?;
+            let reply = link.wait_async(false).await?;
+            Ok(Connection::connected(qp, link, reply))
+        }
+    }
+
+    /// The active side's connection once the CM took `qp` to RTS in the engine: posts may go
+    /// out now. The REP's private data is the peer's.
+    fn connected(qp: Arc<QueuePair>, mut link: Link, reply: Option<Box<Reply>>) -> Connection {
         link.private_data = reply.map(|r| r.private_data).unwrap_or_default();
-        // The CM took the QP to RTS in the engine: posts may go out now.
         qp.note_state(QpState::Rts);
-        Ok(Connection { qp, link })
+        Connection { qp, link }
     }
 
     /// The connection of `qp`, accepted with `link`: the CM took the QP to RTS before its REP,
@@ -227,6 +328,11 @@ impl Connection {
         self.link.established()
     }
 
+    /// [`established`](Self::established), awaited.
+    pub async fn established_async(&self) -> Result<()> {
+        self.link.established_async().await
+    }
+
     /// The connected QP (the connection also derefs to it).
     pub fn qp(&self) -> &QueuePair {
         &self.qp
@@ -239,7 +345,8 @@ impl Connection {
     }
 
     /// What the peer sent: the REP's 196 bytes on the active side, the REQ's 56 on the
-    /// passive side, zero-padded by the sender.
+    /// passive side, zero-padded by the sender. The wire carries no length: a peer that needs
+    /// one sends it ([`private_data::encode`](super::private_data::encode)).
     pub fn private_data(&self) -> &[u8] {
         &self.link.private_data
     }
@@ -254,9 +361,18 @@ impl Connection {
         self.link.wait_event(timeout)
     }
 
+    /// How the connection ended, as a future that resolves when it does: the peer's DREQ, a
+    /// failure, or the end of our own [`disconnect`](Self::disconnect) (the peer's DREP, or
+    /// the DREQ's last retry going unanswered). One task at a time should await it.
+    pub async fn ended(&self) -> Result<ConnectionEvent> {
+        self.link.ended().await
+    }
+
     /// Disconnects as `rdma_disconnect`: the QP goes to ERROR (what it had outstanding is
-    /// flushed), the DREQ goes out, and the call returns when the peer answered (or after the
-    /// CM's retries). Disconnecting an ended connection does nothing.
+    /// flushed) and the DREQ is queued when this returns; the end comes as an event
+    /// ([`wait_event`](Self::wait_event), [`ended`](Self::ended)) once the peer answers or
+    /// the CM's retries run out, so a dead peer costs the caller nothing. Disconnecting an
+    /// ended connection does nothing.
     pub fn disconnect(&self) -> Result<()> {
         self.link.disconnect()
     }
@@ -267,13 +383,6 @@ impl Connection {
     /// `rdma_destroy_id`, which must not wait for the last holder of the connection to let go.
     pub fn close(&self) {
         self.link.close();
-    }
-
-    /// Starts a disconnect and returns once the DREQ is queued (the QP already in ERROR);
-    /// [`wait_event`](Self::wait_event) reports the end. Disconnecting an ended connection
-    /// does nothing.
-    pub fn start_disconnect(&self) -> Result<()> {
-        self.link.start_disconnect()
     }
 }
 
@@ -313,7 +422,7 @@ impl ManualConnection {
     ) -> Result<ManualConnection> {
         let route = (qpn, QpMover::Application(qp_type));
         let mut link = Link::connect(device, route, to, options, private_data)?;
-        let Some(reply) = link.wait(true)? else {
+        let Some(reply) = link.wait(true, None)? else {
             return Err(Error::Disconnected);
         };
         let steps = active_steps(qp_type, to.ip(), &reply, options, device.port_mtu());
@@ -390,11 +499,16 @@ impl ManualConnection {
         self.link.wait_event(timeout)
     }
 
-    /// Starts a disconnect: the DREQ is queued when this returns, and
-    /// [`wait_event`](Self::wait_event) reports the end. The QP is the application's to move
-    /// to ERROR.
-    pub fn start_disconnect(&self) -> Result<()> {
-        self.link.start_disconnect()
+    /// How the connection ended, as a future, as for [`Connection::ended`].
+    pub async fn ended(&self) -> Result<ConnectionEvent> {
+        self.link.ended().await
+    }
+
+    /// Disconnects: the DREQ is queued when this returns, and
+    /// [`wait_event`](Self::wait_event) or [`ended`](Self::ended) reports the end. The QP is
+    /// the application's to move to ERROR.
+    pub fn disconnect(&self) -> Result<()> {
+        self.link.disconnect()
     }
 
     /// Tells the CM that the application is done with the connection, as for

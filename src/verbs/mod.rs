@@ -25,6 +25,8 @@
 mod cm;
 mod connection;
 mod device;
+mod inbox;
+pub mod private_data;
 
 use std::fmt;
 use std::future::Future;
@@ -35,12 +37,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
+use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 
 use crate::cm::{CmError, Failure};
-use crate::engine::{Command, CqNotify, Driven, EngineGone, EngineHandle, QpQueues, HANDBACK};
+use crate::engine::{Command, CqNotify, EngineGone, EngineHandle, QpQueues};
 pub use crate::engine::{EnginePanicked, Progress};
 use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
 use crate::transport::{
@@ -50,6 +52,7 @@ use crate::transport::{
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
 use crate::wire::{Psn, QKey, Qpn, RKey};
+pub(crate) use inbox::receive;
 
 pub use crate::memory::MemoryRegion;
 pub use cm::{ConnectionRequest, DatagramListener, DatagramPeer, DatagramRequest, Listener};
@@ -1030,44 +1033,5 @@ impl Future for NextCompletion<'_> {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
-    }
-}
-
-/// The next message on `channel`, waiting up to `timeout`; with inline or hybrid progress the
-/// wait runs the engine. A channel the engine has let go of says why the device stopped.
-pub(crate) fn receive<T>(
-    engine: &EngineHandle,
-    channel: &Receiver<T>,
-    timeout: Duration,
-) -> Result<Option<T>> {
-    if engine.waits_drive() {
-        // Run the engine, waiting on its socket, until a message comes or time is up; or, while
-        // another thread does that, wait on the channel its turns fill.
-        let deadline = Instant::now() + timeout;
-        engine.help()?;
-        loop {
-            match channel.try_recv() {
-                Ok(message) => return Ok(Some(message)),
-                Err(TryRecvError::Disconnected) => return Err(engine.gone().into()),
-                Err(TryRecvError::Empty) => {}
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            if engine.drive_wait(left, &|| !channel.is_empty())? == Driven::Busy {
-                // That thread may stop running the engine at any time: look again soon.
-                match channel.recv_timeout(left.min(HANDBACK)) {
-                    Ok(message) => return Ok(Some(message)),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return Err(engine.gone().into()),
-                }
-            }
-        }
-    }
-    match channel.recv_timeout(timeout) {
-        Ok(message) => Ok(Some(message)),
-        Err(RecvTimeoutError::Timeout) => Ok(None),
-        Err(RecvTimeoutError::Disconnected) => Err(engine.gone().into()),
     }
 }

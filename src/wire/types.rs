@@ -17,6 +17,13 @@ macro_rules! hex_display {
                 write!(f, "{:#0w$x}", self.0, w = $width + 2)
             }
         }
+
+        /// In hex, as rdma-core prints it.
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({self})", stringify!($name))
+            }
+        }
     )*};
 }
 
@@ -24,7 +31,7 @@ macro_rules! hex_display {
 macro_rules! u24_type {
     ($(#[$meta:meta])* $name:ident, $layer:expr, $field:literal) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
         #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
         #[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
         pub struct $name(u32);
@@ -169,22 +176,28 @@ impl Qpn {
     pub const MULTICAST: Qpn = Qpn(U24_MASK);
 }
 
-impl fmt::Display for Psn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
+// PSNs and MSNs are counts: decimal, as Wireshark shows them.
+macro_rules! decimal_display {
+    ($($name:ident),*) => {$(
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($name), self.0)
+            }
+        }
+    )*};
 }
 
-impl fmt::Display for Msn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
+decimal_display!(Psn, Msn);
 hex_display!(Qpn: 6);
 
 /// A partition key (IBTA 10.9). Bit 15 is the membership type: 1 for full membership.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PKey(pub u16);
 
 impl PKey {
@@ -219,7 +232,7 @@ impl Default for PKey {
 }
 
 /// A queue key, checked by UD and RD receivers (IBTA 10.2.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(transparent))]
 pub struct QKey(pub u32);
@@ -236,13 +249,13 @@ impl QKey {
 }
 
 /// A remote key: names a memory region to a peer's RDMA READ, WRITE or atomic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(transparent))]
 pub struct RKey(pub u32);
 
 /// A local key: names a memory region to the local scatter/gather lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(transparent))]
 pub struct LKey(pub u32);
@@ -299,6 +312,11 @@ mod tests {
     #[test]
     fn display_formats() {
         assert_eq!(Qpn::new(0x118).to_string(), "0x000118");
+        // Debug too, as rdma-core and Wireshark print keys and QP numbers.
+        assert_eq!(format!("{:?}", Qpn::new(0x118)), "Qpn(0x000118)");
+        assert_eq!(format!("{:?}", QKey(0x0123_4567)), "QKey(0x01234567)");
+        assert_eq!(format!("{:?}", RKey(0xabc)), "RKey(0x00000abc)");
+        assert_eq!(format!("{:?}", Psn::new(12)), "Psn(12)");
         assert_eq!(RKey(0xab).to_string(), "0x000000ab");
         assert_eq!(PKey::DEFAULT.to_string(), "0xffff");
         assert_eq!(Psn::new(42).to_string(), "42");

@@ -922,7 +922,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         }
         // The DREQ is queued before this returns, so that the program's next calls (destroy,
         // exit) come after it; the ID's watcher reports the end.
-        conn.start_disconnect().map_err(|e| errno_of(&e))?;
+        conn.disconnect().map_err(|e| errno_of(&e))?;
         Ok(this.finish(RDMA_CM_EVENT_DISCONNECTED))
     })
 }

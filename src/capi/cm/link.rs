@@ -32,10 +32,10 @@ impl Link {
     }
 
     /// Queues the DREQ.
-    pub(super) fn start_disconnect(&self) -> Result<()> {
+    pub(super) fn disconnect(&self) -> Result<()> {
         match self {
-            Link::Qp(conn) => conn.start_disconnect(),
-            Link::Manual(conn) => conn.start_disconnect(),
+            Link::Qp(conn) => conn.disconnect(),
+            Link::Manual(conn) => conn.disconnect(),
         }
     }
 
