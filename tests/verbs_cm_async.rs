@@ -11,16 +11,23 @@ use softroce::verbs::{
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// A device at `address`, with CM timers of `response_timeout` and `max_retries`.
-fn device(address: &str, progress: Progress, (response_timeout, max_retries): (u8, u8)) -> Device {
+/// A device at `address` with `cm`'s timers.
+fn device(address: &str, progress: Progress, cm: CmConfig) -> Device {
     let mut config = DeviceConfig::udp(address.parse().unwrap());
     config.progress = progress;
-    config.cm = CmConfig {
-        response_timeout,
-        max_retries,
-        ..CmConfig::default()
-    };
+    config.cm = cm;
     Device::open(config).unwrap()
+}
+
+/// CM timers that give up on a silent peer within a tenth of a second: two retries, 16.8 ms
+/// apart.
+fn quick() -> CmConfig {
+    CmConfig {
+        response_timeout: 12,
+        max_retries: 2,
+        packet_life_time: 0,
+        ..CmConfig::default()
+    }
 }
 
 fn qp(device: &Device) -> QueuePair {
@@ -53,8 +60,12 @@ fn runtime() -> tokio::runtime::Runtime {
 fn listen_accept_connect_and_the_end_are_awaited() {
     for (n, progress) in [Progress::Thread, Progress::Inline].into_iter().enumerate() {
         let address = format!("127.0.6.{}", 11 + 2 * n);
-        let server = device(&address, Progress::Thread, (20, 15));
-        let client = device(&format!("127.0.6.{}", 12 + 2 * n), progress, (20, 15));
+        let server = device(&address, Progress::Thread, CmConfig::default());
+        let client = device(
+            &format!("127.0.6.{}", 12 + 2 * n),
+            progress,
+            CmConfig::default(),
+        );
         let listener = server.listen(7190).unwrap();
         let to = format!("{address}:7190").parse().unwrap();
         runtime().block_on(async {
@@ -90,13 +101,13 @@ fn listen_accept_connect_and_the_end_are_awaited() {
 /// librdmacm's `rdma_disconnect` sends the DREQ and returns; the end comes later as an event.
 /// A peer that answers nothing (here a server whose engine runs only in its calls, and which
 /// makes none once connected): `disconnect` returns with the DREQ queued and the connection
-/// not yet ended, and `ended` resolves once the CM's retries run out (two, of 16.8 ms each),
+/// not yet ended, and `ended` resolves once the CM's retries run out (two, 16.8 ms apart),
 /// with `Disconnected`, as cm.c reports a DREQ's timeout (`cm_dreq_handler`'s absence:
 /// `IB_CM_DREQ_ERROR` becomes `RDMA_CM_EVENT_DISCONNECTED`).
 #[test]
 fn disconnect_from_a_silent_peer_returns_at_once_and_the_end_comes_later() {
-    let server = device("127.0.6.21", Progress::Inline, (12, 2));
-    let client = device("127.0.6.22", Progress::Thread, (12, 2));
+    let server = device("127.0.6.21", Progress::Inline, quick());
+    let client = device("127.0.6.22", Progress::Thread, quick());
     let listener = server.listen(7191).unwrap();
     let to = "127.0.6.21:7191".parse().unwrap();
     runtime().block_on(async {

@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         max_pending: 4,
         max_connections: 8,
         listen_grace: Duration::from_millis(10),
+        packet_life_time: 4,
     };
     let mut cm = CmEndpoint::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)), 7, config);
     cm.listen(ServiceId::ip(PortSpace::Tcp, 7174)).unwrap();

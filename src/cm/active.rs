@@ -149,7 +149,7 @@ impl CmEndpoint {
         let tid = self.tid(id);
         let message = CmMessage::Req(Box::new(req));
         let mad = self.outbox.send(&mut self.counters, dst, tid, &message);
-        let period = ib_timeout(self.config.response_timeout);
+        let period = self.config.request_period();
         self.conns.insert(
             id,
             Conn {

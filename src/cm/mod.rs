@@ -11,8 +11,9 @@
 //!
 //! The protocol, from the kernel's cm.c and cma.c and IBTA 12.6 and 12.9:
 //!
-//! - **Active**: [`connect`](CmEndpoint::connect) sends a REQ and sends it again every CM
-//!   response timeout, up to its retry count (librdmacm: 20, about 4.3 s, and 15). A REP becomes
+//! - **Active**: [`connect`](CmEndpoint::connect) sends a REQ and sends it again after the CM
+//!   response timeout and twice the packet life time, up to its retry count (librdmacm on
+//!   RoCE: 20 and 18, about 6.4 s, and 15; [`CmConfig::request_period`]). A REP becomes
 //!   [`CmEvent::Reply`]: the QP goes to RTR and RTS, then [`establish`](CmEndpoint::establish)
 //!   sends the RTU. An MRA stretches the wait; a REJ ends the attempt with its reason.
 //! - **Passive**: a REQ for a service with a listener becomes [`CmEvent::ConnectRequest`];
@@ -125,6 +126,21 @@ pub struct CmConfig {
     /// listen (perftest's `-R` data connections, whose retry after a REJ perftest 4.5 botches).
     /// At most [`MAX_HELD_REQS`] are held; zero rejects at once.
     pub listen_grace: Duration,
+    /// The path's packet life time (4.096 µs × 2^value): RDMA-CM's on RoCE,
+    /// `CMA_IBOE_PACKET_LIFETIME`, 18 (about 1.07 s). The active side waits twice that besides
+    /// the peer's response time before it sends its REQ or DREQ again
+    /// ([`request_period`](Self::request_period), cm.c `ib_send_cm_req`); kernel rxe's REQs
+    /// come 6.2 to 6.4 s apart, measured in the lab, and announce an ACK timeout of 19.
+    pub packet_life_time: u8,
+}
+
+impl CmConfig {
+    /// How long the active side waits for an answer to its REQ or DREQ before it sends it
+    /// again: the response time it asks of the peer plus twice the packet life time (6.4 s
+    /// with the defaults).
+    pub fn request_period(&self) -> Duration {
+        ib_timeout(self.response_timeout) + 2 * ib_timeout(self.packet_life_time)
+    }
 }
 
 /// REQs held for a listener at once ([`CmConfig::listen_grace`]); beyond them, a REQ for no
@@ -139,6 +155,7 @@ impl Default for CmConfig {
             max_pending: 256,
             max_connections: 4096,
             listen_grace: Duration::from_millis(250),
+            packet_life_time: 18,
         }
     }
 }

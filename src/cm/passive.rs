@@ -154,11 +154,15 @@ impl CmEndpoint {
                 // The REP is sent again as often as the active side would send its REQ, and
                 // waits as long as it says it takes to answer.
                 period: ib_timeout(req.local_cm_response_timeout),
-                // The active side sends again after twice the packet life time (its REQ's
-                // ACK timeout less one) and the response time it asks of us (cm.c
-                // `ib_send_cm_req`: `timeout_ms`).
+                // The active side sends again after twice the packet life time and the
+                // response time it asks of us (cm.c `ib_send_cm_req`: `timeout_ms`). The kernel
+                // announces an ACK timeout one above its packet life time; softroce announces
+                // the QP's and waits RoCE's packet life time: the longer of the two.
                 peer_period: ib_timeout(req.remote_cm_response_timeout)
-                    + 2 * ib_timeout(req.primary_path.local_ack_timeout.saturating_sub(1)),
+                    + 2 * ib_timeout(
+                        (req.primary_path.local_ack_timeout.saturating_sub(1))
+                            .max(self.config.packet_life_time),
+                    ),
                 answered_dreq: false,
                 retries_left: req.max_cm_retries.min(self.config.max_retries),
                 // How long the application may take: what our MRA promises.

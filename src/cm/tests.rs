@@ -15,11 +15,13 @@ const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
 const RPING: ServiceId = ServiceId::ip(PortSpace::Tcp, 7174);
 
-/// Timers short enough to step through: a 4 ms response timeout, three retries.
+/// Timers short enough to step through: a 4 ms response timeout, three retries, and a packet
+/// life time of 4 µs, so that the active side sends again 4.2 ms apart.
 fn config() -> CmConfig {
     CmConfig {
         response_timeout: 10,
         max_retries: 3,
+        packet_life_time: 0,
         ..CmConfig::default()
     }
 }
@@ -339,7 +341,7 @@ fn held_reqs_are_bounded_and_a_repeat_is_answered_at_once() {
 /// answers a repeat as it answered the first, and each side reports once.
 #[test]
 fn a_lost_req_rep_and_rtu_are_each_recovered_by_a_retransmission() {
-    let period = ib_timeout(config().response_timeout);
+    let period = config().request_period();
     // The REQ is lost once.
     let mut pair = Pair::new(config());
     pair.b.listen(RPING).unwrap();
@@ -391,7 +393,7 @@ fn a_lost_req_rep_and_rtu_are_each_recovered_by_a_retransmission() {
 fn a_repeated_req_while_the_application_decides_gets_an_mra_that_holds_the_peer() {
     let mut pair = Pair::new(config());
     let (active, passive, _) = pair.request(b"");
-    let period = ib_timeout(config().response_timeout);
+    let period = config().request_period();
     pair.advance(period);
     pair.exchange(|_, _| false);
     assert_eq!(pair.sent(A, "REQ"), 2);
@@ -413,7 +415,7 @@ fn an_unanswered_req_times_out_after_its_retries() {
     let active = pair.a.connect(pair.now, &req_params(b"")).unwrap();
     for _ in 0..10 {
         pair.exchange(|from, _| from == A);
-        pair.advance(ib_timeout(config().response_timeout));
+        pair.advance(config().request_period());
     }
     pair.exchange(|from, _| from == A);
     assert_eq!(pair.sent(A, "REQ"), 1 + usize::from(config().max_retries));
@@ -466,7 +468,7 @@ fn a_rejected_request_carries_the_applications_data_and_a_repeat_gets_the_same_r
         "a repeat of a rejected REQ is no new request"
     );
     // And it is forgotten after two of the peer's periods.
-    pair.advance(ib_timeout(config().response_timeout) * 2);
+    pair.advance(config().request_period() * 2);
     assert_eq!(pair.b.connections(), 0);
 }
 
@@ -507,7 +509,7 @@ fn a_dreq_answered_lingers_until_the_peer_could_have_repeated_it() {
     assert_eq!((pair.a.lingering(), pair.b.lingering()), (1, 1));
 
     // A sends its DREQ again; B answers from the connection, and waits as long again.
-    pair.advance(ib_timeout(config().response_timeout));
+    pair.advance(config().request_period());
     pair.exchange(|_, _| false);
     assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
     assert_eq!(pair.sent(B, "DREP"), 2);
@@ -529,7 +531,7 @@ fn a_dreq_answered_lingers_until_the_peer_could_have_repeated_it() {
     pair.exchange(|_, _| false);
     assert_eq!((pair.a.lingering(), pair.b.lingering()), (1, 0));
     // Here that is shorter than A's timewait, its ACK timeout, which it waits out all the same.
-    let repeat = ib_timeout(config().response_timeout);
+    let repeat = config().request_period();
     pair.advance(repeat + repeat / 8);
     assert_eq!(pair.a.lingering(), 1);
     pair.advance(ib_timeout(14) - repeat - repeat / 8);
@@ -548,7 +550,7 @@ fn a_dreq_race_ends_each_side_once() {
     assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
     assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
     assert_eq!((pair.sent(A, "DREP"), pair.sent(B, "DREP")), (1, 1));
-    pair.advance(ib_timeout(config().response_timeout));
+    pair.advance(config().request_period());
     pair.exchange(|_, _| false);
     assert_eq!(
         (pair.sent(A, "DREQ"), pair.sent(B, "DREQ")),
@@ -567,7 +569,7 @@ fn a_lost_drep_is_answered_again_from_timewait() {
     pair.exchange(|from, name| from == B && name == "DREP");
     assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
     assert!(pair.events(A).is_empty());
-    pair.advance(ib_timeout(config().response_timeout));
+    pair.advance(config().request_period());
     pair.exchange(|_, _| false);
     assert_eq!(pair.events(A), [CmEvent::Disconnected { conn: active }]);
     assert_eq!(pair.sent(B, "DREP"), 2);
@@ -746,7 +748,7 @@ fn sidr_resolves_a_ud_service_or_says_no_one_serves_it() {
     let lost = pair.a.sidr_resolve(now, B, udp, 1, b"").unwrap();
     for _ in 0..10 {
         pair.exchange(|from, _| from == A);
-        pair.advance(ib_timeout(config().response_timeout));
+        pair.advance(config().request_period());
     }
     assert_eq!(pair.events(A), [CmEvent::SidrTimedOut { id: lost }]);
     assert_eq!(
@@ -894,4 +896,26 @@ fn a_req_from_a_connected_qp_is_rejected_as_stale_and_ends_the_old_connection() 
     pair.a.handle_mad(pair.now, B, &dreq.mad[..]);
     pair.exchange(|_, _| false);
     assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
+}
+
+/// cm.c `ib_send_cm_req`: the active side waits the response time it asks of the peer plus
+/// twice the path's packet life time before it sends its REQ again; RDMA-CM's on RoCE is 18
+/// (`CMA_IBOE_PACKET_LIFETIME`), so with librdmacm's defaults the REQ comes again after
+/// 4.3 s + 2 × 1.07 s. Kernel rxe's REQs to a host that answered nothing came 6.2 to 6.4 s
+/// apart in the lab (a guest's rping, captured on the host side).
+#[test]
+fn with_librdmacms_defaults_a_req_is_sent_again_after_6_4_s() {
+    let defaults = CmConfig::default();
+    let period = defaults.request_period();
+    assert_eq!(period, ib_timeout(20) + 2 * ib_timeout(18));
+    assert!(period > Duration::from_millis(6_400) && period < Duration::from_millis(6_500));
+    let mut pair = Pair::new(defaults);
+    pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    pair.exchange(|from, _| from == A);
+    pair.advance(period - Duration::from_millis(1));
+    pair.exchange(|from, _| from == A);
+    assert_eq!(pair.sent(A, "REQ"), 1, "not yet");
+    pair.advance(Duration::from_millis(1));
+    pair.exchange(|from, _| from == A);
+    assert_eq!(pair.sent(A, "REQ"), 2);
 }

@@ -70,7 +70,7 @@ pub struct DeviceConfig {
     /// loopback), or 1024, with a `tracing` warning, if that link cannot be read.
     pub port_mtu: Option<PathMtu>,
     /// The connection manager's timers and bounds: librdmacm's by default (a peer gets
-    /// about 4.3 s to answer each message, 15 times).
+    /// about 4.3 s to answer each message, and 6.4 s a REQ or our DREQ, 15 times).
     pub cm: CmConfig,
     /// How many engines (threads, each with a socket of its own) carry the device's QPs: 1
     /// (the default) to 64. More than one needs the UDP backend and [`Progress::Thread`], and

@@ -18,6 +18,7 @@ const AGENT_IOVA: u64 = 0x7f00_0000_0000;
 pub fn config() -> CmConfig {
     CmConfig {
         response_timeout: 12,
+        packet_life_time: 0,
         max_retries: 5,
         ..CmConfig::default()
     }
