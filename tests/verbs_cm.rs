@@ -151,3 +151,28 @@ fn a_connect_to_a_silent_peer_gives_up_at_its_timeout() {
         "{tried:?}"
     );
 }
+
+/// A connect to an address where no RoCE device listens fails fast: the kernel answers the REQ
+/// with an ICMP port unreachable (on loopback at once), which ends the attempt with
+/// `Unreachable` while its REQ is unanswered, as it ends a TCP connect, instead of after a
+/// minute of retries. The report is counted by the io layer and by the CM.
+#[test]
+fn a_connect_to_an_address_with_no_device_fails_with_unreachable() {
+    let client = device("127.0.6.33");
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let nobody = "127.0.6.34:7174".parse().unwrap();
+    let tried = Connection::connect_timeout(qp, nobody, &ConnectOptions::default(), &[], WAIT);
+    assert!(
+        matches!(
+            tried,
+            Err(Error::ConnectFailed(softroce::cm::Failure::Unreachable))
+        ),
+        "{tried:?}"
+    );
+    let (_, io) = client.counters().unwrap();
+    assert!(io.icmp_unreachable >= 1, "{io:?}");
+    let (cm, _) = client.cm_counters().unwrap();
+    assert_eq!(cm.icmp_accepted, 1);
+}

@@ -289,4 +289,60 @@ impl CmEndpoint {
             _ => self.counters.dropped_unexpected += 1,
         }
     }
+
+    /// An ICMP destination unreachable for a packet we sent to `peer`, with the start of the
+    /// packet it quotes (as much as the io layer kept). ICMP is easily forged, so it is weighed
+    /// as TCP weighs it while a connection opens (RFC 5927 section 4.1, RFC 5461): it ends only
+    /// an attempt whose REQ is still unanswered toward that destination, or a SIDR request
+    /// there, and when the quote reaches the MAD (Linux quotes whole packets), only the one
+    /// whose ID it names. An established connection, or a REP or DREQ that drew it, is left
+    /// to its own timers. Counted either way.
+    pub fn peer_refused(&mut self, now: Duration, peer: IpAddr, quoted: &[u8]) {
+        self.now = self.now.max(now);
+        let peer = peer.to_canonical();
+        let Some(named) = quoted_request(quoted) else {
+            self.counters.icmp_ignored += 1;
+            return;
+        };
+        let attempts: Vec<u32> = (self.conns.iter())
+            .filter(|(&id, c)| {
+                c.peer == peer && c.state == State::ReqSent && named.is_none_or(|n| n == id)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        let resolving = self.sidr_unreachable(peer, named);
+        if attempts.is_empty() && resolving == 0 {
+            self.counters.icmp_ignored += 1;
+            return;
+        }
+        self.counters.icmp_accepted += 1;
+        for id in attempts {
+            self.fail(id, Failure::Unreachable);
+        }
+    }
+}
+
+/// What an ICMP message's quote says it answers: `Some(Some(id))` a REQ or SIDR_REQ to QP1
+/// with this communication or request ID, `Some(None)` a quote too short to tell (a router's
+/// may hold only the UDP header), `None` another packet (a data packet, another CM message).
+fn quoted_request(quoted: &[u8]) -> Option<Option<u32>> {
+    use crate::wire::cm::{attr, MadHeader, CM_DATA_AT};
+    use crate::wire::{Bth, Deth};
+    let Ok(bth) = Bth::new_checked(quoted) else {
+        return Some(None);
+    };
+    if bth.dest_qp() != Qpn::GSI {
+        return None;
+    }
+    let mad = quoted
+        .get(Bth::<&[u8]>::LEN + Deth::<&[u8]>::LEN..)
+        .unwrap_or(&[]);
+    let Some(id) = mad.get(CM_DATA_AT..CM_DATA_AT + 4) else {
+        return Some(None);
+    };
+    // REQ's Local Communication ID and SIDR_REQ's Request ID both open the message.
+    match MadHeader::new_checked(mad).map(|h| h.attr_id()) {
+        Ok(attr::REQ | attr::SIDR_REQ) => Some(Some(u32::from_be_bytes(id.try_into().ok()?))),
+        _ => None,
+    }
 }

@@ -487,6 +487,13 @@ impl Agent {
         self.pump(now, ep);
     }
 
+    /// An ICMP destination unreachable for a packet sent to `dst`, quoting `quoted`
+    /// ([`CmEndpoint::peer_refused`]).
+    pub fn handle_refused(&mut self, now: Duration, ep: &mut Endpoint, dst: IpAddr, quoted: &[u8]) {
+        self.cm.peer_refused(now, dst, quoted);
+        self.pump(now, ep);
+    }
+
     /// The next CM event, after the agent has done what it asks of the QPs.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()

@@ -380,6 +380,12 @@ cm_counters!(
     rejected_stale,
     /// DREQs for no connection, answered with a DREP all the same.
     unknown_dreqs_answered,
+    /// ICMP destination-unreachable reports that ended an unanswered REQ or SIDR request
+    /// ([`CmEndpoint::peer_refused`]).
+    icmp_accepted,
+    /// ICMP destination-unreachable reports that named nothing waiting for an answer, or
+    /// another packet than a REQ or SIDR_REQ: ignored.
+    icmp_ignored,
 );
 
 /// Why a CM call was refused.

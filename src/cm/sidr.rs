@@ -265,19 +265,22 @@ impl CmEndpoint {
         self.sidr.asked.retain(|_, a| a.deadline > now);
     }
 
-    /// Our SIDR requests to `peer`, which cannot be reached, end now.
-    pub(super) fn sidr_unreachable(&mut self, peer: IpAddr) {
+    /// Our SIDR requests to `peer` (only the one of `named`, if given), which cannot be
+    /// reached, end now; returns how many.
+    pub(super) fn sidr_unreachable(&mut self, peer: IpAddr, named: Option<u32>) -> usize {
         let lost: Vec<u32> = self
             .sidr
             .resolving
             .iter()
-            .filter(|(_, r)| r.dst == peer)
+            .filter(|(&id, r)| r.dst == peer && named.is_none_or(|n| n == id))
             .map(|(&id, _)| id)
             .collect();
+        let count = lost.len();
         for request_id in lost {
             self.sidr.resolving.remove(&request_id);
             let id = SidrId { peer, request_id };
             self.events.push_back(CmEvent::SidrTimedOut { id });
         }
+        count
     }
 }

@@ -196,6 +196,6 @@ impl CmEndpoint {
                 State::ReqRcvd | State::Established | State::TimeWait => {}
             }
         }
-        self.sidr_unreachable(peer);
+        self.sidr_unreachable(peer, None);
     }
 }

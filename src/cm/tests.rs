@@ -919,3 +919,83 @@ fn with_librdmacms_defaults_a_req_is_sent_again_after_6_4_s() {
     pair.exchange(|from, _| from == A);
     assert_eq!(pair.sent(A, "REQ"), 2);
 }
+
+/// The start of a UD packet to QP `qpn` carrying `mad`, as an ICMP report quotes it: BTH
+/// (DestQP at bytes 5 to 7), DETH, then the MAD's first `mad_len` bytes.
+fn quote(qpn: u32, mad: &[u8], mad_len: usize) -> Vec<u8> {
+    let mut quoted = vec![0x64, 0, 0xff, 0xff, 0];
+    quoted.extend_from_slice(&qpn.to_be_bytes()[1..]);
+    quoted.extend_from_slice(&[0; 4 + 8]);
+    quoted.extend_from_slice(&mad[..mad_len]);
+    quoted
+}
+
+/// RFC 5927 section 4.1 (TCP's rule for ICMP while a connection opens): an ICMP destination
+/// unreachable ends only an attempt whose REQ is unanswered, toward the destination it names,
+/// and, when it quotes the REQ, only the attempt whose communication ID it quotes. A report
+/// quoting another attempt's REQ, a data packet, or reaching an established connection is
+/// ignored and counted.
+#[test]
+fn an_icmp_report_ends_only_the_unanswered_req_it_names() {
+    let mut pair = Pair::new(config());
+    pair.connected();
+    pair.a.peer_refused(pair.now, B, &[]);
+    assert!(
+        pair.events(A).is_empty(),
+        "an established connection stands"
+    );
+    assert_eq!(pair.a.counters().icmp_ignored, 1);
+
+    let attempt = pair.a.connect(
+        pair.now,
+        &ReqParams {
+            local_qpn: Qpn::new(0x33),
+            ..req_params(b"")
+        },
+    );
+    let attempt = attempt.unwrap();
+    let req = pair.a.poll_transmit().unwrap();
+    let mut other = *req.mad;
+    other[24..28].copy_from_slice(&(attempt.0 ^ 1).to_be_bytes());
+    pair.a.peer_refused(pair.now, B, &quote(1, &other[..], 28));
+    pair.a
+        .peer_refused(pair.now, B, &quote(0x22, &req.mad[..], 28));
+    pair.a.peer_refused(
+        pair.now,
+        "10.0.0.3".parse().unwrap(),
+        &quote(1, &req.mad[..], 28),
+    );
+    assert!(
+        pair.events(A).is_empty(),
+        "another REQ, a data packet, another host"
+    );
+    assert_eq!(pair.a.counters().icmp_ignored, 4);
+    pair.a
+        .peer_refused(pair.now, B, &quote(1, &req.mad[..], 28));
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::Failed {
+            conn: attempt,
+            failure: Failure::Unreachable
+        }]
+    );
+    assert_eq!(pair.a.counters().icmp_accepted, 1);
+
+    // A router's report may quote only the UDP header: the destination alone then decides.
+    let again = pair.a.connect(
+        pair.now,
+        &ReqParams {
+            local_qpn: Qpn::new(0x44),
+            ..req_params(b"")
+        },
+    );
+    let again = again.unwrap();
+    pair.a.peer_refused(pair.now, B, &[]);
+    assert_eq!(
+        pair.events(A),
+        [CmEvent::Failed {
+            conn: again,
+            failure: Failure::Unreachable
+        }]
+    );
+}

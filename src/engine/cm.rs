@@ -280,6 +280,17 @@ impl CmRouter {
         self.pump(now, ep);
     }
 
+    /// An ICMP destination unreachable came for a packet to `dst`.
+    pub(super) fn handle_refused(
+        &mut self,
+        now: Duration,
+        ep: &mut Endpoint,
+        (dst, quoted): (IpAddr, &[u8]),
+    ) {
+        self.agent.handle_refused(now, ep, dst, quoted);
+        self.pump(now, ep);
+    }
+
     /// Sends `conn`'s events to `events` from now on. An ID still routed to an older handle
     /// (a 32-bit draw that came up twice while the old handle lives) is refused rather than
     /// shared: that handle's drop would end the new connection.

@@ -753,7 +753,9 @@ impl<B: Backend> Engine<B> {
         Ok(self.endpoint.has_transmits())
     }
 
-    /// Fails the QPs connected to destinations the backend could not reach.
+    /// Fails the QPs connected to destinations the backend could not reach, and hands the
+    /// CM the ICMP reports the network sent back (which only an unanswered REQ heeds: they
+    /// are easily forged).
     fn unreachable_peers(&mut self, now: Duration) {
         let unreachable = &mut self.unreachable;
         self.backend
@@ -763,6 +765,12 @@ impl<B: Backend> Engine<B> {
             if let Some(cm) = &mut self.cm {
                 cm.handle_unreachable(now, &mut self.endpoint, dst);
             }
+        }
+        if let Some(cm) = &mut self.cm {
+            let endpoint = &mut self.endpoint;
+            self.backend.drain_refusals(&mut |dst, quoted| {
+                cm.handle_refused(now, endpoint, (dst, quoted));
+            });
         }
     }
 

@@ -11,6 +11,7 @@
 //!   (DSCP, ECN, the IP ID, the per-QP UDP source port) and sees every received header, so it
 //!   verifies every ICRC fully.
 
+mod icmp;
 mod link;
 mod raw;
 mod recording;
@@ -49,6 +50,9 @@ pub struct IoCounters {
     /// Received datagrams that are not RoCE packets for this endpoint: empty, cut short, of
     /// another family, or (raw backend) not RoCEv2.
     pub foreign: u64,
+    /// ICMP destination unreachable reports for this backend's packets (UDP backend,
+    /// `IP_RECVERR`), handed to the CM, which heeds only those for an unanswered REQ.
+    pub icmp_unreachable: u64,
     /// Datagrams that reached this engine's socket for a QP of another engine of the device,
     /// handed to that engine (`engine::lanes`).
     pub handed_over: u64,
@@ -69,6 +73,7 @@ impl std::ops::AddAssign<&IoCounters> for IoCounters {
             send_failed,
             receive_errors,
             foreign,
+            icmp_unreachable,
             handed_over,
             handover_dropped,
         } = *other;
@@ -80,6 +85,7 @@ impl std::ops::AddAssign<&IoCounters> for IoCounters {
         self.send_failed += send_failed;
         self.receive_errors += receive_errors;
         self.foreign += foreign;
+        self.icmp_unreachable += icmp_unreachable;
         self.handed_over += handed_over;
         self.handover_dropped += handover_dropped;
     }
@@ -222,6 +228,12 @@ pub trait Backend: Send + 'static {
     /// Hands each destination that a send since the last call could not reach at all (no
     /// route, refused, the wrong family) to `each`, once.
     fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr));
+
+    /// Hands each ICMP destination unreachable that came back for this backend's packets
+    /// since the last call to `each`: the destination the packet went to, and the start of
+    /// the packet as the report quotes it (from the BTH on). A backend that hears none (the
+    /// default) hands none.
+    fn drain_refusals(&mut self, _each: &mut dyn FnMut(IpAddr, &[u8])) {}
 
     /// Takes up to `budget` datagrams off the socket without blocking, hands those that are
     /// RoCE packets to `deliver`, and returns how many it took, dropped ones (foreign, cut

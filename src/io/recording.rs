@@ -180,6 +180,10 @@ impl<B: Backend> Backend for Recording<B> {
         self.inner.drain_unreachable(each);
     }
 
+    fn drain_refusals(&mut self, each: &mut dyn FnMut(IpAddr, &[u8])) {
+        self.inner.drain_refusals(each);
+    }
+
     fn receive(
         &mut self,
         budget: usize,

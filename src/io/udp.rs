@@ -92,6 +92,7 @@ use nix::{libc, setsockopt_impl, sockopt_impl};
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::icmp::Refusals;
 use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
 use crate::transport::{Datagram, MAX_PACKET_LEN};
 use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
@@ -203,6 +204,8 @@ pub struct UdpBackend {
     arrival: Arrival,
     counters: IoCounters,
     unreachable: Unreachable,
+    /// ICMP destination unreachable reports off the error queue.
+    refusals: Refusals,
 }
 
 fn framing(src: SocketAddr, dst: SocketAddr) -> Option<KernelFraming> {
@@ -290,12 +293,15 @@ impl UdpBackend {
             IpAddr::V4(_) => {
                 sockopt::set_ip_mtu_discover(&socket, sockopt::Ipv4PathMtuDiscovery::PROBE)?;
                 socket.set_tos_v4(class.into())?;
+                // ICMP errors for our packets, with their destination (icmp.rs).
+                setsockopt(&socket, nix_sockopt::Ipv4RecvErr, &true)?;
             }
             IpAddr::V6(_) => {
                 socket.set_only_v6(true)?;
                 sockopt::set_ipv6_mtu_discover(&socket, sockopt::Ipv6PathMtuDiscovery::PROBE)?;
                 socket.set_tclass_v6(class.into())?;
                 setsockopt(&socket, UdpNoCheck6Rx, &true)?;
+                setsockopt(&socket, nix_sockopt::Ipv6RecvErr, &true)?;
             }
         }
         enlarge_socket_buffers(&socket);
@@ -327,6 +333,7 @@ impl UdpBackend {
             },
             counters: IoCounters::default(),
             unreachable: Unreachable::default(),
+            refusals: Refusals::default(),
         })
     }
 
@@ -344,9 +351,26 @@ impl UdpBackend {
             let gso = [ControlMessage::UdpGsoSegments(&segment)];
             let control: &[ControlMessage<'_>] = if train.count > 1 { &gso } else { &[] };
             let to = SockaddrStorage::from(train.dst);
+            let mut retried = false;
             let sent = loop {
                 match sendmsg(fd, &bytes, control, MsgFlags::empty(), Some(&to)) {
                     Err(Errno::EINTR) => continue,
+                    // The socket's error may be an ICMP report for an earlier packet, to any
+                    // destination (IP_RECVERR sets it; a forged fragmentation-needed sets
+                    // EMSGSIZE), which the kernel returns from the next call: if the error
+                    // queue holds one, the error was its; send again, once.
+                    Err(
+                        e @ (Errno::ECONNREFUSED
+                        | Errno::EHOSTUNREACH
+                        | Errno::ENETUNREACH
+                        | Errno::EMSGSIZE),
+                    ) if !retried => {
+                        retried = true;
+                        if self.refusals.read(fd, &mut self.counters) > 0 {
+                            continue;
+                        }
+                        break Err(io::Error::from(e));
+                    }
                     sent => break sent.map_err(io::Error::from),
                 }
             };
@@ -390,7 +414,11 @@ impl UdpBackend {
                     if Failure::of(&error) == Failure::Dead {
                         return Err(error);
                     }
-                    self.counters.receive_errors += 1;
+                    // An ICMP error for one of our packets (ECONNREFUSED, EHOSTUNREACH, ...):
+                    // the report itself waits on the error queue.
+                    if self.refusals.read(fd, &mut self.counters) == 0 {
+                        self.counters.receive_errors += 1;
+                    }
                     return Ok(Taken::Dropped);
                 }
             }
@@ -503,6 +531,10 @@ impl Backend for UdpBackend {
 
     fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
         self.unreachable.drain(each);
+    }
+
+    fn drain_refusals(&mut self, each: &mut dyn FnMut(IpAddr, &[u8])) {
+        self.refusals.drain(each);
     }
 
     fn receive(
