@@ -7,7 +7,8 @@ mod tool;
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
-use softroce::tools::perftest_oob::{Exchange, Keys, Link};
+use softroce::tools::perftest_keys::Keys;
+use softroce::tools::perftest_oob::{Exchange, Link};
 use softroce::transport::PathMtu;
 use softroce::wire::{Psn, Qpn, RKey};
 use tool::Tool;

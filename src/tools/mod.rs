@@ -6,8 +6,8 @@
 //! - [`oob`]: the pingpong tools' out-of-band address exchange over TCP;
 //! - [`perftest`]: `softroce write-bw`, `read-bw`, `send-bw`, `atomic-bw`, `write-lat`,
 //!   `read-lat` and `send-lat`, which interoperate with perftest's `ib_*_bw` and `ib_*_lat` in
-//!   either role, with [`perftest_oob`], perftest's exchange, and [`perftest_report`], its
-//!   output.
+//!   either role, with [`perftest_oob`], perftest's exchange, [`perftest_cm`], its RDMA-CM
+//!   mode, [`perftest_keys`], the keys both carry, and [`perftest_report`], its output.
 //!
 //! - [`daemon`]: `softroce daemon`, which serves those tools' clients, one after another and
 //!   several at once, on one device.
@@ -19,6 +19,7 @@ mod daemon_cm;
 pub mod oob;
 pub mod perftest;
 pub mod perftest_cm;
+pub mod perftest_keys;
 pub mod perftest_oob;
 pub mod perftest_report;
 pub mod pingpong;

@@ -34,9 +34,10 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::perftest_cm::{connect_retrying, next_request, CmLink, DataRequests};
-use super::perftest_oob::{BwReport, Exchange, Keys, Link};
+use super::perftest_keys::Keys;
+use super::perftest_oob::{BwReport, Exchange, Link};
 use super::perftest_report::{
-    bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Side, Table,
+    bw_report, lat_duration_report, lat_report, BwSamples, BwUnit, Output, Row, Shown, Side, Table,
     TestInfo, PEAK_ITERS_MAX,
 };
 use super::pingpong::{accept, connect, gid_of, listen, local_address};
@@ -98,6 +99,16 @@ pub enum Verb {
     Read,
     /// An 8-byte atomic on the peer's buffer (`-A`).
     Atomic,
+}
+
+impl Verb {
+    /// Which keys the test's address lines show, as perftest's.
+    fn shown(self) -> Shown {
+        Shown {
+            out_reads: self == Verb::Read,
+            buffer: matches!(self, Verb::Read | Verb::Write),
+        }
+    }
 }
 
 /// The seven tools.
@@ -1173,13 +1184,15 @@ impl Session<'_, '_> {
             self.exchange.sync(&self.mine[0])?;
         }
         for keys in &self.mine {
-            self.output.address(Side::Local, keys, test.verb())?;
+            self.output
+                .address(Side::Local, keys, test.verb().shown())?;
         }
         for qp in 0..self.mine.len() {
             let mine = self.mine[qp];
             let (theirs, _) = self.exchange.keys(|_| mine)?;
             self.theirs[qp] = theirs;
-            self.output.address(Side::Remote, &theirs, test.verb())?;
+            self.output
+                .address(Side::Remote, &theirs, test.verb().shown())?;
         }
         if !send {
             self.exchange.sync(&self.mine[0])?;

@@ -13,79 +13,22 @@
 //!   same, and softroce's server keeps the control connection's listener, which is listening
 //!   before its zeros go out.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::perftest_oob::Keys;
+use super::perftest_keys::DEST_LEN;
 use super::{failed, Error, Result};
 use crate::cm::Failure;
 use crate::memory::{Access, MemoryRegion};
 use crate::transport::{ConnectOptions, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 use crate::verbs::{self, CompletionQueue, Connection, Device, Listener, QueuePair};
 use crate::wire::cm::RejReason;
-use crate::wire::{Psn, Qpn, RKey};
 
-/// `sizeof(struct pingpong_dest)`: the receive every control message lands in, and the keys.
-pub const DEST_LEN: usize = 56;
 /// `rdma_cm_client_connection`'s retries of a rejected connection, and its pause.
 const CONNECT_TRIES: usize = 10;
 const CONNECT_PAUSE: Duration = Duration::from_millis(100);
 /// How long a control read waits before it asks whether the peer is still there.
 const TICK: Duration = Duration::from_secs(1);
-
-impl Keys {
-    /// `struct pingpong_dest` as `rdma_write_keys` sends it: LID, outstanding reads, QPN, PSN
-    /// and R_Key as big-endian 32-bit words, 4 bytes of padding, the VA as a big-endian 64-bit
-    /// word, the GID, the SRQN and the GID index.
-    pub fn to_dest(&self, gid_index: u32) -> [u8; DEST_LEN] {
-        let mut msg = [0u8; DEST_LEN];
-        let words = [
-            u32::from(self.lid),
-            u32::from(self.out_reads),
-            self.qpn.value(),
-            self.psn.value(),
-            self.rkey.0,
-        ];
-        for (at, word) in (0..).step_by(4).zip(words) {
-            msg[at..at + 4].copy_from_slice(&word.to_be_bytes());
-        }
-        msg[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
-        msg[32..48].copy_from_slice(&self.gid.octets());
-        msg[48..52].copy_from_slice(&self.srqn.to_be_bytes());
-        msg[52..56].copy_from_slice(&gid_index.to_be_bytes());
-        msg
-    }
-
-    /// A peer's `struct pingpong_dest`, as `rdma_read_keys` reads it: every field but the
-    /// padding, the SRQN and the GID index, which it ignores too. Values wider than the field
-    /// they stand for are refused; `who` names the peer in errors.
-    pub fn from_dest(msg: &[u8], who: &str) -> Result<Keys> {
-        let word = |at: usize| u32::from_be_bytes(msg[at..at + 4].try_into().expect("4 bytes"));
-        let bad = |what: &str, value: u32| {
-            Error::Exchange(format!(
-                "the {who}'s keys (struct pingpong_dest) carry {what} {value:#x}: too wide"
-            ))
-        };
-        let narrow = |at: usize, what: &str, max: u32| {
-            let value = word(at);
-            if value > max {
-                Err(bad(what, value))
-            } else {
-                Ok(value)
-            }
-        };
-        Ok(Keys {
-            lid: narrow(0, "the LID", 0xffff)? as u16,
-            out_reads: narrow(4, "the outstanding reads", 0xffff)? as u16,
-            qpn: Qpn::new(narrow(8, "the QPN", Qpn::MAX.value())?),
-            psn: Psn::new(narrow(12, "the PSN", Psn::MAX.value())?),
-            rkey: RKey(word(16)),
-            vaddr: u64::from_be_bytes(msg[24..32].try_into().expect("8 bytes")),
-            gid: Ipv6Addr::from(<[u8; 16]>::try_from(&msg[32..48]).expect("16 bytes")),
-            srqn: word(48),
-        })
-    }
-}
 
 /// The control connection: its QP's SENDs carry this side's messages, its one posted receive
 /// takes the peer's. The region comes first: fields drop in order, and a dropped region is

@@ -33,15 +33,15 @@
 //! With `-R` the same rounds run over an RDMA-CM connection instead ([`super::perftest_cm`]).
 
 use std::io::{ErrorKind, Read};
-use std::net::{Ipv6Addr, Shutdown, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use super::oob::{give_up, nul_terminated, read_exactly, write_all, DONE};
-use super::perftest_cm::{CmLink, DEST_LEN};
+use super::perftest_cm::CmLink;
+use super::perftest_keys::{Keys, DEST_LEN, KEYS_LEN};
 use super::{Error, Limits, PeerActivity, Result};
 use crate::transport::PathMtu;
-use crate::wire::{Psn, Qpn, RKey};
 
 /// The version this side announces: the packaged perftest's (`ib_write_bw --version`).
 pub const VERSION: &str = "6.06";
@@ -49,8 +49,6 @@ pub const VERSION: &str = "6.06";
 const VERSION_LEN: usize = 16;
 /// The oldest peer perftest 4.5 talks to (`check_version_compatibility`).
 const OLDEST_PEER: f64 = 5.70;
-/// `KEY_MSG_SIZE_GID`.
-pub const KEYS_LEN: usize = 108;
 /// `sizeof(char[2])`: the MTU message since perftest 5.31.
 const MTU_LEN: usize = 2;
 /// How long the closing side waits for the peer's `"done"` before it closes anyway.
@@ -60,87 +58,6 @@ const DONE_WAIT: Duration = Duration::from_secs(5);
 pub const PAGE_SIZES: RangeInclusive<u32> = 4096..=65536;
 /// The cache lines a peer may announce: powers of two from 16 to 1024 bytes, below any page.
 pub const CACHE_LINES: RangeInclusive<u32> = 16..=1024;
-
-/// One QP's keys (`struct pingpong_dest`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keys {
-    /// 0 on RoCE, which addresses by GID.
-    pub lid: u16,
-    /// READs and atomics the sender answers at once (its `max_dest_rd_atomic`); 1 in the tests
-    /// that issue neither.
-    pub out_reads: u16,
-    /// The sender's QP number.
-    pub qpn: Qpn,
-    /// The first PSN the sender sends.
-    pub psn: Psn,
-    /// The R_Key of the sender's buffer, for its peer's WRITEs, READs and atomics.
-    pub rkey: RKey,
-    /// Where the sender's peer writes, reads or adds: the sender's receive buffer.
-    pub vaddr: u64,
-    /// The sender's GID; IPv4-mapped for an IPv4 device.
-    pub gid: Ipv6Addr,
-    /// Only XRC and DC use it; 0 otherwise.
-    pub srqn: u32,
-}
-
-impl Keys {
-    /// The 108-byte message.
-    pub fn to_wire(&self) -> [u8; KEYS_LEN] {
-        let mut text = format!(
-            "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
-            self.lid,
-            self.out_reads,
-            self.qpn.value(),
-            self.psn.value(),
-            self.rkey.0,
-            self.vaddr
-        );
-        for byte in self.gid.octets() {
-            text.push_str(&format!("{byte:02x}:"));
-        }
-        text.push_str(&format!("{:08x}:", self.srqn));
-        let mut msg = [0; KEYS_LEN];
-        // Every field is at its widest, so the text fills the message but its last byte, the NUL.
-        msg[..text.len()].copy_from_slice(text.as_bytes());
-        msg
-    }
-
-    /// Parses a peer's message; `who` ("client" or "server") names the peer in errors.
-    pub fn parse(msg: &[u8], who: &str) -> Result<Keys> {
-        let text = nul_terminated(msg);
-        let bad = |why: &str| {
-            Error::Exchange(format!(
-                "the {who}'s keys {text:?} are not perftest's \
-                 LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID[16]:SRQN: {why}"
-            ))
-        };
-        let fields: Vec<&str> = text.split(':').collect();
-        // 6 fields, 16 GID bytes, the SRQN, and the empty string after the last ':'.
-        if fields.len() != 24 || !fields[23].is_empty() {
-            return Err(bad("it does not have 23 fields, each ended by ':'"));
-        }
-        let hex = |field: &str, what: &str, max: u64| {
-            u64::from_str_radix(field, 16)
-                .ok()
-                .filter(|&v| v <= max)
-                .ok_or_else(|| bad(&format!("bad {what} {field:?}")))
-        };
-        let mut gid = [0; 16];
-        for (byte, field) in gid.iter_mut().zip(&fields[6..22]) {
-            *byte = hex(field, "GID byte", 0xff)? as u8;
-        }
-        Ok(Keys {
-            lid: hex(fields[0], "LID", 0xffff)? as u16,
-            out_reads: hex(fields[1], "outstanding reads", 0xffff)? as u16,
-            qpn: Qpn::new(hex(fields[2], "QPN", Qpn::MAX.value().into())? as u32),
-            psn: Psn::new(hex(fields[3], "PSN", Psn::MAX.value().into())? as u32),
-            rkey: RKey(hex(fields[4], "R_Key", u32::MAX.into())? as u32),
-            vaddr: hex(fields[5], "VA", u64::MAX)?,
-            gid: Ipv6Addr::from(gid),
-            srqn: hex(fields[22], "SRQN", u32::MAX.into())? as u32,
-        })
-    }
-}
 
 /// What a bandwidth test's client reports to its server (`struct bw_report_data`, the fields
 /// that cross the wire).
@@ -453,44 +370,6 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn keys() -> Keys {
-        Keys {
-            lid: 0,
-            out_reads: 0x80,
-            qpn: Qpn::new(0x15),
-            psn: Psn::new(0x6c0406),
-            rkey: RKey(0x663),
-            vaddr: 0x7fe0_f46c_9000,
-            gid: "::ffff:10.99.0.12".parse().unwrap(),
-            srqn: 0,
-        }
-    }
-
-    #[test]
-    fn keys_are_perftests() {
-        let msg = keys().to_wire();
-        assert_eq!(
-            &msg[..107],
-            &b"0000:0080:000015:6c0406:00000663:00007fe0f46c9000:\
-               00:00:00:00:00:00:00:00:00:00:ff:ff:0a:63:00:0c:00000000:"[..]
-        );
-        assert_eq!(msg[107], 0);
-        assert_eq!(Keys::parse(&msg, "server").unwrap(), keys());
-    }
-
-    #[test]
-    fn malformed_keys_are_refused_with_the_message() {
-        let mut short = keys().to_wire();
-        short[40] = 0;
-        let mut not_hex = keys().to_wire();
-        not_hex[0] = b'g';
-        for msg in [&b"hello"[..], &short[..], &not_hex[..]] {
-            let error = Keys::parse(msg, "client").unwrap_err().to_string();
-            assert!(error.contains("the client's keys"), "{error}");
-            assert!(error.contains(&*nul_terminated(msg)), "{error}");
-        }
-    }
 
     #[test]
     fn versions_read_as_atof_does() {

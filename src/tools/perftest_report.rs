@@ -16,8 +16,8 @@ use std::io::{self, Write};
 
 use serde_json::{json, Map, Value};
 
-use super::perftest::Verb;
-use super::perftest_oob::{BwReport, Keys};
+use super::perftest_keys::Keys;
+use super::perftest_oob::BwReport;
 
 /// `RESULT_LINE`.
 pub const RESULT_LINE: &str =
@@ -236,6 +236,16 @@ pub struct TestInfo {
     pub server: bool,
 }
 
+/// Which of a QP's keys its address line shows beside the LID, QPN and PSN: perftest shows the
+/// outstanding reads in the READ tests, and the R_Key and VA in the READ and WRITE tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown {
+    /// `OUT`: the outstanding reads.
+    pub out_reads: bool,
+    /// `RKey` and `VAddr`: the buffer the peer reads or writes.
+    pub buffer: bool,
+}
+
 /// perftest's "rdma_cm QPs" and "Data ex. method" values.
 fn exchange_method(rdma_cm: bool) -> (&'static str, &'static str) {
     if rdma_cm {
@@ -402,10 +412,12 @@ impl<'a> Output<'a> {
         writeln!(w, "{RESULT_LINE}")
     }
 
-    /// One QP's address lines; which keys they show depends on the verb, as in perftest.
-    pub fn address(&mut self, side: Side, keys: &Keys, verb: Verb) -> io::Result<()> {
-        let reads = verb == Verb::Read;
-        let rdma = matches!(verb, Verb::Read | Verb::Write);
+    /// One QP's address lines, with the keys the test shows.
+    pub fn address(&mut self, side: Side, keys: &Keys, shown: Shown) -> io::Result<()> {
+        let Shown {
+            out_reads: reads,
+            buffer: rdma,
+        } = shown;
         if let Some(doc) = &mut self.json {
             let mut entry = json!({
                 "LID": keys.lid,

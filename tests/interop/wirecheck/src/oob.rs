@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use softroce::tools::oob;
 pub use softroce::tools::oob::Dest as PingpongDest;
-pub use softroce::tools::perftest_oob::{BwReport as Report, Keys as PerftestDest};
+pub use softroce::tools::perftest_keys::Keys as PerftestDest;
+pub use softroce::tools::perftest_oob::BwReport as Report;
 use softroce::tools::perftest_oob::{Exchange, Link};
 use softroce::transport::PathMtu;
 
