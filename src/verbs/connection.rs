@@ -290,6 +290,33 @@ impl Connection {
     /// accepted and the QP is in RTS. It owns what it is given (it may be spawned), sends the
     /// REQ when first polled, and, dropped before the end, abandons the attempt (the peer gets
     /// a REJ), so a runtime's timeout around it bounds the connect.
+    ///
+    /// ```
+    /// use softroce::prelude::*;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Device::open(DeviceConfig::udp("127.0.0.43".parse()?))?;
+    /// let client = Device::open(DeviceConfig::udp("127.0.0.44".parse()?))?;
+    /// let listener = server.listen(7180)?;
+    /// let qp = |device: &Device| -> Result<QueuePair, Error> {
+    ///     let (pd, cq) = (device.alloc_pd()?, device.create_cq(8)?);
+    ///     pd.create_qp().send_cq(&cq).recv_cq(&cq).build()
+    /// };
+    /// let (server_qp, client_qp) = (qp(&server)?, qp(&client)?);
+    /// let accepting = async {
+    ///     let request = listener.next().await?;
+    ///     request.accept_async(server_qp, &ConnectOptions::default(), b"welcome").await
+    /// };
+    /// let to = "127.0.0.43:7180".parse()?;
+    /// let connecting = Connection::connect_async(client_qp, to, &ConnectOptions::default(), &[]);
+    /// let (accepted, connected) = tokio::join!(accepting, connecting);
+    /// let (accepted, connected) = (accepted?, connected?);
+    /// assert_eq!(&connected.private_data()[..7], b"welcome");
+    /// connected.disconnect()?; // returns once the DREQ is queued
+    /// assert_eq!(accepted.ended().await?, ConnectionEvent::Disconnected);
+    /// # Ok(()) }
+    /// ```
     pub fn connect_async(
         qp: impl Into<Arc<QueuePair>>,
         to: SocketAddr,
