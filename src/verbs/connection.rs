@@ -6,7 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::inbox::next_event;
@@ -30,8 +30,9 @@ pub(super) struct Link {
     peer: SocketAddr,
     private_data: Vec<u8>,
     events: flume::Receiver<CmEvent>,
-    /// The connection is over (disconnected or failed): nothing more comes on `events`.
-    ended: AtomicBool,
+    /// How the connection ended, once it has (disconnected or failed): nothing more comes on
+    /// `events`, and every later wait says this.
+    end: OnceLock<ConnectionEvent>,
     /// The connection was established (an accepted one waits for the peer's RTU).
     established: AtomicBool,
     /// The CM was told the application is done with it ([`close`](Self::close) or the drop).
@@ -80,7 +81,7 @@ impl Link {
             peer,
             private_data,
             events,
-            ended: AtomicBool::new(false),
+            end: OnceLock::new(),
             established: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
@@ -102,11 +103,11 @@ impl Link {
                 return Some(Ok(got.take()));
             }
             CmEvent::Failed { failure, .. } => {
-                self.ended.store(true, Ordering::Relaxed);
+                self.end_with(ConnectionEvent::Failed(failure.clone()));
                 return Some(Err(Error::ConnectFailed(failure)));
             }
             CmEvent::Disconnected { .. } => {
-                self.ended.store(true, Ordering::Relaxed);
+                self.end_with(ConnectionEvent::Disconnected);
                 return Some(Err(Error::Disconnected));
             }
             _ => {}
@@ -124,7 +125,7 @@ impl Link {
             if let Some(deadline) = deadline {
                 wait = wait.min(deadline.saturating_duration_since(Instant::now()));
                 if wait.is_zero() {
-                    self.ended.store(true, Ordering::Relaxed);
+                    self.end_with(ConnectionEvent::Failed(Failure::TimedOut));
                     return Err(Error::ConnectFailed(Failure::TimedOut));
                 }
             }
@@ -163,20 +164,25 @@ impl Link {
         self.wait_async(false).await.map(drop)
     }
 
+    /// Records how the connection ended (the first end recorded stands), and returns it.
+    fn end_with(&self, end: ConnectionEvent) -> ConnectionEvent {
+        self.end.get_or_init(|| end).clone()
+    }
+
     /// Whether `event` ends the connection, and how.
     fn end_of(&self, event: CmEvent) -> Option<ConnectionEvent> {
-        let end = match event {
-            CmEvent::Disconnected { .. } => ConnectionEvent::Disconnected,
-            CmEvent::Failed { failure, .. } => ConnectionEvent::Failed(failure),
-            _ => return None,
-        };
-        self.ended.store(true, Ordering::Relaxed);
-        Some(end)
+        match event {
+            CmEvent::Disconnected { .. } => Some(self.end_with(ConnectionEvent::Disconnected)),
+            CmEvent::Failed { failure, .. } => {
+                Some(self.end_with(ConnectionEvent::Failed(failure)))
+            }
+            _ => None,
+        }
     }
 
     fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
-        if self.ended.load(Ordering::Relaxed) {
-            return Ok(Some(ConnectionEvent::Disconnected));
+        if let Some(end) = self.end.get() {
+            return Ok(Some(end.clone()));
         }
         let event = receive(self.device.engine(), &self.events, timeout)?;
         Ok(event.and_then(|event| self.end_of(event)))
@@ -184,8 +190,8 @@ impl Link {
 
     async fn ended(&self) -> Result<ConnectionEvent> {
         loop {
-            if self.ended.load(Ordering::Relaxed) {
-                return Ok(ConnectionEvent::Disconnected);
+            if let Some(end) = self.end.get() {
+                return Ok(end.clone());
             }
             let event = next_event(self.device.engine(), &self.events).await?;
             if let Some(end) = self.end_of(event) {
@@ -204,7 +210,7 @@ impl Link {
     }
 
     fn disconnect(&self) -> Result<()> {
-        if self.ended.load(Ordering::Relaxed) {
+        if self.end.get().is_some() {
             return Ok(());
         }
         let conn = self.conn;
@@ -380,7 +386,7 @@ impl Connection {
 
     /// Whether the connection has ended, as far as events taken so far say.
     pub fn is_connected(&self) -> bool {
-        !self.link.ended.load(Ordering::Relaxed)
+        self.link.end.get().is_none()
     }
 
     /// How the connection ended, waiting up to `timeout` for it: `None` while it stands.
