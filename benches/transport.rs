@@ -40,6 +40,7 @@ fn pair() -> Pair {
             local_addr: IpAddr::V4(ip(n)),
             seed: n.into(),
             lane: Lane::SOLE,
+            congestion: Default::default(),
         })
     });
     let mut qpn = [Qpn::new(0); 2];

@@ -15,7 +15,7 @@ use softroce::tools::perftest::{self, AtomicOp, Test};
 use softroce::tools::pingpong::{self, Transport};
 use softroce::tools::DeviceOptions;
 use softroce::tools::{self, rping, ucmatose, udaddy};
-use softroce::transport::PathMtu;
+use softroce::transport::{CongestionConfig, PathMtu};
 use softroce::verbs::{BackendKind, Progress};
 use tracing_subscriber::EnvFilter;
 
@@ -169,6 +169,9 @@ enum Command {
         /// names it in its REQ; a peer whose port is smaller needs it no larger.
         #[arg(long, value_name = "SIZE", value_parser = path_mtu)]
         mtu: Option<PathMtu>,
+        /// Congestion control, as the tools' --cc: `off`, or mlx5's parameters [default: on].
+        #[arg(long, value_name = "SETTINGS", value_parser = congestion_settings)]
+        cc: Option<String>,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<std::ffi::OsString>,
@@ -520,6 +523,12 @@ struct DeviceArgs {
     /// the device's QPs are spread over them (UDP backend, no --pcap).
     #[arg(long, value_name = "N", default_value_t = 1)]
     engines: usize,
+    /// softroce: congestion control, on by default as on ConnectX: ECT(0) on every packet,
+    /// CNPs for CE marks, DCQCN for CNPs. `off` (none of it, as kernel rxe), `on`, and
+    /// mlx5's parameter names, comma-separated, e.g. `rp_time_reset=55,rp_ai_rate=40` or
+    /// `dcqcn=off` (also `ecn=off`, `np=off`); see the README's "Congestion control".
+    #[arg(long, value_name = "SETTINGS", default_value = "on")]
+    cc: CongestionConfig,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -545,6 +554,7 @@ impl DeviceArgs {
             pcap: self.pcap.clone(),
             progress: Progress::Thread,
             engines: self.engines,
+            congestion: self.cc,
         })
     }
 }
@@ -715,6 +725,12 @@ fn c_number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
 
 fn path_mtu(s: &str) -> Result<PathMtu, String> {
     pingpong::path_mtu(c_number(s)?).ok_or_else(|| "256, 512, 1024, 2048 or 4096".into())
+}
+
+/// Checks `softroce run --cc`'s settings here, so that a mistake is this command's error
+/// rather than the program's.
+fn congestion_settings(s: &str) -> Result<String, String> {
+    s.parse::<CongestionConfig>().map(|_| s.to_string())
 }
 
 fn only_port_one(s: &str) -> Result<u8, String> {
@@ -1128,12 +1144,14 @@ fn main() -> ExitCode {
             addrs,
             progress,
             mtu,
+            cc,
             program,
         } => {
             let options = softroce::tools::run::RunOptions {
                 addrs,
                 progress: progress.as_deref(),
                 mtu: *mtu,
+                congestion: cc.as_deref(),
             };
             let why = softroce::tools::run::exec(&options, &program[0], &program[1..]);
             eprintln!("softroce run: {why}");

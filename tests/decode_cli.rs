@@ -65,18 +65,23 @@ fn json_over_every_rxe_fixture_has_every_frame_with_a_good_icrc() {
     }
 }
 
-#[test]
-fn text_output_has_a_line_per_packet_and_counts() {
+/// The CNP a ConnectX-4 Lx sent, as an Ethernet frame.
+fn connectx_cnp() -> Vec<u8> {
     let cnp = include_str!("../packet-fixtures/vectors/connectx4lx_cnp.hex");
     let digits: String = cnp
         .lines()
         .filter(|l| !l.starts_with('#'))
         .flat_map(|l| l.chars().filter(|c| !c.is_whitespace()))
         .collect();
-    let frame: Vec<u8> = (0..digits.len())
+    (0..digits.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn text_output_has_a_line_per_packet_and_counts() {
+    let frame = connectx_cnp();
     // An ARP-sized non-IP frame is counted and skipped.
     let other = [0xffu8; 60];
     let mut corrupt = frame.clone();
@@ -95,6 +100,42 @@ fn text_output_has_a_line_per_packet_and_counts() {
         text.contains("CNP                                         2"),
         "{text}"
     );
+}
+
+/// The IP header's ECN shows: a CE mark on the text line and in the JSON, beside the DSCP.
+/// The ConnectX-4 Lx's CNP is sent ECT(0) with DSCP 48 (TOS 0xc2); marked CE on its way, its
+/// TOS is 0xc3, and its IPv4 checksum follows (the ICRC does not cover the TOS).
+#[test]
+fn ecn_shows_and_a_ce_mark_stands_out() {
+    let sent = connectx_cnp();
+    let mut marked = sent.clone();
+    marked[15] |= 0b11;
+    marked[24..26].fill(0);
+    let sum: u32 = marked[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let checksum = !((folded & 0xffff) + (folded >> 16)) as u16;
+    marked[24..26].copy_from_slice(&checksum.to_be_bytes());
+    let path = temp_file("ce.pcap", &pcap_of(&[&sent, &marked]));
+    let out = decode(&[path.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().take(2).collect();
+    assert!(lines[0].ends_with("BECN len=0 ICRC=ok"), "{text}");
+    assert!(lines[1].contains("A=0 CE BECN len=0 ICRC=ok"), "{text}");
+    let out = decode(&["--json", path.to_str().unwrap()]);
+    let json: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        (&json[0]["dscp"], &json[0]["ecn"]),
+        (&48.into(), &"ECT(0)".into())
+    );
+    assert_eq!(json[1]["ecn"], "CE");
+    assert_eq!(json[1]["becn"], true);
 }
 
 #[test]

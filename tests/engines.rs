@@ -345,6 +345,7 @@ fn counting_resources_beside_another_engines_changes_never_deadlocks() {
                 local_addr: "127.0.0.1".parse().unwrap(),
                 seed: index as u64,
                 lane: Lane::new(index as u32, 2).unwrap(),
+                congestion: Default::default(),
             };
             Endpoint::with_memory(config, memory)
         })

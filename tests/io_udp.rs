@@ -382,3 +382,87 @@ fn zero_checksum_ipv6_datagrams_arrive() {
     assert_eq!(got.len(), 1, "the zero-checksum datagram was dropped");
     assert_eq!((got[0].2, &got[0].3), (IcrcStatus::Ok, &roce));
 }
+
+/// Receives until `count` datagrams are in, for at most two seconds: each one's opcode and
+/// the TOS or traffic class byte it arrived with.
+fn receive_classes(backend: &mut UdpBackend, count: usize) -> Vec<(Opcode, u8)> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.len() < count && Instant::now() < deadline {
+        let handed = backend
+            .receive(64, &mut |d| {
+                got.push((Opcode::from_u8(d.packet[0]), d.traffic_class));
+            })
+            .unwrap();
+        if handed == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got
+}
+
+/// A CNP to QP 0x11, its ICRC left zero.
+fn cnp() -> Vec<u8> {
+    let mut bth = BthRepr::new(Opcode::Cnp, Qpn::new(0x11), Psn::new(0));
+    bth.becn = true;
+    let repr = PacketRepr::new(bth, ExtHeaders::default(), 0);
+    let mut bytes = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut bytes).unwrap();
+    bytes
+}
+
+/// RoCE packets leave ECT(0) by default, CNPs with DSCP 48 and ECT(0), TOS 0xc2 as a
+/// ConnectX-4 Lx sends them (a train of their own, with the class in a control message), and each datagram's byte is read on
+/// arrival (`IP_RECVTOS`, `IPV6_RECVTCLASS`): a CE mark shows. IPv4 and IPv6.
+#[test]
+fn ecn_is_sent_and_the_traffic_class_read() {
+    for (a_addr, b_addr) in [
+        (v4(13), v4(14)),
+        (Ipv6Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()),
+    ] {
+        let mut a = UdpBackend::bind(a_addr).unwrap();
+        let mut b = if a_addr == b_addr {
+            None
+        } else {
+            Some(UdpBackend::bind(b_addr).unwrap())
+        };
+        let mut sent = vec![
+            packet(Opcode::RcSendOnly, 1, ExtHeaders::default(), 64),
+            cnp(),
+            packet(Opcode::RcSendOnly, 2, ExtHeaders::default(), 64),
+        ];
+        for p in &mut sent {
+            a.send(b_addr, p).unwrap();
+        }
+        a.flush().unwrap();
+        let receiver = b.as_mut().unwrap_or(&mut a);
+        let got = receive_classes(receiver, 3);
+        assert_eq!(
+            got,
+            [
+                (Opcode::RcSendOnly, 0b10),
+                (Opcode::Cnp, 0xc2),
+                (Opcode::RcSendOnly, 0b10),
+            ],
+            "{a_addr}"
+        );
+    }
+    // A switch's CE mark, as a plain socket sends it.
+    let mut b = UdpBackend::bind(v4(16)).unwrap();
+    let peer = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 15), ROCEV2_UDP_PORT);
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+    socket.set_tos_v4(26 << 2 | 3).unwrap();
+    socket.bind(&peer.into()).unwrap();
+    let mut marked = packet(Opcode::RcSendOnly, 3, ExtHeaders::default(), 64);
+    KernelFraming::V4 {
+        src: peer,
+        dst: SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 16), ROCEV2_UDP_PORT),
+    }
+    .seal(&mut marked);
+    let to = SocketAddr::new(b.local_addr(), ROCEV2_UDP_PORT);
+    socket.send_to(&marked, &to.into()).unwrap();
+    assert_eq!(
+        receive_classes(&mut b, 1),
+        [(Opcode::RcSendOnly, 26 << 2 | 3)]
+    );
+}

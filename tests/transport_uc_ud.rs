@@ -736,6 +736,7 @@ fn a_ud_receive_buffer_starts_with_the_grh() {
         src_port: 4791,
         dst: addr(1),
         ip_header: Some(&header),
+        traffic_class: 0,
         icrc: IcrcStatus::Ok,
         packet: &packet,
     };

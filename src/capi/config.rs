@@ -9,6 +9,9 @@
 //! `SOFTROCE_PROGRESS` (`thread`, the default, `hybrid` or `inline`) chooses who runs each
 //! device's engine, as `--progress` does for softroce's own tools.
 //!
+//! `SOFTROCE_CC` sets congestion control as the tools' `--cc` does: `off`, or mlx5's
+//! parameter names (`rp_time_reset=55,...`); unset, it is on, as on ConnectX.
+//!
 //! `SOFTROCE_MTU` (256 to 4096) sets the ports' active MTU. Unset, a port follows its link as
 //! rxe's does: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames and on loopback. A CM
 //! client names its port's MTU in its REQ, so a process whose link runs jumbo frames toward a
@@ -16,12 +19,12 @@
 
 use std::net::IpAddr;
 
-use softroce::transport::PathMtu;
+use softroce::transport::{CongestionConfig, PathMtu};
 use softroce::verbs::Progress;
 
 /// The variable that names the process's device addresses.
 pub use softroce::verbs::C_ADDR_VAR as ADDR_VAR;
-use softroce::verbs::{C_MTU_VAR as MTU_VAR, C_PROGRESS_VAR as PROGRESS_VAR};
+use softroce::verbs::{C_CC_VAR as CC_VAR, C_MTU_VAR as MTU_VAR, C_PROGRESS_VAR as PROGRESS_VAR};
 
 /// The address when `SOFTROCE_ADDR` is unset.
 const DEFAULT_ADDR: &str = "127.0.0.1";
@@ -71,6 +74,17 @@ pub(crate) fn progress() -> Result<Progress, String> {
         Ok(other) => Err(format!(
             "{PROGRESS_VAR}={other}: expected thread, hybrid or inline"
         )),
+    }
+}
+
+/// Congestion control from `SOFTROCE_CC`; the defaults when unset.
+pub(crate) fn congestion() -> Result<CongestionConfig, String> {
+    match std::env::var(CC_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(CongestionConfig::default()),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{CC_VAR} is not UTF-8")),
+        Ok(value) => value
+            .parse()
+            .map_err(|why| format!("{CC_VAR}={value}: {why}")),
     }
 }
 

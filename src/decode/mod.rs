@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use crate::capture::{Capture, CaptureError, Record};
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Frame, FrameError, FrameRepr,
-    IethRepr, ImmDtRepr, IpRepr, OpaqueRoce, PacketRepr, Qpn, RethRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn, Frame, FrameError,
+    FrameRepr, IethRepr, ImmDtRepr, IpRepr, OpaqueRoce, PacketRepr, Qpn, RethRepr,
 };
 pub use cm::CmJson;
 
@@ -80,6 +80,11 @@ pub struct PacketHead {
     pub dst: String,
     /// The UDP source port (the destination is 4791).
     pub src_port: u16,
+    /// The IP header's DSCP.
+    pub dscp: u8,
+    /// The IP header's ECN codepoint: `Not-ECT`, `ECT(1)`, `ECT(0)` or `CE` (a switch marked
+    /// the packet: congestion on the way).
+    pub ecn: &'static str,
     /// The BTH opcode byte.
     pub opcode: u8,
     /// IBTA's name for the opcode, e.g. `RC_SEND_ONLY`.
@@ -94,9 +99,27 @@ pub struct PacketHead {
 
 impl PacketHead {
     fn new(record: &Record<'_>, first: Duration, repr: &FrameRepr, bth: &BthRepr) -> Self {
-        let (src, dst) = match repr.ip {
-            IpRepr::V4 { src, dst, .. } => (src.to_string(), dst.to_string()),
-            IpRepr::V6 { src, dst, .. } => (src.to_string(), dst.to_string()),
+        let (src, dst, dscp, ecn) = match repr.ip {
+            IpRepr::V4 {
+                src,
+                dst,
+                dscp,
+                ecn,
+                ..
+            } => (src.to_string(), dst.to_string(), dscp, ecn),
+            IpRepr::V6 {
+                src,
+                dst,
+                dscp,
+                ecn,
+                ..
+            } => (src.to_string(), dst.to_string(), dscp, ecn),
+        };
+        let ecn = match Ecn::from_bits(ecn) {
+            Some(Ecn::NotEct) | None => "Not-ECT",
+            Some(Ecn::Ect1) => "ECT(1)",
+            Some(Ecn::Ect0) => "ECT(0)",
+            Some(Ecn::Ce) => "CE",
         };
         PacketHead {
             frame: record.number,
@@ -105,6 +128,8 @@ impl PacketHead {
             src,
             dst,
             src_port: repr.udp.src_port,
+            dscp,
+            ecn,
             opcode: bth.opcode.value(),
             opcode_name: bth.opcode.name(),
             dest_qp: bth.dest_qp.value(),
@@ -114,10 +139,11 @@ impl PacketHead {
     }
 
     /// The start of the text form: frame, time, addresses, opcode (named as `name`), QPN,
-    /// PSN and AckReq.
+    /// PSN and AckReq, and `CE` if a switch marked the packet.
     fn summary(&self, name: &str) -> String {
+        let marked = if self.ecn == "CE" { " CE" } else { "" };
         format!(
-            "{:>5} {:>12.6} {} -> {} {name} QP={:#08x} PSN={} A={}",
+            "{:>5} {:>12.6} {} -> {} {name} QP={:#08x} PSN={} A={}{marked}",
             self.frame,
             self.time_relative,
             self.src,
@@ -253,6 +279,12 @@ impl Decoded {
         }
         if let Some(o) = self.atomic_ack_eth {
             let _ = write!(line, " AtomicAckETH orig={o:#x}");
+        }
+        if self.becn {
+            line.push_str(" BECN");
+        }
+        if self.fecn {
+            line.push_str(" FECN");
         }
         let _ = write!(
             line,

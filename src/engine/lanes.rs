@@ -52,6 +52,7 @@ pub(crate) struct Hop {
     src: IpAddr,
     src_port: u16,
     dst: IpAddr,
+    traffic_class: u8,
     icrc: IcrcStatus,
     /// The IP header's length at the front of `bytes`, if the io layer had one.
     header: Option<usize>,
@@ -68,6 +69,7 @@ impl Hop {
             src: datagram.src,
             src_port: datagram.src_port,
             dst: datagram.dst,
+            traffic_class: datagram.traffic_class,
             icrc: datagram.icrc,
             header: datagram.ip_header.map(<[u8]>::len),
             bytes,
@@ -81,6 +83,7 @@ impl Hop {
             src_port: self.src_port,
             dst: self.dst,
             ip_header: self.header.map(|_| header),
+            traffic_class: self.traffic_class,
             icrc: self.icrc,
             packet,
         }
@@ -361,6 +364,7 @@ mod tests {
             src_port: 0xc000,
             dst: "127.0.0.2".parse().unwrap(),
             ip_header,
+            traffic_class: 0,
             icrc: IcrcStatus::Ok,
             packet,
         }

@@ -41,9 +41,9 @@ pub(crate) use notify::CqNotify;
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
-    AddressHandle, AddressVector, AsyncEvent, Counters, CqId, Endpoint, EndpointConfig, PathMtu,
-    QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr, Resources, SendWr, SrqAttr, SrqId,
-    SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    AddressHandle, AddressVector, AsyncEvent, CongestionConfig, CongestionStatus, Counters, CqId,
+    Endpoint, EndpointConfig, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr,
+    Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
 
@@ -118,6 +118,8 @@ pub(crate) enum Command {
     Stats(Reply<(Counters, IoCounters)>),
     Resources(Reply<Resources>),
     QpReceived(Qpn, Reply<Option<u64>>),
+    /// The QPs congestion control has touched ([`Endpoint::congested`]).
+    Congestion(Reply<Vec<(Qpn, CongestionStatus)>>),
     /// A QP's type and state, if it exists (for the CM, on another engine).
     QpInfo(Qpn, Reply<Option<(QpType, QpState)>>),
     QueryQp(Qpn, Reply<Option<QpAttr>>),
@@ -270,15 +272,30 @@ fn refused(endpoint: &mut Endpoint, qpn: Qpn, wr_id: u64, opcode: WcOpcode) {
     endpoint.complete_refused(qpn, wc);
 }
 
+/// What every engine of a device is started with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EngineSettings {
+    /// The device's seed, which each engine varies for its QP numbers.
+    pub seed: u64,
+    pub port_mtu: PathMtu,
+    pub progress: Progress,
+    pub cm: crate::cm::CmConfig,
+    pub congestion: CongestionConfig,
+}
+
 /// Starts the engine of a device: on a thread of its own, or for the application to drive.
 pub(crate) fn start<B: Backend>(
     mut backend: B,
     parts: LaneStart,
-    seed: u64,
-    port_mtu: PathMtu,
-    progress: Progress,
-    cm_config: crate::cm::CmConfig,
+    settings: &EngineSettings,
 ) -> io::Result<EngineHandle> {
+    let EngineSettings {
+        seed,
+        port_mtu,
+        progress,
+        cm: cm_config,
+        congestion,
+    } = *settings;
     let LaneStart {
         lane,
         memory,
@@ -303,6 +320,7 @@ pub(crate) fn start<B: Backend>(
         local_addr,
         seed: seed ^ u64::from(lane.index()).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         lane,
+        congestion,
     };
     let mut endpoint = Endpoint::with_memory(config, memory);
     endpoint.set_port_mtu(port_mtu);
@@ -646,6 +664,9 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::QpReceived(qpn, reply) => {
                     let _ = reply.send(self.endpoint.qp_received(qpn));
+                }
+                Command::Congestion(reply) => {
+                    let _ = reply.send(self.endpoint.congested().collect());
                 }
                 Command::QueryQp(qpn, reply) => {
                     let _ = reply.send(self.endpoint.query_qp(qpn));

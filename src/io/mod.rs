@@ -26,6 +26,7 @@ pub use recording::Recording;
 pub use udp::{UdpBackend, UdpConfig};
 
 use crate::transport::Datagram;
+use crate::wire::Opcode;
 
 /// Packets moved and dropped by a backend, each drop by its cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -221,6 +222,11 @@ pub trait Backend: Send + 'static {
         crate::wire::ROCEV2_UDP_PORT
     }
 
+    /// The IPv4 TOS or IPv6 traffic class byte [`commit`](Self::commit) sends `packet` with.
+    fn traffic_class(&self, _packet: &[u8]) -> u8 {
+        0
+    }
+
     /// Sends whatever [`commit`](Self::commit) queued. Call it after each burst of sends, before
     /// waiting: a queued packet leaves no sooner.
     fn flush(&mut self) -> io::Result<()>;
@@ -268,14 +274,50 @@ fn enlarge_socket_buffers(socket: &socket2::Socket) {
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
 }
 
-/// The IPv4 TOS or IPv6 traffic class byte for a DSCP (0 to 63) and ECN codepoint (0 to 3).
-/// Both are masked out of the ICRC, so routers may rewrite them.
-fn traffic_class(dscp: u8, ecn: u8) -> io::Result<u8> {
-    if dscp > 63 || ecn > 3 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("DSCP {dscp} and ECN {ecn}: DSCP is 0 to 63, ECN 0 to 3"),
-        ));
-    }
-    Ok(dscp << 2 | ecn)
+/// The IPv4 TOS or IPv6 traffic class byte each packet leaves with. Both are masked out of the
+/// ICRC, so switches may rewrite them, and mark CE.
+///
+/// RoCE packets carry the configured DSCP and ECN codepoint (ECT(0) by default, as ConnectX
+/// sends them, so that a congested switch marks rather than drops). CNPs carry their own DSCP
+/// (mlx5's `np_cnp_dscp`, 48 by default) and the same ECN codepoint, as a ConnectX-4 Lx's CNP
+/// does (TOS 0xc2: `packet-fixtures/vectors/connectx4lx_cnp.hex`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TrafficClasses {
+    data: u8,
+    cnp: u8,
 }
+
+impl TrafficClasses {
+    /// From a DSCP (0 to 63), an ECN codepoint (0 to 3) and the CNPs' DSCP.
+    pub fn new(dscp: u8, ecn: u8, cnp_dscp: u8) -> io::Result<Self> {
+        if dscp > 63 || ecn > 3 || cnp_dscp > 63 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "DSCP {dscp}, ECN {ecn} and CNP DSCP {cnp_dscp}: a DSCP is 0 to 63, ECN 0 to 3"
+                ),
+            ));
+        }
+        Ok(TrafficClasses {
+            data: dscp << 2 | ecn,
+            cnp: cnp_dscp << 2 | ecn,
+        })
+    }
+
+    /// What every packet but a CNP carries.
+    pub fn data(&self) -> u8 {
+        self.data
+    }
+
+    /// The byte for `packet`, a RoCE packet from its BTH on.
+    pub fn of(&self, packet: &[u8]) -> u8 {
+        if packet.first() == Some(&Opcode::Cnp.value()) {
+            self.cnp
+        } else {
+            self.data
+        }
+    }
+}
+
+/// The DSCP mlx5 sends CNPs with (`np_cnp_dscp`).
+pub const DEFAULT_CNP_DSCP: u8 = 48;

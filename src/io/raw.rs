@@ -42,10 +42,13 @@ use mio::unix::SourceFd;
 use mio::{event, Interest, Registry, Token};
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 
-use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
+use super::{
+    enlarge_socket_buffers, Backend, Failure, IoCounters, TrafficClasses, Unreachable,
+    DEFAULT_CNP_DSCP,
+};
 use crate::transport::Datagram;
 use crate::wire::icrc::{icrc_ipv4, ICRC_LEN};
-use crate::wire::{DethRepr, Frame, IpRepr, RocePacket, ROCEV2_UDP_PORT};
+use crate::wire::{DethRepr, Ecn, Frame, IpRepr, RocePacket, ROCEV2_UDP_PORT};
 
 const IPV4_HEADER: usize = 20;
 const UDP_HEADER: usize = 8;
@@ -85,19 +88,22 @@ pub struct RawConfig {
     pub address: Ipv4Addr,
     /// Differentiated services codepoint, 0 to 63.
     pub dscp: u8,
-    /// ECN codepoint, 0 to 3.
+    /// ECN codepoint, 0 to 3; ECT(0) by default, as ConnectX sends RoCE.
     pub ecn: u8,
+    /// The DSCP of the CNPs sent (mlx5's `np_cnp_dscp`); their ECN is `ecn`.
+    pub cnp_dscp: u8,
     /// The IPv4 identification to write.
     pub ip_id: IpIdMode,
 }
 
 impl RawConfig {
-    /// `address`, DSCP 0, ECN 0, ID 0.
+    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, ID 0.
     pub fn new(address: Ipv4Addr) -> Self {
         RawConfig {
             address,
             dscp: 0,
-            ecn: 0,
+            ecn: Ecn::Ect0.bits(),
+            cnp_dscp: DEFAULT_CNP_DSCP,
             ip_id: IpIdMode::Zero,
         }
     }
@@ -184,7 +190,7 @@ pub struct RawBackend {
     /// Held only to own port 4791 (see the module documentation).
     _port: Socket,
     local: Ipv4Addr,
-    tos: u8,
+    classes: TrafficClasses,
     ip_id: IpIdMode,
     next_id: u16,
     buffer: Box<[u8]>,
@@ -229,7 +235,7 @@ impl RawBackend {
                 invalid("a RoCEv2 backend binds a specific address: the ICRC covers it").into(),
             );
         }
-        let tos = traffic_class(config.dscp, config.ecn)?;
+        let classes = TrafficClasses::new(config.dscp, config.ecn, config.cnp_dscp)?;
         let raw = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP)).map_err(|e| match e
             .kind()
         {
@@ -252,7 +258,7 @@ impl RawBackend {
             raw: RawSocket(raw),
             _port: port,
             local: address,
-            tos,
+            classes,
             ip_id: config.ip_id,
             next_id: 1,
             buffer: vec![0u8; MAX_DATAGRAM].into_boxed_slice(),
@@ -285,7 +291,7 @@ impl RawBackend {
         let mut headers = [0u8; IPV4_HEADER + UDP_HEADER];
         let (ip, udp) = headers.split_at_mut(IPV4_HEADER);
         ip[0] = 0x45;
-        ip[1] = self.tos;
+        ip[1] = self.classes.of(packet);
         ip[2..4].copy_from_slice(&total.to_be_bytes());
         ip[4..6].copy_from_slice(&self.next_ip_id().to_be_bytes());
         ip[6] = 0x40; // DF, fragment offset 0
@@ -340,6 +346,10 @@ impl Backend for RawBackend {
 
     fn udp_source_port(&self, packet: &[u8]) -> u16 {
         packet_source_port(packet).unwrap_or(ROCEV2_UDP_PORT)
+    }
+
+    fn traffic_class(&self, packet: &[u8]) -> u8 {
+        self.classes.of(packet)
     }
 
     fn room(&mut self) -> io::Result<&mut [u8]> {
@@ -407,6 +417,7 @@ impl Backend for RawBackend {
                 src_port: frame.repr.udp.src_port,
                 dst: dst.into(),
                 ip_header: Some(&bytes[..header_len]),
+                traffic_class: bytes[1],
                 icrc: frame.icrc_status(),
                 packet: frame.packet.as_bytes(),
             });

@@ -6,7 +6,7 @@
 //! Frames seen through a UDP socket get synthesised Ethernet and IP headers: addresses and
 //! ports are real; over IPv4 the ID is the one that makes the ICRC verify (found with
 //! [`solve_ipv4_id`](crate::wire::solve_ipv4_id); 0 when none does, so a bad ICRC shows as
-//! bad), TTL 64, DF; MAC addresses are made up from the IP addresses (02:00 and the last four
+//! bad), TTL 64, DF; the DSCP and ECN as sent or received (`IP_RECVTOS`); MAC addresses are made up from the IP addresses (02:00 and the last four
 //! bytes). A raw backend's received IP header is used as it is. The file is buffered, and
 //! complete once the device is closed.
 
@@ -59,6 +59,7 @@ impl Recorder {
         src: SocketAddr,
         dst: SocketAddr,
         ip_header: Option<&[u8]>,
+        class: u8,
         packet: &[u8],
     ) {
         let ip = match (src, dst) {
@@ -67,12 +68,11 @@ impl Recorder {
                     Some(header) if header.len() >= 6 => u16::from_be_bytes([header[4], header[5]]),
                     _ => solve_ipv4_id(s, d, packet).unwrap_or(0),
                 };
-                let tos = ip_header.and_then(|h| h.get(1)).copied().unwrap_or(0);
                 IpRepr::V4 {
                     src: *s.ip(),
                     dst: *d.ip(),
-                    dscp: tos >> 2,
-                    ecn: tos & 3,
+                    dscp: class >> 2,
+                    ecn: class & 3,
                     identification,
                     dont_fragment: true,
                     ttl: 64,
@@ -81,8 +81,8 @@ impl Recorder {
             (SocketAddr::V6(s), SocketAddr::V6(d)) => IpRepr::V6 {
                 src: *s.ip(),
                 dst: *d.ip(),
-                dscp: 0,
-                ecn: 0,
+                dscp: class >> 2,
+                ecn: class & 3,
                 flow_label: 0,
                 hop_limit: 64,
             },
@@ -164,12 +164,17 @@ impl<B: Backend> Backend for Recording<B> {
         let port = self.inner.udp_source_port(&self.sealed);
         let local = SocketAddr::new(self.inner.local_addr(), port);
         let dst = SocketAddr::new(dst, ROCEV2_UDP_PORT);
-        self.recorder.record(local, dst, None, &self.sealed);
+        let class = self.inner.traffic_class(&self.sealed);
+        self.recorder.record(local, dst, None, class, &self.sealed);
         Ok(&self.sealed)
     }
 
     fn udp_source_port(&self, packet: &[u8]) -> u16 {
         self.inner.udp_source_port(packet)
+    }
+
+    fn traffic_class(&self, packet: &[u8]) -> u8 {
+        self.inner.traffic_class(packet)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -194,7 +199,13 @@ impl<B: Backend> Backend for Recording<B> {
         self.inner.receive(budget, &mut |datagram| {
             let src = SocketAddr::new(datagram.src, datagram.src_port);
             let dst = SocketAddr::new(datagram.dst, local.port());
-            recorder.record(src, dst, datagram.ip_header, datagram.packet);
+            recorder.record(
+                src,
+                dst,
+                datagram.ip_header,
+                datagram.traffic_class,
+                datagram.packet,
+            );
             deliver(datagram);
         })
     }

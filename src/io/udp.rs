@@ -93,9 +93,12 @@ use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::icmp::Refusals;
-use super::{enlarge_socket_buffers, traffic_class, Backend, Failure, IoCounters, Unreachable};
+use super::{
+    enlarge_socket_buffers, Backend, Failure, IoCounters, TrafficClasses, Unreachable,
+    DEFAULT_CNP_DSCP,
+};
 use crate::transport::{Datagram, MAX_PACKET_LEN};
-use crate::wire::{KernelFraming, ROCEV2_UDP_PORT};
+use crate::wire::{Ecn, KernelFraming, ROCEV2_UDP_PORT};
 
 /// The largest UDP payload an IPv4 datagram carries: the bound on one train and on one
 /// coalesced receive.
@@ -128,7 +131,11 @@ pub struct UdpConfig {
     /// Differentiated services codepoint, 0 to 63 (`IP_TOS` or `IPV6_TCLASS`).
     pub dscp: u8,
     /// ECN codepoint, 0 to 3: 0 not ECN-capable, 1 or 2 ECN-capable (ECT), 3 congestion seen.
+    /// ECT(0) by default, as ConnectX sends RoCE: a congested switch then marks rather than
+    /// drops, and the receiver answers with CNPs (`transport::congestion`).
     pub ecn: u8,
+    /// The DSCP of the CNPs sent (mlx5's `np_cnp_dscp`), 0 to 63; their ECN is `ecn`.
+    pub cnp_dscp: u8,
     /// Send runs of packets to one peer as one `UDP_SEGMENT` send (see the module
     /// documentation). On by default; a kernel without `UDP_SEGMENT` turns it off.
     pub segmentation: bool,
@@ -140,12 +147,13 @@ pub struct UdpConfig {
 }
 
 impl UdpConfig {
-    /// `address`, DSCP 0, ECN 0 and segmentation on.
+    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, and segmentation on.
     pub fn new(address: IpAddr) -> Self {
         UdpConfig {
             address,
             dscp: 0,
-            ecn: 0,
+            ecn: Ecn::Ect0.bits(),
+            cnp_dscp: DEFAULT_CNP_DSCP,
             segmentation: true,
             reuse_port: false,
         }
@@ -157,6 +165,8 @@ impl UdpConfig {
 #[derive(Debug)]
 struct Train {
     dst: SocketAddr,
+    /// The TOS or traffic class byte of every packet in it.
+    class: u8,
     /// The BTH's DestQP bytes of every packet in it.
     dest_qp: [u8; 3],
     start: usize,
@@ -167,9 +177,17 @@ struct Train {
 }
 
 impl Train {
-    fn takes(&self, dst: SocketAddr, dest_qp: [u8; 3], len: usize, max_segments: usize) -> bool {
+    fn takes(
+        &self,
+        dst: SocketAddr,
+        class: u8,
+        dest_qp: [u8; 3],
+        len: usize,
+        max_segments: usize,
+    ) -> bool {
         self.open
             && self.dst == dst
+            && self.class == class
             && self.dest_qp == dest_qp
             && len <= self.segment
             && self.count < max_segments
@@ -182,6 +200,9 @@ impl Train {
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
     src: SocketAddr,
+    /// The TOS or traffic class byte it arrived with (`IP_RECVTOS`, `IPV6_RECVTCLASS`); GRO
+    /// merges only datagrams whose bytes agree.
+    class: u8,
     at: usize,
     len: usize,
     segment: usize,
@@ -193,6 +214,8 @@ struct Arrival {
 pub struct UdpBackend {
     socket: UdpSocket,
     local: SocketAddr,
+    /// What each packet's IP header carries in its TOS or traffic class byte.
+    classes: TrafficClasses,
     /// 1 when segmentation is off.
     max_segments: usize,
     queue: Box<[u8]>,
@@ -286,7 +309,8 @@ impl UdpBackend {
                 "a RoCEv2 backend binds a specific address: the ICRC covers it",
             ));
         }
-        let class = traffic_class(config.dscp, config.ecn)?;
+        let classes = TrafficClasses::new(config.dscp, config.ecn, config.cnp_dscp)?;
+        let class = classes.data();
         let local = SocketAddr::new(address, ROCEV2_UDP_PORT);
         let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP))?;
         match address {
@@ -295,6 +319,8 @@ impl UdpBackend {
                 socket.set_tos_v4(class.into())?;
                 // ICMP errors for our packets, with their destination (icmp.rs).
                 setsockopt(&socket, nix_sockopt::Ipv4RecvErr, &true)?;
+                // Each datagram's TOS, for its ECN codepoint.
+                setsockopt(&socket, nix_sockopt::IpRecvTos, &true)?;
             }
             IpAddr::V6(_) => {
                 socket.set_only_v6(true)?;
@@ -302,6 +328,7 @@ impl UdpBackend {
                 socket.set_tclass_v6(class.into())?;
                 setsockopt(&socket, UdpNoCheck6Rx, &true)?;
                 setsockopt(&socket, nix_sockopt::Ipv6RecvErr, &true)?;
+                setsockopt(&socket, nix_sockopt::Ipv6RecvTClass, &true)?;
             }
         }
         enlarge_socket_buffers(&socket);
@@ -319,14 +346,17 @@ impl UdpBackend {
         Ok(UdpBackend {
             socket: UdpSocket::from_std(socket.into()),
             local,
+            classes,
             max_segments: if segments { MAX_SEGMENTS } else { 1 },
             queue: vec![0u8; QUEUE_BYTES].into_boxed_slice(),
             queued: 0,
             trains: Vec::with_capacity(MAX_TRAINS),
             buffer: vec![0u8; MAX_UDP_PAYLOAD].into_boxed_slice(),
-            control: nix::cmsg_space!(i32).into_boxed_slice(),
+            // UDP_GRO's segment size, and the TOS or traffic class.
+            control: nix::cmsg_space!(i32, i32).into_boxed_slice(),
             arrival: Arrival {
                 src: local,
+                class: 0,
                 at: 0,
                 len: 0,
                 segment: 1,
@@ -346,10 +376,23 @@ impl UdpBackend {
                 &self.queue[train.start..train.start + train.len],
             )];
             // The segment size goes with each send, as a control message: the socket keeps no
-            // size, so trains of different sizes cost no setsockopt between them.
+            // size, so trains of different sizes cost no setsockopt between them. So does a
+            // TOS other than the socket's (a CNP's).
             let segment = u16::try_from(train.segment).unwrap_or(u16::MAX);
-            let gso = [ControlMessage::UdpGsoSegments(&segment)];
-            let control: &[ControlMessage<'_>] = if train.count > 1 { &gso } else { &[] };
+            let class_v6 = i32::from(train.class);
+            let class = if self.local.is_ipv4() {
+                ControlMessage::Ipv4Tos(&train.class)
+            } else {
+                ControlMessage::Ipv6TClass(&class_v6)
+            };
+            let both = [ControlMessage::UdpGsoSegments(&segment), class];
+            let control: &[ControlMessage<'_>] =
+                match (train.count > 1, train.class != self.classes.data()) {
+                    (true, true) => &both,
+                    (true, false) => &both[..1],
+                    (false, true) => &both[1..],
+                    (false, false) => &[],
+                };
             let to = SockaddrStorage::from(train.dst);
             let mut retried = false;
             let sent = loop {
@@ -424,22 +467,27 @@ impl UdpBackend {
             }
         };
         let len = msg.bytes;
-        let segment = msg
-            .cmsgs()
-            .ok()
-            .and_then(|mut cmsgs| {
-                cmsgs.find_map(|cmsg| match cmsg {
-                    ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
-                    _ => None,
-                })
-            })
-            .filter(|&size| size > 0)
-            .unwrap_or(len);
+        let mut segment = len;
+        let mut class = 0;
+        for cmsg in msg.cmsgs().into_iter().flatten() {
+            match cmsg {
+                ControlMessageOwned::UdpGroSegments(size) => {
+                    segment = usize::try_from(size)
+                        .ok()
+                        .filter(|&size| size > 0)
+                        .unwrap_or(len);
+                }
+                ControlMessageOwned::Ipv4Tos(tos) => class = tos,
+                ControlMessageOwned::Ipv6TClass(tclass) => class = tclass as u8,
+                _ => {}
+            }
+        }
         let src = msg.address.as_ref().and_then(std_addr);
         match src {
             Some(src) if len > 0 && !msg.flags.contains(MsgFlags::MSG_TRUNC) => {
                 self.arrival = Arrival {
                     src,
+                    class,
                     at: 0,
                     len,
                     segment,
@@ -491,16 +539,18 @@ impl Backend for UdpBackend {
             return Ok(&[]);
         }
         let max_segments = self.max_segments;
-        let dest_qp = dest_qp_bytes(&self.queue[start..start + len]);
+        let packet = &self.queue[start..start + len];
+        let (dest_qp, class) = (dest_qp_bytes(packet), self.classes.of(packet));
         let joins = self
             .trains
             .last()
-            .is_some_and(|t| t.takes(dst, dest_qp, len, max_segments));
+            .is_some_and(|t| t.takes(dst, class, dest_qp, len, max_segments));
         if !joins {
             // `room` flushed if the trains were full. A new train starts where the packet was
             // built, right after the last one: the queue stays one run of trains.
             self.trains.push(Train {
                 dst,
+                class,
                 dest_qp,
                 start,
                 len: 0,
@@ -529,6 +579,10 @@ impl Backend for UdpBackend {
         sent
     }
 
+    fn traffic_class(&self, packet: &[u8]) -> u8 {
+        self.classes.of(packet)
+    }
+
     fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
         self.unreachable.drain(each);
     }
@@ -547,6 +601,7 @@ impl Backend for UdpBackend {
         while taken < budget {
             let Arrival {
                 src,
+                class,
                 at,
                 len,
                 segment,
@@ -573,6 +628,7 @@ impl Backend for UdpBackend {
                 src_port: src.port(),
                 dst: self.local.ip(),
                 ip_header: None,
+                traffic_class: class,
                 icrc: framing.verify_received(packet),
                 packet,
             });

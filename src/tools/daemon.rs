@@ -502,6 +502,16 @@ impl Daemon<'_> {
                 let _ = writeln!(out, "the device's counters: {e}");
             }
         }
+        match self.device.congestion() {
+            Ok(qps) => {
+                for (qpn, status) in qps {
+                    let _ = writeln!(out, "congestion: QP {qpn:?}: {status}");
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(out, "the device's congestion control: {e}");
+            }
+        }
         let _ = out.flush();
     }
 }

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use socket2::{SockRef, TcpKeepalive};
 
 use crate::cm::Failure;
-use crate::transport::{AddressVector, WcStatus};
+use crate::transport::{AddressVector, CongestionConfig, WcStatus};
 use crate::verbs::{self, BackendKind, CompletionQueue, Device, DeviceConfig, Progress};
 use crate::wire::Qpn;
 
@@ -210,6 +210,8 @@ pub struct DeviceOptions {
     pub progress: Progress,
     /// Engine threads, each with a socket of its own ([`DeviceConfig::engines`]).
     pub engines: usize,
+    /// ECN, CNPs and DCQCN ([`DeviceConfig::congestion`]).
+    pub congestion: CongestionConfig,
 }
 
 impl Default for DeviceOptions {
@@ -221,6 +223,7 @@ impl Default for DeviceOptions {
             pcap: None,
             progress: Progress::Thread,
             engines: 1,
+            congestion: CongestionConfig::default(),
         }
     }
 }
@@ -233,6 +236,7 @@ impl DeviceOptions {
             pcap: self.pcap.clone(),
             progress: self.progress,
             engines: self.engines,
+            congestion: self.congestion,
             ..DeviceConfig::udp(address)
         })
         .map_err(|error| Error::Device {

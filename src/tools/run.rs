@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::transport::PathMtu;
-use crate::verbs::{C_ADDR_VAR, C_MTU_VAR, C_PROGRESS_VAR};
+use crate::verbs::{C_ADDR_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR};
 
 /// Where the C library is: `rdma/` beside this executable, as cargo lays out its target
 /// directory.
@@ -44,6 +44,9 @@ pub struct RunOptions<'a> {
     pub progress: Option<&'a str>,
     /// The ports' active MTU (default: the link's, by rxe's rule).
     pub mtu: Option<PathMtu>,
+    /// Congestion control settings, as `CongestionConfig`'s `FromStr` reads them (default:
+    /// on).
+    pub congestion: Option<&'a str>,
 }
 
 /// Runs `program` with `args` over softroce, its devices as `options` say. Returns only if the
@@ -69,6 +72,9 @@ pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> 
     }
     if let Some(mtu) = options.mtu {
         command.env(C_MTU_VAR, mtu.bytes().to_string());
+    }
+    if let Some(settings) = options.congestion {
+        command.env(C_CC_VAR, settings);
     }
     let error = command.exec();
     format!("cannot run {}: {error}", program.to_string_lossy())

@@ -91,6 +91,14 @@ counters! {
     dropped_completions,
     /// Connected QPs failed because the io layer could not reach their peer at all.
     unreachable_peers,
+    /// Packets that reached a QP marked CE by a switch on the way (mlx5's name).
+    np_ecn_marked_roce_packets,
+    /// CNPs sent in answer to CE marks (mlx5's name).
+    np_cnp_sent,
+    /// CNPs that cut a QP's rate or joined a cut (mlx5's name).
+    rp_cnp_handled,
+    /// CNPs for a QP whose DCQCN is off: counted and ignored (mlx5's name).
+    rp_cnp_ignored,
 }
 
 #[cfg(test)]
@@ -105,6 +113,6 @@ mod tests {
         };
         let text = c.to_string();
         assert!(text.contains("unmatched_duplicates    7\n"), "{text}");
-        assert_eq!(text.lines().count(), 28);
+        assert_eq!(text.lines().count(), 32);
     }
 }

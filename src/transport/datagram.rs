@@ -11,16 +11,19 @@
 //! version, the addresses (`IP_PKTINFO` gives the destination), the protocol (UDP) and the lengths.
 //! These are synthesised, because a UDP socket does not report them:
 //!
-//! - IPv4: DSCP and ECN 0, identification 0, flags DF, TTL 64; the checksum is computed over the
-//!   synthesised header, so rdma-core's checksum test of the IPv4 header passes;
-//! - IPv6: traffic class 0, flow label 0, hop limit 64.
+//! - IPv4: identification 0, flags DF, TTL 64; the checksum is computed over the synthesised
+//!   header, so rdma-core's checksum test of the IPv4 header passes;
+//! - IPv6: flow label 0, hop limit 64.
+//!
+//! The DSCP and ECN byte is the one received when the io layer reads it (`IP_RECVTOS`,
+//! `IPV6_RECVTCLASS`), else 0.
 //!
 //! 64 is Linux's default TTL (`net.ipv4.ip_default_ttl`); DF with ID 0 is how Linux frames a
 //! datagram from an unconnected `IP_PMTUDISC_DO` socket, as softroce's own sender does.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::wire::IcrcStatus;
+use crate::wire::{Ecn, IcrcStatus};
 
 /// The bytes reserved for the GRH at the start of a UD receive buffer.
 pub const GRH_LEN: usize = 40;
@@ -44,6 +47,9 @@ pub struct Datagram<'a> {
     /// The IP header as received (IPv4 from its first byte, options allowed; IPv6 the fixed 40
     /// bytes), when the io layer has it. `None` on a UDP socket: the core then synthesises one.
     pub ip_header: Option<&'a [u8]>,
+    /// The IPv4 TOS or IPv6 traffic class byte it arrived with (DSCP and ECN), or 0 where the
+    /// io layer cannot read it.
+    pub traffic_class: u8,
     /// What the io layer could verify of the ICRC.
     pub icrc: IcrcStatus,
     /// The UDP payload: the RoCE packet, ICRC included.
@@ -51,6 +57,11 @@ pub struct Datagram<'a> {
 }
 
 impl Datagram<'_> {
+    /// Its ECN codepoint: CE where a switch on the way marked it.
+    pub fn ecn(&self) -> Ecn {
+        Ecn::of_traffic_class(self.traffic_class)
+    }
+
     /// Whether `ip_header`, when given, is long enough for the IP version its first byte names.
     pub(crate) fn ip_header_fits(&self) -> bool {
         match self.ip_header {
@@ -74,10 +85,20 @@ impl Datagram<'_> {
             Some(header) => grh.copy_from_slice(&header[..IPV6_HEADER_LEN]),
             None => match (self.src.to_canonical(), self.dst.to_canonical()) {
                 (IpAddr::V4(src), IpAddr::V4(dst)) => {
-                    grh[v4_at..].copy_from_slice(&ipv4_header(src, dst, self.packet.len()));
+                    grh[v4_at..].copy_from_slice(&ipv4_header(
+                        src,
+                        dst,
+                        self.traffic_class,
+                        self.packet.len(),
+                    ));
                 }
                 (src, dst) => {
-                    grh.copy_from_slice(&ipv6_header(v6(src), v6(dst), self.packet.len()));
+                    grh.copy_from_slice(&ipv6_header(
+                        v6(src),
+                        v6(dst),
+                        self.traffic_class,
+                        self.packet.len(),
+                    ));
                 }
             },
         }
@@ -97,9 +118,10 @@ fn len16(len: usize) -> [u8; 2] {
     u16::try_from(len).unwrap_or(u16::MAX).to_be_bytes()
 }
 
-fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, udp_payload: usize) -> [u8; IPV4_HEADER_LEN] {
+fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, tos: u8, udp_payload: usize) -> [u8; IPV4_HEADER_LEN] {
     let mut h = [0u8; IPV4_HEADER_LEN];
     h[0] = 0x45; // version 4, 5 words
+    h[1] = tos;
     h[2..4].copy_from_slice(&len16(IPV4_HEADER_LEN + UDP_HEADER_LEN + udp_payload));
     h[6] = 0x40; // DF, fragment offset 0
     h[8] = SYNTHESISED_TTL;
@@ -111,9 +133,16 @@ fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, udp_payload: usize) -> [u8; IPV4_HE
     h
 }
 
-fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, udp_payload: usize) -> [u8; IPV6_HEADER_LEN] {
+fn ipv6_header(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    class: u8,
+    udp_payload: usize,
+) -> [u8; IPV6_HEADER_LEN] {
     let mut h = [0u8; IPV6_HEADER_LEN];
-    h[0] = 0x60;
+    // Version 6, then the traffic class across the next two nibbles.
+    h[0] = 0x60 | class >> 4;
+    h[1] = class << 4;
     h[4..6].copy_from_slice(&len16(UDP_HEADER_LEN + udp_payload));
     h[6] = IP_PROTO_UDP;
     h[7] = SYNTHESISED_TTL;
@@ -145,6 +174,7 @@ mod tests {
             src_port: 4791,
             dst,
             ip_header: header,
+            traffic_class: 0,
             icrc: IcrcStatus::Ok,
             packet: &[0; 100],
         }
@@ -179,6 +209,13 @@ mod tests {
         assert_eq!(ip[12..16], src.octets());
         assert_eq!(ip[16..20], dst.octets());
         assert_eq!(ipv4_checksum(&ip), 0);
+        // The received DSCP and ECN byte goes in, and the checksum covers it.
+        let mut marked = datagram(src.into(), dst.into(), None);
+        marked.traffic_class = 26 << 2 | 3;
+        assert_eq!(marked.ecn(), Ecn::Ce);
+        let grh = marked.grh();
+        assert_eq!(grh[21], 26 << 2 | 3);
+        assert_eq!(ipv4_checksum(&grh[20..].try_into().unwrap()), 0);
     }
 
     #[test]
@@ -191,6 +228,10 @@ mod tests {
         assert_eq!((grh[6], grh[7]), (17, 64));
         assert_eq!(grh[8..24], src.octets());
         assert_eq!(grh[24..40], dst.to_ipv6_mapped().octets());
+        let mut marked = datagram(src.into(), dst.into(), None);
+        marked.traffic_class = 0xab;
+        let grh = marked.grh();
+        assert_eq!((grh[0], grh[1] & 0xf0), (0x6a, 0xb0));
         // An IPv4-mapped IPv6 pair, as a dual-stack socket reports IPv4 peers, is IPv4.
         let mapped = |a: Ipv4Addr| IpAddr::V6(a.to_ipv6_mapped());
         let grh = datagram(mapped(Ipv4Addr::LOCALHOST), mapped(dst), None).grh();

@@ -18,10 +18,10 @@ use super::requester::Requester;
 use super::responder::Responder;
 use super::srq::SharedRq;
 use super::{
-    check_modify, AddressHandle, AddressVector, AsyncEvent, AttrName, Counters, CqId, Ctx,
-    Datagram, Lane, ModifyError, PathMtu, Qp, QpAttr, QpInit, QpSettings, QpState, QpType,
-    QueueSlots, RecvWr, SendWr, SrqAttr, SrqId, SrqModify, Transmit, VerbsError, WcOpcode,
-    WcStatus, WorkCompletion, MAX_PACKET_LEN, MAX_TOUCHED,
+    check_modify, AddressHandle, AddressVector, AsyncEvent, AttrName, CongestionConfig,
+    CongestionStatus, Counters, CqId, Ctx, Datagram, Lane, ModifyError, PathMtu, Qp, QpAttr,
+    QpInit, QpSettings, QpState, QpType, QueueSlots, RecvWr, SendWr, SrqAttr, SrqId, SrqModify,
+    Transmit, VerbsError, WcOpcode, WcStatus, WorkCompletion, MAX_PACKET_LEN, MAX_TOUCHED,
 };
 use crate::keyed::KeyedTable;
 use crate::memory::{Access, DeviceMemory, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
@@ -37,6 +37,8 @@ pub struct EndpointConfig {
     pub seed: u64,
     /// Which of the device's engines this endpoint is, and so which QP numbers it draws.
     pub lane: Lane,
+    /// CNPs for CE marks, and DCQCN for CNPs: on by default, as on ConnectX.
+    pub congestion: CongestionConfig,
 }
 
 /// A port's MTU until [`Endpoint::set_port_mtu`]: rxe's active MTU on a 1500-byte Ethernet
@@ -126,6 +128,7 @@ macro_rules! qp_and_ctx {
             events: &mut $self.events,
             counters: &mut $self.counters,
             overrun: &mut $self.overrun,
+            congestion: &$self.config.congestion,
         };
         (qp, ctx)
     }};
@@ -378,6 +381,7 @@ impl Endpoint {
                 resp: Responder::default(),
                 received: 0,
                 slots: None,
+                cc: Default::default(),
             },
         );
         // The callers drew a number whose slot is free, or checked QP1's: a QP missing from its
@@ -540,6 +544,25 @@ impl Endpoint {
         self.qps.get(qpn.value()).map(|qp| qp.received)
     }
 
+    /// What congestion control did for QP `qpn`, and the rate its pacer holds it to.
+    pub fn congestion(&self, qpn: Qpn) -> Option<CongestionStatus> {
+        self.qps.get(qpn.value()).map(|qp| qp.cc.status())
+    }
+
+    /// Each QP that congestion control has touched (a mark, a CNP, a rate), with what it did:
+    /// for the daemon's counters.
+    pub fn congested(&self) -> impl Iterator<Item = (Qpn, CongestionStatus)> + '_ {
+        self.qps
+            .values()
+            .map(|qp| (qp.qpn, qp.cc.status()))
+            .filter(|(_, status)| *status != CongestionStatus::default())
+    }
+
+    /// The congestion control parameters QPs run with.
+    pub fn congestion_config(&self) -> &CongestionConfig {
+        &self.config.congestion
+    }
+
     /// The QP's transport service; `None` if there is no such QP.
     pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
         self.qps.get(qpn.value()).map(|qp| qp.qp_type)
@@ -610,6 +633,8 @@ impl Endpoint {
             QpState::Reset => {
                 qp.flush(&mut ctx);
                 qp.state = QpState::Reset;
+                // A QP connected again starts unpaced, as a new one does.
+                qp.cc = Default::default();
             }
             _ => {
                 qp.state = to;
@@ -769,6 +794,7 @@ impl Endpoint {
             src_port: crate::wire::ROCEV2_UDP_PORT,
             dst: self.config.local_addr,
             ip_header: None,
+            traffic_class: 0,
             icrc,
             packet: bytes,
         };
@@ -802,6 +828,10 @@ impl Endpoint {
             ctx.counters.dropped_unknown_qp += 1;
             return;
         };
+        if repr.bth.opcode == Opcode::Cnp {
+            qp.on_cnp(datagram.src, &mut ctx);
+            return;
+        }
         let transport = match qp.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
@@ -828,6 +858,9 @@ impl Endpoint {
             return;
         }
         qp.received += 1;
+        if datagram.ecn().is_ce() {
+            qp.congestion_marked(datagram.src, &repr, &mut ctx);
+        }
         let payload = packet.payload();
         if matches!(
             repr.bth.opcode,
@@ -878,7 +911,7 @@ impl Endpoint {
         let mut due = std::mem::take(&mut self.due);
         due.clear();
         due.extend(self.active.iter().copied().filter(|qpn| {
-            let deadline = self.qps.get(qpn.value()).and_then(|qp| qp.req.deadline());
+            let deadline = self.qps.get(qpn.value()).and_then(|qp| qp.deadline());
             deadline.is_some_and(|d| d <= now)
         }));
         for &qpn in &due {
@@ -894,10 +927,10 @@ impl Endpoint {
 
     /// The earliest time `handle_timeout` has work to do.
     pub fn next_deadline(&self) -> Option<Duration> {
-        let next = self.candidates().filter_map(|qp| qp.req.deadline()).min();
+        let next = self.candidates().filter_map(|qp| qp.deadline()).min();
         debug_assert_eq!(
             next,
-            self.qps.values().filter_map(|qp| qp.req.deadline()).min(),
+            self.qps.values().filter_map(|qp| qp.deadline()).min(),
             "a QP with a timer is missing from the active set"
         );
         next
@@ -920,7 +953,7 @@ impl Endpoint {
             let busy = self
                 .qps
                 .get(qpn.value())
-                .is_some_and(|qp| qp.req.deadline().is_some() || qp.resp.has_pending_responses());
+                .is_some_and(|qp| qp.deadline().is_some() || qp.resp.has_pending_responses());
             if busy {
                 self.active.insert(qpn);
             } else {
@@ -1108,6 +1141,7 @@ mod tests {
             local_addr: Ipv4Addr::LOCALHOST.into(),
             seed: 1,
             lane: Lane::SOLE,
+            congestion: Default::default(),
         });
         let init = QpInit {
             qp_type: QpType::Ud,

@@ -17,9 +17,11 @@
 //! (asynchronous events). `now` is a `Duration` since any epoch the caller likes; only differences
 //! matter.
 
+mod congestion;
 mod counters;
 mod cq;
 mod datagram;
+mod dcqcn;
 mod endpoint;
 mod lane;
 mod outgoing;
@@ -36,8 +38,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use congestion::{CongestionConfig, CongestionStatus, NpParams};
 pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
+pub use dcqcn::{RpParams, METER_WINDOW};
 pub use endpoint::{Endpoint, EndpointConfig, Resources, DEFAULT_PORT_MTU, MAX_AH_GROWTH};
 pub use lane::{Lane, MAX_LANES};
 pub use outgoing::MAX_PACKET_LEN;
@@ -55,6 +59,7 @@ pub use wr::{
 
 use crate::memory::{DeviceMemory, MemoryError, PdId};
 use crate::wire::{AckSyndrome, AethRepr, BthRepr, ExtHeaders, Opcode, PacketRepr, QKey, Qpn};
+use congestion::QpCongestion;
 use cq::{CompletionQueue, Pushed};
 use outgoing::{Queued, Source};
 use requester::Requester;
@@ -230,6 +235,8 @@ pub(crate) struct Ctx<'a> {
     pub counters: &'a mut Counters,
     /// CQs that overran since the endpoint last put their QPs in error.
     pub overrun: &'a mut Vec<CqId>,
+    /// How QPs take part in congestion control.
+    pub congestion: &'a CongestionConfig,
 }
 
 impl Ctx<'_> {
@@ -324,6 +331,8 @@ pub(crate) struct Qp {
     /// The outstanding requests its handles count ([`Endpoint::share_slots`]); `None` where
     /// the caller of the core counts nothing (the simulator, the CM's QP1).
     pub slots: Option<Arc<QueueSlots>>,
+    /// Its CNPs, both ways, and its pacer.
+    pub cc: QpCongestion,
 }
 
 impl Qp {
@@ -337,6 +346,14 @@ impl Qp {
 
     fn peer(&self) -> Option<IpAddr> {
         self.settings.av.map(|av| av.dest)
+    }
+
+    /// When its timers (retry, RNR wait) or its pacer next want it.
+    fn deadline(&self) -> Option<Duration> {
+        match (self.req.deadline(), self.cc.deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The path MTU; for UD, whose modify takes none, the port's (rxe_req.c `get_mtu`), which

@@ -294,6 +294,7 @@ impl Qp {
     }
 
     fn pump_packets(&mut self, ctx: &mut Ctx<'_>) {
+        self.cc.unhold();
         if self.state != QpState::Rts {
             return;
         }
@@ -322,6 +323,11 @@ impl Qp {
                 }
                 self.req.send_idx += 1;
                 continue;
+            }
+            // DCQCN's pacer: a QP slowed by CNPs waits for its turn (`Qp::deadline`).
+            if !self.cc.rate.may_send(&ctx.congestion.rp, ctx.now) {
+                self.cc.hold(&ctx.congestion.rp);
+                break;
             }
             if !self.req.sq[idx].started {
                 let op = self.req.sq[idx].wr.op;
@@ -355,6 +361,8 @@ impl Qp {
                 self.fail_wqe(idx, status, ctx);
                 return;
             }
+            let bytes = ctx.out.back().map_or(0, |queued| queued.repr.buffer_len());
+            self.cc.rate.sent(&ctx.congestion.rp, ctx.now, bytes);
             let wqe = &mut self.req.sq[idx];
             let k = (psn - wqe.first_psn) as u32;
             if wqe.wr.op.is_read_or_atomic() || k + 1 == wqe.npsn {

@@ -18,7 +18,8 @@ use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
 use crate::transport::{
-    AsyncEvent, Counters, Lane, PathMtu, Resources, VerbsError, DEFAULT_PORT_MTU, MAX_LANES,
+    AsyncEvent, CongestionConfig, CongestionStatus, Counters, Lane, PathMtu, Resources, VerbsError,
+    DEFAULT_PORT_MTU, MAX_LANES,
 };
 use crate::wire::{Psn, Qpn};
 
@@ -50,6 +51,10 @@ pub const C_PROGRESS_VAR: &str = "SOFTROCE_PROGRESS";
 /// The variable softroce's C library reads for its ports' active MTU in bytes (256 to 4096), in
 /// place of the link's ([`DeviceConfig::port_mtu`]); `softroce run --mtu` sets it.
 pub const C_MTU_VAR: &str = "SOFTROCE_MTU";
+/// The variable softroce's C library reads for its devices' congestion control: settings as
+/// [`CongestionConfig`] parses them (`off`, or mlx5's parameter names); `softroce run --cc`
+/// sets it.
+pub const C_CC_VAR: &str = "SOFTROCE_CC";
 
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,9 +83,22 @@ pub struct DeviceConfig {
     /// on the SRQ's engine; the kernel steers each datagram to its QP's engine (see
     /// ARCHITECTURE.md, "Several engines").
     pub engines: usize,
+    /// ECN, CNPs and DCQCN: on by default, as on ConnectX ([`CongestionConfig::off`] sends and
+    /// heeds none of it, as kernel rxe).
+    pub congestion: CongestionConfig,
 }
 
 impl DeviceConfig {
+    /// Its UDP socket's set-up: the address, and the ECN and CNP DSCP of `congestion`.
+    fn udp_config(&self, segmentation: bool) -> UdpConfig {
+        UdpConfig {
+            segmentation,
+            ecn: self.congestion.ecn().bits(),
+            cnp_dscp: self.congestion.np.np_cnp_dscp,
+            ..UdpConfig::new(self.address)
+        }
+    }
+
     /// A device on a UDP socket bound to `address:4791`.
     pub fn udp(address: IpAddr) -> Self {
         DeviceConfig {
@@ -92,6 +110,7 @@ impl DeviceConfig {
             port_mtu: None,
             cm: CmConfig::default(),
             engines: 1,
+            congestion: CongestionConfig::default(),
         }
     }
 }
@@ -158,10 +177,7 @@ impl Device {
         }
         match config.backend {
             BackendKind::Udp { segmentation } => {
-                let udp = UdpConfig {
-                    segmentation,
-                    ..UdpConfig::new(config.address)
-                };
+                let udp = config.udp_config(segmentation);
                 Self::start(UdpBackend::with_config(udp)?, &config)
             }
             BackendKind::Raw => {
@@ -174,7 +190,12 @@ impl Device {
                         ),
                     )));
                 };
-                let raw = RawBackend::bind(RawConfig::new(address)).map_err(io::Error::from)?;
+                let raw = RawBackend::bind(RawConfig {
+                    ecn: config.congestion.ecn().bits(),
+                    cnp_dscp: config.congestion.np.np_cnp_dscp,
+                    ..RawConfig::new(address)
+                })
+                .map_err(io::Error::from)?;
                 Self::start(raw, &config)
             }
         }
@@ -201,9 +222,8 @@ impl Device {
             ));
         }
         let udp = UdpConfig {
-            segmentation,
             reuse_port: true,
-            ..UdpConfig::new(config.address)
+            ..config.udp_config(segmentation)
         };
         // A reuse-port socket joins any group on the address, another device's of several
         // engines included, and would see none of its datagrams: a plain bind first fails if
@@ -269,9 +289,15 @@ impl Device {
         });
         let parts = engine::prepare_lanes(backends.len() as u32, seed)?;
         let mut engines: Vec<EngineHandle> = Vec::with_capacity(backends.len());
+        let settings = engine::EngineSettings {
+            seed,
+            port_mtu,
+            progress: config.progress,
+            cm: config.cm,
+            congestion: config.congestion,
+        };
         for (backend, parts) in backends.into_iter().zip(parts) {
-            let (progress, cm) = (config.progress, config.cm);
-            match engine::start(backend, parts, seed, port_mtu, progress, cm) {
+            match engine::start(backend, parts, &settings) {
                 Ok(engine) => engines.push(engine),
                 Err(error) => {
                     // The engines started already stop, and free the address.
@@ -402,6 +428,16 @@ impl Device {
             sum.1 += &io;
         }
         Ok(sum)
+    }
+
+    /// Each QP that congestion control has touched (a CE mark, a CNP, a rate), with what it
+    /// did and the rate its pacer holds it to, over all engines.
+    pub fn congestion(&self) -> Result<Vec<(Qpn, CongestionStatus)>> {
+        let mut all = Vec::new();
+        for engine in self.inner.engines.iter() {
+            all.extend(engine.call(Command::Congestion)?);
+        }
+        Ok(all)
     }
 
     /// How many packets QP `qpn` has accepted from its peer: a sign that the peer is alive

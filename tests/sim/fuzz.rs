@@ -320,7 +320,7 @@ impl World {
         };
         if input.below(8) == 0 {
             let raw: Vec<u8> = (0..input.below(96)).map(|_| input.u8()).collect();
-            self.deliver(from, to, &raw);
+            self.deliver(from, to, 0, &raw);
             return;
         }
         let opcode = input.pick(Opcode::SUPPORTED);
@@ -393,17 +393,20 @@ impl World {
             let at = input.below(packet.len() as u32) as usize;
             packet[at] ^= input.u8();
         }
-        self.deliver(from, to, &packet);
+        // Any DSCP and ECN: a CE mark makes the receiver answer with a CNP.
+        let class = input.u8();
+        self.deliver(from, to, class, &packet);
     }
 
     /// Delivers bytes as if their ICRC were good: corruption the ICRC would catch is left to
     /// the simulator's own tests; here the parser and the responder get to see it.
-    fn deliver(&mut self, from: usize, to: usize, packet: &[u8]) {
+    fn deliver(&mut self, from: usize, to: usize, class: u8, packet: &[u8]) {
         let datagram = Datagram {
             src: addr(from),
             src_port: ROCEV2_UDP_PORT,
             dst: addr(to),
             ip_header: None,
+            traffic_class: class,
             icrc: IcrcStatus::Ok,
             packet,
         };

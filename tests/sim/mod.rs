@@ -4,6 +4,10 @@
 //! would carry, then may be dropped, duplicated, delayed (which reorders) or have a bit flipped,
 //! all drawn from one seeded generator. On delivery its ICRC is checked, so a flipped bit must
 //! be caught there and never reach memory. Virtual time jumps to the next delivery or deadline.
+//!
+//! A [`Bottleneck`] puts a switch in front of one node: what is sent to it queues there for a
+//! slower link, is marked CE above a threshold if it is ECN-capable, and is dropped at the
+//! queue's limit.
 
 #![allow(dead_code)] // each test binary uses a different part
 
@@ -18,9 +22,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::rc::Rc;
 use std::time::Duration;
 
-use softroce::transport::{Datagram, Endpoint, EndpointConfig, Lane, MAX_PACKET_LEN};
+use softroce::transport::{
+    CongestionConfig, Datagram, Endpoint, EndpointConfig, Lane, MAX_PACKET_LEN,
+};
 use softroce::wire::{
-    BthRepr, ExtHeaders, KernelFraming, Opcode, PacketRepr, Psn, RocePacket, ROCEV2_UDP_PORT,
+    BthRepr, Ecn, ExtHeaders, KernelFraming, Opcode, PacketRepr, Psn, RocePacket, ROCEV2_UDP_PORT,
 };
 
 /// xorshift64*: small, seedable, good enough to draw network faults.
@@ -71,6 +77,123 @@ pub type Rewrite = Box<dyn FnMut(usize, &mut Vec<u8>)>;
 /// oracle of what the node itself put on the wire.
 pub type Observe = Box<dyn FnMut(usize, &[u8])>;
 
+/// A switch in front of node `to`, whose port to it is slower than the links into it: a
+/// queue that marks ECN-capable packets CE as RED with ECN does (RFC 3168; the DCQCN paper's
+/// switch): never below `kmin` bytes queued, with a probability rising to `pmax` at `kmax`,
+/// always above; and drops what arrives past `limit`. Packets from `to` pass it by: the way
+/// back is not congested.
+#[derive(Debug, Clone)]
+pub struct Bottleneck {
+    pub to: usize,
+    /// How long its port takes to send one byte.
+    pub byte_time: Duration,
+    pub kmin: usize,
+    pub kmax: usize,
+    pub pmax: f64,
+    pub limit: usize,
+    /// When the port has sent everything queued.
+    free_at: Duration,
+    /// The longest the queue grew, in bytes.
+    pub max_queue: usize,
+    pub marked: u64,
+    pub dropped: u64,
+    /// Bytes each node got through it, by sender.
+    pub delivered: Vec<u64>,
+}
+
+impl Bottleneck {
+    pub fn new(
+        to: usize,
+        byte_time: Duration,
+        (kmin, kmax, pmax): (usize, usize, f64),
+        limit: usize,
+    ) -> Self {
+        Bottleneck {
+            to,
+            byte_time,
+            kmin,
+            kmax,
+            pmax,
+            limit,
+            free_at: Duration::ZERO,
+            max_queue: 0,
+            marked: 0,
+            dropped: 0,
+            delivered: Vec::new(),
+        }
+    }
+
+    /// The bytes queued at `now`.
+    pub fn queue_at(&self, now: Duration) -> usize {
+        let waiting = self.free_at.saturating_sub(now);
+        (waiting.as_nanos() / self.byte_time.as_nanos().max(1)) as usize
+    }
+
+    /// The chance RED marks a packet that finds `queued` bytes ahead of it.
+    fn mark_chance(&self, queued: usize) -> f64 {
+        if queued <= self.kmin {
+            0.0
+        } else if queued >= self.kmax {
+            1.0
+        } else {
+            self.pmax * (queued - self.kmin) as f64 / (self.kmax - self.kmin) as f64
+        }
+    }
+
+    /// A packet of `len` bytes from `from` arrives at `now`: when it leaves, or `None` if
+    /// the queue is full.
+    fn arrive(&mut self, now: Duration, from: usize, len: usize) -> Option<Duration> {
+        let queued = self.queue_at(now);
+        if queued + len > self.limit {
+            self.dropped += 1;
+            return None;
+        }
+        self.max_queue = self.max_queue.max(queued + len);
+        self.free_at = self.free_at.max(now) + self.byte_time * len as u32;
+        if self.delivered.len() <= from {
+            self.delivered.resize(from + 1, 0);
+        }
+        self.delivered[from] += len as u64;
+        Some(self.free_at)
+    }
+
+    /// A packet with traffic class `class` leaves at `now`: marked, if it is ECN-capable, as
+    /// RED weighs the bytes queued behind it. Marking as packets leave rather than as they
+    /// arrive, as switches built for RoCE do, tells the sender of a queue without making it
+    /// wait for the queue first.
+    fn leave(&mut self, now: Duration, class: u8, rng: &mut Rng) -> u8 {
+        let ect = matches!(Ecn::of_traffic_class(class), Ecn::Ect0 | Ecn::Ect1);
+        if ect && rng.chance(self.mark_chance(self.queue_at(now))) {
+            self.marked += 1;
+            class | Ecn::Ce.bits()
+        } else {
+            class
+        }
+    }
+}
+
+/// Where a packet on its way is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hop {
+    /// On the link to its node.
+    Link,
+    /// On the link to the bottleneck in front of its node.
+    ToSwitch,
+    /// Queued in the bottleneck, to leave for its node.
+    Queued,
+}
+
+/// A packet on its way.
+#[derive(Debug)]
+struct Flight {
+    from: usize,
+    to: usize,
+    /// Its IP TOS byte: the ECN codepoint it was sent with, or CE once marked.
+    class: u8,
+    hop: Hop,
+    bytes: Vec<u8>,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NetStats {
     pub sent: u64,
@@ -95,8 +218,10 @@ pub struct Sim {
     /// When each node's link has sent everything queued on it.
     link_free: Vec<Duration>,
     latency: Duration,
-    /// (delivery time, sequence) -> (from, to, bytes)
-    in_flight: BTreeMap<(Duration, u64), (usize, usize, Vec<u8>)>,
+    /// A switch in front of one node, if any.
+    pub bottleneck: Option<Bottleneck>,
+    /// (delivery time, sequence) -> the packet
+    in_flight: BTreeMap<(Duration, u64), Flight>,
     seq: u64,
     /// Where the nodes build their packets, as an io layer's train: refilled with a junk byte
     /// before each one, so a byte the core failed to write shows (see `take`).
@@ -119,7 +244,18 @@ fn framing(from: usize, to: usize) -> KernelFraming {
 }
 
 impl Sim {
+    /// Nodes that run congestion control as configured by default: ECT(0) on what they send,
+    /// CNPs for CE marks, DCQCN for CNPs.
     pub fn new(nodes: usize, seed: u64, faults: Faults) -> Self {
+        Self::with_congestion(nodes, seed, faults, CongestionConfig::default())
+    }
+
+    pub fn with_congestion(
+        nodes: usize,
+        seed: u64,
+        faults: Faults,
+        congestion: CongestionConfig,
+    ) -> Self {
         let link_free = vec![Duration::ZERO; nodes];
         let nodes = (0..nodes)
             .map(|n| {
@@ -127,6 +263,7 @@ impl Sim {
                     local_addr: addr(n),
                     seed: seed ^ (n as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
                     lane: Lane::SOLE,
+                    congestion,
                 })
             })
             .collect();
@@ -143,6 +280,7 @@ impl Sim {
             byte_time: Duration::ZERO,
             link_free,
             latency: Duration::from_micros(5),
+            bottleneck: None,
             in_flight: BTreeMap::new(),
             seq: 0,
         }
@@ -152,7 +290,7 @@ impl Sim {
         (0..self.nodes.len()).find(|&n| addr(n) == ip)
     }
 
-    fn enqueue(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
+    fn enqueue(&mut self, from: usize, to: usize, class: u8, bytes: Vec<u8>) {
         let sent = self.now.max(self.link_free[from]) + self.byte_time * bytes.len() as u32;
         self.link_free[from] = sent;
         let mut at = sent + self.latency;
@@ -162,7 +300,27 @@ impl Sim {
             at += Duration::from_nanos(self.rng.below(jitter + 1));
         }
         self.seq += 1;
-        self.in_flight.insert((at, self.seq), (from, to, bytes));
+        let hop = if self.bottleneck.as_ref().is_some_and(|b| b.to == to) {
+            Hop::ToSwitch
+        } else {
+            Hop::Link
+        };
+        self.in_flight.insert(
+            (at, self.seq),
+            Flight {
+                from,
+                to,
+                class,
+                hop,
+                bytes,
+            },
+        );
+    }
+
+    /// The ECN bits node `from` sends with, as its io layer would write them: ECT(0) if its
+    /// congestion control says so.
+    fn class_of(&self, from: usize) -> u8 {
+        self.nodes[from].congestion_config().ecn().bits()
     }
 
     /// Node `from`'s next packet and where it goes, its ICRC left zero. It is built into a
@@ -205,11 +363,12 @@ impl Sim {
                     bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
                     self.stats.corrupted += 1;
                 }
+                let class = self.class_of(from);
                 if self.rng.chance(self.faults.duplicate) {
                     self.stats.duplicated += 1;
-                    self.enqueue(from, to, bytes.clone());
+                    self.enqueue(from, to, class, bytes.clone());
                 }
-                self.enqueue(from, to, bytes);
+                self.enqueue(from, to, class, bytes);
             }
         }
     }
@@ -220,8 +379,14 @@ impl Sim {
     pub fn inject(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
         framing(from, to).seal(&mut packet);
         self.seq += 1;
-        self.in_flight
-            .insert((self.now, self.seq), (from, to, packet));
+        let flight = Flight {
+            from,
+            to,
+            class: 0,
+            hop: Hop::Link,
+            bytes: packet,
+        };
+        self.in_flight.insert((self.now, self.seq), flight);
     }
 
     /// Takes up to `limit` packets node `from` has to send and delivers them to node `to` at
@@ -234,7 +399,7 @@ impl Sim {
                 break;
             };
             framing(from, to).seal(&mut bytes);
-            self.deliver(from, to, &bytes);
+            self.deliver(from, to, 0, &bytes);
             moved += 1;
         }
         moved
@@ -245,17 +410,25 @@ impl Sim {
     /// before the node answers any. `from` need not be a node, as with [`inject`](Self::inject).
     pub fn deliver_now(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
         framing(from, to).seal(&mut packet);
-        self.deliver(from, to, &packet);
+        self.deliver(from, to, 0, &packet);
+    }
+
+    /// Seals `packet` and hands it to node `to` at once with IP TOS byte `class`: a packet a
+    /// switch marked (`Ecn::Ce`), as the io layer reports it.
+    pub fn deliver_with_class(&mut self, from: usize, to: usize, class: u8, mut packet: Vec<u8>) {
+        framing(from, to).seal(&mut packet);
+        self.deliver(from, to, class, &packet);
     }
 
     /// Hands a sealed packet to node `to` now, as a UDP socket with IP_PKTINFO reports it:
     /// addresses, no IP header, and the ICRC as far as the kernel's framing lets it be checked.
-    fn deliver(&mut self, from: usize, to: usize, bytes: &[u8]) {
+    fn deliver(&mut self, from: usize, to: usize, class: u8, bytes: &[u8]) {
         let datagram = Datagram {
             src: addr(from),
             src_port: ROCEV2_UDP_PORT,
             dst: addr(to),
             ip_header: None,
+            traffic_class: class,
             icrc: framing(from, to).verify(bytes),
             packet: bytes,
         };
@@ -285,8 +458,25 @@ impl Sim {
             if entry.key().0 > self.now {
                 break;
             }
-            let (from, to, bytes) = entry.remove();
-            self.deliver(from, to, &bytes);
+            let (at, seq) = *entry.key();
+            let mut flight = entry.remove();
+            match (flight.hop, &mut self.bottleneck) {
+                (Hop::ToSwitch, Some(bottleneck)) => {
+                    match bottleneck.arrive(at, flight.from, flight.bytes.len()) {
+                        Some(leaves) => {
+                            flight.hop = Hop::Queued;
+                            self.in_flight.insert((leaves, seq), flight);
+                        }
+                        None => self.stats.dropped += 1,
+                    }
+                    continue;
+                }
+                (Hop::Queued, Some(bottleneck)) => {
+                    flight.class = bottleneck.leave(at, flight.class, &mut self.rng);
+                }
+                _ => {}
+            }
+            self.deliver(flight.from, flight.to, flight.class, &flight.bytes);
         }
         for node in &mut self.nodes {
             if node.next_deadline().is_some_and(|d| d <= self.now) {
