@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use sim::rc::{connect, connect_qps, qp_on, sge, Options, Side, ALL, IOVA, LIMIT, MR_LEN};
+use sim::red::Red;
 use sim::{addr, forge, Bottleneck, Faults, Sim};
 use softroce::memory::MemoryRegion;
 use softroce::transport::{CongestionConfig, QpInit, QpType, SendOp, SendWr, WcStatus};
@@ -237,7 +238,11 @@ struct Incast {
 const MESSAGE: u32 = 64 << 10;
 /// RED's Kmin, Kmax and Pmax: marking from 10 KB, certain at 100 KB. The DCQCN paper's
 /// (5 KB, 200 KB, 1%) suit 40 Gb/s; at 4 Gb/s the queue must be heard from sooner.
-const RED: (usize, usize, f64) = (10_000, 100_000, 0.2);
+const RED: Red = Red {
+    kmin: 10_000,
+    kmax: 100_000,
+    pmax: 0.2,
+};
 /// A shallow switch buffer for one port.
 const LIMIT_BYTES: usize = 192 << 10;
 /// Nanoseconds per byte: 8 Gb/s senders, a 4 Gb/s bottleneck.

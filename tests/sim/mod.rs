@@ -15,6 +15,7 @@ pub mod cm;
 pub mod exposure;
 pub mod fuzz;
 pub mod rc;
+pub mod red;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::rc::Rc;
 use std::time::Duration;
 
+use red::Red;
 use softroce::transport::{
     CongestionConfig, Datagram, Endpoint, EndpointConfig, Lane, MAX_PACKET_LEN,
 };
@@ -79,17 +81,14 @@ pub type Observe = Box<dyn FnMut(usize, &[u8])>;
 
 /// A switch in front of node `to`, whose port to it is slower than the links into it: a
 /// queue that marks ECN-capable packets CE as RED with ECN does (RFC 3168; the DCQCN paper's
-/// switch): never below `kmin` bytes queued, with a probability rising to `pmax` at `kmax`,
-/// always above; and drops what arrives past `limit`. Packets from `to` pass it by: the way
+/// switch; [`Red`]) and drops what arrives past `limit`. Packets from `to` pass it by: the way
 /// back is not congested.
 #[derive(Debug, Clone)]
 pub struct Bottleneck {
     pub to: usize,
     /// How long its port takes to send one byte.
     pub byte_time: Duration,
-    pub kmin: usize,
-    pub kmax: usize,
-    pub pmax: f64,
+    pub red: Red,
     pub limit: usize,
     /// When the port has sent everything queued.
     free_at: Duration,
@@ -102,18 +101,11 @@ pub struct Bottleneck {
 }
 
 impl Bottleneck {
-    pub fn new(
-        to: usize,
-        byte_time: Duration,
-        (kmin, kmax, pmax): (usize, usize, f64),
-        limit: usize,
-    ) -> Self {
+    pub fn new(to: usize, byte_time: Duration, red: Red, limit: usize) -> Self {
         Bottleneck {
             to,
             byte_time,
-            kmin,
-            kmax,
-            pmax,
+            red,
             limit,
             free_at: Duration::ZERO,
             max_queue: 0,
@@ -127,17 +119,6 @@ impl Bottleneck {
     pub fn queue_at(&self, now: Duration) -> usize {
         let waiting = self.free_at.saturating_sub(now);
         (waiting.as_nanos() / self.byte_time.as_nanos().max(1)) as usize
-    }
-
-    /// The chance RED marks a packet that finds `queued` bytes ahead of it.
-    fn mark_chance(&self, queued: usize) -> f64 {
-        if queued <= self.kmin {
-            0.0
-        } else if queued >= self.kmax {
-            1.0
-        } else {
-            self.pmax * (queued - self.kmin) as f64 / (self.kmax - self.kmin) as f64
-        }
     }
 
     /// A packet of `len` bytes from `from` arrives at `now`: when it leaves, or `None` if
@@ -163,7 +144,7 @@ impl Bottleneck {
     /// wait for the queue first.
     fn leave(&mut self, now: Duration, class: u8, rng: &mut Rng) -> u8 {
         let ect = matches!(Ecn::of_traffic_class(class), Ecn::Ect0 | Ecn::Ect1);
-        if ect && rng.chance(self.mark_chance(self.queue_at(now))) {
+        if ect && rng.chance(self.red.chance(self.queue_at(now))) {
             self.marked += 1;
             class | Ecn::Ce.bits()
         } else {

@@ -19,6 +19,7 @@ checks (the guest server each one talks to, in the interop lab's vmB):
   bad-icrc         a SEND with a corrupted ICRC, then the right one (`ibv_rc_pingpong -g 1 -n 1`)
   psn-gap          a SEND ahead of the expected PSN, then the right one (`ibv_rc_pingpong -g 1 -n 1`)
   write-no-access  an RDMA WRITE to a QP without remote write (`ibv_rc_pingpong -g 1`)
+  cnp              a CNP to the QP, then a round trip (`ibv_rc_pingpong -g 1 -n 1`)
 
 options:
   --server IP      the guest running the server (required)
@@ -41,10 +42,11 @@ pub enum Check {
     BadIcrc,
     PsnGap,
     WriteNoAccess,
+    Cnp,
 }
 
 impl Check {
-    const ALL: [Check; 8] = [
+    const ALL: [Check; 9] = [
         Check::RcPingpong,
         Check::UdPingpong,
         Check::Write,
@@ -53,6 +55,7 @@ impl Check {
         Check::BadIcrc,
         Check::PsnGap,
         Check::WriteNoAccess,
+        Check::Cnp,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +68,7 @@ impl Check {
             Check::BadIcrc => "bad-icrc",
             Check::PsnGap => "psn-gap",
             Check::WriteNoAccess => "write-no-access",
+            Check::Cnp => "cnp",
         }
     }
 
@@ -77,7 +81,7 @@ impl Check {
             Check::UdPingpong => (512, 10),
             // perftest's atomics are 8 bytes.
             Check::Atomic => (8, 2),
-            Check::BadIcrc | Check::PsnGap | Check::WriteNoAccess => (64, 1),
+            Check::BadIcrc | Check::PsnGap | Check::WriteNoAccess | Check::Cnp => (64, 1),
         }
     }
 }

@@ -34,6 +34,7 @@ pub fn run(args: &Args) -> Result<String> {
         Check::BadIcrc => bad_icrc(args),
         Check::PsnGap => psn_gap(args),
         Check::WriteNoAccess => write_no_access(args),
+        Check::Cnp => cnp(args),
     }
 }
 
@@ -304,6 +305,29 @@ fn bad_icrc(args: &Args) -> Result<String> {
     Ok(format!(
         "SEND_ONLY psn={psn} with a corrupted ICRC: no answer in {SILENCE:?}; with the right \
          ICRC: ACK psn={psn} msn=1 and the echo; {}",
+        qp.link.summary()
+    ))
+}
+
+/// A CNP (IBTA Annex A17.9.3: BECN set, PSN 0, 16 reserved bytes), as softroce's notification
+/// point sends one, to ibv_rc_pingpong's QP: rxe has no reaction point and drops it (its opcode
+/// checks admit RC, UC and UD only), so nothing answers and nothing breaks; the round trip
+/// that follows completes.
+fn cnp(args: &Args) -> Result<String> {
+    let mut qp = rc_pingpong_qp(args)?;
+    let bth = BthRepr {
+        becn: true,
+        ..BthRepr::new(Opcode::Cnp, qp.remote_qpn(), Psn::new(0))
+    };
+    let repr = PacketRepr::new(bth, ExtHeaders::default(), 0);
+    qp.link.send(&repr, &[], Seal::Good)?;
+    qp.expect_silence(SILENCE)
+        .map_err(|e| format!("after the CNP: {e}"))?;
+    let msg = pattern(0, args.size.min(PATH_MTU));
+    round_trip(&mut qp, 0, &msg)?;
+    Ok(format!(
+        "CNP to QP {}: no answer in {SILENCE:?}; then a SEND: ACK and the echo; {}",
+        qp.remote_qpn(),
         qp.link.summary()
     ))
 }

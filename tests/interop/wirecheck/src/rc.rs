@@ -100,6 +100,11 @@ impl RcQp {
         self.next_psn
     }
 
+    /// The peer's QP.
+    pub fn remote_qpn(&self) -> Qpn {
+        self.remote_qpn
+    }
+
     /// Sends one packet to the guest's QP at `psn`.
     pub fn packet(
         &mut self,
