@@ -9,16 +9,23 @@
 //!   and raises `alpha` toward 1 (`rp_dce_tcp_g`); while no CNP comes, `alpha` decays every
 //!   `rp_dce_tcp_rtt`;
 //! - every `rp_time_reset` and every `rp_byte_reset` bytes sent without a CNP is an increase
-//!   event: while both counts are below `rp_threshold`, fast recovery (`Rc` halfway to `Rt`);
-//!   while one is, additive increase (`Rt` up by `rp_ai_rate`); once both are past it, hyper
-//!   increase (`Rt` up by `rp_hai_rate` times how far past); `Rc` then moves halfway to `Rt`;
+//!   event, judged by the events of each kind before it since the last cut: while both are
+//!   below `rp_threshold`, fast recovery (`Rt` kept); once one has reached it, additive increase
+//!   (`Rt` up by `rp_ai_rate`); once both are past it, hyper increase (`Rt` up by
+//!   `rp_hai_rate`); `Rc` then moves halfway to `Rt`. The ordering, the flat hyper step and
+//!   which increases make the next cut reset `Rt` follow Google's Isekai model of ConnectX
+//!   (`isekai/host/rdma/rdma_roce_cc_dcqcn.cc`); `rp_byte_reset` is counted in bytes, as NVIDIA's
+//!   documentation says, though Isekai counts it in 64-byte units;
 //! - once `Rc` is back at the QP's line rate, the pacer lets go.
 //!
 //! Time is the caller's (`now`), and nothing here runs on its own: the periodic updates a NIC
 //! runs off timers are caught up, in order, whenever the QP sends or hears a CNP. That gives the
 //! rates a timer would, and costs a QP that sends nothing nothing.
 //!
-//! One difference from ConnectX, whose QPs send at the port's speed until paced: a software
+//! Two differences from ConnectX. Its first CNP only gives the QP a rate limiter, at
+//! `rp_rate_to_set_on_first_cnp` (the port's speed when 0), and cuts nothing; softroce's first
+//! CNP also cuts, one CNP sooner, since the rate it starts from is what the QP already sends
+//! (below). And its QPs send at the port's speed until paced: a software
 //! sender is seldom as fast as the speed its port reports (25 Gb/s here, `rp_max_rate` 0), so
 //! a cut from that rate, or from a current rate the QP never reached, would take several CNPs
 //! to bite. softroce first brings `Rc` down to the rate the QP was measured sending at over the
@@ -62,10 +69,11 @@ pub struct RpParams {
     pub rp_max_rate: u32,
     /// The rate a QP starts at on its first CNP, in Mb/s; 0 is its line rate.
     pub rp_rate_to_set_on_first_cnp: u32,
-    /// Every cut sets `Rt` to `Rc` first, as in the paper. Off, only a cut after a timer's
-    /// increase does (`rp_clamp_tgt_rate_ati`), and `Rt` otherwise keeps the rate to recover to.
+    /// Every cut sets `Rt` to `Rc` first, as in the paper. Off, only a cut after an increase
+    /// does (one of the byte counter, or of the timer with `rp_clamp_tgt_rate_ati`), so that
+    /// cuts back to back keep the rate to recover to (as Google's Isekai models ConnectX).
     pub rp_clamp_tgt_rate: bool,
-    /// A cut after an increase of the timer sets `Rt` to `Rc` first.
+    /// An increase of the timer, too, makes the next cut set `Rt` to `Rc` first.
     pub rp_clamp_tgt_rate_ati: bool,
 }
 
@@ -173,8 +181,9 @@ struct Limited {
     /// Increase events since the last cut, of the timer and of the byte counter (`T`, `BC`).
     timer_events: u64,
     byte_events: u64,
-    /// The timer raised the rate since the last cut (`rp_clamp_tgt_rate_ati`).
-    timer_raised: bool,
+    /// The rate rose since the last cut in a way that makes the next cut set `Rt` to `Rc`:
+    /// by the byte counter, or by the timer with `rp_clamp_tgt_rate_ati`.
+    raised: bool,
     /// The pacer's bucket: bytes the QP may send now, at most [`PACER_BURST_BYTES`], and
     /// below zero while a packet that went is still being paid for at `current`.
     tokens: f64,
@@ -249,8 +258,9 @@ impl RateControl {
             l.bytes += bytes;
             while l.bytes >= u64::from(params.rp_byte_reset) {
                 l.bytes -= u64::from(params.rp_byte_reset);
-                l.byte_events += 1;
+                l.raised = true;
                 l.increase(params);
+                l.byte_events += 1;
             }
         }
         self.let_go_at_line();
@@ -291,7 +301,7 @@ impl RateControl {
                     bytes: 0,
                     timer_events: 0,
                     byte_events: 0,
-                    timer_raised: false,
+                    raised: false,
                     tokens: 0.0,
                     filled_at: now,
                 })
@@ -301,7 +311,7 @@ impl RateControl {
         let coalesced = now < l.cut_at + micros(params.rp_rate_reduce_monitor_period);
         if !coalesced {
             l.current = l.current.min(measured);
-            if params.rp_clamp_tgt_rate || (params.rp_clamp_tgt_rate_ati && l.timer_raised) {
+            if params.rp_clamp_tgt_rate || l.raised {
                 l.target = l.current;
             }
             // alpha is in 1/1024 and `rp_gd` divides it by 2^gd: 11 takes 1024 to a half.
@@ -314,7 +324,7 @@ impl RateControl {
             l.bytes = 0;
             l.timer_events = 0;
             l.byte_events = 0;
-            l.timer_raised = false;
+            l.raised = false;
         }
         l.alpha = g * l.alpha / 1024.0 + (1024.0 - g);
         l.alpha_at = now;
@@ -343,9 +353,9 @@ impl RateControl {
             l.timer_at += reset;
             // What the bucket gained before the event, at the rate before it.
             l.refill(l.timer_at);
-            l.timer_events += 1;
-            l.timer_raised = true;
+            l.raised |= params.rp_clamp_tgt_rate_ati;
             l.increase(params);
+            l.timer_events += 1;
             if l.current >= l.line {
                 break;
             }
@@ -380,7 +390,9 @@ impl Limited {
         }
     }
 
-    /// One increase event (of the timer, or of the byte counter).
+    /// One increase event (of the timer, or of the byte counter), judged by the events before
+    /// it since the last cut, as Isekai's model of ConnectX counts them: the first after a cut
+    /// is fast recovery.
     fn increase(&mut self, params: &RpParams) {
         let threshold = u64::from(params.rp_threshold);
         let (most, least) = (
@@ -390,8 +402,8 @@ impl Limited {
         if most < threshold {
             // Fast recovery: back toward the rate before the cut.
         } else if least > threshold {
-            let i = (least - threshold) as f64;
-            self.target += i * mbps(params.rp_hai_rate);
+            // A step of `rp_hai_rate` (the paper's, and ns-3's, grows with each event).
+            self.target += mbps(params.rp_hai_rate);
         } else {
             self.target += mbps(params.rp_ai_rate);
         }
@@ -503,18 +515,23 @@ mod tests {
         let mut rc = sending(&p, now);
         rc.on_cnp(&p, now);
         let cut = rc.limited.unwrap();
-        // Rt is the 8 Gb/s the QP was sending at; the first timer event (T = 1, BC = 0:
-        // additive) adds rp_ai_rate to it and takes Rc halfway there.
+        // Rt is the 8 Gb/s the QP was sending at. The first timer event (none before it:
+        // fast recovery) takes Rc halfway there; the second (one before it, the threshold:
+        // additive) adds rp_ai_rate to Rt first.
         assert!((cut.target * 8.0 / 1e9 - 8.0).abs() < 0.01);
         let t = micros(p.rp_time_reset);
         assert!(rc.may_send(&p, now + t));
         let one = rc.limited.unwrap();
-        assert!((one.target - (cut.target + mbps(p.rp_ai_rate))).abs() < 1.0);
-        assert!((one.current - (cut.current + one.target) / 2.0).abs() < 1.0);
+        assert_eq!(one.target, cut.target);
+        assert!((one.current - (cut.current + cut.target) / 2.0).abs() < 1.0);
+        rc.may_send(&p, now + 2 * t);
+        let two = rc.limited.unwrap();
+        assert!((two.target - (one.target + mbps(p.rp_ai_rate))).abs() < 1.0);
+        assert!((two.current - (one.current + two.target) / 2.0).abs() < 1.0);
         // With the byte counter off the timer alone never reaches hyper increase: additive
         // steps of 5 Mb/s every 300 µs take Rt from 8 Gb/s to the port's 25 (3400 of
         // them), and the pacer then lets go.
-        let mut at = now + t;
+        let mut at = now + 2 * t;
         let mut steps = 0;
         while rc.rate().is_some() {
             at += t;
@@ -563,16 +580,23 @@ mod tests {
         let now = now + 5 * US;
         rc.on_cnp(&p, now);
         let t = micros(p.rp_time_reset);
-        // Two timer events and two byte counter events: both past the threshold of 1.
+        // Two timer events, then byte counter events: the third of those finds two of each
+        // kind before it, both past the threshold of 1: one hyper step of 50 Mb/s, where the
+        // second (one byte event before it) was additive.
         rc.may_send(&p, now + 2 * t);
         rc.sent(&p, now + 2 * t, p.rp_byte_reset as usize);
         let before = rc.limited.unwrap().target;
         rc.sent(&p, now + 2 * t, p.rp_byte_reset as usize);
-        let after = rc.limited.unwrap().target;
-        // min(T, BC) = 2, one past the threshold: one step of 50 Mb/s.
+        let additive = rc.limited.unwrap().target;
         assert!(
-            (after - before - mbps(p.rp_hai_rate)).abs() < 1.0,
-            "{before} {after}"
+            (additive - before - mbps(p.rp_ai_rate)).abs() < 1.0,
+            "{before} {additive}"
+        );
+        rc.sent(&p, now + 2 * t, p.rp_byte_reset as usize);
+        let after = rc.limited.unwrap().target;
+        assert!(
+            (after - additive - mbps(p.rp_hai_rate)).abs() < 1.0,
+            "{additive} {after}"
         );
     }
 

@@ -148,10 +148,13 @@ pub fn until_served(
             client().spawn().unwrap(),
             limit,
         );
-        if attempt.status.success() && served(&String::from_utf8_lossy(&attempt.stdout)) {
+        let was_served = served(&String::from_utf8_lossy(&attempt.stdout));
+        if attempt.status.success() && was_served {
             break attempt;
         }
-        let server_done = server.try_wait().unwrap().is_some();
+        // A client the server served, that failed all the same, is the failure to report: the
+        // server is done, and the next try would only say that nothing listens any more.
+        let server_done = was_served || server.try_wait().unwrap().is_some();
         if server_done || start.elapsed() > limit {
             let _ = server.kill();
             let server = server.wait_with_output().unwrap();
