@@ -161,7 +161,7 @@ enum Command {
         /// Default: 127.0.0.1. Two programs on one host need two addresses.
         #[arg(long = "addr", value_name = "ADDR")]
         addrs: Vec<std::net::IpAddr>,
-        /// Who runs each device's engine: thread (default), hybrid or inline.
+        /// Who runs each device's engine: hybrid (default), thread or inline.
         #[arg(long, value_parser = ["thread", "hybrid", "inline"])]
         progress: Option<String>,
         /// The ports' active MTU: 256, 512, 1024, 2048 or 4096 [default: the link's, as rxe
@@ -281,13 +281,6 @@ struct PingpongArgs {
     chk: bool,
     #[command(flatten)]
     device: DeviceArgs,
-    /// softroce: who runs the engine. `thread`: a thread of its own. `inline`: this tool's own
-    /// thread, inside its CQ polls and waits: no thread hand-off per message, so lower latency;
-    /// best with -e, as polling then spins through the socket, which on a small host competes
-    /// with the peer for the cores. `hybrid`: the tool's calls while it keeps calling, and a
-    /// thread of its own once it stops.
-    #[arg(long, value_enum, default_value = "thread")]
-    progress: ProgressArg,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -529,6 +522,13 @@ struct DeviceArgs {
     /// `dcqcn=off` (also `ecn=off`, `np=off`); see the README's "Congestion control".
     #[arg(long, value_name = "SETTINGS", default_value = "on")]
     cc: CongestionConfig,
+    /// softroce: who runs the engine. `hybrid`: the tool's own CQ polls and waits while it
+    /// keeps calling (no thread hand-off per message), and a thread of its own as soon as it
+    /// sleeps elsewhere or stops calling. `thread`: a thread of its own throughout.
+    /// `inline` (the pingpong tools only, which poll their CQ throughout): the tool's calls
+    /// alone. With --engines above 1, hybrid runs each engine on its thread.
+    #[arg(long, value_enum, default_value = "hybrid")]
+    progress: ProgressArg,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -538,7 +538,22 @@ enum BackendArg {
 }
 
 impl DeviceArgs {
-    fn options(&self) -> Result<DeviceOptions, String> {
+    /// The device's options; `polls_throughout` if the tool keeps calling its CQ for as long
+    /// as its peer needs answers, which inline progress requires.
+    fn options(&self, polls_throughout: bool) -> Result<DeviceOptions, String> {
+        let progress = match self.progress {
+            ProgressArg::Thread => Progress::Thread,
+            ProgressArg::Hybrid => Progress::Hybrid,
+            ProgressArg::Inline if polls_throughout => Progress::Inline,
+            ProgressArg::Inline => {
+                return Err(
+                    "--progress inline is for the pingpong tools: this one leaves \
+                            its device alone between calls, when its peer would go unanswered \
+                            (hybrid, the default, runs the engine in its calls too)"
+                        .into(),
+                )
+            }
+        };
         let backend = match self.backend {
             BackendArg::Udp => BackendKind::Udp {
                 segmentation: !self.no_segmentation,
@@ -552,7 +567,7 @@ impl DeviceArgs {
             bind: self.bind,
             backend,
             pcap: self.pcap.clone(),
-            progress: Progress::Thread,
+            progress,
             engines: self.engines,
             congestion: self.cc,
         })
@@ -858,14 +873,7 @@ fn pingpong_options(
         iters: args.iters,
         events: args.events,
         validate: args.chk,
-        device: DeviceOptions {
-            progress: match args.progress {
-                ProgressArg::Thread => Progress::Thread,
-                ProgressArg::Inline => Progress::Inline,
-                ProgressArg::Hybrid => Progress::Hybrid,
-            },
-            ..args.device.options()?
-        },
+        device: args.device.options(true)?,
         ..defaults
     })
 }
@@ -888,7 +896,7 @@ fn perftest_options(
         report_gbits: args.report_gbits,
         gid_index: args.gid_index,
         atomic,
-        device: args.device.options()?,
+        device: args.device.options(false)?,
         json: args.json,
         check_data: args.check_data,
         rdma_cm: args.rdma_cm,
@@ -987,7 +995,7 @@ fn parse_service(spec: &str) -> Result<Service, String> {
 }
 
 fn daemon(device: &DeviceArgs, args: &DaemonArgs) -> ExitCode {
-    let options = device.options().and_then(|device| {
+    let options = device.options(false).and_then(|device| {
         Ok(daemon::Options {
             device,
             services: args
@@ -1031,7 +1039,7 @@ fn rping_options(args: &RpingArgs) -> Result<rping::Options, String> {
         debug: args.debug,
         persistent: args.persistent,
         mtu: args.mtu,
-        device: args.device.options()?,
+        device: args.device.options(false)?,
     })
 }
 
@@ -1071,7 +1079,7 @@ fn rping(args: &RpingArgs) -> ExitCode {
 
 /// The device options of a CM tool, or the exit status of a usage error.
 fn cm_tool_device(tool: &str, device: &DeviceArgs) -> Result<tools::DeviceOptions, ExitCode> {
-    device.options().map_err(|why| {
+    device.options(false).map_err(|why| {
         eprintln!("softroce {tool}: {why}");
         ExitCode::from(2)
     })

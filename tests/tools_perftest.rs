@@ -235,10 +235,12 @@ fn write_lat() {
     }
 }
 
+/// Also the engine on a thread of its own (`--progress thread`): the other tests run the
+/// default, hybrid progress.
 #[test]
 fn read_lat() {
     let addresses = ["127.0.0.103", "127.0.0.104"];
-    let args = ["-s", "3000", "-n", "100"];
+    let args = ["-s", "3000", "-n", "100", "--progress", "thread"];
     let (server, client) = run_pair("read-lat", addresses, 28907, &args);
     check_pair("RDMA_Read Latency Test", (&server, &client), addresses);
     // Only the client times; the server prints no table, as ib_read_lat's.
@@ -407,4 +409,9 @@ fn usage_errors_are_perftests() {
     let (code, stderr) = refused(&["read-bw", "-n", "4"]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("Iteration num should be between 5 and 100000000"));
+    // A perftest server calls nothing while its client runs: inline progress would leave
+    // the client unanswered.
+    let (code, stderr) = refused(&["write-bw", "--progress", "inline"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--progress inline is for the pingpong tools"));
 }

@@ -6,7 +6,7 @@
 //! opened, and an address another process holds is refused then, with a line saying so.
 //! `softroce run --addr ADDR -- PROGRAM` sets the variable.
 //!
-//! `SOFTROCE_PROGRESS` (`thread`, the default, `hybrid` or `inline`) chooses who runs each
+//! `SOFTROCE_PROGRESS` (`hybrid`, the default, `thread` or `inline`) chooses who runs each
 //! device's engine, as `--progress` does for softroce's own tools.
 //!
 //! `SOFTROCE_CC` sets congestion control as the tools' `--cc` does: `off`, or mlx5's
@@ -68,8 +68,8 @@ impl Addresses {
 /// The engines' progress, from `SOFTROCE_PROGRESS`.
 pub(crate) fn progress() -> Result<Progress, String> {
     match std::env::var(PROGRESS_VAR).as_deref() {
-        Err(_) | Ok("thread") => Ok(Progress::Thread),
-        Ok("hybrid") => Ok(Progress::Hybrid),
+        Err(_) | Ok("hybrid") => Ok(Progress::Hybrid),
+        Ok("thread") => Ok(Progress::Thread),
         Ok("inline") => Ok(Progress::Inline),
         Ok(other) => Err(format!(
             "{PROGRESS_VAR}={other}: expected thread, hybrid or inline"

@@ -12,7 +12,7 @@ use std::sync::RwLock;
 
 use libc::{c_int, c_void};
 use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
-use softroce::verbs::{CompletionQueue, Progress};
+use softroce::verbs::CompletionQueue;
 use softroce::wire::Qpn;
 
 use crate::abi::*;
@@ -31,11 +31,6 @@ pub(crate) struct Cq {
     pub cq: CompletionQueue,
     /// The UD QPs that complete here: their receive completions say a GRH leads the buffer.
     pub ud_qps: RwLock<Vec<Qpn>>,
-    /// An empty poll yields the processor: with the engine on a thread of its own
-    /// (`SOFTROCE_PROGRESS=thread`), which a program spinning on `ibv_poll_cq`, as perftest
-    /// and most RDMA programs do, would otherwise starve on a host with few cores. (Kernel rxe
-    /// runs in the kernel, which preempts the spinning program; softroce's own tools yield so.)
-    yields: bool,
 }
 
 /// A completion channel: the program's `ibv_comp_channel`, first.
@@ -157,7 +152,6 @@ pub unsafe extern "C" fn ibv_create_cq(
             },
             cq,
             ud_qps: RwLock::new(Vec::new()),
-            yields: matches!(crate::config::progress(), Ok(Progress::Thread)),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
@@ -325,7 +319,16 @@ pub(crate) unsafe extern "C" fn poll_cq(
             n += 1;
         });
         match polled {
-            Ok(0) if this.yields => {
+            // An empty poll yields the processor. Programs spin on `ibv_poll_cq` (perftest and
+            // most RDMA programs do), and on a host with fewer cores than spinning threads
+            // another thread needs the core: the engine's own (thread progress, or a hybrid
+            // engine's while the program sleeps elsewhere), or the peer process's on the same
+            // host, which answers only when it runs. Kernel rxe works in the kernel's softirq,
+            // which preempts the spinning program; without the yield, two programs spinning on
+            // one core alternate only when the scheduler's time slice ends (4 ms), measured
+            // with `ibv_rc_pingpong` under `taskset -c 0`. A yield with nothing else to run
+            // costs one system call.
+            Ok(0) => {
                 std::thread::yield_now();
                 0
             }

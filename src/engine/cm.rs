@@ -93,12 +93,13 @@ pub(crate) enum CmCommand {
         reply: Reply<Result<(), CmError>>,
     },
     Counters(Reply<(CmCounters, AgentCounters)>),
-    /// Signals `settled` once no disconnect is in flight ([`CmEndpoint::lingering`]), or
-    /// forgets it after `max`, when its caller has stopped waiting.
+    /// Sends `true` on `settled` once no disconnect is in flight ([`CmEndpoint::lingering`]),
+    /// or `false` after `max`: a caller that runs the engine itself may see that deadline
+    /// before its own wait ends, and must not read a dropped sender as a stopped engine.
     ///
     /// [`CmEndpoint::lingering`]: crate::cm::CmEndpoint::lingering
     Linger {
-        settled: Sender<()>,
+        settled: Sender<bool>,
         max: Duration,
     },
 }
@@ -111,7 +112,7 @@ pub(super) struct CmRouter {
     conns: HashMap<ConnId, EventSender>,
     sidr: HashMap<SidrId, EventSender>,
     /// Waiting for the disconnects in flight to settle, each until its deadline.
-    lingering: Vec<(Duration, Sender<()>)>,
+    lingering: Vec<(Duration, Sender<bool>)>,
     /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
     next_port: u16,
 }
@@ -326,10 +327,16 @@ impl CmRouter {
         }
         if self.agent.cm().lingering() == 0 {
             for (_, settled) in self.lingering.drain(..) {
-                let _ = settled.try_send(());
+                let _ = settled.try_send(true);
             }
         } else {
-            self.lingering.retain(|(until, _)| *until > now);
+            self.lingering.retain(|(until, settled)| {
+                let waiting = *until > now;
+                if !waiting {
+                    let _ = settled.try_send(false);
+                }
+                waiting
+            });
         }
     }
 

@@ -23,12 +23,21 @@
 //!   Standing aside, it wakes every [`HANDBACK`], and if requests were posted that no turn has
 //!   taken, takes them in a turn that does not wait on the socket.
 //!
+//! - the engine thread takes over at once when the application says it is about to wait
+//!   where no turn runs ([`Watchers`]): a future that is pending on a CQ or a CM channel, or a
+//!   CQ armed for its descriptor (`req_notify`, `ibv_req_notify_cq`), which a completion
+//!   channel's program then sleeps on. While any such wait lasts, the thread runs the engine
+//!   as the engine thread of [`Progress::Thread`] does, sleeping on the socket; the
+//!   application's polls meanwhile run a turn only if the engine happens to be free.
+//!
 //! So an application that keeps calling (a ping-pong, a loop of posts and waits) moves its
-//! messages with no hand-off, and one that goes quiet leaves a thread answering its peers
+//! messages with no hand-off, one that sleeps on a descriptor or a future has the thread
+//! there at once, and one that goes quiet otherwise leaves a thread answering its peers
 //! within about a millisecond. The price: while an application thread holds the engine, that
 //! thread looks in once a millisecond; a request posted after the application's last wait or
-//! poll, with none following, waits up to [`HANDBACK`] for the thread; and a peer waits up to
-//! that long for an answer when the application stops calling.
+//! poll, with none following and no outside wait announced, waits up to [`HANDBACK`] for the
+//! thread; and a peer waits up to that long for an answer when the application stops calling
+//! without a word.
 //!
 //! # No caller left waiting
 //!
@@ -60,8 +69,8 @@
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 #[cfg(doc)]
@@ -69,15 +78,20 @@ use super::EnginePanicked;
 use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
-/// and how often it looks again while an application thread holds the engine.
+/// and how often, at most, it looks in meanwhile.
 pub(crate) const HANDBACK: Duration = Duration::from_millis(1);
+
+/// How often, at the most, a hybrid engine's thread looks in while the application is active:
+/// when its looks keep finding datagrams or requests that no call of the application's took
+/// (an application that spins on its memory for a peer's WRITE, as `ib_write_lat` does, calls
+/// nothing meanwhile). 10 µs gave no lower latency in an A/B on loopback.
+const LOOK_IN_MIN: Duration = Duration::from_micros(20);
 
 /// Who drives a device's engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Progress {
     /// A thread of its own: ACKs, retransmissions and READ responses go on whether or not the
-    /// application calls anything.
-    #[default]
+    /// application calls anything, and every message crosses a thread at each end.
     Thread,
     /// The application's threads, inside their verbs calls: every post, command, CQ poll and
     /// CQ wait runs the engine for a turn, so a message crosses no thread. Nothing progresses
@@ -85,12 +99,15 @@ pub enum Progress {
     /// retransmitted) until it polls or waits again. For applications that keep polling, such
     /// as latency tests.
     Inline,
-    /// Both: the application's CQ waits and polls run the engine when they can, and a thread
-    /// of its own runs it once the application has waited or polled for nothing for about a
-    /// millisecond. Small-message latency close to inline progress, with a peer still answered
-    /// while the application is busy elsewhere. A post runs no turn: the next wait or poll
-    /// sends it, or the thread within about a millisecond. See the engine's `drive` module for
-    /// the hand-over.
+    /// Both, the default: the application's CQ waits and polls run the engine when they can,
+    /// and a thread of its own runs it once the application has waited or polled for nothing
+    /// for about a millisecond, or at once when the application awaits a future of the
+    /// device's or arms a CQ's descriptor. Small-message latency close to inline progress,
+    /// with a peer still answered while the application is busy elsewhere. A post runs no
+    /// turn: the next wait or poll sends it, or the thread (within about a millisecond if the
+    /// application announced no wait). A device of several engines runs each on its thread
+    /// instead. See the engine's `drive` module for the hand-over.
+    #[default]
     Hybrid,
 }
 
@@ -100,6 +117,12 @@ pub(super) trait Turn: Send {
     /// due sooner, not at all if work is waiting), then does everything that is due. False
     /// once the engine has stopped.
     fn turn(&mut self, wait: Option<Duration>) -> bool;
+
+    /// Whether the last turn received datagrams. The hybrid thread looks in more often while
+    /// its looks find datagrams the application's calls left. Posted requests do not count:
+    /// an application that is still posting would have its requests taken a few at a time,
+    /// in more and shorter trains.
+    fn found_work(&self) -> bool;
 
     /// After a panic in a turn (a bug): stops the engine without trusting its state to flush
     /// anything. The device's error says the engine panicked ([`EnginePanicked`]); the CQs'
@@ -144,6 +167,9 @@ pub(super) struct Shared {
     queued: AtomicUsize,
     /// The device is shutting down: the hybrid thread ends.
     stopping: AtomicBool,
+    /// The application's waits where no turn runs: while there are any, the hybrid thread
+    /// runs the engine.
+    watchers: Arc<Watchers>,
 }
 
 impl Shared {
@@ -155,6 +181,7 @@ impl Shared {
             app_waits: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            watchers: Arc::new(Watchers::default()),
         })
     }
 
@@ -210,6 +237,44 @@ impl Shared {
     }
 }
 
+/// The waits of a hybrid engine's application that no turn of the engine runs in: futures
+/// pending on its CQs and CM channels, CQs armed for their descriptors. Each is counted from
+/// its start to its end ([`Watch`]); while the count is not zero, the hybrid thread runs the
+/// engine as if the application were quiet, and the first such wait wakes it.
+#[derive(Debug, Default)]
+pub(crate) struct Watchers {
+    count: AtomicUsize,
+    /// The hybrid thread, once it runs.
+    thread: OnceLock<Thread>,
+}
+
+impl Watchers {
+    /// A wait begins: the hybrid thread takes over now if it stood aside. Ends with the
+    /// [`Watch`] returned.
+    pub(crate) fn begin(self: &Arc<Self>) -> Watch {
+        if self.count.fetch_add(1, SeqCst) == 0 {
+            if let Some(thread) = self.thread.get() {
+                thread.unpark();
+            }
+        }
+        Watch(Arc::clone(self))
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.count.load(SeqCst) > 0
+    }
+}
+
+/// One of the application's waits where no turn runs, counted until it is dropped.
+#[derive(Debug)]
+pub(crate) struct Watch(Arc<Watchers>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, SeqCst);
+    }
+}
+
 /// Turns a hybrid caller runs after its own for requests posted meanwhile, at most: past that,
 /// the posts wait for the next turn of whoever runs one, and the caller gets back to its
 /// channel.
@@ -256,24 +321,43 @@ impl Driver {
                 let shared = Shared::new(Box::new(engine));
                 let (beside, doorbell) = (shared.clone(), doorbell.clone());
                 let thread = thread.spawn(move || run_beside(&beside, &doorbell))?;
+                let _ = shared.watchers.thread.set(thread.thread().clone());
                 Driver::Shared(shared, Some(thread))
             }
         })
     }
 }
 
-/// The hybrid engine thread: runs the engine while the application leaves it alone.
+/// The hybrid engine thread: runs the engine while the application leaves it alone, and
+/// looks in while it does not.
+///
+/// While the application is active, the thread looks in every `look_in` (a turn that does not
+/// wait, if the engine is free): what the application posted and left, or datagrams it has
+/// not yet taken. A look that finds work the application left for [`LOOK_IN_MIN`] or longer
+/// halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it, up to [`HANDBACK`]. So an application that polls its CQ costs the
+/// thread a look a millisecond, and one that spins elsewhere for its peer's WRITE has it
+/// taken within a few tens of µs (`ib_write_lat`: 15-50 µs typical on loopback, against
+/// 25 µs with the engine thread alone on 2 cores and 4 ms on one, where the spinning program
+/// starves it).
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
+    // Linux lets a sleep overrun by 50 µs by default, more than the shortest look-in: 1 µs
+    // keeps the looks where they are meant to be. A failure costs only that precision.
+    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
+    let mut look_in = HANDBACK;
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
-        let app_active = quiet < HANDBACK;
+        let app_active = quiet < HANDBACK && !shared.watchers.any();
         if app_active && !doorbell.posted.load(SeqCst) {
-            thread::park_timeout(HANDBACK - quiet);
-            continue;
+            thread::park_timeout(look_in.min(HANDBACK - quiet));
+            if shared.stopping.load(SeqCst) {
+                return;
+            }
         }
+        // Before the look: the application may answer what the look finds at once.
+        let quiet = shared.app_quiet_for();
         match shared.try_take() {
-            // While the application is active, only what it posted and left: no sleeping in
-            // the socket, which the application would have to interrupt.
+            // While the application is active, a look: no sleeping in the socket, which the
+            // application would have to interrupt.
             Some(Ok(mut engine)) => {
                 let wait = if app_active {
                     Some(Duration::ZERO)
@@ -283,10 +367,19 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
                     return;
                 }
+                // Work found while the application calls often is work its next call would
+                // have taken: only an application that has called nothing for a while
+                // (it spins elsewhere) brings the looks closer.
+                let left_behind = engine.found_work() && quiet >= LOOK_IN_MIN;
+                look_in = if left_behind {
+                    (look_in / 2).max(LOOK_IN_MIN)
+                } else {
+                    (look_in * 2).min(HANDBACK)
+                };
             }
             // An application thread runs the engine, or waits to; it looks at the doorbell
-            // when it lets go.
-            None => thread::park_timeout(HANDBACK),
+            // when it lets go, and this thread looks in again as it would have.
+            None => thread::park_timeout(look_in),
             Some(Err(())) => return,
         }
     }
@@ -362,6 +455,15 @@ impl EngineHandle {
             Driver::Shared(shared, _) => {
                 self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)
             }
+        }
+    }
+
+    /// Where the application's waits that run no turn are counted: a hybrid engine's, whose
+    /// thread takes over during them. `None` for the other progress modes.
+    pub(crate) fn watchers(&self) -> Option<&Arc<Watchers>> {
+        match &self.driver {
+            Driver::Shared(shared, Some(_)) => Some(&shared.watchers),
+            _ => None,
         }
     }
 
@@ -462,5 +564,83 @@ impl EngineHandle {
 fn join(thread: Option<JoinHandle<()>>) {
     if let Some(thread) = thread {
         let _ = thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::{unbounded, Sender};
+
+    /// An engine that reports how long each turn was allowed to wait, and holds a turn that
+    /// may sleep until told to let go, as a turn sleeping on the socket would.
+    struct Recorder {
+        turns: Sender<Option<Duration>>,
+        let_go: Arc<AtomicBool>,
+    }
+
+    impl Turn for Recorder {
+        fn turn(&mut self, wait: Option<Duration>) -> bool {
+            // Only the turns that sleep on the socket: the thread also looks in, without
+            // waiting, while the application is active.
+            if wait.is_none() {
+                let _ = self.turns.send(wait);
+            }
+            while wait.is_none() && !self.let_go.load(SeqCst) {
+                thread::sleep(Duration::from_micros(100));
+            }
+            true
+        }
+
+        fn found_work(&self) -> bool {
+            false
+        }
+
+        fn abandon(&mut self) {}
+    }
+
+    /// A hybrid engine's thread stands aside while the application is active, and runs the
+    /// engine, sleeping on the socket as the engine thread does, from the moment the
+    /// application announces a wait no turn runs in (a pending future, an armed CQ): it does
+    /// not wait out `HANDBACK`.
+    #[test]
+    fn a_watch_hands_a_hybrid_engine_to_its_thread_at_once() {
+        let (turns, took) = unbounded();
+        let let_go = Arc::new(AtomicBool::new(false));
+        let engine = Recorder {
+            turns,
+            let_go: let_go.clone(),
+        };
+        let (ready, _) = unbounded();
+        let doorbell = Arc::new(Doorbell {
+            posted: AtomicBool::new(false),
+            asleep: AtomicBool::new(false),
+            ready,
+        });
+        let driver =
+            Driver::start(engine, Progress::Hybrid, "test".into(), &doorbell, drop).unwrap();
+        let Driver::Shared(shared, Some(thread)) = driver else {
+            panic!("not hybrid");
+        };
+        // An application that never goes quiet: its last turn is always now.
+        shared.app_turn.store(u64::MAX, SeqCst);
+        assert!(
+            took.recv_timeout(20 * HANDBACK).is_err(),
+            "the thread slept on the socket while the application was active"
+        );
+        let watch = shared.watchers.begin();
+        let first = took.recv_timeout(Duration::from_secs(10));
+        assert_eq!(
+            first,
+            Ok(None),
+            "the thread took over, sleeping on the socket"
+        );
+        // The wait ends: the turn in progress ends, and the thread stands aside again.
+        drop(watch);
+        let_go.store(true, SeqCst);
+        while took.recv_timeout(20 * HANDBACK).is_ok() {}
+        shared.stopping.store(true, SeqCst);
+        thread.thread().unpark();
+        thread.join().unwrap();
     }
 }

@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 
 pub(crate) use cm::{CmCommand, ConnectCall};
 pub use drive::Progress;
+pub(crate) use drive::Watch;
 pub(crate) use drive::{Driven, HANDBACK};
 use drive::{Driver, Turn};
 use lanes::Lanes;
@@ -256,6 +257,13 @@ struct Engine<B: Backend> {
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
+    /// The socket may hold datagrams not yet read: it was readable at the last poll, or the
+    /// last receive stopped at its budget. Otherwise a turn does not ask it, since readiness
+    /// is edge-triggered and the last receive read until there was nothing: a turn run by a
+    /// post or an application's poll then costs one system call (the poll) rather than two.
+    unread: bool,
+    /// The last turn received datagrams (see [`Turn::found_work`]).
+    found_work: bool,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
     failure: Failure,
@@ -361,6 +369,8 @@ pub(crate) fn start<B: Backend>(
         posts_left: Vec::new(),
         looking: Vec::new(),
         backlog: false,
+        unread: true,
+        found_work: false,
         stopped: false,
         failure,
         unreachable: Vec::new(),
@@ -385,6 +395,10 @@ pub(crate) fn start<B: Backend>(
 impl<B: Backend> Turn for Engine<B> {
     fn turn(&mut self, wait: Option<Duration>) -> bool {
         !self.stopped && self.step_or_stop(wait)
+    }
+
+    fn found_work(&self) -> bool {
+        self.found_work
     }
 
     fn abandon(&mut self) {
@@ -452,6 +466,7 @@ impl<B: Backend> Engine<B> {
         if sleeps {
             self.doorbell.asleep.store(false, SeqCst);
         }
+        self.unread |= self.readiness.iter().any(|event| event.token() == SOCKET);
         match polled {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -481,11 +496,16 @@ impl<B: Backend> Engine<B> {
         }
         let now = self.now();
         let (endpoint, lanes) = (&mut self.endpoint, &mut self.lanes);
-        let received = self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
-            if !lanes.hand_over(&datagram) {
-                endpoint.handle_received(now, datagram);
-            }
-        })?;
+        let received = if self.unread {
+            self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
+                if !lanes.hand_over(&datagram) {
+                    endpoint.handle_received(now, datagram);
+                }
+            })?
+        } else {
+            0
+        };
+        self.unread = received == RECEIVE_BUDGET;
         lanes.wake();
         let handed = lanes.receive(RECEIVE_BUDGET, &mut |datagram| {
             endpoint.handle_received(now, datagram);
@@ -494,6 +514,7 @@ impl<B: Backend> Engine<B> {
         // have handed over more, or packets may be waiting to be sent: then the next turn must
         // not sleep.
         self.backlog = received == RECEIVE_BUDGET || handed == RECEIVE_BUDGET;
+        self.found_work = received > 0 || handed > 0;
         if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
             self.endpoint.handle_timeout(now);
         }

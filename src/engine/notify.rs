@@ -5,14 +5,20 @@
 //!
 //! The engine calls [`CqNotify::delivered`] once per batch it hands to the CQ's channel, not
 //! per completion: a fence and two loads when nobody waits.
+//!
+//! An armed CQ is a wait where no turn of the engine runs (the application sleeps on the
+//! descriptor): on a hybrid engine it is counted among the [`Watchers`] from its arming to its
+//! firing, so that the engine's thread runs the engine meanwhile.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use rustix::event::{eventfd, EventfdFlags};
+
+use super::drive::{Watch, Watchers};
 
 /// Not armed: completions raise no event.
 const DISARMED: u8 = 0;
@@ -31,15 +37,22 @@ pub(crate) struct CqNotify {
     /// A task waits for the next completion ([`waker`](Self::waker) is set).
     waiting: AtomicBool,
     waker: Mutex<Option<Waker>>,
+    /// A hybrid engine's count of outside waits, and this CQ's place in it while armed. The
+    /// lock is taken by an arming and by a firing only, never by a delivery that fires nothing.
+    watchers: Option<Arc<Watchers>>,
+    armed_watch: Mutex<Option<Watch>>,
 }
 
 impl CqNotify {
-    pub(crate) fn new() -> io::Result<CqNotify> {
+    /// A notifier; `watchers` if the CQ's engine is hybrid.
+    pub(crate) fn new(watchers: Option<Arc<Watchers>>) -> io::Result<CqNotify> {
         Ok(CqNotify {
             armed: AtomicU8::new(DISARMED),
             event: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             waiting: AtomicBool::new(false),
             waker: Mutex::new(None),
+            watchers,
+            armed_watch: Mutex::new(None),
         })
     }
 
@@ -47,12 +60,18 @@ impl CqNotify {
     /// One event per arming, as `ibv_req_notify_cq`.
     pub(crate) fn arm(&self, solicited_only: bool) {
         let how = if solicited_only { SOLICITED } else { NEXT };
+        // Held across the update, so that a firing in between takes the watch set here.
+        let mut watch = self.armed_watch();
         // A request for any completion widens one for solicited ones, never the reverse.
-        let _ = self
+        let before = self
             .armed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
                 (now != NEXT).then_some(how)
             });
+        if before == Ok(DISARMED) {
+            *watch = self.watchers.as_ref().map(Watchers::begin);
+        }
+        drop(watch);
         // Pairs with the fence in `delivered`, as in `wait_with`: either the engine sees the
         // notifier armed, or the caller's poll after arming sees the completion.
         fence(Ordering::SeqCst);
@@ -97,8 +116,15 @@ impl CqNotify {
         let armed = self.armed.load(Ordering::Relaxed);
         let fires = armed == NEXT || (armed == SOLICITED && solicited);
         if fires && self.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
+            self.armed_watch().take();
             self.signal();
         }
+    }
+
+    fn armed_watch(&self) -> std::sync::MutexGuard<'_, Option<Watch>> {
+        self.armed_watch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The engine stopped: whoever waits must look, and learn it from the channel.
@@ -138,7 +164,7 @@ mod tests {
 
     #[test]
     fn an_armed_notifier_fires_once_and_solicited_arming_waits_for_a_solicited_batch() {
-        let notify = CqNotify::new().unwrap();
+        let notify = CqNotify::new(None).unwrap();
         notify.delivered(true);
         assert_eq!(notify.take_events(), 0, "not armed: no event");
         notify.arm(false);
@@ -162,5 +188,25 @@ mod tests {
             1,
             "solicited arming does not narrow NEXT"
         );
+    }
+
+    /// An armed CQ counts as one wait of a hybrid engine's application from its arming to its
+    /// firing or its end, however often it is armed meanwhile.
+    #[test]
+    fn an_armed_notifier_is_one_watch_until_it_fires() {
+        let watchers = Arc::new(Watchers::default());
+        let notify = CqNotify::new(Some(watchers.clone())).unwrap();
+        assert!(!watchers.any());
+        notify.arm(true);
+        notify.arm(false);
+        notify.arm(false);
+        assert!(watchers.any(), "armed");
+        notify.delivered(false);
+        assert!(!watchers.any(), "fired: one arming, one end");
+        notify.arm(true);
+        notify.delivered(false);
+        assert!(watchers.any(), "an unsolicited batch fires nothing");
+        drop(notify);
+        assert!(!watchers.any(), "a CQ destroyed while armed ends its wait");
     }
 }

@@ -245,7 +245,11 @@ pub trait Backend: Send + 'static {
     /// RoCE packets to `deliver`, and returns how many it took, dropped ones (foreign, cut
     /// short, a failed read) included. The budget keeps a flood of arrivals, whatever they
     /// are, from starving transmission: a caller that gets `budget` back must call again
-    /// before it sleeps, since readiness is edge-triggered.
+    /// before it sleeps, since readiness is edge-triggered. Otherwise it reads until the
+    /// socket has nothing more, and the engine calls it again only once [`source`] has been
+    /// readable (or in error) since.
+    ///
+    /// [`source`]: Backend::source
     fn receive(
         &mut self,
         budget: usize,

@@ -221,7 +221,7 @@ impl Default for DeviceOptions {
             bind: None,
             backend: BackendKind::UDP,
             pcap: None,
-            progress: Progress::Thread,
+            progress: Progress::Hybrid,
             engines: 1,
             congestion: CongestionConfig::default(),
         }

@@ -132,7 +132,7 @@ impl Device {
         let (settled, done) = bounded(1);
         self.engine()
             .command(Command::Cm(CmCommand::Linger { settled, max }))?;
-        Ok(receive(self.engine(), &done, max)?.is_some())
+        Ok(receive(self.engine(), &done, max)?.unwrap_or(false))
     }
 
     /// The CM's counters, and those of the agent that carries its MADs on QP1.

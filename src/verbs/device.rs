@@ -45,8 +45,8 @@ impl BackendKind {
 /// The variable softroce's C library (`libibverbs.so.1`) reads for its devices' addresses,
 /// comma-separated, one device each (127.0.0.1 if unset); `softroce run --addr` sets it.
 pub const C_ADDR_VAR: &str = "SOFTROCE_ADDR";
-/// The variable softroce's C library reads for its engines' progress: `thread` (the default),
-/// `hybrid` or `inline`; `softroce run --progress` sets it.
+/// The variable softroce's C library reads for its engines' progress: `hybrid` (the default),
+/// `thread` or `inline`; `softroce run --progress` sets it.
 pub const C_PROGRESS_VAR: &str = "SOFTROCE_PROGRESS";
 /// The variable softroce's C library reads for its ports' active MTU in bytes (256 to 4096), in
 /// place of the link's ([`DeviceConfig::port_mtu`]); `softroce run --mtu` sets it.
@@ -67,7 +67,8 @@ pub struct DeviceConfig {
     pub seed: Option<u64>,
     /// Records every RoCE packet sent and received into this pcap file (`--pcap`).
     pub pcap: Option<PathBuf>,
-    /// Who drives the engine: a thread of its own (the default), or the application's calls.
+    /// Who drives the engine: the application's calls and a thread of its own when they stop
+    /// ([`Progress::Hybrid`], the default), a thread alone, or the calls alone.
     pub progress: Progress,
     /// The port's active MTU, which bounds UD messages and is perftest's default path MTU.
     /// `None` (the default): the MTU of the link that holds `address`, by rxe's rule
@@ -78,8 +79,9 @@ pub struct DeviceConfig {
     /// about 4.3 s to answer each message, and 6.4 s a REQ or our DREQ, 15 times).
     pub cm: CmConfig,
     /// How many engines (threads, each with a socket of its own) carry the device's QPs: 1
-    /// (the default) to 64. More than one needs the UDP backend and [`Progress::Thread`], and
-    /// records no pcap. QPs are spread over the engines as they are created, a QP with an SRQ
+    /// (the default) to 64. More than one needs the UDP backend and records no pcap; each
+    /// engine then runs on its own thread ([`Progress::Hybrid`] reads as [`Progress::Thread`],
+    /// [`Progress::Inline`] is refused). QPs are spread over the engines as they are created, a QP with an SRQ
     /// on the SRQ's engine; the kernel steers each datagram to its QP's engine (see
     /// ARCHITECTURE.md, "Several engines").
     pub engines: usize,
@@ -106,7 +108,7 @@ impl DeviceConfig {
             backend: BackendKind::UDP,
             seed: None,
             pcap: None,
-            progress: Progress::Thread,
+            progress: Progress::default(),
             port_mtu: None,
             cm: CmConfig::default(),
             engines: 1,
@@ -273,11 +275,16 @@ impl Device {
                 "a device runs 1 to {MAX_LANES} engines, not {count}"
             )));
         }
-        if count > 1 && config.progress != Progress::Thread {
-            return Err(refused(
-                "several engines run on threads of their own: use Progress::Thread".into(),
-            ));
-        }
+        // An application's CQ poll cannot run the turns of several engines at once.
+        let progress = match config.progress {
+            Progress::Inline if count > 1 => {
+                return Err(refused(
+                    "several engines run on threads of their own: not Progress::Inline".into(),
+                ))
+            }
+            Progress::Hybrid if count > 1 => Progress::Thread,
+            progress => progress,
+        };
         let address = backends[0].local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
         let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
@@ -292,7 +299,7 @@ impl Device {
         let settings = engine::EngineSettings {
             seed,
             port_mtu,
-            progress: config.progress,
+            progress,
             cm: config.cm,
             congestion: config.congestion,
         };
@@ -374,7 +381,7 @@ impl Device {
     /// deliver to the one queue the application polls: a CQ overruns when an engine's own is
     /// full as well as the queue.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
-        let notify = Arc::new(CqNotify::new()?);
+        let notify = Arc::new(CqNotify::new(self.engine().watchers().cloned())?);
         let (tx, completions) = bounded(capacity.max(1));
         let mut inner = CqInner {
             device: self.clone(),

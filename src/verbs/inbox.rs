@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::Result;
 use crate::cm::CmEvent;
-use crate::engine::{Driven, EngineHandle, HANDBACK};
+use crate::engine::{Driven, EngineHandle, Watch, HANDBACK};
 
 /// What a look at a channel found.
 pub(crate) enum Take<T> {
@@ -116,7 +116,8 @@ pub(crate) fn receive<T>(
 /// routes an event to the channel, or stops. With [`Progress::Inline`](super::Progress)
 /// nothing runs the engine between the application's calls, so each poll runs a turn and asks
 /// to be polled again (it works, but it spins), as
-/// [`CompletionQueue::next_completion`](super::CompletionQueue::next_completion) does.
+/// [`CompletionQueue::next_completion`](super::CompletionQueue::next_completion) does; a
+/// hybrid engine's thread runs the engine while the future is pending.
 pub(crate) fn next_event<'a>(
     engine: &'a EngineHandle,
     channel: &'a flume::Receiver<CmEvent>,
@@ -124,6 +125,7 @@ pub(crate) fn next_event<'a>(
     NextEvent {
         engine,
         recv: channel.recv_async(),
+        watch: None,
     }
 }
 
@@ -131,6 +133,8 @@ pub(crate) fn next_event<'a>(
 pub(crate) struct NextEvent<'a> {
     engine: &'a EngineHandle,
     recv: flume::r#async::RecvFut<'a, CmEvent>,
+    /// While pending on a hybrid engine: its thread runs the engine meanwhile.
+    watch: Option<Watch>,
 }
 
 impl Future for NextEvent<'_> {
@@ -151,6 +155,8 @@ impl Future for NextEvent<'_> {
             Poll::Pending => {
                 if calls_only {
                     cx.waker().wake_by_ref();
+                } else if self.watch.is_none() {
+                    self.watch = engine.watchers().map(|watchers| watchers.begin());
                 }
                 Poll::Pending
             }

@@ -42,7 +42,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 
 use crate::cm::{CmError, Failure};
-use crate::engine::{Command, CqNotify, EngineGone, EngineHandle, QpQueues};
+use crate::engine::{Command, CqNotify, EngineGone, EngineHandle, QpQueues, Watch};
 pub use crate::engine::{EnginePanicked, Progress};
 use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
 use crate::transport::{
@@ -943,11 +943,14 @@ impl CompletionQueue {
     ///
     /// With [`Progress::Inline`] nothing runs the engine between the application's calls, so
     /// the future runs a turn each time it is polled and asks to be polled again: it works,
-    /// but it spins. Async programs want the engine thread ([`Progress::Thread`] or
-    /// [`Progress::Hybrid`]; the future runs no turn of a hybrid engine, and leaves the
-    /// engine to its thread).
+    /// but it spins. Async programs want [`Progress::Hybrid`] (the default) or
+    /// [`Progress::Thread`]: a hybrid engine's thread runs the engine from the moment the
+    /// future is pending until it is ready or dropped.
     pub fn next_completion(&self) -> NextCompletion<'_> {
-        NextCompletion { cq: self }
+        NextCompletion {
+            cq: self,
+            watch: None,
+        }
     }
 
     /// Whether `id` is this CQ's number on one of its device's engines (the number an
@@ -1009,6 +1012,8 @@ impl AsRawFd for CompletionQueue {
 #[must_use = "a future does nothing unless awaited"]
 pub struct NextCompletion<'a> {
     cq: &'a CompletionQueue,
+    /// While pending on a hybrid engine: the engine's thread runs it meanwhile.
+    watch: Option<Watch>,
 }
 
 impl Future for NextCompletion<'_> {
@@ -1031,6 +1036,9 @@ impl Future for NextCompletion<'_> {
         }
         if engine.calls_only() {
             cx.waker().wake_by_ref();
+        } else if self.watch.is_none() {
+            let watch = engine.watchers().map(|watchers| watchers.begin());
+            self.get_mut().watch = watch;
         }
         Poll::Pending
     }

@@ -10,33 +10,51 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 # program, bytes, iterations, the column of the client's result line that is the figure (the
-# bandwidth tests' average, the latency tests' typical, which is the median), its unit
-PERF_ROWS="ib_write_bw 4096 2000 3 MB/s
-ib_write_bw 65536 300 3 MB/s
-ib_read_bw 65536 300 3 MB/s
-ib_send_bw 4096 2000 3 MB/s
-ib_write_lat 8 1000 4 us
-ib_send_lat 8 1000 4 us
-ib_read_lat 8 1000 4 us"
+# bandwidth tests' average, the latency tests' typical, which is the median; ibv_rc_pingpong's
+# usec/iter, a whole round trip: its column is `-`), its unit, and softroce's progress
+# (SOFTROCE_PROGRESS; `-`: the library's default, hybrid). SOFTROCE_PERF_ROWS replaces them, for
+# an experiment.
+PERF_ROWS="${SOFTROCE_PERF_ROWS:-ib_write_bw 4096 2000 3 MB/s -
+ib_write_bw 65536 300 3 MB/s -
+ib_read_bw 65536 300 3 MB/s -
+ib_send_bw 4096 2000 3 MB/s -
+ib_write_lat 8 1000 4 us -
+ib_send_lat 8 1000 4 us -
+ib_read_lat 8 1000 4 us -
+ibv_rc_pingpong 8 1000 - us -
+ib_write_lat 8 1000 4 us thread
+ib_send_lat 8 1000 4 us thread
+ibv_rc_pingpong 8 1000 - us thread}"
 PERF_LIB=/tmp/softroce
 
-# perf_one STACK PROGRAM SIZE ITERS COLUMN: PROGRAM's server in vmB, its client in vmA, on STACK:
-# rxe (rxe0, its IPv4 GID 1) or softroce (the library in $PERF_LIB, each guest's address, GID 0).
-# Prints the client's figure, or fails saying why.
+# perf_one STACK PROGRAM SIZE ITERS COLUMN PROGRESS: PROGRAM's server in vmB, its client in
+# vmA, on STACK: rxe (rxe0, its IPv4 GID 1) or softroce (the library in $PERF_LIB, each guest's
+# address, GID 0, SOFTROCE_PROGRESS=PROGRESS unless it is `-`). Prints the client's figure, or
+# fails saying why.
 perf_one() {
-  local stack=$1 prog=$2 size=$3 iters=$4 col=$5 out rc=0 fig scmd ccmd
-  local args="-F -s $size -n $iters"
+  local stack=$1 prog=$2 size=$3 iters=$4 col=$5 progress=$6 out rc=0 fig scmd ccmd env
+  local args="-F -s $size -n $iters" gidopt=-x
+  # rdma-core's pingpong has no -F, and names its GID index -g
+  [ "$prog" = ibv_rc_pingpong ] && args="-s $size -n $iters" gidopt=-g
   case $stack in
-    rxe) scmd="$prog -d rxe0 -x 1 $args" ccmd="$prog -d rxe0 -x 1 $args $VM_B";;
-    softroce) scmd="LD_LIBRARY_PATH=$PERF_LIB SOFTROCE_ADDR=$VM_B $prog -x 0 $args"
-      ccmd="LD_LIBRARY_PATH=$PERF_LIB SOFTROCE_ADDR=$VM_A $prog -x 0 $args $VM_B";;
+    rxe) scmd="$prog -d rxe0 $gidopt 1 $args" ccmd="$prog -d rxe0 $gidopt 1 $args $VM_B";;
+    softroce)
+      env="LD_LIBRARY_PATH=$PERF_LIB"
+      [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=$progress"
+      scmd="$env SOFTROCE_ADDR=$VM_B $prog $gidopt 0 $args"
+      ccmd="$env SOFTROCE_ADDR=$VM_A $prog $gidopt 0 $args $VM_B";;
   esac
   lab_guest_reset vmA vmB >/dev/null
   guest_bg vmB perf 120 "$scmd" || { echo "cannot start '$scmd' in vmB" >&2; return 1; }
   guest_wait_tcp_listen vmB 18515 30 || { echo "'$scmd' does not listen in vmB" >&2; guest_wait_bg vmB perf 1 >&2; return 1; }
   out=$(gexec vmA 120 "$ccmd") || rc=$?
   guest_wait_bg vmB perf 30 >/dev/null || rc=$((rc ? rc : 1))
-  fig=$(awk -v s="$size" -v c="$col" '$1 == s && NF > c { print $(c + 1); exit }' <<<"$out")
+  if [ "$col" = - ]; then
+    # "1000 iters in 0.62 seconds = 620.00 usec/iter"
+    fig=$(awk '$2 == "iters" && $NF == "usec/iter" { print $(NF - 1); exit }' <<<"$out")
+  else
+    fig=$(awk -v s="$size" -v c="$col" '$1 == s && NF > c { print $(c + 1); exit }' <<<"$out")
+  fi
   if [ "$rc" != 0 ] || [ -z "$fig" ]; then
     echo "'$ccmd' in vmA: exit $rc, no figure:" >&2; printf '%s\n' "$out" >&2; return 1
   fi
@@ -76,21 +94,27 @@ done" || { echo "$g: cannot bring rxe0 back" >&2; rc=1; }
 }
 
 cmd_run() {
-  local md=$1 prog size iters col unit rxe sr i=0 failed=0 installed=0 rows=""
+  local md=$1 prog size iters col unit progress rxe sr i=0 failed=0 installed=0 rows=""
   local -a rxe_figs=()
+  local -A rxe_seen=()
   rm -f "$md"
   softroce_build >&2 || exit 1
-  while read -r prog size iters col unit; do
-    rxe_figs+=("$(perf_one rxe "$prog" "$size" "$iters" "$col" </dev/null || echo -)")
+  while read -r prog size iters col unit progress; do
+    # rows that differ only in softroce's progress share rxe's figure
+    if [ -z "${rxe_seen[$prog $size $iters]:-}" ]; then
+      rxe_seen[$prog $size $iters]=$(perf_one rxe "$prog" "$size" "$iters" "$col" - </dev/null || echo -)
+    fi
+    rxe_figs+=("${rxe_seen[$prog $size $iters]}")
   done <<<"$PERF_ROWS"
   perf_install_softroce && installed=1
-  while read -r prog size iters col unit; do
+  while read -r prog size iters col unit progress; do
     sr=-
     if [ "$installed" = 1 ]; then
-      sr=$(perf_one softroce "$prog" "$size" "$iters" "$col" </dev/null || echo -)
+      sr=$(perf_one softroce "$prog" "$size" "$iters" "$col" "$progress" </dev/null || echo -)
     fi
     rxe=${rxe_figs[$i]}; i=$((i + 1))
-    rows+="| $prog | $size | $iters | $rxe $unit | $sr $unit | $(awk -v a="$sr" -v b="$rxe" \
+    [ "$progress" = - ] && progress="hybrid (default)"
+    rows+="| $prog | $size | $iters | $rxe $unit | $sr $unit | $progress | $(awk -v a="$sr" -v b="$rxe" \
       'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }') |"$'\n'
     [ "$rxe" != - ] && [ "$sr" != - ] || failed=1
   done <<<"$PERF_ROWS"
@@ -98,11 +122,12 @@ cmd_run() {
   {
     echo "perftest $(dpkg-query -W -f '${Version}' perftest 2>/dev/null || echo '?') between the lab's two guests" \
       "(QEMU/TCG, 1 vCPU each, kernel $(lab_kernel_version 2>/dev/null || echo '?')), $(date -u +%F):"
-    echo "the client's figure (bandwidth: the average; latency: the typical, a median half round trip);"
+    echo "the client's figure (bandwidth: the average; latency: the typical, a median half round trip;"
+    echo "ibv_rc_pingpong: its usec/iter, a mean whole round trip);"
     echo "the ratio is softroce's over kernel rxe's (above 1 is better for bandwidth, below 1 for latency)."
     echo
-    echo "| program | bytes | iterations | kernel rxe | softroce (libibverbs.so.1) | ratio |"
-    echo "|---|---|---|---|---|---|"
+    echo "| program | bytes | iterations | kernel rxe | softroce (libibverbs.so.1) | softroce's progress | ratio |"
+    echo "|---|---|---|---|---|---|---|"
     printf '%s' "$rows"
   } | tee "$md"
   [ "$failed" = 0 ] || { echo "FAIL: some rows have no figure (above)"; exit 1; }
