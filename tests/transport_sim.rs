@@ -6,13 +6,13 @@ mod sim;
 use std::time::Duration;
 
 use sim::rc::{
-    bind_type2_window, connect, lose_first, post_recv, post_send, read_mr, sge, Options, Side,
-    IOVA, LIMIT, MR_LEN,
+    bind_type2_window, connect, connect_qps, lose_first, post_recv, post_send, qp_on, read_mr, sge,
+    Options, Side, ALL, IOVA, LIMIT, MR_LEN,
 };
 use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
 use softroce::memory::Access;
 use softroce::transport::{
-    AsyncEvent, Payload, QpState, SendOp, SendWr, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
+    AsyncEvent, Lane, Payload, QpState, SendOp, SendWr, WcOpcode, WcStatus, MAX_UNACKED_PSNS,
 };
 use softroce::wire::{Opcode, Psn, Qpn, RKey, RocePacket};
 
@@ -1175,4 +1175,131 @@ fn a_local_operation_after_an_unsignalled_write_completes_without_a_timeout() {
     let got: Vec<_> = sent.iter().map(|wc| (wc.wr_id, wc.status)).collect();
     assert_eq!(got, [(2, WcStatus::Success)]);
     assert_eq!(sim.nodes[0].counters().retry_timeouts, 0);
+}
+
+/// A device of two engines (ARCHITECTURE.md, "Several engines") in the simulator: two
+/// endpoints per node over one memory table, each datagram delivered to the endpoint of its
+/// DestQP's lane, as the kernel's reuse-port steering does. Each node registers its region
+/// through lane 0 alone; QPs on both lanes are connected crosswise (lane 0 to the peer's lane
+/// 1, lane 1 to its lane 0), so every request, response and ACK crosses from one lane to the
+/// other. Each QP WRITEs into the peer's region through the key the peer's other lane
+/// registered, READs it back and SENDs, under loss, duplication and reordering.
+#[test]
+fn two_engines_per_node_under_loss_duplication_and_reordering() {
+    let faults = Faults {
+        loss: 0.05,
+        duplicate: 0.03,
+        reorder: 0.05,
+        jitter: Duration::from_micros(30),
+        corrupt: 0.002,
+    };
+    let mut sim = Sim::with_lanes(2, 2, seed(11), faults);
+    // Endpoint `n * 2 + l` is node `n`'s lane `l`.
+    let regions: Vec<_> = (0..2)
+        .map(|node| {
+            let ep = &mut sim.nodes[node * 2];
+            let pd = ep.alloc_pd();
+            (pd, ep.reg_mr(pd, IOVA, MR_LEN, ALL).unwrap())
+        })
+        .collect();
+    let sides: Vec<Side> = (0..4)
+        .map(|e| {
+            let (pd, mr) = regions[e / 2].clone();
+            let cq = sim.nodes[e].create_cq(1 << 16);
+            let qpn = qp_on(&mut sim, e, pd, cq);
+            assert_eq!(
+                Lane::owner(qpn, 2),
+                (e % 2) as u32,
+                "a lane draws its own QPNs"
+            );
+            Side { qpn, cq, mr }
+        })
+        .collect();
+    let peer_of = [3, 2, 1, 0];
+    let o = Options::default();
+    connect_qps(&mut sim, [(0, sides[0].qpn), (3, sides[3].qpn)], &o);
+    connect_qps(&mut sim, [(1, sides[1].qpn), (2, sides[2].qpn)], &o);
+
+    // Each endpoint writes its own stretch of its peer's region, so all four run at once.
+    let len = 20_000u32;
+    // Within each region: sources at `at(e)`, WRITE targets 0x4_0000 above, READ results
+    // 0x8_0000 above, received SENDs 0xc_0000 above.
+    let at = |e: usize| 0x1_0000 * e as u64;
+    for e in 0..4 {
+        sides[e]
+            .mr
+            .write(at(e) as usize, &pattern(e as u64, len as usize))
+            .unwrap();
+        post_recv(
+            &mut sim,
+            peer_of[e],
+            &sides[peer_of[e]],
+            1,
+            0xc_0000 + at(e),
+            4096,
+        );
+    }
+    for e in 0..4 {
+        let peer = &sides[peer_of[e]];
+        let write = SendOp::Write {
+            remote_addr: IOVA + 0x4_0000 + at(e),
+            rkey: peer.mr.rkey(),
+        };
+        post_send(
+            &mut sim,
+            e,
+            &sides[e],
+            SendWr::new(1, write, sge(&sides[e], at(e), len)),
+        );
+        let read = SendOp::Read {
+            remote_addr: IOVA + 0x4_0000 + at(e),
+            rkey: peer.mr.rkey(),
+        };
+        let back = sge(&sides[e], 0x8_0000 + at(e), len);
+        post_send(&mut sim, e, &sides[e], SendWr::new(2, read, back));
+        let send = sge(&sides[e], at(e), 100);
+        post_send(&mut sim, e, &sides[e], SendWr::new(3, SendOp::Send, send));
+    }
+    sim.run_idle(LIMIT);
+
+    for e in 0..4 {
+        let wcs = drain(&mut sim, e, sides[e].cq);
+        let sent: Vec<_> = wcs
+            .iter()
+            .filter(|wc| wc.opcode != WcOpcode::Recv)
+            .collect();
+        assert_eq!(
+            sent.iter()
+                .map(|wc| (wc.wr_id, wc.status))
+                .collect::<Vec<_>>(),
+            [1, 2, 3].map(|id| (id, WcStatus::Success)),
+            "endpoint {e}"
+        );
+        let recv: Vec<_> = wcs
+            .iter()
+            .filter(|wc| wc.opcode == WcOpcode::Recv)
+            .collect();
+        assert_eq!(recv.len(), 1, "endpoint {e} received its peer's SEND");
+        assert_eq!((recv[0].status, recv[0].byte_len), (WcStatus::Success, 100));
+        let written = pattern(e as u64, len as usize);
+        let peer = &sides[peer_of[e]];
+        let landed = read_mr(peer, (0x4_0000 + at(e)) as usize, len as usize);
+        assert!(
+            landed == written,
+            "endpoint {e}'s WRITE landed in its peer's region"
+        );
+        let read_back = read_mr(&sides[e], (0x8_0000 + at(e)) as usize, len as usize);
+        assert!(read_back == written, "endpoint {e}'s READ brought it back");
+        let sent_bytes = read_mr(peer, (0xc_0000 + at(e)) as usize, 100);
+        assert_eq!(sent_bytes, written[..100]);
+    }
+    assert!(sim.stats.dropped > 0 && sim.stats.duplicated > 0 && sim.stats.reordered > 0);
+    // The lanes shared the work: every endpoint sent and received.
+    for (e, ep) in sim.nodes.iter().enumerate() {
+        let c = ep.counters();
+        assert!(
+            c.sent_packets > 0 && c.received_packets > 0,
+            "endpoint {e}: {c:?}"
+        );
+    }
 }

@@ -5,6 +5,11 @@
 //! all drawn from one seeded generator. On delivery its ICRC is checked, so a flipped bit must
 //! be caught there and never reach memory. Virtual time jumps to the next delivery or deadline.
 //!
+//! A node may be a device of several engines ([`Sim::with_lanes`]): one endpoint per lane, all
+//! on the node's address and over one shared memory table, each datagram delivered to the
+//! endpoint its DestQP belongs to, as the kernel's reuse-port steering does. `nodes` then holds
+//! the endpoints, node `n`'s lane `l` at `n * lanes + l`.
+//!
 //! A [`Bottleneck`] puts a switch in front of one node: what is sent to it queues there for a
 //! slower link, is marked CE above a threshold if it is ECN-capable, and is dropped at the
 //! queue's limit.
@@ -24,6 +29,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use red::Red;
+use softroce::memory::DeviceMemory;
 use softroce::transport::{
     CongestionConfig, Datagram, Endpoint, EndpointConfig, Lane, MAX_PACKET_LEN,
 };
@@ -167,7 +173,9 @@ enum Hop {
 /// A packet on its way.
 #[derive(Debug)]
 struct Flight {
+    /// The sending node (its address), not its endpoint.
     from: usize,
+    /// The endpoint it is delivered to.
     to: usize,
     /// Its IP TOS byte: the ECN codepoint it was sent with, or CE once marked.
     class: u8,
@@ -186,7 +194,10 @@ pub struct NetStats {
 
 pub struct Sim {
     pub now: Duration,
+    /// The endpoints: one per node, or `lanes` per node.
     pub nodes: Vec<Endpoint>,
+    /// Endpoints (engines) per node.
+    pub lanes: usize,
     pub faults: Faults,
     pub rng: Rng,
     pub stats: NetStats,
@@ -196,7 +207,7 @@ pub struct Sim {
     /// How long a node's link takes to send one byte (8 ns is 1 Gbit/s). Zero, the default,
     /// sends at once; otherwise packets queue behind each other, as on a slow or congested link.
     pub byte_time: Duration,
-    /// When each node's link has sent everything queued on it.
+    /// When each node's link (shared by its lanes) has sent everything queued on it.
     link_free: Vec<Duration>,
     latency: Duration,
     /// A switch in front of one node, if any.
@@ -237,20 +248,44 @@ impl Sim {
         faults: Faults,
         congestion: CongestionConfig,
     ) -> Self {
+        Self::build(nodes, 1, seed, faults, congestion)
+    }
+
+    /// `nodes` devices of `lanes` engines each: node `n`'s lane `l` is endpoint
+    /// `n * lanes + l`, on node `n`'s address, over the node's one memory table, drawing the
+    /// QP numbers its lane owns, as a device's engines do.
+    pub fn with_lanes(nodes: usize, lanes: usize, seed: u64, faults: Faults) -> Self {
+        Self::build(nodes, lanes, seed, faults, CongestionConfig::default())
+    }
+
+    fn build(
+        nodes: usize,
+        lanes: usize,
+        seed: u64,
+        faults: Faults,
+        congestion: CongestionConfig,
+    ) -> Self {
         let link_free = vec![Duration::ZERO; nodes];
-        let nodes = (0..nodes)
-            .map(|n| {
-                Endpoint::new(EndpointConfig {
-                    local_addr: addr(n),
-                    seed: seed ^ (n as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d),
-                    lane: Lane::SOLE,
-                    congestion,
+        let endpoints = (0..nodes)
+            .flat_map(|n| {
+                let node_seed = seed ^ (n as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d);
+                let memories = DeviceMemory::shared_by(lanes, node_seed);
+                memories.into_iter().enumerate().map(move |(l, memory)| {
+                    let lane = Lane::new(l as u32, lanes as u32).expect("1 to 64 lanes");
+                    let config = EndpointConfig {
+                        local_addr: addr(n),
+                        seed: node_seed ^ (l as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        lane,
+                        congestion,
+                    };
+                    Endpoint::with_memory(config, memory)
                 })
             })
             .collect();
         Sim {
             now: Duration::ZERO,
-            nodes,
+            nodes: endpoints,
+            lanes,
             faults,
             rng: Rng::new(seed),
             stats: NetStats::default(),
@@ -268,9 +303,28 @@ impl Sim {
     }
 
     fn node_of(&self, ip: IpAddr) -> Option<usize> {
-        (0..self.nodes.len()).find(|&n| addr(n) == ip)
+        (0..self.nodes.len() / self.lanes).find(|&n| addr(n) == ip)
     }
 
+    /// The node endpoint `endpoint` belongs to.
+    pub fn node(&self, endpoint: usize) -> usize {
+        endpoint / self.lanes
+    }
+
+    /// The address of endpoint `endpoint`: its node's.
+    pub fn addr_of(&self, endpoint: usize) -> IpAddr {
+        addr(self.node(endpoint))
+    }
+
+    /// The endpoint of node `node` a packet is steered to: its DestQP's lane (QP1's is the
+    /// first), as the reuse-port BPF program does; a packet too short for a BTH goes to the
+    /// first, which drops it.
+    fn steer(&self, node: usize, packet: &[u8]) -> usize {
+        let lane = Lane::owner_of_packet(packet, self.lanes as u32).unwrap_or(0);
+        node * self.lanes + lane as usize
+    }
+
+    /// Queues `bytes` from node `from` for endpoint `to`.
     fn enqueue(&mut self, from: usize, to: usize, class: u8, bytes: Vec<u8>) {
         let sent = self.now.max(self.link_free[from]) + self.byte_time * bytes.len() as u32;
         self.link_free[from] = sent;
@@ -281,7 +335,8 @@ impl Sim {
             at += Duration::from_nanos(self.rng.below(jitter + 1));
         }
         self.seq += 1;
-        let hop = if self.bottleneck.as_ref().is_some_and(|b| b.to == to) {
+        let to_node = self.node(to);
+        let hop = if self.bottleneck.as_ref().is_some_and(|b| b.to == to_node) {
             Hop::ToSwitch
         } else {
             Hop::Link
@@ -321,13 +376,14 @@ impl Sim {
     fn collect(&mut self) {
         for from in 0..self.nodes.len() {
             while let Some((dst, mut bytes)) = self.take(from) {
-                let Some(to) = self.node_of(dst) else {
+                let Some(to_node) = self.node_of(dst) else {
                     continue;
                 };
                 if let Some(rewrite) = &mut self.rewrite {
                     rewrite(from, &mut bytes);
                 }
-                framing(from, to).seal(&mut bytes);
+                let (from_node, to) = (self.node(from), self.steer(to_node, &bytes));
+                framing(from_node, to_node).seal(&mut bytes);
                 self.stats.sent += 1;
                 if let Some(filter) = &mut self.filter {
                     if !filter(from, &bytes) {
@@ -347,9 +403,9 @@ impl Sim {
                 let class = self.class_of(from);
                 if self.rng.chance(self.faults.duplicate) {
                     self.stats.duplicated += 1;
-                    self.enqueue(from, to, class, bytes.clone());
+                    self.enqueue(from_node, to, class, bytes.clone());
                 }
-                self.enqueue(from, to, class, bytes);
+                self.enqueue(from_node, to, class, bytes);
             }
         }
     }
@@ -358,7 +414,7 @@ impl Sim {
     /// the kernel would frame it. `from` need not be a node: any index names an address
     /// (`addr`), so a test can forge packets from a stranger.
     pub fn inject(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
-        framing(from, to).seal(&mut packet);
+        framing(from, self.node(to)).seal(&mut packet);
         self.seq += 1;
         let flight = Flight {
             from,
@@ -379,8 +435,9 @@ impl Sim {
             let Some((_, mut bytes)) = self.take(from) else {
                 break;
             };
-            framing(from, to).seal(&mut bytes);
-            self.deliver(from, to, 0, &bytes);
+            let (from_node, to_node) = (self.node(from), self.node(to));
+            framing(from_node, to_node).seal(&mut bytes);
+            self.deliver(from_node, to, 0, &bytes);
             moved += 1;
         }
         moved
@@ -390,27 +447,29 @@ impl Sim {
     /// network and the nodes' transmissions: a test that wants several requests to arrive
     /// before the node answers any. `from` need not be a node, as with [`inject`](Self::inject).
     pub fn deliver_now(&mut self, from: usize, to: usize, mut packet: Vec<u8>) {
-        framing(from, to).seal(&mut packet);
+        framing(from, self.node(to)).seal(&mut packet);
         self.deliver(from, to, 0, &packet);
     }
 
     /// Seals `packet` and hands it to node `to` at once with IP TOS byte `class`: a packet a
     /// switch marked (`Ecn::Ce`), as the io layer reports it.
     pub fn deliver_with_class(&mut self, from: usize, to: usize, class: u8, mut packet: Vec<u8>) {
-        framing(from, to).seal(&mut packet);
+        framing(from, self.node(to)).seal(&mut packet);
         self.deliver(from, to, class, &packet);
     }
 
-    /// Hands a sealed packet to node `to` now, as a UDP socket with IP_PKTINFO reports it:
-    /// addresses, no IP header, and the ICRC as far as the kernel's framing lets it be checked.
+    /// Hands a sealed packet from node (address) `from` to endpoint `to` now, as a UDP socket
+    /// with IP_PKTINFO reports it: addresses, no IP header, and the ICRC as far as the
+    /// kernel's framing lets it be checked.
     fn deliver(&mut self, from: usize, to: usize, class: u8, bytes: &[u8]) {
+        let to_node = self.node(to);
         let datagram = Datagram {
             src: addr(from),
             src_port: ROCEV2_UDP_PORT,
-            dst: addr(to),
+            dst: addr(to_node),
             ip_header: None,
             traffic_class: class,
-            icrc: framing(from, to).verify(bytes),
+            icrc: framing(from, to_node).verify(bytes),
             packet: bytes,
         };
         self.nodes[to].handle_received(self.now, datagram);

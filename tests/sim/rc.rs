@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{addr, drain, forge, Sim};
+use super::{drain, forge, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType, PdId};
 use softroce::transport::{
     connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpEndpoint, QpInit, QpType, RecvWr,
@@ -102,7 +102,7 @@ pub fn connect_end(
     let (node, qpn) = ends[me];
     let them = 1 - me;
     let remote = QpEndpoint {
-        addr: addr(ends[them].0),
+        addr: sim.addr_of(ends[them].0),
         qpn: ends[them].1,
         psn: Psn::new(o.psn[them]),
         mtu: o.mtu,
