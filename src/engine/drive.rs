@@ -20,9 +20,9 @@
 //!   message, where the wait that follows sends a whole batch as one;
 //! - the engine thread stands aside while the application has run or asked for a turn within
 //!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
-//!   Standing aside, it wakes every [`HANDBACK`], and if requests were posted that no turn has
-//!   taken, takes them in a turn that does not wait on the socket.
-//!
+//!   Standing aside, it looks in every millisecond (a turn that does not wait on the socket:
+//!   requests posted that no turn has taken, datagrams no call has read), and more often, down
+//!   to [`LOOK_IN_MIN`], while its looks keep finding datagrams the application left;
 //! - the engine thread takes over at once when the application says it is about to wait
 //!   where no turn runs ([`Watchers`]): a future that is pending on a CQ or a CM channel, or a
 //!   CQ armed for its descriptor (`req_notify`, `ibv_req_notify_cq`), which a completion
@@ -82,7 +82,7 @@ use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues};
 pub(crate) const HANDBACK: Duration = Duration::from_millis(1);
 
 /// How often, at the most, a hybrid engine's thread looks in while the application is active:
-/// when its looks keep finding datagrams or requests that no call of the application's took
+/// when its looks keep finding datagrams that no call of the application's took
 /// (an application that spins on its memory for a peer's WRITE, as `ib_write_lat` does, calls
 /// nothing meanwhile). 10 µs gave no lower latency in an A/B on loopback.
 const LOOK_IN_MIN: Duration = Duration::from_micros(20);
@@ -333,10 +333,10 @@ impl Driver {
 ///
 /// While the application is active, the thread looks in every `look_in` (a turn that does not
 /// wait, if the engine is free): what the application posted and left, or datagrams it has
-/// not yet taken. A look that finds work the application left for [`LOOK_IN_MIN`] or longer
-/// halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it, up to [`HANDBACK`]. So an application that polls its CQ costs the
-/// thread a look a millisecond, and one that spins elsewhere for its peer's WRITE has it
-/// taken within a few tens of µs (`ib_write_lat`: 15-50 µs typical on loopback, against
+/// not yet taken. A look that finds datagrams the application left for [`LOOK_IN_MIN`] or
+/// longer halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it, up to
+/// [`HANDBACK`]. So an application that polls its CQ costs the thread a look a millisecond,
+/// and one that spins elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs typical on loopback, against
 /// 25 µs with the engine thread alone on 2 cores and 4 ms on one, where the spinning program
 /// starves it).
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
@@ -367,7 +367,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
                     return;
                 }
-                // Work found while the application calls often is work its next call would
+                // Datagrams found while the application calls often are ones its next call would
                 // have taken: only an application that has called nothing for a while
                 // (it spins elsewhere) brings the looks closer.
                 let left_behind = engine.found_work() && quiet >= LOOK_IN_MIN;
