@@ -19,6 +19,7 @@ mod cm;
 mod drive;
 mod lanes;
 mod notify;
+mod queues;
 
 use std::io;
 use std::net::IpAddr;
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rustc_hash::FxHashMap;
 
@@ -38,13 +39,15 @@ use drive::{Driver, Turn};
 use lanes::Lanes;
 pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
+use queues::QpPosts;
+pub(crate) use queues::{Completions, PostQueue, QpQueues};
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, CongestionConfig, CongestionStatus, Counters, CqId,
     Endpoint, EndpointConfig, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr,
-    Resources, SendWr, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    Resources, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
 
@@ -93,7 +96,7 @@ pub(crate) enum Command {
     /// share.
     CreateCq {
         capacity: usize,
-        completions: Sender<WorkCompletion>,
+        completions: Arc<Completions>,
         notify: Arc<CqNotify>,
         reply: Reply<CqId>,
     },
@@ -130,25 +133,6 @@ pub(crate) enum Command {
     /// hands: after the turn whose transmit left nothing waiting.
     Flush(Reply<()>),
     Shutdown,
-}
-
-/// The application's ends of a QP's posting channels.
-#[derive(Debug, Clone)]
-pub(crate) struct QpQueues {
-    pub send: Sender<SendWr>,
-    pub recv: Sender<RecvWr>,
-    /// The QP's outstanding requests, which a post takes a slot of first (exact depths).
-    pub slots: Arc<QueueSlots>,
-    qpn: Qpn,
-    /// Set while the QP is on the engine's list of QPs posted to (`Doorbell::ready`).
-    listed: Arc<AtomicBool>,
-}
-
-/// The engine's ends.
-struct QpPosts {
-    send: Receiver<SendWr>,
-    recv: Receiver<RecvWr>,
-    listed: Arc<AtomicBool>,
 }
 
 /// How posting wakes an engine thread only when it sleeps: waking costs a syscall (an eventfd
@@ -214,14 +198,18 @@ impl EngineHandle {
     }
 }
 
-/// A CQ's channel to the application, and how to tell the application it has news.
+/// Where a CQ's completions go to the application, and how to tell the application it has
+/// news. Dropping it lets go of the queue (the CQ was destroyed here, or the engine stopped).
 struct CqChannel {
-    tx: Sender<WorkCompletion>,
+    completions: Arc<Completions>,
     notify: Arc<CqNotify>,
-    /// A completion taken from the core's CQ that found the channel full, sent first next
-    /// time: on a device of several engines another engine can fill the last slot between a
-    /// look and a send.
-    held: Option<WorkCompletion>,
+}
+
+impl Drop for CqChannel {
+    fn drop(&mut self) {
+        self.completions.let_go();
+        self.notify.closed();
+    }
 }
 
 /// The engine has stopped: shut down by the application (`None`), or by the error that killed
@@ -602,7 +590,7 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::CreateCq {
                     capacity,
-                    completions: tx,
+                    completions,
                     notify,
                     reply,
                 } => {
@@ -614,9 +602,8 @@ impl<B: Backend> Engine<B> {
                         self.cqs.resize_with(slot + 1, || None);
                     }
                     self.cqs[slot] = Some(CqChannel {
-                        tx,
+                        completions,
                         notify,
-                        held: None,
                     });
                     let _ = reply.send(cq);
                 }
@@ -626,27 +613,11 @@ impl<B: Backend> Engine<B> {
                         None => self.endpoint.create_qp(init),
                     };
                     let result = created.map(|qpn| {
-                        let (send, send_rx) = bounded(init.max_send_wr.max(1));
-                        let (recv, recv_rx) = bounded(init.max_recv_wr.max(1));
                         let slots = Arc::new(QueueSlots::default());
                         let shared = self.endpoint.share_slots(qpn, slots.clone());
                         debug_assert!(shared.is_ok(), "the QP was just created");
-                        let listed = Arc::new(AtomicBool::new(false));
-                        self.qps.insert(
-                            qpn,
-                            QpPosts {
-                                send: send_rx,
-                                recv: recv_rx,
-                                listed: listed.clone(),
-                            },
-                        );
-                        let queues = QpQueues {
-                            send,
-                            recv,
-                            slots,
-                            qpn,
-                            listed,
-                        };
+                        let (posts, queues) = QpPosts::open(qpn, slots);
+                        self.qps.insert(qpn, posts);
                         (qpn, queues)
                     });
                     let _ = reply.send(result);
@@ -720,8 +691,10 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Moves posted work requests into the core, as far as its queues have room. A request the
-    /// core refuses completes with LOC_QP_OP_ERR, since `post_send` has already returned.
+    /// Moves posted work requests into the core, as far as its queues have room (the QP's
+    /// slots keep posts within its depths, so they all fit unless the core still holds
+    /// requests a modify will flush). A request the core refuses completes with
+    /// LOC_QP_OP_ERR, since `post_send` has already returned.
     fn posts(&mut self) {
         let now = self.now();
         let endpoint = &mut self.endpoint;
@@ -732,12 +705,14 @@ impl<B: Backend> Engine<B> {
         look_at.extend(self.ready.try_iter());
         for &qpn in &look_at {
             // Gone: destroyed after it was posted to.
-            let Some(posts) = self.qps.get(&qpn) else {
+            let Some(posts) = self.qps.get_mut(&qpn) else {
                 continue;
             };
+            // Before the take: a post after it lists the QP again.
             posts.listed.store(false, SeqCst);
-            for _ in 0..endpoint.recv_queue_room(qpn) {
-                let Ok(wr) = posts.recv.try_recv() else { break };
+            posts.recv.take_into(&mut posts.recvs);
+            let room = endpoint.recv_queue_room(qpn).min(posts.recvs.len());
+            for wr in posts.recvs.drain(..room) {
                 let wr_id = wr.wr_id;
                 if endpoint.post_recv(qpn, wr).is_err() {
                     refused(endpoint, qpn, wr_id, WcOpcode::Recv);
@@ -745,10 +720,10 @@ impl<B: Backend> Engine<B> {
             }
             // One batch: queued first, then sent as one run; a request refused completes
             // with LOC_QP_OP_ERR in its place.
-            let room = endpoint.send_queue_room(qpn);
-            let batch = (0..room).map_while(|_| posts.send.try_recv().ok());
-            endpoint.post_send_batch(now, qpn, batch);
-            if !posts.send.is_empty() || !posts.recv.is_empty() {
+            posts.send.take_into(&mut posts.sends);
+            let room = endpoint.send_queue_room(qpn).min(posts.sends.len());
+            endpoint.post_send_batch(now, qpn, posts.sends.drain(..room));
+            if !posts.sends.is_empty() || !posts.recvs.is_empty() {
                 self.posts_left.push(qpn);
             }
         }
@@ -758,20 +733,19 @@ impl<B: Backend> Engine<B> {
         self.looking = look_at;
     }
 
-    /// Destroys a QP, flushing with the requests it held those still in its posting channels,
+    /// Destroys a QP, flushing with the requests it held those still in its posting queues,
     /// which the application posted but the engine had not taken yet.
     fn destroy_qp(&mut self, now: Duration, qpn: Qpn) -> Result<(), VerbsError> {
         let unposted: Vec<WorkCompletion> = match self.qps.remove(&qpn) {
             Some(posts) => {
+                let (sends, recvs) = posts.close();
                 let flushed =
                     |wr_id, opcode| WorkCompletion::new(wr_id, WcStatus::WrFlushErr, opcode, qpn);
-                let sends = posts
-                    .send
-                    .try_iter()
+                let sends = sends
+                    .into_iter()
                     .map(|wr| flushed(wr.wr_id, wr.op.wc_opcode()));
-                let recvs = posts
-                    .recv
-                    .try_iter()
+                let recvs = recvs
+                    .into_iter()
                     .map(|wr| flushed(wr.wr_id, WcOpcode::Recv));
                 sends.chain(recvs).collect()
             }
@@ -824,30 +798,22 @@ impl<B: Backend> Engine<B> {
 
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
-        for (index, channel) in self.cqs.iter_mut().enumerate() {
-            let Some(CqChannel { tx, notify, held }) = channel else {
+        let endpoint = &mut self.endpoint;
+        for (index, channel) in self.cqs.iter().enumerate() {
+            let Some(CqChannel {
+                completions,
+                notify,
+            }) = channel
+            else {
                 continue;
             };
             let cq = CqId(index as u32);
-            let (mut delivered, mut solicited) = (false, false);
-            while !tx.is_full() {
-                let Some(wc) = held.take().or_else(|| self.endpoint.poll_cq(cq)) else {
-                    break;
-                };
-                let asks = wc.solicited || wc.status != WcStatus::Success;
-                match tx.try_send(wc) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(wc)) => {
-                        *held = Some(wc);
-                        break;
-                    }
-                    // The application let go of the CQ: nothing to deliver to.
-                    Err(TrySendError::Disconnected(_)) => break,
-                }
-                delivered = true;
-                solicited |= asks;
-            }
-            if delivered {
+            let mut solicited = false;
+            let delivered = completions.deliver(
+                || endpoint.poll_cq(cq),
+                |wc| solicited |= wc.solicited || wc.status != WcStatus::Success,
+            );
+            if delivered > 0 {
                 notify.delivered(solicited);
             }
         }
@@ -871,14 +837,11 @@ impl<B: Backend> Engine<B> {
         self.let_go();
     }
 
-    /// Closes the CQs' channels and wakes their waiting tasks; drops the commands queued,
-    /// whose callers, and any later ones, get no answer and see the engine gone.
+    /// Lets go of the CQs' queues and wakes their waiting tasks and threads; drops the
+    /// commands queued, whose callers, and any later ones, get no answer and see the engine
+    /// gone.
     fn let_go(&mut self) {
-        // Dropping the senders first, so that a woken task finds the channel closed.
-        let notifiers: Vec<_> = self.cqs.drain(..).flatten().map(|c| c.notify).collect();
-        for notify in notifiers {
-            notify.closed();
-        }
+        self.cqs.clear();
         while self.commands.try_recv().is_ok() {}
     }
 }

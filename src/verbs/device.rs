@@ -13,7 +13,7 @@ use crossbeam_channel::bounded;
 
 use super::{receive, CompletionQueue, CqInner, Error, ProtectionDomain, Result};
 use crate::cm::CmConfig;
-use crate::engine::{self, Command, CqNotify, EngineHandle, Progress};
+use crate::engine::{self, Command, Completions, CqNotify, EngineHandle, Progress};
 use crate::io::{
     link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
 };
@@ -382,18 +382,18 @@ impl Device {
     /// full as well as the queue.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
         let notify = Arc::new(CqNotify::new(self.engine().watchers().cloned())?);
-        let (tx, completions) = bounded(capacity.max(1));
+        let completions = Completions::new(capacity, self.engines());
         let mut inner = CqInner {
             device: self.clone(),
             ids: Vec::with_capacity(self.engines()),
-            completions,
+            completions: Arc::clone(&completions),
             notify,
         };
         for engine in self.inner.engines.iter() {
             // Dropping `inner` on an error destroys those created.
             let id = engine.call(|reply| Command::CreateCq {
                 capacity,
-                completions: tx.clone(),
+                completions: Arc::clone(&completions),
                 notify: Arc::clone(&inner.notify),
                 reply,
             })?;

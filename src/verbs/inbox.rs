@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use super::Result;
 use crate::cm::CmEvent;
-use crate::engine::{Driven, EngineHandle, Watch, HANDBACK};
+use crate::engine::{Completions, Driven, EngineHandle, Watch, HANDBACK};
+use crate::transport::WorkCompletion;
 
 /// What a look at a channel found.
 pub(crate) enum Take<T> {
@@ -51,6 +52,28 @@ impl<T> Mailbox<T> for crossbeam_channel::Receiver<T> {
 
     fn has_mail(&self) -> bool {
         !self.is_empty()
+    }
+}
+
+impl Mailbox<WorkCompletion> for Completions {
+    fn try_take(&self) -> Take<WorkCompletion> {
+        match self.try_pop() {
+            Some(wc) => Take::Got(wc),
+            None if self.stopped() => Take::Gone,
+            None => Take::Empty,
+        }
+    }
+
+    fn take_within(&self, timeout: Duration) -> Take<WorkCompletion> {
+        match self.pop_within(timeout) {
+            Some(wc) => Take::Got(wc),
+            None if self.stopped() => Take::Gone,
+            None => Take::Empty,
+        }
+    }
+
+    fn has_mail(&self) -> bool {
+        Completions::has_mail(self)
     }
 }
 

@@ -39,10 +39,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
-
 use crate::cm::{CmError, Failure};
-use crate::engine::{Command, CqNotify, EngineGone, EngineHandle, QpQueues, Watch};
+use crate::engine::{
+    Command, Completions, CqNotify, EngineGone, EngineHandle, PostQueue, QpQueues, Watch,
+};
 pub use crate::engine::{EnginePanicked, Progress};
 use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
 use crate::transport::{
@@ -741,7 +741,7 @@ impl QueuePair {
         }
     }
 
-    /// Hands `wr` to the engine's channel, in a slot taken first; the caller rings.
+    /// Hands `wr` to the engine's queue, in a slot taken first; the caller rings.
     fn enqueue_send(&self, wr: SendWr) -> Result<()> {
         self.check_send(&wr)?;
         if !self.queues.slots.take_send(self.depths.0) {
@@ -750,20 +750,17 @@ impl QueuePair {
         self.hand_over(&self.queues.send, wr, QueueSlots::retire_sends)
     }
 
-    /// Puts a request, whose slot is taken, in the engine's channel; a request the channel
-    /// refuses gives its slot back (`retire`). The caller rings.
+    /// Puts a request, whose slot is taken, in the engine's queue; a request the queue refuses
+    /// (the device stopped) gives its slot back (`retire`). The caller rings.
     fn hand_over<T>(
         &self,
-        queue: &crossbeam_channel::Sender<T>,
+        queue: &PostQueue<T>,
         wr: T,
         retire: fn(&QueueSlots, usize),
     ) -> Result<()> {
-        queue.try_send(wr).map_err(|refused| {
+        queue.push(wr).map_err(|_refused| {
             retire(&self.queues.slots, 1);
-            match refused {
-                TrySendError::Full(_) => Error::QueueFull,
-                TrySendError::Disconnected(_) => self.engine().gone().into(),
-            }
+            self.engine().gone().into()
         })
     }
 
@@ -887,7 +884,7 @@ struct CqInner {
     device: Device,
     /// Its number on each engine, in engine order.
     ids: Vec<CqId>,
-    completions: Receiver<WorkCompletion>,
+    completions: Arc<Completions>,
     notify: Arc<CqNotify>,
 }
 
@@ -912,29 +909,24 @@ impl CompletionQueue {
 
     /// [`poll`](Self::poll), handing each completion to `each` instead of a `Vec`: for a
     /// caller that writes them where it keeps them (`ibv_poll_cq`'s array), with no allocation.
-    pub fn poll_each(&self, max: usize, mut each: impl FnMut(WorkCompletion)) -> Result<usize> {
+    pub fn poll_each(&self, max: usize, each: impl FnMut(WorkCompletion)) -> Result<usize> {
         let engine = self.inner.device.engine();
-        // An engine that has stopped has no completions to add: the channel says the rest.
+        // An engine that has stopped has no completions to add: the queue says the rest.
         let _ = engine.help();
-        let mut taken = 0;
-        while taken < max {
-            match self.inner.completions.try_recv() {
-                Ok(wc) => each(wc),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if taken == 0 => {
-                    return Err(engine.gone().into());
-                }
-                Err(TryRecvError::Disconnected) => break,
-            }
-            taken += 1;
-        }
-        Ok(taken)
+        self.inner
+            .completions
+            .take_each(max, each)
+            .ok_or_else(|| engine.gone().into())
     }
 
     /// One completion, waiting up to `timeout` for it: the completion channel, for applications
     /// that do not want to spin.
     pub fn wait(&self, timeout: Duration) -> Result<Option<WorkCompletion>> {
-        receive(self.inner.device.engine(), &self.inner.completions, timeout)
+        receive(
+            self.inner.device.engine(),
+            &*self.inner.completions,
+            timeout,
+        )
     }
 
     /// The next completion, as a future that any executor can run: it is woken when the
@@ -982,15 +974,15 @@ impl CompletionQueue {
     /// The next completion if one is waiting; `None` if not; the device's end once it has
     /// stopped and every completion it flushed has been taken.
     fn try_next(&self) -> Option<Result<WorkCompletion>> {
-        match self.inner.completions.try_recv() {
-            Ok(wc) => Some(Ok(wc)),
-            Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(Err(self.inner.device.engine().gone().into())),
+        let completions = &self.inner.completions;
+        match completions.try_pop() {
+            Some(wc) => Some(Ok(wc)),
+            None if completions.stopped() => Some(Err(self.inner.device.engine().gone().into())),
+            None => None,
         }
     }
 }
-
-/// The CQ's notification descriptor (an eventfd), readable once an armed event fired: for a
+// The CQ's notification descriptor (an eventfd), readable once an armed event fired: for a
 /// completion channel's `poll(2)` or epoll, mio, or tokio's `AsyncFd`. See
 /// [`req_notify`](CompletionQueue::req_notify). The descriptor stays open, and stays the same,
 /// for as long as any handle to the CQ lives: what `AsyncFd::register` asks of the object it
@@ -1023,7 +1015,7 @@ impl Future for NextCompletion<'_> {
         let cq = self.cq;
         let engine = cq.inner.device.engine();
         if engine.calls_only() {
-            // An engine that has stopped has no completions to add: the channel says the rest.
+            // An engine that has stopped has no completions to add: the queue says the rest.
             let _ = engine.drive();
         }
         if let Some(next) = cq.try_next() {
