@@ -242,13 +242,17 @@ fn uc_send_with_one_loss(lost: usize, with_srq: bool) {
         );
     }
     // UC keeps no retransmission state: the requester completes each request once its last
-    // packet is sent, and has no timer to run.
+    // packet is built (rxe_req.c), loss or not, and has no timer to run.
+    assert!(
+        drain(&mut sim, 0, a.cq).is_empty(),
+        "no packet is built yet"
+    );
+    assert_eq!(sim.nodes[0].next_deadline(), None);
+    sim.run_idle(LIMIT);
     assert_eq!(
         statuses(&drain(&mut sim, 0, a.cq)),
         [(0, WcStatus::Success), (1, WcStatus::Success)]
     );
-    assert_eq!(sim.nodes[0].next_deadline(), None);
-    sim.run_idle(LIMIT);
 
     let got = drain(&mut sim, 1, b.cq);
     let first_took_a_request = lost > 0;
@@ -468,12 +472,13 @@ fn uc_rdma_write_with_immediate_and_silently_dropped_bad_messages() {
     assert!(sent_by(&wire, 1).is_empty(), "still no NAK");
 }
 
-/// A UC or UD send completes when its last packet is queued, as rxe completes it once the
-/// packet is sent (rxe_comp.c: no ACK to wait for); the buffer is the application's again then.
-/// Packets are built only when the io layer takes them, so what a completed send carries must
-/// have been read by then: writing the buffer after the completion changes nothing on the wire.
+/// A UC or UD send completes when its last packet is built, as rxe completes it once the
+/// packet is sent (rxe_req.c: no ACK to wait for), and not before: the payload is read from the
+/// application's buffer once, into the packet, so the buffer is not the application's again
+/// until then. Written after the completion, it changes nothing on the wire; written before
+/// any packet is built, the packet carries the new bytes.
 #[test]
-fn a_completed_uc_or_ud_send_carries_what_the_buffer_held_when_it_was_posted() {
+fn a_uc_or_ud_send_completes_once_its_last_packet_is_built() {
     for qp_type in [QpType::Uc, QpType::Ud] {
         let mut sim = Sim::new(2, seed(29), Faults::default());
         let ([a, b], [qa, qb], _) = pair(&mut sim, qp_type, false);
@@ -484,13 +489,20 @@ fn a_completed_uc_or_ud_send_carries_what_the_buffer_held_when_it_was_posted() {
             wr.ud = Some(ud_dest(&mut sim, 0, a.pd, 1, qb, QKEY));
         }
         post_send(&mut sim, 0, qa, wr);
-        // Nothing has gone to the wire yet, and the request is complete.
+        assert!(
+            drain(&mut sim, 0, a.cq).is_empty(),
+            "{qp_type:?}: complete before its packet was built"
+        );
+        a.mr.write(0, &[0x22; 64]).unwrap();
+        let packet = sim.nodes[0].poll_transmit().expect("the SEND");
+        assert!(sim.nodes[0].poll_transmit().is_none(), "{qp_type:?}");
         assert_eq!(
             statuses(&drain(&mut sim, 0, a.cq)),
             [(7, WcStatus::Success)],
             "{qp_type:?}"
         );
-        a.mr.write(0, &[0x22; 64]).unwrap();
+        a.mr.write(0, &[0x33; 64]).unwrap();
+        sim.deliver_now(0, 1, packet.packet);
         sim.run_idle(LIMIT);
         let got = drain(&mut sim, 1, b.cq);
         assert_eq!(statuses(&got), [(1, WcStatus::Success)], "{qp_type:?}");
@@ -499,7 +511,7 @@ fn a_completed_uc_or_ud_send_carries_what_the_buffer_held_when_it_was_posted() {
         } else {
             0x1000
         };
-        assert_eq!(read_mr(&b, at, 64), [0x11; 64], "{qp_type:?}");
+        assert_eq!(read_mr(&b, at, 64), [0x22; 64], "{qp_type:?}");
     }
 }
 

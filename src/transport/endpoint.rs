@@ -664,17 +664,15 @@ impl Endpoint {
     /// completes with LOC_QP_OP_ERR in its place: what was queued before it is sent first.
     pub fn post_send_batch(&mut self, now: Duration, qpn: Qpn, wrs: impl Iterator<Item = SendWr>) {
         for wr in wrs {
-            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+            let (wr_id, op) = (wr.wr_id, wr.op);
             let ud_dest = self.resolve_ud(qpn, &wr);
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             let Some(qp) = qp else { return };
-            if let Err(_refused) = ud_dest
-                .inspect_err(|_| qp.retire_sends(1))
-                .and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
+            if let Err(_refused) =
+                ud_dest.and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
             {
                 qp.pump(&mut ctx);
-                let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, opcode, qpn);
-                ctx.complete(qp.send_cq, wc);
+                qp.refuse(wr_id, op, &mut ctx);
             }
         }
         let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
@@ -980,7 +978,12 @@ impl Endpoint {
         );
         loop {
             self.queue_responses();
-            let Queued { dst, repr, payload } = self.out.pop_front()?;
+            let Queued {
+                dst,
+                repr,
+                payload,
+                completes,
+            } = self.out.pop_front()?;
             let len = repr.buffer_len();
             let at = repr.payload_offset();
             let packet = &mut buf[..len];
@@ -991,9 +994,23 @@ impl Endpoint {
                 .expect("the core queues only headers its opcode requires");
             let into = &mut packet[at..at + repr.payload_len];
             match payload.write(into, &mut self.pool, &self.memory) {
-                Ok(()) => return Some((dst, len)),
+                Ok(()) => {
+                    if let Some(qpn) = completes {
+                        self.last_packet_built(qpn, repr.bth.psn);
+                    }
+                    return Some((dst, len));
+                }
                 Err(revoked) => self.withhold(revoked, repr.bth.psn),
             }
+        }
+    }
+
+    /// The last packet of QP `qpn`'s UC or UD message `psn` is built: the message completes.
+    fn last_packet_built(&mut self, qpn: Qpn, psn: Psn) {
+        let now = self.last_now;
+        let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+        if let Some(qp) = qp {
+            qp.last_packet_built(psn, &mut ctx);
         }
     }
 

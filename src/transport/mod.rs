@@ -223,7 +223,8 @@ pub(crate) struct Ctx<'a> {
     pub memory: &'a DeviceMemory,
     /// Packets queued for the io layer, built when it asks for them.
     pub out: &'a mut VecDeque<Queued>,
-    /// Buffers of copied payloads (inline, UC and UD sends), reused before allocating.
+    /// Buffers of copied payloads (inline sends, parts of more than two SGEs), reused before
+    /// allocating.
     pub pool: &'a mut Vec<Vec<u8>>,
     /// Every completion queue, by [`CqId`].
     pub cqs: &'a mut [CompletionQueue],
@@ -253,7 +254,12 @@ impl Ctx<'_> {
         let repr = PacketRepr::new(bth, ext, payload_len);
         debug_assert!(repr.buffer_len() <= MAX_PACKET_LEN, "a packet past the MTU");
         self.counters.sent_packets += 1;
-        self.out.push_back(Queued { dst, repr, payload });
+        self.out.push_back(Queued {
+            dst,
+            repr,
+            payload,
+            completes: None,
+        });
     }
 
     /// Queues an ACK. An ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced

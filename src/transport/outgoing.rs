@@ -20,7 +20,7 @@ use crate::wire::{PacketRepr, Qpn, RKey};
 pub const MAX_PACKET_LEN: usize = 4096 + 64;
 
 /// Buffers of copied payloads kept for reuse, at most: as many as a window of 128 packets on
-/// each of 8 QPs, so that a steady stream of inline, UC or UD sends allocates nothing.
+/// each of 8 QPs, so that a steady stream of inline sends allocates nothing.
 const BYTES_POOL: usize = 1024;
 
 /// A packet waiting for the io layer.
@@ -30,6 +30,11 @@ pub(crate) struct Queued {
     /// Its headers; the AckReq bit and a coalesced ACK's fields may still change in place.
     pub repr: PacketRepr,
     pub payload: Source,
+    /// The last packet of a UC or UD message, of the QP named: building it completes the
+    /// message, as rxe completes one once its last packet is sent (rxe_req.c), so that its
+    /// payload is read from the application's memory once, into the packet, and not copied
+    /// when it is queued.
+    pub completes: Option<Qpn>,
 }
 
 /// Where a queued packet's payload comes from.
@@ -41,8 +46,8 @@ pub(crate) enum Source {
     One(Span),
     /// Two parts, in order: a packet across the boundary of two SGEs.
     Two(Span, Span),
-    /// Bytes copied when the packet was queued: inline sends, UC and UD payloads (see
-    /// [`Source::read_now`]), and payloads over more than two SGEs.
+    /// Bytes copied when the packet was queued: inline sends and payloads over more than two
+    /// SGEs.
     Bytes(Vec<u8>),
     /// A READ response's part of the memory a peer's rkey named, checked again when the
     /// packet is built.
@@ -116,19 +121,6 @@ impl Source {
     /// Whether it is a READ response of QP `qpn`.
     pub fn is_read_response_of(&self, qpn: Qpn) -> bool {
         matches!(self, Source::Remote(read) if read.qpn == qpn)
-    }
-
-    /// The same payload, read out of its region now: for a packet whose request may complete
-    /// before the packet is built (UC and UD complete when the last packet is queued), after
-    /// which the application may write the buffer again.
-    pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> Source {
-        match self {
-            Source::One(span) => Source::read(pool, span.len(), [&span]),
-            Source::Two(first, second) => {
-                Source::read(pool, first.len() + second.len(), [&first, &second])
-            }
-            already => already,
-        }
     }
 
     /// The bytes of `parts`, `len` in all, in a buffer from `pool`.

@@ -1,7 +1,8 @@
 //! The requester: segmentation and completions in posting order for every transport; for RC
 //! also the ACK-request policy, the PSN window, go-back-N retransmission, and READ and atomic
 //! responses. UC and UD send each packet once, without AckReq, and complete a request when its
-//! last packet is sent (rxe_req.c: only RC waits for an acknowledgement).
+//! last packet is built, for the io layer to send (rxe_req.c: only RC waits for an
+//! acknowledgement).
 //!
 //! Facts from IBTA 9.7 and the kernel's rxe_req.c / rxe_comp.c; the code is our own.
 
@@ -10,7 +11,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::outgoing::Source;
-use super::wr::{Payload, SendOp, SendWr, Sge, WcStatus, WorkCompletion};
+use super::wr::{Payload, SendOp, SendWr, Sge, SgeList, WcStatus, WorkCompletion};
 use super::{on_transport, CqId};
 use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
 use crate::memory::{Access, MemoryError, MemoryTable, PdId};
@@ -208,13 +209,15 @@ impl Qp {
         ud_dest: Option<IpAddr>,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), VerbsError> {
-        self.enqueue_send(wr, ud_dest, ctx)?;
+        self.enqueue_send(wr, ud_dest, ctx)
+            .inspect_err(|_| self.retire_sends(1))?;
         self.pump(ctx);
         Ok(())
     }
 
     /// Checks and queues a send request, without sending: `pump` sends what a batch queued.
-    /// One that does not enter the queue (refused, or flushed at once) gives its slot back.
+    /// One flushed at once gives its slot back; one refused keeps it, for the caller to give
+    /// back or to [`refuse`](Self::refuse) it.
     pub(crate) fn enqueue_send(
         &mut self,
         wr: SendWr,
@@ -222,11 +225,35 @@ impl Qp {
         ctx: &mut Ctx<'_>,
     ) -> Result<(), VerbsError> {
         let queued = self.req.sq.len();
-        let result = self.check_and_queue(wr, ud_dest, ctx);
+        self.check_and_queue(wr, ud_dest, ctx)?;
         if self.req.sq.len() == queued {
             self.retire_sends(1);
         }
-        result
+        Ok(())
+    }
+
+    /// Completes with LOC_QP_OP_ERR a request refused after its post returned, in its place
+    /// among the QP's completions. On RC and on an idle QP that is now. On UC and UD, whose
+    /// requests complete as their last packet is built, the refusal waits in the send queue
+    /// behind those still unbuilt, holding its slot until it is reported.
+    pub(crate) fn refuse(&mut self, wr_id: u64, op: SendOp, ctx: &mut Ctx<'_>) {
+        let waits = self.qp_type != QpType::Rc
+            && self.req.sq.len() < self.max_send_wr
+            && self.req.sq.iter().any(|w| w.done.is_none());
+        if waits {
+            self.req.sq.push_back(SendWqe {
+                wr: SendWr::new(wr_id, op, Payload::Sges(SgeList::new())),
+                ud_dest: None,
+                first_psn: self.req.send_psn,
+                npsn: 0,
+                started: false,
+                done: Some(WcStatus::LocQpOpErr),
+            });
+        } else {
+            self.retire_sends(1);
+            let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, op.wc_opcode(), self.qpn);
+            ctx.complete(self.send_cq, wc);
+        }
     }
 
     fn check_and_queue(
@@ -308,6 +335,11 @@ impl Qp {
                 break;
             }
             let idx = self.req.send_idx;
+            if self.req.sq[idx].done.is_some() && !self.req.sq[idx].started {
+                // A refusal waiting its turn to complete (`refuse`): nothing to send.
+                self.req.send_idx += 1;
+                continue;
+            }
             if self.req.sq[idx].wr.op.is_local() {
                 // Executed once, when first reached; a go-back passes over it.
                 if self.req.sq[idx].done.is_none() {
@@ -369,7 +401,10 @@ impl Qp {
                 self.req.send_psn = wqe.first_psn + wqe.npsn;
                 self.req.send_idx += 1;
                 if !reliable {
-                    wqe.done = Some(WcStatus::Success);
+                    // Done once this packet is built ([`Qp::last_packet_built`]).
+                    if let Some(last) = ctx.out.back_mut() {
+                        last.completes = Some(self.qpn);
+                    }
                 }
             } else {
                 self.req.send_psn = psn + 1;
@@ -387,7 +422,8 @@ impl Qp {
                 self.req.retry_timer = ack_timeout(self.settings.timeout).map(|t| ctx.now + t);
             }
         }
-        // UC and UD requests, and local operations on any QP, are done once reached.
+        // Local operations on any QP are done once reached; UC and UD requests once their
+        // last packet is built.
         self.complete_in_order(ctx);
     }
 
@@ -551,17 +587,10 @@ impl Qp {
                 Source::copied(&bytes[offset..offset + payload_len], ctx.pool)
             }
             Payload::Sges(sges) => {
-                let parts =
-                    Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool)
-                        .map_err(|_: MemoryError| WcStatus::LocProtErr)?;
-                // RC completes a request on its ACK, after the packet was built; UC and UD
-                // complete it when its last packet is queued, and the application may then
-                // write the buffer again: their payload is read now.
-                if self.qp_type == QpType::Rc {
-                    parts
-                } else {
-                    parts.read_now(ctx.pool)
-                }
+                // Read when the packet is built, which comes before the request completes: on
+                // RC at its ACK, on UC and UD as its last packet is built.
+                Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool)
+                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?
             }
         };
         ctx.send(dst, bth, ext, payload_len, source);
@@ -873,6 +902,22 @@ impl Qp {
     }
 
     /// Reports the finished requests at the head of the queue, in posting order.
+    /// UC and UD: the last packet of message `psn` was built, so the message is done: the
+    /// oldest one started and not done, since a QP's packets are built in the order they were
+    /// queued. A packet built after its QP flushed the message (a modify to ERR in between)
+    /// finds a message that does not end at `psn`, and completes nothing.
+    pub(crate) fn last_packet_built(&mut self, psn: Psn, ctx: &mut Ctx<'_>) {
+        let sent = self
+            .req
+            .sq
+            .iter_mut()
+            .find(|w| w.started && w.done.is_none());
+        if let Some(wqe) = sent.filter(|w| w.first_psn + (w.npsn.max(1) - 1) == psn) {
+            wqe.done = Some(WcStatus::Success);
+            self.complete_in_order(ctx);
+        }
+    }
+
     fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
         let queued = self.req.sq.len();
         while let Some(status) = self.req.sq.front().and_then(|w| w.done) {

@@ -187,8 +187,8 @@ impl SendOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
     /// Read from registered memory: each packet's part is checked when the packet is queued,
-    /// and read then on UC and UD (which complete the request when its last packet is queued),
-    /// or when the packet is built on RC (which completes it on its ACK).
+    /// and read when the packet is built, before the request completes (on RC at its ACK, on
+    /// UC and UD as its last packet is built).
     Sges(SgeList),
     /// Copied when the request is posted (`IBV_SEND_INLINE`).
     Inline(Vec<u8>),
