@@ -515,6 +515,76 @@ fn a_uc_or_ud_send_completes_once_its_last_packet_is_built() {
     }
 }
 
+/// A UD request that fails before its packet is built (here over the port MTU: C10-93.1.1)
+/// stops the send queue, and the requests ahead of it, whose packets wait to be built, still
+/// complete successfully, in order, and go out carrying what their buffer held then: they are
+/// read at the failure, not flushed (IBTA 10.3.1 flushes only what follows the failed request).
+#[test]
+fn the_requests_ahead_of_a_failing_ud_send_complete_and_go_out_as_posted() {
+    let mut sim = Sim::new(2, seed(46), Faults::default());
+    let ([a, b], [qa, qb], _) = pair(&mut sim, QpType::Ud, false);
+    let to_b = ud_dest(&mut sim, 0, a.pd, 1, qb, QKEY);
+    post_recv(&mut sim, 1, qb, None, recv(1, &b, 0x1000, 0x1000));
+    a.mr.write(0, &[0x11; 64]).unwrap();
+    let ud_send = |id: u64, len: usize| {
+        let mut wr = send(id, SendOp::Send, &a, 0, len);
+        wr.ud = Some(to_b);
+        wr
+    };
+    let now = sim.now;
+    let batch = [ud_send(1, 64), ud_send(2, 1025), ud_send(3, 64)];
+    sim.nodes[0].post_send_batch(now, qa, batch.into_iter());
+    assert_eq!(
+        statuses(&drain(&mut sim, 0, a.cq)),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::LocLenErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    a.mr.write(0, &[0x22; 64]).unwrap();
+    sim.run_idle(LIMIT);
+    let got = drain(&mut sim, 1, b.cq);
+    assert_eq!(statuses(&got), [(1, WcStatus::Success)]);
+    assert_eq!(read_mr(&b, 0x1000 + GRH_LEN, 64), [0x11; 64]);
+}
+
+/// A UC or UD request flushed before its packets are built (its QP moved to ERROR) puts
+/// nothing on the wire: the packets leave the queue with it, so none can be sent after its
+/// WR_FLUSH_ERR, and none completes a request posted after the QP is reset and connected again
+/// from the same PSN.
+#[test]
+fn a_flushed_uc_or_ud_request_sends_nothing() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let mut sim = Sim::new(2, seed(47), Faults::default());
+        let wire = tap(&mut sim, |_, _| false);
+        let ([a, _b], [qa, qb], _) = pair(&mut sim, qp_type, false);
+        let mut wr = send(1, SendOp::Send, &a, 0, 3000);
+        if qp_type == QpType::Ud {
+            wr = send(1, SendOp::Send, &a, 0, 64);
+            wr.ud = Some(ud_dest(&mut sim, 0, a.pd, 1, qb, QKEY));
+        }
+        post_send(&mut sim, 0, qa, wr);
+        let error = QpAttr {
+            state: Some(QpState::Error),
+            ..Default::default()
+        };
+        let now = sim.now;
+        sim.nodes[0].modify_qp(now, qa, &error).unwrap();
+        assert_eq!(
+            statuses(&drain(&mut sim, 0, a.cq)),
+            [(1, WcStatus::WrFlushErr)],
+            "{qp_type:?}"
+        );
+        assert!(sim.nodes[0].poll_transmit().is_none(), "{qp_type:?}");
+        sim.run_idle(LIMIT);
+        assert!(
+            wire.borrow().is_empty(),
+            "{qp_type:?}: a flushed request was sent"
+        );
+    }
+}
+
 #[test]
 fn ud_q_key_rules() {
     let mut sim = Sim::new(2, seed(23), Faults::default());

@@ -31,8 +31,11 @@ use crate::wire::{QKey, Qpn};
 const RECV_SLOTS: usize = 64;
 /// A receive buffer: the GRH verbs put first, then the MAD.
 const SLOT: usize = GRH_LEN + MAD_LEN;
-/// Sends QP1 may have outstanding.
-const SEND_DEPTH: usize = 256;
+/// Sends QP1 may have outstanding. A UD send is outstanding until its packet is built, which
+/// can wait behind a turn's worth of other packets: room for a burst of MADs (a daemon
+/// answering many connection requests at once) beyond what one turn sends. The queue grows
+/// only as far as it is used.
+const SEND_DEPTH: usize = 1024;
 /// Address handles kept for the peers MADs go to; beyond them the cache starts over.
 const MAX_AHS: usize = 256;
 

@@ -7,13 +7,14 @@
 //! hand-offs of every message (application to engine, engine to application), which dominate
 //! small-message latency; the third saves them while the application keeps calling.
 //!
-//! The application talks to it through lock-free crossbeam channels and wakes it with a mio
-//! [`Waker`]: commands (create, modify, register) carry a one-shot reply channel; posted work
-//! requests go through a bounded channel per QP, so posting never takes a lock; completions
-//! come back through a bounded channel per completion queue, which the application polls or
-//! waits on. Every queue is bounded: the core's queues by the sizes the application chose, the
-//! channels by the same sizes, and a completion that finds its channel full waits in the core's
-//! completion queue, whose overflow raises a CQ overrun event.
+//! The application talks to it through crossbeam channels for commands (create, modify,
+//! register), each with a one-shot reply channel, and wakes it with a mio [`Waker`]. Posted work
+//! requests and completions do not go through channels (`queues`): a QP's posts land in a
+//! queue the engine takes whole at its next turn, and a CQ's completions in a queue the
+//! application polls or waits on. Every queue is bounded: posts by the QP's depths (its slots,
+//! taken before a post), the core's queues by the sizes the application chose, a CQ's queue by
+//! its capacity; a completion that finds it full waits in the core's completion queue, whose
+//! overflow raises a CQ overrun event.
 
 mod cm;
 mod drive;
@@ -146,7 +147,7 @@ pub(crate) enum Command {
 /// A QP posted to is put on `ready` once until the engine takes it off, so that a turn looks
 /// only at the QPs posted to, not at every QP of the device: the poster sets the QP's `listed`
 /// flag and sends its number if the flag was clear; the engine clears the flag before it
-/// drains the QP's channels, so a request posted after the drain lists the QP again.
+/// takes the QP's posting queues, so a request posted after the take lists the QP again.
 #[derive(Debug)]
 struct Doorbell {
     posted: AtomicBool,

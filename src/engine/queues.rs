@@ -211,8 +211,11 @@ impl Completions {
     /// the application's polls, after the last completion, learn that the device is gone, and
     /// sleepers wake to learn it now.
     pub(super) fn let_go(&self) {
-        drop(locked(&self.queue));
+        // Under the lock: a waiter that read the count before this is asleep on `arrived`
+        // already when the notification comes.
+        let queue = locked(&self.queue);
         self.engines.fetch_sub(1, SeqCst);
+        drop(queue);
         self.arrived.notify_all();
     }
 
@@ -262,13 +265,16 @@ impl Completions {
     /// The oldest completion, waiting up to `timeout` for one; `None` at the timeout or once
     /// the engines have all let go ([`stopped`](Self::stopped) tells which).
     pub(crate) fn pop_within(&self, timeout: Duration) -> Option<WorkCompletion> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past the clock's range (`Duration::MAX`) waits as long as it takes.
+        let deadline = Instant::now().checked_add(timeout);
         let mut queue = locked(&self.queue);
         loop {
             if let Some(wc) = self.pop(&mut queue) {
                 return Some(wc);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
             if self.engines.load(SeqCst) == 0 || left.is_zero() {
                 return None;
             }
@@ -394,7 +400,8 @@ mod tests {
             let mut one = Some(wc(9));
             completions.deliver(|| one.take(), |_| {});
             assert_eq!(waiter.join().unwrap().map(|wc| wc.wr_id), Some(9));
-            let waiter = s.spawn(|| completions.pop_within(Duration::from_secs(30)));
+            // No deadline at all: only the stop ends this wait.
+            let waiter = s.spawn(|| completions.pop_within(Duration::MAX));
             thread::sleep(Duration::from_millis(20));
             completions.let_go();
             assert!(waiter.join().unwrap().is_none());

@@ -13,7 +13,7 @@ use rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashSet;
 
 use super::cq::{self, CompletionQueue};
-use super::outgoing::{Queued, Revoked};
+use super::outgoing::{Queued, Revoked, UnreliableSend};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::srq::SharedRq;
@@ -511,7 +511,7 @@ impl Endpoint {
 
     /// Destroys a QP: its outstanding requests complete with WR_FLUSH_ERR, then `unposted`,
     /// the completions of requests that were posted but never reached it (still in the
-    /// engine's channels), in posting order; and its QPN is free.
+    /// engine's posting queues), in posting order; and its QPN is free.
     pub fn destroy_qp(
         &mut self,
         now: Duration,
@@ -982,7 +982,7 @@ impl Endpoint {
                 dst,
                 repr,
                 payload,
-                completes,
+                unreliable,
             } = self.out.pop_front()?;
             let len = repr.buffer_len();
             let at = repr.payload_offset();
@@ -995,7 +995,11 @@ impl Endpoint {
             let into = &mut packet[at..at + repr.payload_len];
             match payload.write(into, &mut self.pool, &self.memory) {
                 Ok(()) => {
-                    if let Some(qpn) = completes {
+                    if let Some(UnreliableSend {
+                        qpn,
+                        completes: true,
+                    }) = unreliable
+                    {
                         self.last_packet_built(qpn, repr.bth.psn);
                     }
                     return Some((dst, len));
@@ -1012,6 +1016,7 @@ impl Endpoint {
         if let Some(qp) = qp {
             qp.last_packet_built(psn, &mut ctx);
         }
+        self.err_overrun_qps(now);
     }
 
     /// A READ response for `psn` whose key no longer granted its memory when it was built:

@@ -58,7 +58,7 @@ pub use wr::{
 };
 
 use crate::memory::{DeviceMemory, MemoryError, PdId};
-use crate::wire::{AckSyndrome, AethRepr, BthRepr, ExtHeaders, Opcode, PacketRepr, QKey, Qpn};
+use crate::wire::{AckSyndrome, AethRepr, BthRepr, ExtHeaders, Opcode, PacketRepr, Psn, QKey, Qpn};
 use congestion::QpCongestion;
 use cq::{CompletionQueue, Pushed};
 use outgoing::{Queued, Source};
@@ -258,8 +258,33 @@ impl Ctx<'_> {
             dst,
             repr,
             payload,
-            completes: None,
+            unreliable: None,
         });
+    }
+
+    /// UC or UD QP `qpn`'s packets not yet built: those before PSN `cut` are read out of the
+    /// application's memory now, for their requests complete before they are built; the rest
+    /// (a request failing part way) are dropped.
+    pub fn settle_unbuilt(&mut self, qpn: Qpn, cut: Psn) {
+        let pool = &mut *self.pool;
+        self.out.retain_mut(|queued| {
+            if !queued.unreliable.is_some_and(|u| u.qpn == qpn) {
+                return true;
+            }
+            if !queued.repr.bth.psn.is_before(cut) {
+                return false;
+            }
+            let payload = std::mem::replace(&mut queued.payload, Source::Empty);
+            queued.payload = payload.read_now(pool);
+            queued.unreliable = None;
+            true
+        });
+    }
+
+    /// UC or UD QP `qpn`'s packets not yet built, dropped: their requests were flushed.
+    pub fn drop_unbuilt(&mut self, qpn: Qpn) {
+        self.out
+            .retain(|queued| !queued.unreliable.is_some_and(|u| u.qpn == qpn));
     }
 
     /// Queues an ACK. An ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced
@@ -424,19 +449,22 @@ impl Qp {
         self.state = QpState::Sqe;
         let flushed = self.req.flush(self.qpn, self.send_cq, ctx);
         self.retire_sends(flushed);
+        ctx.drop_unbuilt(self.qpn);
     }
 
     /// Completes every request with WR_FLUSH_ERR: the send queue, the receive request of a
     /// message half received (even one taken from an SRQ, as rxe_resp.c `check_resource`
     /// does), then the QP's own receive queue. An SRQ's requests stay for its other QPs.
-    /// READ responses queued but not yet built go too: nothing more of a READ leaves a QP in
-    /// ERROR or RESET, or one destroyed, whose number a new QP may draw.
+    /// READ responses and UC and UD packets queued but not yet built go too: nothing more of
+    /// a flushed request leaves a QP in ERROR or RESET, or one destroyed, whose number a new
+    /// QP may draw.
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         let flushed = self.req.flush(self.qpn, self.send_cq, ctx);
         self.retire_sends(flushed);
         let qpn = self.qpn;
         ctx.out
             .retain(|queued| !queued.payload.is_read_response_of(qpn));
+        ctx.drop_unbuilt(qpn);
         let half_received = self.resp.reset();
         let mut receives = 0;
         for wr in half_received.into_iter().chain(self.rq.drain(..)) {

@@ -30,11 +30,22 @@ pub(crate) struct Queued {
     /// Its headers; the AckReq bit and a coalesced ACK's fields may still change in place.
     pub repr: PacketRepr,
     pub payload: Source,
-    /// The last packet of a UC or UD message, of the QP named: building it completes the
-    /// message, as rxe completes one once its last packet is sent (rxe_req.c), so that its
-    /// payload is read from the application's memory once, into the packet, and not copied
-    /// when it is queued.
-    pub completes: Option<Qpn>,
+    /// A UC or UD request's packet, whose payload is still the application's memory.
+    pub unreliable: Option<UnreliableSend>,
+}
+
+/// A packet of a UC or UD send request: its last packet's build completes the request, as rxe
+/// completes one once its last packet is sent (rxe_req.c), so its payload is read once, into
+/// the packet, and not copied when it is queued. Until then the request holds the buffer: a
+/// request that completes before its packets are built (one ahead of a request that fails)
+/// has them read first ([`Ctx::settle_unbuilt`](super::Ctx::settle_unbuilt)), and one flushed
+/// takes them off the queue ([`Ctx::drop_unbuilt`](super::Ctx::drop_unbuilt)): a flushed
+/// request puts nothing on the wire, and a stale packet never completes a later request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UnreliableSend {
+    pub qpn: Qpn,
+    /// The message's last packet.
+    pub completes: bool,
 }
 
 /// Where a queued packet's payload comes from.
@@ -121,6 +132,18 @@ impl Source {
     /// Whether it is a READ response of QP `qpn`.
     pub fn is_read_response_of(&self, qpn: Qpn) -> bool {
         matches!(self, Source::Remote(read) if read.qpn == qpn)
+    }
+
+    /// The same payload, read out of its region now: for a packet whose request completes
+    /// before the packet is built, after which the application may write the buffer again.
+    pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> Source {
+        match self {
+            Source::One(span) => Source::read(pool, span.len(), [&span]),
+            Source::Two(first, second) => {
+                Source::read(pool, first.len() + second.len(), [&first, &second])
+            }
+            already => already,
+        }
     }
 
     /// The bytes of `parts`, `len` in all, in a buffer from `pool`.

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::outgoing::Source;
+use super::outgoing::{Source, UnreliableSend};
 use super::wr::{Payload, SendOp, SendWr, Sge, SgeList, WcStatus, WorkCompletion};
 use super::{on_transport, CqId};
 use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
@@ -400,12 +400,6 @@ impl Qp {
             if wqe.wr.op.is_read_or_atomic() || k + 1 == wqe.npsn {
                 self.req.send_psn = wqe.first_psn + wqe.npsn;
                 self.req.send_idx += 1;
-                if !reliable {
-                    // Done once this packet is built ([`Qp::last_packet_built`]).
-                    if let Some(last) = ctx.out.back_mut() {
-                        last.completes = Some(self.qpn);
-                    }
-                }
             } else {
                 self.req.send_psn = psn + 1;
             }
@@ -594,6 +588,15 @@ impl Qp {
             }
         };
         ctx.send(dst, bth, ext, payload_len, source);
+        if self.qp_type != QpType::Rc {
+            // Done once its last packet is built ([`Qp::last_packet_built`]).
+            if let Some(queued) = ctx.out.back_mut() {
+                queued.unreliable = Some(UnreliableSend {
+                    qpn: self.qpn,
+                    completes: last,
+                });
+            }
+        }
         self.req.unasked = if bth.ack_req {
             0
         } else {
@@ -890,6 +893,23 @@ impl Qp {
     /// `sq[idx]` completes with `status`, the QP (RC) or its send queue (UC, UD) stops, and
     /// every later request is flushed.
     fn fail_wqe(&mut self, idx: usize, status: WcStatus, ctx: &mut Ctx<'_>) {
+        if self.qp_type != QpType::Rc {
+            // The requests ahead of it were sent whole: their packets wait to be built. They
+            // complete now, in order, so their payload is read now; what the failing request
+            // queued of itself is not sent.
+            let cut = self
+                .req
+                .sq
+                .get(idx)
+                .filter(|w| w.started)
+                .map_or(self.req.send_psn, |w| w.first_psn);
+            ctx.settle_unbuilt(self.qpn, cut);
+            for wqe in self.req.sq.iter_mut().take(idx) {
+                if wqe.started && wqe.done.is_none() {
+                    wqe.done = Some(WcStatus::Success);
+                }
+            }
+        }
         if let Some(wqe) = self.req.sq.get_mut(idx) {
             wqe.done = Some(status);
         }
@@ -901,7 +921,6 @@ impl Qp {
         }
     }
 
-    /// Reports the finished requests at the head of the queue, in posting order.
     /// UC and UD: the last packet of message `psn` was built, so the message is done: the
     /// oldest one started and not done, since a QP's packets are built in the order they were
     /// queued. A packet built after its QP flushed the message (a modify to ERR in between)
@@ -912,12 +931,13 @@ impl Qp {
             .sq
             .iter_mut()
             .find(|w| w.started && w.done.is_none());
-        if let Some(wqe) = sent.filter(|w| w.first_psn + (w.npsn.max(1) - 1) == psn) {
+        if let Some(wqe) = sent.filter(|w| w.last_psn() == psn) {
             wqe.done = Some(WcStatus::Success);
             self.complete_in_order(ctx);
         }
     }
 
+    /// Reports the finished requests at the head of the queue, in posting order.
     fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
         let queued = self.req.sq.len();
         while let Some(status) = self.req.sq.front().and_then(|w| w.done) {

@@ -116,13 +116,16 @@ pub(crate) fn receive<T>(
     }
     // Run the engine, waiting on its socket, until a message comes or time is up; or, while
     // another thread does that, wait on the channel its turns fill.
-    let deadline = Instant::now() + timeout;
+    // A timeout past the clock's range (`Duration::MAX`) waits as long as it takes.
+    let deadline = Instant::now().checked_add(timeout);
     engine.help()?;
     loop {
         if let Some(message) = got(channel.try_take())? {
             return Ok(Some(message));
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.map_or(Duration::MAX, |deadline| {
+            deadline.saturating_duration_since(Instant::now())
+        });
         if left.is_zero() {
             return Ok(None);
         }

@@ -982,7 +982,8 @@ impl CompletionQueue {
         }
     }
 }
-// The CQ's notification descriptor (an eventfd), readable once an armed event fired: for a
+
+/// The CQ's notification descriptor (an eventfd), readable once an armed event fired: for a
 /// completion channel's `poll(2)` or epoll, mio, or tokio's `AsyncFd`. See
 /// [`req_notify`](CompletionQueue::req_notify). The descriptor stays open, and stays the same,
 /// for as long as any handle to the CQ lives: what `AsyncFd::register` asks of the object it
