@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use common::{fixture_dir, manifest};
-use sim::{addr, drain, pattern, seed, Faults, Rng, Sim};
+use sim::{addr, drain, forge, pattern, seed, Faults, Rng, Sim};
 use softroce::capture::Capture;
 use softroce::memory::{Access, MemoryRegion, PdId};
 use softroce::transport::{
@@ -22,7 +22,8 @@ use softroce::transport::{
     WorkCompletion, GRH_LEN,
 };
 use softroce::wire::{
-    ExtHeader, IcrcStatus, IpRepr, PKey, PacketRepr, Position, Psn, QKey, Qpn, RnrTimer, RocePacket,
+    BthRepr, ExtHeader, ExtHeaders, IcrcStatus, IpRepr, Opcode, PKey, PacketRepr, Position, Psn,
+    QKey, Qpn, RnrTimer, RocePacket,
 };
 
 const IOVA: u64 = 0x10_0000;
@@ -583,6 +584,49 @@ fn a_flushed_uc_or_ud_request_sends_nothing() {
             "{qp_type:?}: a flushed request was sent"
         );
     }
+}
+
+/// A UC message that DCQCN's pacer stopped part way is not wholly queued: when a later request
+/// fails (its peer unreachable), that message is flushed, not reported sent, and what was queued
+/// of it never goes out; a message sent whole before it still completes successfully.
+#[test]
+fn a_uc_message_the_pacer_cut_is_flushed_when_a_later_request_fails() {
+    let mut sim = Sim::new(2, seed(48), Faults::default());
+    let ([a, _b], [qa, _qb], _) = pair(&mut sim, QpType::Uc, false);
+    // A CNP from the peer slows the QP (DCQCN's reaction point paces UC too).
+    let mut cnp = BthRepr::new(Opcode::Cnp, qa, Psn::new(0));
+    cnp.becn = true;
+    sim.deliver_now(1, 0, forge(cnp, ExtHeaders::default(), &[]));
+    post_send(&mut sim, 0, qa, send(1, SendOp::Send, &a, 0, 1000));
+    post_send(&mut sim, 0, qa, send(2, SendOp::Send, &a, 0, 60_000));
+    post_send(&mut sim, 0, qa, send(3, SendOp::Send, &a, 0, 1000));
+    // The pacer releases packets at its deadlines: run them until message 2 has started.
+    let mut now = sim.now;
+    let mut sent = 0;
+    while sent < 4 {
+        sent += std::iter::from_fn(|| sim.nodes[0].poll_transmit()).count();
+        now = sim.nodes[0]
+            .next_deadline()
+            .expect("the pacer's next release");
+        sim.nodes[0].handle_timeout(now);
+    }
+    assert!(
+        sent < 40,
+        "the pacer let {sent} packets out: the test needs message 2 cut"
+    );
+    sim.nodes[0].handle_unreachable(now, addr(1));
+    assert_eq!(
+        statuses(&drain(&mut sim, 0, a.cq)),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::LocQpOpErr)
+        ]
+    );
+    assert!(
+        sim.nodes[0].poll_transmit().is_none(),
+        "nothing more of message 2"
+    );
 }
 
 #[test]

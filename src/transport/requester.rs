@@ -894,21 +894,7 @@ impl Qp {
     /// every later request is flushed.
     fn fail_wqe(&mut self, idx: usize, status: WcStatus, ctx: &mut Ctx<'_>) {
         if self.qp_type != QpType::Rc {
-            // The requests ahead of it were sent whole: their packets wait to be built. They
-            // complete now, in order, so their payload is read now; what the failing request
-            // queued of itself is not sent.
-            let cut = self
-                .req
-                .sq
-                .get(idx)
-                .filter(|w| w.started)
-                .map_or(self.req.send_psn, |w| w.first_psn);
-            ctx.settle_unbuilt(self.qpn, cut);
-            for wqe in self.req.sq.iter_mut().take(idx) {
-                if wqe.started && wqe.done.is_none() {
-                    wqe.done = Some(WcStatus::Success);
-                }
-            }
+            self.settle_ahead_of(idx, ctx);
         }
         if let Some(wqe) = self.req.sq.get_mut(idx) {
             wqe.done = Some(status);
@@ -918,6 +904,31 @@ impl Qp {
             self.enter_error(ctx);
         } else {
             self.enter_sq_error(ctx);
+        }
+    }
+
+    /// UC and UD, before `sq[idx]` fails: the requests ahead of it whose packets are all
+    /// queued, waiting to be built, complete now, in order, with their payload read now. The
+    /// first one not wholly queued (one the pacer stopped part way, when a failure comes from
+    /// elsewhere; or the failing request itself) and everything after it complete in error or
+    /// flushed, and nothing of theirs is sent: a message cut short is no message.
+    fn settle_ahead_of(&mut self, idx: usize, ctx: &mut Ctx<'_>) {
+        let send_psn = self.req.send_psn;
+        let whole = |w: &SendWqe| w.started && w.last_psn().is_before(send_psn);
+        let cut = self
+            .req
+            .sq
+            .iter()
+            .take(idx)
+            .find(|w| w.done.is_none() && !whole(w))
+            .or(self.req.sq.get(idx))
+            .filter(|w| w.started)
+            .map_or(send_psn, |w| w.first_psn);
+        ctx.settle_unbuilt(self.qpn, cut);
+        for wqe in self.req.sq.iter_mut().take(idx) {
+            if wqe.done.is_none() && whole(wqe) && wqe.last_psn().is_before(cut) {
+                wqe.done = Some(WcStatus::Success);
+            }
         }
     }
 
