@@ -3,7 +3,7 @@
 //! tokio's `AsyncFd` or any reactor can watch, armed as `ibv_req_notify_cq` arms a CQ, and a
 //! waker for the runtime-agnostic future.
 //!
-//! The engine calls [`CqNotify::delivered`] once per batch it hands to the CQ's channel, not
+//! The engine calls [`CqNotify::delivered`] once per batch it hands to the CQ's queue, not
 //! per completion: a fence and two loads when nobody waits.
 //!
 //! An armed CQ is a wait where no turn of the engine runs (the application sleeps on the
@@ -88,7 +88,7 @@ impl CqNotify {
     }
 
     /// A task waits for the CQ's next completion: `waker` is woken when the engine delivers
-    /// one. Callers look at the channel again after this, so that a completion delivered
+    /// one. Callers look at the queue again after this, so that a completion delivered
     /// between their first look and this call is not missed.
     pub(crate) fn wait_with(&self, waker: &Waker) {
         let mut slot = self
@@ -102,11 +102,11 @@ impl CqNotify {
         drop(slot);
         self.waiting.store(true, Ordering::SeqCst);
         // Pairs with the fence in `delivered`: either the engine sees `waiting`, or the
-        // caller's next look at the channel sees the completion.
+        // caller's next look at the queue sees the completion.
         fence(Ordering::SeqCst);
     }
 
-    /// The engine delivered completions to the CQ's channel; `solicited` says whether one of
+    /// The engine delivered completions to the CQ's queue; `solicited` says whether one of
     /// them was solicited or failed.
     pub(crate) fn delivered(&self, solicited: bool) {
         fence(Ordering::SeqCst);
@@ -127,7 +127,7 @@ impl CqNotify {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The engine stopped: whoever waits must look, and learn it from the channel.
+    /// The engine stopped: whoever waits must look, and learn it from the queue.
     pub(crate) fn closed(&self) {
         self.wake_task();
         self.signal();
