@@ -22,7 +22,13 @@
 //!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
 //!   Standing aside, it looks in every millisecond (a turn that does not wait on the socket:
 //!   requests posted that no turn has taken, datagrams no call has read), and more often, down
-//!   to [`LOOK_IN_MIN`], while its looks keep finding datagrams the application left;
+//!   to [`LOOK_IN_MIN`], while its looks keep finding datagrams the application left: found
+//!   after it had been quiet for [`LEFT_BEHIND_GAPS`] of its usual gaps between calls, or
+//!   for `LOOK_IN_MIN` if that is longer;
+//! - on one CPU, where every wake-up of the thread stops the application, its sleeps that
+//!   only wait for the application to go quiet end on the kernel's tick ([`COARSE_SLACK`])
+//!   rather than on a timer interrupt of their own: it takes over within a few milliseconds
+//!   instead of one;
 //! - the engine thread takes over at once when the application says it is about to wait
 //!   where no turn runs ([`Watchers`]): a future that is pending on a CQ or a CM channel, or a
 //!   CQ armed for its descriptor (`req_notify`, `ibv_req_notify_cq`), which a completion
@@ -36,8 +42,8 @@
 //! within about a millisecond. The price: while an application thread holds the engine, that
 //! thread looks in once a millisecond; a request posted after the application's last wait or
 //! poll, with none following and no outside wait announced, waits up to [`HANDBACK`] for the
-//! thread; and a peer waits up to that long for an answer when the application stops calling
-//! without a word.
+//! thread (and up to [`COARSE_SLACK`] more on one CPU); and a peer waits up to that long for
+//! an answer when the application stops calling without a word.
 //!
 //! # No caller left waiting
 //!
@@ -68,7 +74,9 @@
 
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -86,6 +94,29 @@ pub(crate) const HANDBACK: Duration = Duration::from_millis(1);
 /// (an application that spins on its memory for a peer's WRITE, as `ib_write_lat` does, calls
 /// nothing meanwhile). 10 µs gave no lower latency in an A/B on loopback.
 const LOOK_IN_MIN: Duration = Duration::from_micros(20);
+
+/// How many of the application's usual gaps between calls it must have been quiet for before
+/// datagrams a look finds count as left behind (and bring the looks closer). An application
+/// that polls makes its next call within about one gap: what a look finds then is its next
+/// call's work. Where a call costs tens of µs (the lab's emulated guests), a fixed
+/// [`LOOK_IN_MIN`] took every poll loop for one that spins elsewhere, and chased it with looks.
+/// 4 left loopback's `ib_write_lat` where it was (37-46 µs on 2 cores, 48-52 on one each);
+/// 16 made it 72-270 µs.
+const LEFT_BEHIND_GAPS: u32 = 4;
+
+/// The timer slack of a hybrid thread's sleeps that only wait for the application to go
+/// quiet, when the process has one CPU: longer than the kernel's tick (4 ms at Debian's
+/// HZ=250), so that the kernel ends them at a tick rather than with a timer interrupt of their
+/// own. On one CPU that interrupt stops the application, and where the CPU is emulated it is
+/// dear: in the lab's QEMU/TCG guests, a process of its own waking every millisecond with a
+/// 1 µs slack slowed kernel rxe's `ibv_rc_pingpong` from about 1.0 to 1.5 ms a round trip and
+/// softroce's inline one from 1.1 to 1.9 ms; with this slack, 1.2-1.3.
+const COARSE_SLACK: Duration = Duration::from_millis(5);
+
+/// The timer slack of every other sleep of a hybrid thread. Linux lets a sleep overrun by
+/// 50 µs by default, more than the shortest look-in: 1 µs keeps the looks where they are
+/// meant to be.
+const FINE_SLACK: Duration = Duration::from_micros(1);
 
 /// Who drives a device's engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -158,6 +189,9 @@ pub(super) struct Shared {
     epoch: Instant,
     /// When an application thread last ran a turn or asked for one: nanoseconds since `epoch`.
     app_turn: AtomicU64,
+    /// The application's usual gap between turns, in nanoseconds: a moving average of the
+    /// gaps shorter than [`HANDBACK`] (longer ones are pauses, not its pace).
+    app_gap: AtomicU64,
     /// An application thread holds the engine in a turn that waits for the socket: another
     /// that waits leaves it be (see [`Patience`]).
     app_waits: AtomicBool,
@@ -178,6 +212,7 @@ impl Shared {
             engine: Mutex::new(engine),
             epoch: Instant::now(),
             app_turn: AtomicU64::new(0),
+            app_gap: AtomicU64::new(0),
             app_waits: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -226,8 +261,24 @@ impl Shared {
     }
 
     fn note_app_turn(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        self.app_turn.fetch_max(now, SeqCst);
+        self.note_app_turn_at(self.epoch.elapsed().as_nanos() as u64);
+    }
+
+    fn note_app_turn_at(&self, now: u64) {
+        let gap = now.saturating_sub(self.app_turn.fetch_max(now, SeqCst));
+        if gap < HANDBACK.as_nanos() as u64 {
+            // Two application threads may race here: one of their gaps is lost, which an
+            // average does not miss.
+            let average = self.app_gap.load(Relaxed);
+            self.app_gap.store(average - average / 8 + gap / 8, Relaxed);
+        }
+    }
+
+    /// Whether datagrams that a look found at `quiet` since the application's last turn were
+    /// left behind by it, rather than waiting for its next call (see [`LEFT_BEHIND_GAPS`]).
+    fn left_behind(&self, quiet: Duration) -> bool {
+        let pace = Duration::from_nanos(self.app_gap.load(Relaxed)) * LEFT_BEHIND_GAPS;
+        quiet >= LOOK_IN_MIN.max(pace)
     }
 
     /// How long since the application last ran or asked for a turn.
@@ -340,14 +391,13 @@ impl Driver {
 /// 25 µs with the engine thread alone on 2 cores and 4 ms on one, where the spinning program
 /// starves it).
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
-    // Linux lets a sleep overrun by 50 µs by default, more than the shortest look-in: 1 µs
-    // keeps the looks where they are meant to be. A failure costs only that precision.
-    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
+    let mut slack = Slack::new();
     let mut look_in = HANDBACK;
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
         let app_active = quiet < HANDBACK && !shared.watchers.any();
         if app_active && !doorbell.posted.load(SeqCst) {
+            slack.set(look_in >= HANDBACK);
             thread::park_timeout(look_in.min(HANDBACK - quiet));
             if shared.stopping.load(SeqCst) {
                 return;
@@ -362,6 +412,9 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 let wait = if app_active {
                     Some(Duration::ZERO)
                 } else {
+                    // Taking over: the engine's timers (retransmissions, the pacer's) keep
+                    // their time.
+                    slack.set(false);
                     None
                 };
                 if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
@@ -370,7 +423,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 // Datagrams found while the application calls often are ones its next call would
                 // have taken: only an application that has called nothing for a while
                 // (it spins elsewhere) brings the looks closer.
-                let left_behind = engine.found_work() && quiet >= LOOK_IN_MIN;
+                let left_behind = engine.found_work() && shared.left_behind(quiet);
                 look_in = if left_behind {
                     (look_in / 2).max(LOOK_IN_MIN)
                 } else {
@@ -379,8 +432,41 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
             }
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
-            None => thread::park_timeout(look_in),
+            None => {
+                slack.set(look_in >= HANDBACK);
+                thread::park_timeout(look_in);
+            }
             Some(Err(())) => return,
+        }
+    }
+}
+
+/// The timer slack of the hybrid thread's sleeps: [`COARSE_SLACK`] for those that only wait
+/// for the application to go quiet when the process has one CPU, [`FINE_SLACK`] otherwise. A
+/// change costs a system call, so it is made only when the kind of sleep changes.
+struct Slack {
+    /// What a sleep that only waits for a quiet application gets.
+    coarse: Duration,
+    current: Option<Duration>,
+}
+
+impl Slack {
+    fn new() -> Slack {
+        let one_cpu = thread::available_parallelism().is_ok_and(|cpus| cpus.get() == 1);
+        Slack {
+            coarse: if one_cpu { COARSE_SLACK } else { FINE_SLACK },
+            current: None,
+        }
+    }
+
+    /// Sets the slack of this thread's next sleeps: `coarse` if they only wait for the
+    /// application to go quiet. A failure costs only precision.
+    fn set(&mut self, coarse: bool) {
+        let slack = if coarse { self.coarse } else { FINE_SLACK };
+        if self.current != Some(slack) {
+            self.current = Some(slack);
+            let nanos = std::num::NonZeroU64::new(slack.as_nanos() as u64);
+            let _ = rustix::thread::set_current_timer_slack(nanos);
         }
     }
 }
@@ -599,12 +685,17 @@ mod tests {
         fn abandon(&mut self) {}
     }
 
-    /// A hybrid engine's thread stands aside while the application is active, and runs the
-    /// engine, sleeping on the socket as the engine thread does, from the moment the
-    /// application announces a wait no turn runs in (a pending future, an armed CQ): it does
-    /// not wait out `HANDBACK`.
-    #[test]
-    fn a_watch_hands_a_hybrid_engine_to_its_thread_at_once() {
+    /// A hybrid engine of a [`Recorder`] on a thread named `name`, its application active
+    /// for ever (its last turn is always now): the engine's state, its thread, the turns that
+    /// may sleep as they come, and the flag that ends them.
+    fn active_hybrid(
+        name: &str,
+    ) -> (
+        Arc<Shared>,
+        JoinHandle<()>,
+        crossbeam_channel::Receiver<Option<Duration>>,
+        Arc<AtomicBool>,
+    ) {
         let (turns, took) = unbounded();
         let let_go = Arc::new(AtomicBool::new(false));
         let engine = Recorder {
@@ -617,13 +708,21 @@ mod tests {
             asleep: AtomicBool::new(false),
             ready,
         });
-        let driver =
-            Driver::start(engine, Progress::Hybrid, "test".into(), &doorbell, drop).unwrap();
+        let driver = Driver::start(engine, Progress::Hybrid, name.into(), &doorbell, drop).unwrap();
         let Driver::Shared(shared, Some(thread)) = driver else {
             panic!("not hybrid");
         };
-        // An application that never goes quiet: its last turn is always now.
         shared.app_turn.store(u64::MAX, SeqCst);
+        (shared, thread, took, let_go)
+    }
+
+    /// A hybrid engine's thread stands aside while the application is active, and runs the
+    /// engine, sleeping on the socket as the engine thread does, from the moment the
+    /// application announces a wait no turn runs in (a pending future, an armed CQ): it does
+    /// not wait out `HANDBACK`.
+    #[test]
+    fn a_watch_hands_a_hybrid_engine_to_its_thread_at_once() {
+        let (shared, thread, took, let_go) = active_hybrid("test");
         assert!(
             took.recv_timeout(20 * HANDBACK).is_err(),
             "the thread slept on the socket while the application was active"
@@ -639,6 +738,100 @@ mod tests {
         drop(watch);
         let_go.store(true, SeqCst);
         while took.recv_timeout(20 * HANDBACK).is_ok() {}
+        shared.stopping.store(true, SeqCst);
+        thread.thread().unpark();
+        thread.join().unwrap();
+    }
+
+    fn idle_engine() -> Box<dyn Turn> {
+        Box::new(Recorder {
+            turns: unbounded().0,
+            let_go: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// A look's datagrams count as left behind (and bring the looks closer) only once the
+    /// application has been quiet for several of its own gaps between calls: a loop that
+    /// polls every 30 µs, as one does where each call costs that much (the lab's emulated
+    /// guests), is not taken for one that spins elsewhere, and a pause is not a pace.
+    #[test]
+    fn datagrams_are_left_behind_by_the_applications_own_pace() {
+        let shared = Shared::new(idle_engine());
+        let us = |n: u64| n * 1_000;
+        for i in 1..=100 {
+            shared.note_app_turn_at(us(i));
+        }
+        assert!(!shared.left_behind(Duration::from_micros(10)));
+        assert!(
+            shared.left_behind(LOOK_IN_MIN),
+            "a fast poller: LOOK_IN_MIN"
+        );
+        for i in 1..=100 {
+            shared.note_app_turn_at(us(1_000 + 30 * i));
+        }
+        assert!(
+            !shared.left_behind(Duration::from_micros(60)),
+            "two gaps of a 30 µs poller are its own"
+        );
+        assert!(shared.left_behind(Duration::from_micros(150)));
+        // A pause of 50 ms, then the same pace: the pause does not count as a gap.
+        shared.note_app_turn_at(us(60_000));
+        assert!(!shared.left_behind(Duration::from_micros(60)));
+        assert!(shared.left_behind(Duration::from_micros(150)));
+    }
+
+    /// The timer slack of the thread named `name` in this process, from /proc.
+    fn timer_slack_of(name: &str) -> Option<u64> {
+        std::fs::read_dir("/proc/self/task").ok()?.find_map(|task| {
+            let task = task.ok()?;
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            (comm.trim_end() == name).then_some(())?;
+            // (Linux keeps a thread's slack under /proc/TID only, not under task/.)
+            let tid = task.file_name();
+            let slack = std::fs::read_to_string(
+                std::path::Path::new("/proc")
+                    .join(tid)
+                    .join("timerslack_ns"),
+            )
+            .ok()?;
+            slack.trim().parse().ok()
+        })
+    }
+
+    /// On one CPU, a hybrid thread that stands aside while the application is active waits
+    /// for it to go quiet with the coarse slack, which lets the kernel end the wait on its
+    /// tick rather than with a timer interrupt that stops the application; once it takes
+    /// over, the engine's timers get the fine slack again.
+    #[test]
+    fn on_one_cpu_the_thread_waits_for_a_quiet_application_on_the_tick() {
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        // This test's thread, and so the engine's thread it starts, on one CPU.
+        let allowed = sched_getaffinity(None).unwrap();
+        let mut one = CpuSet::new();
+        one.set(
+            (0..CpuSet::MAX_CPU)
+                .find(|&cpu| allowed.is_set(cpu))
+                .unwrap(),
+        );
+        sched_setaffinity(None, &one).unwrap();
+
+        let name = "slack-test";
+        let (shared, thread, took, let_go) = active_hybrid(name);
+        let coarse = COARSE_SLACK.as_nanos() as u64;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while timer_slack_of(name) != Some(coarse) && Instant::now() < deadline {
+            thread::sleep(HANDBACK);
+        }
+        assert_eq!(timer_slack_of(name), Some(coarse), "standing aside");
+        let watch = shared.watchers.begin();
+        assert_eq!(took.recv_timeout(Duration::from_secs(10)), Ok(None));
+        assert_eq!(
+            timer_slack_of(name),
+            Some(FINE_SLACK.as_nanos() as u64),
+            "taken over"
+        );
+        drop(watch);
+        let_go.store(true, SeqCst);
         shared.stopping.store(true, SeqCst);
         thread.thread().unpark();
         thread.join().unwrap();
