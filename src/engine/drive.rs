@@ -40,7 +40,7 @@
 //! messages with no hand-off, one that sleeps on a descriptor or a future has the thread
 //! there at once, and one that goes quiet otherwise leaves a thread answering its peers
 //! within about a millisecond. The price: while an application thread holds the engine, that
-//! thread looks in once a millisecond; a request posted after the application's last wait or
+//! thread looks in once a millisecond (on one CPU, once a tick: up to [`COARSE_SLACK`] later); a request posted after the application's last wait or
 //! poll, with none following and no outside wait announced, waits up to [`HANDBACK`] for the
 //! thread (and up to [`COARSE_SLACK`] more on one CPU); and a peer waits up to that long for
 //! an answer when the application stops calling without a word.
@@ -110,7 +110,8 @@ const LEFT_BEHIND_GAPS: u32 = 4;
 /// own. On one CPU that interrupt stops the application, and where the CPU is emulated it is
 /// dear: in the lab's QEMU/TCG guests, a process of its own waking every millisecond with a
 /// 1 µs slack slowed kernel rxe's `ibv_rc_pingpong` from about 1.0 to 1.5 ms a round trip and
-/// softroce's inline one from 1.1 to 1.9 ms; with this slack, 1.2-1.3.
+/// softroce's with inline progress from 1.1 to 1.9 ms; with this slack, softroce's only to
+/// 1.2-1.3 ms. (Where the one CPU idles without a tick, the sleep runs its whole slack.)
 const COARSE_SLACK: Duration = Duration::from_millis(5);
 
 /// The timer slack of every other sleep of a hybrid thread. Linux lets a sleep overrun by
@@ -132,11 +133,11 @@ pub enum Progress {
     Inline,
     /// Both, the default: the application's CQ waits and polls run the engine when they can,
     /// and a thread of its own runs it once the application has waited or polled for nothing
-    /// for about a millisecond, or at once when the application awaits a future of the
-    /// device's or arms a CQ's descriptor. Small-message latency close to inline progress,
+    /// for about a millisecond (a few where the process has one CPU), or at once when the
+    /// application awaits a future of the device's or arms a CQ's descriptor. Small-message latency close to inline progress,
     /// with a peer still answered while the application is busy elsewhere. A post runs no
-    /// turn: the next wait or poll sends it, or the thread (within about a millisecond if the
-    /// application announced no wait). A device of several engines runs each on its thread
+    /// turn: the next wait or poll sends it, or the thread (within about a millisecond, a few
+    /// on one CPU, if the application announced no wait). A device of several engines runs each on its thread
     /// instead. See the engine's `drive` module for the hand-over.
     #[default]
     Hybrid,
@@ -267,8 +268,9 @@ impl Shared {
     fn note_app_turn_at(&self, now: u64) {
         let gap = now.saturating_sub(self.app_turn.fetch_max(now, SeqCst));
         if gap < HANDBACK.as_nanos() as u64 {
-            // Two application threads may race here: one of their gaps is lost, which an
-            // average does not miss.
+            // Two application threads may race here: the later with the earlier `now` counts
+            // a gap of 0, and an update may be lost between the load and the store. Both pull
+            // the average down, towards LOOK_IN_MIN's rule, never past it.
             let average = self.app_gap.load(Relaxed);
             self.app_gap.store(average - average / 8 + gap / 8, Relaxed);
         }
@@ -384,9 +386,10 @@ impl Driver {
 ///
 /// While the application is active, the thread looks in every `look_in` (a turn that does not
 /// wait, if the engine is free): what the application posted and left, or datagrams it has
-/// not yet taken. A look that finds datagrams the application left for [`LOOK_IN_MIN`] or
-/// longer halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it, up to
-/// [`HANDBACK`]. So an application that polls its CQ costs the thread a look a millisecond,
+/// not yet taken. A look that finds datagrams the application left (see
+/// [`Shared::left_behind`]) halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it,
+/// up to [`HANDBACK`]. So an application that polls its CQ costs the thread a look a
+/// millisecond (one a tick, on one CPU),
 /// and one that spins elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs typical on loopback, against
 /// 25 µs with the engine thread alone on 2 cores and 4 ms on one, where the spinning program
 /// starves it).
@@ -396,8 +399,11 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
         let app_active = quiet < HANDBACK && !shared.watchers.any();
+        // Sleeps that only wait for the application to go quiet: not chasing datagrams it
+        // left, not taking over.
+        let waits_for_quiet = app_active && look_in >= HANDBACK;
         if app_active && !doorbell.posted.load(SeqCst) {
-            slack.set(look_in >= HANDBACK);
+            slack.set(waits_for_quiet);
             thread::park_timeout(look_in.min(HANDBACK - quiet));
             if shared.stopping.load(SeqCst) {
                 return;
@@ -433,7 +439,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
             None => {
-                slack.set(look_in >= HANDBACK);
+                slack.set(waits_for_quiet);
                 thread::park_timeout(look_in);
             }
             Some(Err(())) => return,
@@ -445,8 +451,9 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
 /// for the application to go quiet when the process has one CPU, [`FINE_SLACK`] otherwise. A
 /// change costs a system call, so it is made only when the kind of sleep changes.
 struct Slack {
-    /// What a sleep that only waits for a quiet application gets.
-    coarse: Duration,
+    /// What a sleep that only waits for a quiet application gets: [`COARSE_SLACK`] on one
+    /// CPU, [`FINE_SLACK`] on several.
+    waiting_for_quiet: Duration,
     current: Option<Duration>,
 }
 
@@ -454,15 +461,19 @@ impl Slack {
     fn new() -> Slack {
         let one_cpu = thread::available_parallelism().is_ok_and(|cpus| cpus.get() == 1);
         Slack {
-            coarse: if one_cpu { COARSE_SLACK } else { FINE_SLACK },
+            waiting_for_quiet: if one_cpu { COARSE_SLACK } else { FINE_SLACK },
             current: None,
         }
     }
 
-    /// Sets the slack of this thread's next sleeps: `coarse` if they only wait for the
-    /// application to go quiet. A failure costs only precision.
-    fn set(&mut self, coarse: bool) {
-        let slack = if coarse { self.coarse } else { FINE_SLACK };
+    /// Sets the slack of this thread's next sleeps, as they only wait for the application to
+    /// go quiet or not. A failure costs only precision.
+    fn set(&mut self, waits_for_quiet: bool) {
+        let slack = if waits_for_quiet {
+            self.waiting_for_quiet
+        } else {
+            FINE_SLACK
+        };
         if self.current != Some(slack) {
             self.current = Some(slack);
             let nanos = std::num::NonZeroU64::new(slack.as_nanos() as u64);
@@ -475,7 +486,8 @@ impl EngineHandle {
     /// A work request was posted: the engine thread takes it at its next turn, and is woken
     /// only if it sleeps (see [`Doorbell`]); inline, a turn runs. Hybrid, the request waits for
     /// the next turn of whoever runs one: the application's next CQ wait or poll, or the engine
-    /// thread, which is woken if it sleeps, and otherwise looks within [`HANDBACK`]. A post does
+    /// thread, which is woken if it sleeps, and otherwise looks within [`HANDBACK`] (plus up to
+    /// [`COARSE_SLACK`] on one CPU). A post does
     /// not run a turn of its own there: a turn per post would cost a send per message, where
     /// the next wait sends a batch as one.
     pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
@@ -656,23 +668,27 @@ fn join(thread: Option<JoinHandle<()>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::{unbounded, Sender};
+    use crossbeam_channel::{unbounded, Receiver, Sender};
 
-    /// An engine that reports how long each turn was allowed to wait, and holds a turn that
-    /// may sleep until told to let go, as a turn sleeping on the socket would.
+    /// What a [`Recorder`] turn reports: how long it was allowed to wait (`None`: a takeover,
+    /// sleeping on the socket; `Some(0)`: a look), and the timer slack of the thread running it.
+    type TurnSeen = (Option<Duration>, Option<u64>);
+
+    /// An engine that reports each turn, and, once armed, holds a turn that may sleep until
+    /// told to let go, as a turn sleeping on the socket would. Before it is armed nothing is
+    /// held: a thread that started before the test made its application active may take over
+    /// once, and must not be stuck there.
     struct Recorder {
-        turns: Sender<Option<Duration>>,
+        turns: Sender<TurnSeen>,
+        armed: Arc<AtomicBool>,
         let_go: Arc<AtomicBool>,
     }
 
     impl Turn for Recorder {
         fn turn(&mut self, wait: Option<Duration>) -> bool {
-            // Only the turns that sleep on the socket: the thread also looks in, without
-            // waiting, while the application is active.
-            if wait.is_none() {
-                let _ = self.turns.send(wait);
-            }
-            while wait.is_none() && !self.let_go.load(SeqCst) {
+            let slack = rustix::thread::current_timer_slack().ok();
+            let _ = self.turns.send((wait, slack));
+            while wait.is_none() && self.armed.load(SeqCst) && !self.let_go.load(SeqCst) {
                 thread::sleep(Duration::from_micros(100));
             }
             true
@@ -685,35 +701,82 @@ mod tests {
         fn abandon(&mut self) {}
     }
 
-    /// A hybrid engine of a [`Recorder`] on a thread named `name`, its application active
-    /// for ever (its last turn is always now): the engine's state, its thread, the turns that
-    /// may sleep as they come, and the flag that ends them.
-    fn active_hybrid(
-        name: &str,
-    ) -> (
-        Arc<Shared>,
-        JoinHandle<()>,
-        crossbeam_channel::Receiver<Option<Duration>>,
-        Arc<AtomicBool>,
-    ) {
-        let (turns, took) = unbounded();
-        let let_go = Arc::new(AtomicBool::new(false));
-        let engine = Recorder {
-            turns,
-            let_go: let_go.clone(),
-        };
-        let (ready, _) = unbounded();
-        let doorbell = Arc::new(Doorbell {
-            posted: AtomicBool::new(false),
-            asleep: AtomicBool::new(false),
-            ready,
-        });
-        let driver = Driver::start(engine, Progress::Hybrid, name.into(), &doorbell, drop).unwrap();
-        let Driver::Shared(shared, Some(thread)) = driver else {
-            panic!("not hybrid");
-        };
-        shared.app_turn.store(u64::MAX, SeqCst);
-        (shared, thread, took, let_go)
+    /// A hybrid engine of a [`Recorder`], its application active for ever (its last turn is
+    /// always now), stopped when dropped.
+    struct ActiveHybrid {
+        shared: Arc<Shared>,
+        thread: Option<JoinHandle<()>>,
+        turns: Receiver<TurnSeen>,
+        let_go: Arc<AtomicBool>,
+    }
+
+    impl ActiveHybrid {
+        fn start() -> ActiveHybrid {
+            let (turns, seen) = unbounded();
+            let (armed, let_go) = (Arc::new(AtomicBool::new(false)), Arc::default());
+            let engine = Recorder {
+                turns,
+                armed: armed.clone(),
+                let_go: Arc::clone(&let_go),
+            };
+            let (ready, _) = unbounded();
+            let doorbell = Arc::new(Doorbell {
+                posted: AtomicBool::new(false),
+                asleep: AtomicBool::new(false),
+                ready,
+            });
+            let driver =
+                Driver::start(engine, Progress::Hybrid, "test".into(), &doorbell, drop).unwrap();
+            let Driver::Shared(shared, Some(thread)) = driver else {
+                panic!("not hybrid");
+            };
+            shared.app_turn.store(u64::MAX, SeqCst);
+            // Two looks after the store: the second began after the first ended, so after
+            // the store, and so did every decision of the thread's since.
+            let mut looks = 0;
+            while looks < 2 {
+                let (wait, _) = seen.recv_timeout(Duration::from_secs(10)).unwrap();
+                looks += usize::from(wait.is_some());
+            }
+            armed.store(true, SeqCst);
+            ActiveHybrid {
+                shared,
+                thread: Some(thread),
+                turns: seen,
+                let_go,
+            }
+        }
+
+        /// The next turn that takes over, with the slack it ran with, within `timeout`;
+        /// looks are skipped.
+        fn takeover_within(&self, timeout: Duration) -> Option<Option<u64>> {
+            let deadline = Instant::now() + timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let (None, slack) = self.turns.recv_timeout(left).ok()? {
+                    return Some(slack);
+                }
+            }
+        }
+
+        /// The slack of the thread's next look.
+        fn look_slack(&self) -> Option<u64> {
+            match self.turns.recv_timeout(Duration::from_secs(10)).ok()? {
+                (Some(_), slack) => slack,
+                (None, _) => panic!("the thread took over while the application was active"),
+            }
+        }
+    }
+
+    impl Drop for ActiveHybrid {
+        fn drop(&mut self) {
+            self.let_go.store(true, SeqCst);
+            self.shared.stopping.store(true, SeqCst);
+            if let Some(thread) = self.thread.take() {
+                thread.thread().unpark();
+                let _ = thread.join();
+            }
+        }
     }
 
     /// A hybrid engine's thread stands aside while the application is active, and runs the
@@ -722,41 +785,35 @@ mod tests {
     /// not wait out `HANDBACK`.
     #[test]
     fn a_watch_hands_a_hybrid_engine_to_its_thread_at_once() {
-        let (shared, thread, took, let_go) = active_hybrid("test");
-        assert!(
-            took.recv_timeout(20 * HANDBACK).is_err(),
+        let hybrid = ActiveHybrid::start();
+        assert_eq!(
+            hybrid.takeover_within(20 * HANDBACK),
+            None,
             "the thread slept on the socket while the application was active"
         );
-        let watch = shared.watchers.begin();
-        let first = took.recv_timeout(Duration::from_secs(10));
-        assert_eq!(
-            first,
-            Ok(None),
+        let watch = hybrid.shared.watchers.begin();
+        assert!(
+            hybrid.takeover_within(Duration::from_secs(10)).is_some(),
             "the thread took over, sleeping on the socket"
         );
         // The wait ends: the turn in progress ends, and the thread stands aside again.
         drop(watch);
-        let_go.store(true, SeqCst);
-        while took.recv_timeout(20 * HANDBACK).is_ok() {}
-        shared.stopping.store(true, SeqCst);
-        thread.thread().unpark();
-        thread.join().unwrap();
-    }
-
-    fn idle_engine() -> Box<dyn Turn> {
-        Box::new(Recorder {
-            turns: unbounded().0,
-            let_go: Arc::new(AtomicBool::new(true)),
-        })
+        hybrid.let_go.store(true, SeqCst);
+        assert_eq!(hybrid.takeover_within(20 * HANDBACK), None);
     }
 
     /// A look's datagrams count as left behind (and bring the looks closer) only once the
     /// application has been quiet for several of its own gaps between calls: a loop that
     /// polls every 30 µs, as one does where each call costs that much (the lab's emulated
-    /// guests), is not taken for one that spins elsewhere, and a pause is not a pace.
+    /// guests), is not taken for one that spins elsewhere; a pause is no gap.
     #[test]
     fn datagrams_are_left_behind_by_the_applications_own_pace() {
-        let shared = Shared::new(idle_engine());
+        let (turns, _) = unbounded();
+        let shared = Shared::new(Box::new(Recorder {
+            turns,
+            armed: Arc::default(),
+            let_go: Arc::default(),
+        }));
         let us = |n: u64| n * 1_000;
         for i in 1..=100 {
             shared.note_app_turn_at(us(i));
@@ -774,38 +831,22 @@ mod tests {
             "two gaps of a 30 µs poller are its own"
         );
         assert!(shared.left_behind(Duration::from_micros(150)));
-        // A pause of 50 ms, then the same pace: the pause does not count as a gap.
-        shared.note_app_turn_at(us(60_000));
+        // A pause of 50 ms: not a gap, so the pace stays.
+        shared.note_app_turn_at(us(4_000 + 50_000));
         assert!(!shared.left_behind(Duration::from_micros(60)));
         assert!(shared.left_behind(Duration::from_micros(150)));
-    }
-
-    /// The timer slack of the thread named `name` in this process, from /proc.
-    fn timer_slack_of(name: &str) -> Option<u64> {
-        std::fs::read_dir("/proc/self/task").ok()?.find_map(|task| {
-            let task = task.ok()?;
-            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            (comm.trim_end() == name).then_some(())?;
-            // (Linux keeps a thread's slack under /proc/TID only, not under task/.)
-            let tid = task.file_name();
-            let slack = std::fs::read_to_string(
-                std::path::Path::new("/proc")
-                    .join(tid)
-                    .join("timerslack_ns"),
-            )
-            .ok()?;
-            slack.trim().parse().ok()
-        })
     }
 
     /// On one CPU, a hybrid thread that stands aside while the application is active waits
     /// for it to go quiet with the coarse slack, which lets the kernel end the wait on its
     /// tick rather than with a timer interrupt that stops the application; once it takes
-    /// over, the engine's timers get the fine slack again.
+    /// over, the engine's timers get the fine slack again. (The thread's looks report the
+    /// slack its last sleep had.)
     #[test]
     fn on_one_cpu_the_thread_waits_for_a_quiet_application_on_the_tick() {
         use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
-        // This test's thread, and so the engine's thread it starts, on one CPU.
+        // This test's thread, and so the engine's thread it starts, on one CPU. (The test
+        // harness runs each test on a thread of its own.)
         let allowed = sched_getaffinity(None).unwrap();
         let mut one = CpuSet::new();
         one.set(
@@ -814,26 +855,15 @@ mod tests {
                 .unwrap(),
         );
         sched_setaffinity(None, &one).unwrap();
-
-        let name = "slack-test";
-        let (shared, thread, took, let_go) = active_hybrid(name);
+        let hybrid = ActiveHybrid::start();
         let coarse = COARSE_SLACK.as_nanos() as u64;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while timer_slack_of(name) != Some(coarse) && Instant::now() < deadline {
-            thread::sleep(HANDBACK);
-        }
-        assert_eq!(timer_slack_of(name), Some(coarse), "standing aside");
-        let watch = shared.watchers.begin();
-        assert_eq!(took.recv_timeout(Duration::from_secs(10)), Ok(None));
+        let fine = FINE_SLACK.as_nanos() as u64;
+        assert_eq!(hybrid.look_slack(), Some(coarse), "standing aside");
+        let _watch = hybrid.shared.watchers.begin();
         assert_eq!(
-            timer_slack_of(name),
-            Some(FINE_SLACK.as_nanos() as u64),
+            hybrid.takeover_within(Duration::from_secs(10)),
+            Some(Some(fine)),
             "taken over"
         );
-        drop(watch);
-        let_go.store(true, SeqCst);
-        shared.stopping.store(true, SeqCst);
-        thread.thread().unpark();
-        thread.join().unwrap();
     }
 }
