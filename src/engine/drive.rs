@@ -36,14 +36,14 @@
 //!   as the engine thread of [`Progress::Thread`] does, sleeping on the socket; the
 //!   application's polls meanwhile run a turn only if the engine happens to be free.
 //!
-//! So an application that keeps calling (a ping-pong, a loop of posts and waits) moves its
-//! messages with no hand-off, one that sleeps on a descriptor or a future has the thread
-//! there at once, and one that goes quiet otherwise leaves a thread answering its peers
-//! within about a millisecond. The price: while an application thread holds the engine, that
-//! thread looks in once a millisecond (on one CPU, once a tick: up to [`COARSE_SLACK`] later); a request posted after the application's last wait or
-//! poll, with none following and no outside wait announced, waits up to [`HANDBACK`] for the
-//! thread (and up to [`COARSE_SLACK`] more on one CPU); and a peer waits up to that long for
-//! an answer when the application stops calling without a word.
+//! So an application that keeps calling (a ping-pong, a loop of posts and waits) moves its messages
+//! with no hand-off, one that sleeps on a descriptor or a future has the thread there at once, and
+//! one that goes quiet otherwise leaves a thread answering its peers within about a millisecond.
+//! The price: while an application thread holds the engine, that thread looks in once a millisecond
+//! (on one CPU, once a tick: up to [`COARSE_SLACK`] later); a request posted after the
+//! application's last wait or poll, with none following and no outside wait announced, waits up to
+//! [`HANDBACK`] for the thread (and up to [`COARSE_SLACK`] more on one CPU); and a peer waits up to
+//! that long for an answer when the application stops calling without a word.
 //!
 //! # No caller left waiting
 //!
@@ -131,14 +131,14 @@ pub enum Progress {
     /// retransmitted) until it polls or waits again. For applications that keep polling, such
     /// as latency tests.
     Inline,
-    /// Both, the default: the application's CQ waits and polls run the engine when they can,
-    /// and a thread of its own runs it once the application has waited or polled for nothing
-    /// for about a millisecond (a few where the process has one CPU), or at once when the
-    /// application awaits a future of the device's or arms a CQ's descriptor. Small-message latency close to inline progress,
-    /// with a peer still answered while the application is busy elsewhere. A post runs no
-    /// turn: the next wait or poll sends it, or the thread (within about a millisecond, a few
-    /// on one CPU, if the application announced no wait). A device of several engines runs each on its thread
-    /// instead. See the engine's `drive` module for the hand-over.
+    /// Both, the default: the application's CQ waits and polls run the engine when they can, and a
+    /// thread of its own runs it once the application has waited or polled for nothing for about a
+    /// millisecond (a few where the process has one CPU), or at once when the application awaits a
+    /// future of the device's or arms a CQ's descriptor. Small-message latency close to inline
+    /// progress, with a peer still answered while the application is busy elsewhere. A post runs no
+    /// turn: the next wait or poll sends it, or the thread (within about a millisecond, a few on
+    /// one CPU, if the application announced no wait). A device of several engines runs each on its
+    /// thread instead. See the engine's `drive` module for the hand-over.
     #[default]
     Hybrid,
 }
@@ -384,33 +384,32 @@ impl Driver {
 /// The hybrid engine thread: runs the engine while the application leaves it alone, and
 /// looks in while it does not.
 ///
-/// While the application is active, the thread looks in every `look_in` (a turn that does not
-/// wait, if the engine is free): what the application posted and left, or datagrams it has
-/// not yet taken. A look that finds datagrams the application left (see
-/// [`Shared::left_behind`]) halves `look_in`, down to [`LOOK_IN_MIN`]; any other doubles it,
-/// up to [`HANDBACK`]. So an application that polls its CQ costs the thread a look a
-/// millisecond (one a tick, on one CPU),
-/// and one that spins elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs typical on loopback, against
-/// 25 µs with the engine thread alone on 2 cores and 4 ms on one, where the spinning program
-/// starves it).
+/// While the application is active, the thread looks in every `look_in` (a turn that does not wait,
+/// if the engine is free): what the application posted and left, or datagrams it has not yet taken.
+/// A look that finds datagrams the application left (see [`Shared::left_behind`]) halves `look_in`,
+/// down to [`LOOK_IN_MIN`]; any other doubles it, up to [`HANDBACK`]. So an application that polls
+/// its CQ costs the thread a look a millisecond (one a tick, on one CPU), and one that spins
+/// elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs
+/// typical on loopback, against 25 µs with the engine thread alone on 2 cores and 4 ms on one,
+/// where the spinning program starves it).
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut slack = Slack::new();
     let mut look_in = HANDBACK;
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
-        let app_active = quiet < HANDBACK && !shared.watchers.any();
-        // Sleeps that only wait for the application to go quiet: not chasing datagrams it
-        // left, not taking over.
-        let waits_for_quiet = app_active && look_in >= HANDBACK;
-        if app_active && !doorbell.posted.load(SeqCst) {
-            slack.set(waits_for_quiet);
+        if quiet < HANDBACK && !shared.watchers.any() && !doorbell.posted.load(SeqCst) {
+            // Waiting for the application to go quiet, unless chasing datagrams it left.
+            slack.set(look_in >= HANDBACK);
             thread::park_timeout(look_in.min(HANDBACK - quiet));
             if shared.stopping.load(SeqCst) {
                 return;
             }
         }
-        // Before the look: the application may answer what the look finds at once.
+        // As things are after the sleep (a wait may have been announced meanwhile, and the
+        // application may have gone quiet), and before the look, which the application may
+        // answer at once.
         let quiet = shared.app_quiet_for();
+        let app_active = quiet < HANDBACK && !shared.watchers.any();
         match shared.try_take() {
             // While the application is active, a look: no sleeping in the socket, which the
             // application would have to interrupt.
@@ -439,7 +438,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
             None => {
-                slack.set(waits_for_quiet);
+                slack.set(app_active && look_in >= HANDBACK);
                 thread::park_timeout(look_in);
             }
             Some(Err(())) => return,
@@ -671,13 +670,14 @@ mod tests {
     use crossbeam_channel::{unbounded, Receiver, Sender};
 
     /// What a [`Recorder`] turn reports: how long it was allowed to wait (`None`: a takeover,
-    /// sleeping on the socket; `Some(0)`: a look), and the timer slack of the thread running it.
-    type TurnSeen = (Option<Duration>, Option<u64>);
+    /// sleeping on the socket; `Some(0)`: a look), the timer slack of the thread running it,
+    /// and when it began.
+    type TurnSeen = (Option<Duration>, Option<u64>, Instant);
 
     /// An engine that reports each turn, and, once armed, holds a turn that may sleep until
     /// told to let go, as a turn sleeping on the socket would. Before it is armed nothing is
-    /// held: a thread that started before the test made its application active may take over
-    /// once, and must not be stuck there.
+    /// held: until the test makes its application active, the thread takes over turn after
+    /// turn, and must not be stuck in one.
     struct Recorder {
         turns: Sender<TurnSeen>,
         armed: Arc<AtomicBool>,
@@ -687,7 +687,7 @@ mod tests {
     impl Turn for Recorder {
         fn turn(&mut self, wait: Option<Duration>) -> bool {
             let slack = rustix::thread::current_timer_slack().ok();
-            let _ = self.turns.send((wait, slack));
+            let _ = self.turns.send((wait, slack, Instant::now()));
             while wait.is_none() && self.armed.load(SeqCst) && !self.let_go.load(SeqCst) {
                 thread::sleep(Duration::from_micros(100));
             }
@@ -730,21 +730,23 @@ mod tests {
             let Driver::Shared(shared, Some(thread)) = driver else {
                 panic!("not hybrid");
             };
-            shared.app_turn.store(u64::MAX, SeqCst);
-            // Two looks after the store: the second began after the first ended, so after
-            // the store, and so did every decision of the thread's since.
-            let mut looks = 0;
-            while looks < 2 {
-                let (wait, _) = seen.recv_timeout(Duration::from_secs(10)).unwrap();
-                looks += usize::from(wait.is_some());
-            }
-            armed.store(true, SeqCst);
-            ActiveHybrid {
+            let hybrid = ActiveHybrid {
                 shared,
                 thread: Some(thread),
                 turns: seen,
                 let_go,
+            };
+            hybrid.shared.app_turn.store(u64::MAX, SeqCst);
+            let active = Instant::now();
+            // Two turns that began after the store: the second was chosen after the first
+            // ended, so with the application active; so was every turn since.
+            let mut after = 0;
+            while after < 2 {
+                let (_, _, began) = hybrid.turns.recv_timeout(Duration::from_secs(10)).unwrap();
+                after += usize::from(began >= active);
             }
+            armed.store(true, SeqCst);
+            hybrid
         }
 
         /// The next turn that takes over, with the slack it ran with, within `timeout`;
@@ -753,7 +755,7 @@ mod tests {
             let deadline = Instant::now() + timeout;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                if let (None, slack) = self.turns.recv_timeout(left).ok()? {
+                if let (None, slack, _) = self.turns.recv_timeout(left).ok()? {
                     return Some(slack);
                 }
             }
@@ -762,8 +764,8 @@ mod tests {
         /// The slack of the thread's next look.
         fn look_slack(&self) -> Option<u64> {
             match self.turns.recv_timeout(Duration::from_secs(10)).ok()? {
-                (Some(_), slack) => slack,
-                (None, _) => panic!("the thread took over while the application was active"),
+                (Some(_), slack, _) => slack,
+                (None, ..) => panic!("the thread took over while the application was active"),
             }
         }
     }
@@ -774,7 +776,12 @@ mod tests {
             self.shared.stopping.store(true, SeqCst);
             if let Some(thread) = self.thread.take() {
                 thread.thread().unpark();
-                let _ = thread.join();
+                // The thread's panic, unless the test is already failing.
+                if let Err(panic) = thread.join() {
+                    if !thread::panicking() {
+                        panic::resume_unwind(panic);
+                    }
+                }
             }
         }
     }
