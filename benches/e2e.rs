@@ -16,6 +16,8 @@
 //! baselines are then not run. The WRITE rows run the default progress, hybrid;
 //! `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own (inline
 //! progress cannot run them: the receiving device's application calls nothing).
+//! `SOFTROCE_BENCH_BUSY_POLL` sets every device's busy polling in microseconds (0: none) in
+//! place of softroce's choice (`DeviceConfig::busy_poll`).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -60,6 +62,17 @@ fn write_progress() -> Progress {
     }
 }
 
+/// The devices' busy polling: softroce's choice, or `SOFTROCE_BENCH_BUSY_POLL` microseconds
+/// (0: none), to compare with and without it in one build.
+fn busy_poll() -> Option<Duration> {
+    let micros = std::env::var("SOFTROCE_BENCH_BUSY_POLL").ok()?;
+    Some(Duration::from_micros(
+        micros
+            .parse()
+            .expect("SOFTROCE_BENCH_BUSY_POLL: microseconds"),
+    ))
+}
+
 /// Baselines run only in a full run.
 fn baselines() -> bool {
     std::env::var_os("SOFTROCE_BENCH_ONLY").is_none()
@@ -93,6 +106,7 @@ fn pair(
         Device::open(DeviceConfig {
             progress,
             engines,
+            busy_poll: busy_poll(),
             ..DeviceConfig::udp(addr(k))
         })
         .unwrap()

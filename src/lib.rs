@@ -67,6 +67,8 @@ mod engine;
 pub mod io;
 mod keyed;
 pub mod memory;
+#[cfg(test)]
+mod test_support;
 #[cfg(feature = "cli")]
 pub mod tools;
 pub mod transport;

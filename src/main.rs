@@ -172,6 +172,11 @@ enum Command {
         /// Congestion control, as the tools' --cc: `off`, or mlx5's parameters [default: on].
         #[arg(long, value_name = "SETTINGS", value_parser = congestion_settings)]
         cc: Option<String>,
+        /// As the tools' --busy-poll: microseconds each engine polls after packets moved, 0
+        /// for none [default: 50 with hybrid and inline progress when the program may run on
+        /// more than one CPU, 0 otherwise].
+        #[arg(long, value_name = "USEC", value_parser = busy_poll_us)]
+        busy_poll: Option<u64>,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<std::ffi::OsString>,
@@ -529,6 +534,11 @@ struct DeviceArgs {
     /// alone. With --engines above 1, hybrid runs each engine on its thread.
     #[arg(long, value_enum, default_value = "hybrid")]
     progress: ProgressArg,
+    /// softroce: how long, in microseconds, the engine keeps polling its socket after packets
+    /// moved, rather than sleep in it; 0 turns it off [default: 50 with hybrid or inline
+    /// progress and one engine on more than one CPU, 0 otherwise].
+    #[arg(long, value_name = "USEC", value_parser = busy_poll_us)]
+    busy_poll: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -570,6 +580,7 @@ impl DeviceArgs {
             progress,
             engines: self.engines,
             congestion: self.cc,
+            busy_poll: self.busy_poll.map(Duration::from_micros),
         })
     }
 }
@@ -746,6 +757,15 @@ fn path_mtu(s: &str) -> Result<PathMtu, String> {
 /// rather than the program's.
 fn congestion_settings(s: &str) -> Result<String, String> {
     s.parse::<CongestionConfig>().map(|_| s.to_string())
+}
+
+/// `--busy-poll`: microseconds, up to softroce's bound.
+fn busy_poll_us(s: &str) -> Result<u64, String> {
+    let max = softroce::verbs::MAX_BUSY_POLL.as_micros() as u64;
+    s.parse::<u64>()
+        .ok()
+        .filter(|&micros| micros <= max)
+        .ok_or_else(|| format!("microseconds, 0 (off) to {max}"))
 }
 
 fn only_port_one(s: &str) -> Result<u8, String> {
@@ -1153,6 +1173,7 @@ fn main() -> ExitCode {
             progress,
             mtu,
             cc,
+            busy_poll,
             program,
         } => {
             let options = softroce::tools::run::RunOptions {
@@ -1160,6 +1181,7 @@ fn main() -> ExitCode {
                 progress: progress.as_deref(),
                 mtu: *mtu,
                 congestion: cc.as_deref(),
+                busy_poll_us: *busy_poll,
             };
             let why = softroce::tools::run::exec(&options, &program[0], &program[1..]);
             eprintln!("softroce run: {why}");

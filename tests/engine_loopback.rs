@@ -756,3 +756,78 @@ fn hybrid_a_command_beside_a_waiting_thread_is_not_held_up_by_the_wait() {
         .flatten()
         .all(|(_, status)| *status == WcStatus::Success));
 }
+
+/// The CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    use nix::time::{clock_gettime, ClockId};
+    Duration::from(clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap())
+}
+
+/// `DeviceConfig::busy_poll`: after packets move, a CQ wait's turns poll the socket for that
+/// long, then sleep in it; with none, the wait sleeps at once. Inline progress runs every turn
+/// on the waiting thread, so the thread's CPU time tells polling from sleeping. Ten rounds of
+/// an 8-byte WRITE, then a 15 ms wait with nothing to come, then a 30 ms one: polling for the
+/// longest allowed (10 ms) uses about 100 ms of CPU in the first waits and next to none in the
+/// second (nothing moved since the first began); with none, the first waits use next to none.
+#[test]
+fn an_engine_polls_for_busy_poll_after_packets_move_then_sleeps() {
+    use softroce::verbs::MAX_BUSY_POLL;
+
+    // The CPU time of the first and of the second quiet waits, summed over the rounds.
+    let cpu_of_quiet_waits = |busy_poll: Duration, addresses: [&str; 2]| {
+        let a = end_on(
+            Device::open(DeviceConfig {
+                progress: Progress::Inline,
+                busy_poll: Some(busy_poll),
+                ..DeviceConfig::udp(addresses[0].parse().unwrap())
+            })
+            .unwrap(),
+        );
+        let b = end_on(
+            Device::open(DeviceConfig {
+                busy_poll: Some(Duration::ZERO),
+                ..DeviceConfig::udp(addresses[1].parse().unwrap())
+            })
+            .unwrap(),
+        );
+        connect(&a, &b);
+        let quiet_wait = |ms| {
+            let before = thread_cpu_time();
+            assert!(a.cq.wait(Duration::from_millis(ms)).unwrap().is_none());
+            thread_cpu_time() - before
+        };
+        let (mut first, mut second) = (Duration::ZERO, Duration::ZERO);
+        for round in 0..10 {
+            let write = SendOp::Write {
+                remote_addr: b.mr.iova(),
+                rkey: b.mr.rkey(),
+            };
+            let sge = a.mr.sge(0, 8).unwrap();
+            a.qp.post_send(SendWr::new(round, write, Payload::Sges([sge].into())))
+                .unwrap();
+            let wc = a.cq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!(
+                wc.expect("the WRITE's completion").status,
+                WcStatus::Success
+            );
+            first += quiet_wait(15);
+            second += quiet_wait(30);
+        }
+        (first, second)
+    };
+    let (polling, after) = cpu_of_quiet_waits(MAX_BUSY_POLL, ["127.0.0.36", "127.0.0.37"]);
+    let (sleeping, _) = cpu_of_quiet_waits(Duration::ZERO, ["127.0.0.38", "127.0.0.39"]);
+    // Floors and ceilings far from the expected figures: the other tests share the CPUs.
+    assert!(
+        polling >= Duration::from_millis(20),
+        "the waits polled for 10 ms after each WRITE: {polling:?} of CPU"
+    );
+    assert!(
+        after < Duration::from_millis(15),
+        "10 ms after the last packet the waits slept: {after:?} of CPU"
+    );
+    assert!(
+        sleeping < Duration::from_millis(15),
+        "with no busy polling the waits slept: {sleeping:?} of CPU"
+    );
+}

@@ -408,3 +408,46 @@ fn a_qp_is_refused_another_devices_cq_or_srq() {
     );
     assert!(pd.create_qp().send_cq(&ours).recv_cq(&ours).build().is_ok());
 }
+
+/// Busy polling as a device resolves it (`DeviceConfig::busy_poll`): left to softroce, a
+/// device of several engines, whose hybrid progress runs each engine on its thread, polls not
+/// at all, as an engine thread does not; one hybrid engine polls 50 µs where the process has
+/// more than one CPU; what the application asks for it gets, and past the bound is refused.
+#[test]
+fn busy_polling_is_resolved_from_progress_and_engines() {
+    use softroce::verbs::{DEFAULT_BUSY_POLL, MAX_BUSY_POLL};
+
+    let two = Device::open(engines("127.0.9.1", 2)).unwrap();
+    assert_eq!(
+        two.busy_poll(),
+        Duration::ZERO,
+        "two hybrid engines run on threads"
+    );
+    let thread = Device::open(DeviceConfig {
+        progress: Progress::Thread,
+        ..engines("127.0.9.2", 1)
+    })
+    .unwrap();
+    assert_eq!(thread.busy_poll(), Duration::ZERO, "an engine thread");
+    let hybrid = Device::open(engines("127.0.9.3", 1)).unwrap();
+    let several_cpus = std::thread::available_parallelism().unwrap().get() > 1;
+    let expected = if several_cpus {
+        DEFAULT_BUSY_POLL
+    } else {
+        Duration::ZERO
+    };
+    assert_eq!(hybrid.busy_poll(), expected, "one hybrid engine");
+    let asked = Device::open(DeviceConfig {
+        busy_poll: Some(Duration::from_micros(200)),
+        ..engines("127.0.9.4", 2)
+    })
+    .unwrap();
+    assert_eq!(asked.busy_poll(), Duration::from_micros(200));
+    let refused = Device::open(DeviceConfig {
+        busy_poll: Some(MAX_BUSY_POLL * 2),
+        ..engines("127.0.9.5", 1)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("at most 10ms"), "{refused}");
+}

@@ -33,3 +33,35 @@ fn run_says_why_a_program_cannot_start() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("cannot run /nonexistent/program"), "{said}");
 }
+
+/// `--busy-poll` reaches the program as `SOFTROCE_BUSY_POLL`, within its bound, and the library
+/// refuses a value it cannot read when a device opens, saying why.
+#[test]
+fn run_passes_busy_polling_to_the_library_and_bad_values_are_refused() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_softroce"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["run", "--busy-poll", "20", "--", "env"]);
+    assert!(out.status.success(), "{out:?}");
+    let env = String::from_utf8_lossy(&out.stdout);
+    assert!(env.lines().any(|l| l == "SOFTROCE_BUSY_POLL=20"), "{env}");
+
+    let out = run(&["run", "--busy-poll", "10001", "--", "env"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("microseconds, 0 (off) to 10000"), "{said}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .args(["run", "--addr", "127.0.3.22", "--", "ibv_devinfo"])
+        .env("SOFTROCE_BUSY_POLL", "lots")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("SOFTROCE_BUSY_POLL=lots: expected microseconds"),
+        "{said}"
+    );
+}

@@ -12,19 +12,28 @@
 //! `SOFTROCE_CC` sets congestion control as the tools' `--cc` does: `off`, or mlx5's
 //! parameter names (`rp_time_reset=55,...`); unset, it is on, as on ConnectX.
 //!
+//! `SOFTROCE_BUSY_POLL` sets how long, in microseconds, each engine keeps polling its socket
+//! after packets moved, rather than sleep in it (`DeviceConfig::busy_poll`); 0 turns it off.
+//! Unset, 50 with hybrid and inline progress when the process may run on more than one CPU,
+//! none otherwise.
+//!
 //! `SOFTROCE_MTU` (256 to 4096) sets the ports' active MTU. Unset, a port follows its link as
 //! rxe's does: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames and on loopback. A CM
 //! client names its port's MTU in its REQ, so a process whose link runs jumbo frames toward a
 //! peer whose port has 1024 sets it to 1024.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use softroce::transport::{CongestionConfig, PathMtu};
 use softroce::verbs::Progress;
 
 /// The variable that names the process's device addresses.
 pub use softroce::verbs::C_ADDR_VAR as ADDR_VAR;
-use softroce::verbs::{C_CC_VAR as CC_VAR, C_MTU_VAR as MTU_VAR, C_PROGRESS_VAR as PROGRESS_VAR};
+use softroce::verbs::{
+    C_BUSY_POLL_VAR as BUSY_POLL_VAR, C_CC_VAR as CC_VAR, C_MTU_VAR as MTU_VAR,
+    C_PROGRESS_VAR as PROGRESS_VAR, MAX_BUSY_POLL,
+};
 
 /// The address when `SOFTROCE_ADDR` is unset.
 const DEFAULT_ADDR: &str = "127.0.0.1";
@@ -97,6 +106,31 @@ pub(crate) fn port_mtu() -> Result<Option<PathMtu>, String> {
     }
 }
 
+/// The engines' busy polling from `SOFTROCE_BUSY_POLL`; `None` when unset (softroce's
+/// choice).
+pub(crate) fn busy_poll() -> Result<Option<Duration>, String> {
+    match std::env::var(BUSY_POLL_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{BUSY_POLL_VAR} is not UTF-8")),
+        Ok(value) => parse_busy_poll(&value).map(Some),
+    }
+}
+
+fn parse_busy_poll(value: &str) -> Result<Duration, String> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_micros)
+        .filter(|busy_poll| *busy_poll <= MAX_BUSY_POLL)
+        .ok_or_else(|| {
+            format!(
+                "{BUSY_POLL_VAR}={value}: expected microseconds, 0 (off) to {}",
+                MAX_BUSY_POLL.as_micros()
+            )
+        })
+}
+
 fn parse_mtu(value: &str) -> Result<PathMtu, String> {
     value
         .trim()
@@ -128,6 +162,17 @@ mod tests {
         ] {
             let error = Addresses::parse(bad).unwrap_err();
             assert!(error.contains(says), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn busy_poll_is_microseconds_up_to_the_bound() {
+        assert_eq!(parse_busy_poll("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_busy_poll(" 50 "), Ok(Duration::from_micros(50)));
+        assert_eq!(parse_busy_poll("10000"), Ok(MAX_BUSY_POLL));
+        for bad in ["10001", "-1", "50us", "", "0.5"] {
+            let error = parse_busy_poll(bad).unwrap_err();
+            assert!(error.contains("expected microseconds"), "{bad}: {error}");
         }
     }
 

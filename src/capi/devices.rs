@@ -482,9 +482,20 @@ impl DeviceEntry {
     /// Opens the softroce device on the entry's address, or says on standard error why not.
     fn open_device(&self) -> Result<Device, c_int> {
         let mut config = DeviceConfig::udp(self.addr);
-        let settings =
-            config::progress().and_then(|p| Ok((p, config::port_mtu()?, config::congestion()?)));
-        (config.progress, config.port_mtu, config.congestion) = settings.map_err(|why| {
+        let settings = config::progress().and_then(|p| {
+            Ok((
+                p,
+                config::port_mtu()?,
+                config::congestion()?,
+                config::busy_poll()?,
+            ))
+        });
+        (
+            config.progress,
+            config.port_mtu,
+            config.congestion,
+            config.busy_poll,
+        ) = settings.map_err(|why| {
             eprintln!("softroce: {why}");
             libc::EINVAL
         })?;

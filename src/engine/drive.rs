@@ -11,7 +11,8 @@
 //! Hybrid progress keeps the engine behind a mutex that both the application's calls and the
 //! engine thread take, and lets whoever is there run the turn:
 //!
-//! - a CQ wait runs turns itself, sleeping in the device's socket as an inline wait does, and
+//! - a CQ wait runs turns itself, sleeping in the device's socket as an inline wait does
+//!   (once its busy polling, if any, is over), and
 //!   interrupts the engine thread's sleep to take the engine if it must;
 //! - a CQ poll runs a turn only if the engine is free, and otherwise leaves the work to whoever
 //!   holds it, so it never waits;
@@ -146,7 +147,7 @@ pub enum Progress {
 /// An engine the application drives: one turn of its loop at a time.
 pub(super) trait Turn: Send {
     /// Waits up to `wait` for the socket (`None`: until something happens; less if a timer is
-    /// due sooner, not at all if work is waiting), then does everything that is due. False
+    /// due sooner, not at all if work is waiting or while the engine busy polls), then does everything that is due. False
     /// once the engine has stopped.
     fn turn(&mut self, wait: Option<Duration>) -> bool;
 
@@ -283,6 +284,12 @@ impl Shared {
         quiet >= LOOK_IN_MIN.max(pace)
     }
 
+    /// Whether the application, quiet for `quiet`, still calls often enough to run the engine
+    /// itself: no wait it cannot run the engine in (a [`Watch`]) is under way.
+    fn app_active(&self, quiet: Duration) -> bool {
+        quiet < HANDBACK && !self.watchers.any()
+    }
+
     /// How long since the application last ran or asked for a turn.
     fn app_quiet_for(&self) -> Duration {
         let now = self.epoch.elapsed().as_nanos() as u64;
@@ -395,11 +402,13 @@ impl Driver {
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut slack = Slack::new();
     let mut look_in = HANDBACK;
+    // Not chasing datagrams the application left: the looks are as far apart as they go.
+    let unhurried = |look_in: Duration| look_in >= HANDBACK;
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
-        if quiet < HANDBACK && !shared.watchers.any() && !doorbell.posted.load(SeqCst) {
+        if shared.app_active(quiet) && !doorbell.posted.load(SeqCst) {
             // Waiting for the application to go quiet, unless chasing datagrams it left.
-            slack.set(look_in >= HANDBACK);
+            slack.set(unhurried(look_in));
             thread::park_timeout(look_in.min(HANDBACK - quiet));
             if shared.stopping.load(SeqCst) {
                 return;
@@ -409,7 +418,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
         // application may have gone quiet), and before the look, which the application may
         // answer at once.
         let quiet = shared.app_quiet_for();
-        let app_active = quiet < HANDBACK && !shared.watchers.any();
+        let app_active = shared.app_active(quiet);
         match shared.try_take() {
             // While the application is active, a look: no sleeping in the socket, which the
             // application would have to interrupt.
@@ -438,7 +447,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
             None => {
-                slack.set(app_active && look_in >= HANDBACK);
+                slack.set(app_active && unhurried(look_in));
                 thread::park_timeout(look_in);
             }
             Some(Err(())) => return,
@@ -851,17 +860,8 @@ mod tests {
     /// slack its last sleep had.)
     #[test]
     fn on_one_cpu_the_thread_waits_for_a_quiet_application_on_the_tick() {
-        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
-        // This test's thread, and so the engine's thread it starts, on one CPU. (The test
-        // harness runs each test on a thread of its own.)
-        let allowed = sched_getaffinity(None).unwrap();
-        let mut one = CpuSet::new();
-        one.set(
-            (0..CpuSet::MAX_CPU)
-                .find(|&cpu| allowed.is_set(cpu))
-                .unwrap(),
-        );
-        sched_setaffinity(None, &one).unwrap();
+        // This test's thread, and so the engine's thread it starts, on one CPU.
+        crate::test_support::pin_to_one_cpu();
         let hybrid = ActiveHybrid::start();
         let coarse = COARSE_SLACK.as_nanos() as u64;
         let fine = FINE_SLACK.as_nanos() as u64;

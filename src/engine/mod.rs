@@ -253,6 +253,11 @@ struct Engine<B: Backend> {
     unread: bool,
     /// The last turn received datagrams (see [`Turn::found_work`]).
     found_work: bool,
+    /// How long after the last turn that moved packets the turns poll instead of sleeping
+    /// (see [`Engine::busy_polling`]).
+    busy_poll: Duration,
+    /// When a turn last received or sent packets; `None` before the first.
+    moved_packets_at: Option<Duration>,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
     failure: Failure,
@@ -278,6 +283,9 @@ pub(crate) struct EngineSettings {
     pub progress: Progress,
     pub cm: crate::cm::CmConfig,
     pub congestion: CongestionConfig,
+    /// How long after packets moved the engine's turns poll the socket rather than sleep in
+    /// it (zero: never), resolved from [`DeviceConfig::busy_poll`](crate::verbs::DeviceConfig).
+    pub busy_poll: Duration,
 }
 
 /// Starts the engine of a device: on a thread of its own, or for the application to drive.
@@ -292,6 +300,7 @@ pub(crate) fn start<B: Backend>(
         progress,
         cm: cm_config,
         congestion,
+        busy_poll,
     } = *settings;
     let LaneStart {
         lane,
@@ -360,6 +369,8 @@ pub(crate) fn start<B: Backend>(
         backlog: false,
         unread: true,
         found_work: false,
+        busy_poll,
+        moved_packets_at: None,
         stopped: false,
         failure,
         unreachable: Vec::new(),
@@ -425,11 +436,12 @@ impl<B: Backend> Engine<B> {
     }
 
     /// One turn: waits for the socket up to `cap` (`None`: no cap), less if a timer is due
-    /// sooner, not at all if work is waiting; then runs the commands, takes the posted work
+    /// sooner, not at all if work is waiting or while it busy polls ([`Engine::busy_polling`]);
+    /// then runs the commands, takes the posted work
     /// requests, receives, fires the timers, transmits and hands out completions. False once
     /// the engine has shut down.
     fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
-        let mut timeout = if self.backlog {
+        let mut timeout = if self.backlog || self.busy_polling() {
             Some(Duration::ZERO)
         } else {
             let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
@@ -511,8 +523,11 @@ impl<B: Backend> Engine<B> {
         if let Some(cm) = &mut self.cm {
             cm.pump(now, &mut self.endpoint);
         }
-        let more_to_send = self.transmit()?;
+        let (sent, more_to_send) = self.transmit()?;
         self.backlog |= more_to_send;
+        if self.found_work || sent > 0 {
+            self.moved_packets_at = Some(now);
+        }
         if !more_to_send {
             for flushed in self.flushes.drain(..) {
                 let _ = flushed.send(());
@@ -755,19 +770,33 @@ impl<B: Backend> Engine<B> {
         self.endpoint.destroy_qp(now, qpn, unposted)
     }
 
-    /// Sends up to a budget of packets; true if more are waiting.
-    fn transmit(&mut self) -> io::Result<bool> {
-        for _ in 0..TRANSMIT_BUDGET {
+    /// Sends what the core has queued, up to [`TRANSMIT_BUDGET`] packets: how many it sent,
+    /// and whether more are queued.
+    fn transmit(&mut self) -> io::Result<(usize, bool)> {
+        let mut sent = 0;
+        while sent < TRANSMIT_BUDGET {
             // Each packet is built once, where the backend sends it from.
             let room = self.backend.room()?;
             let Some((dst, len)) = self.endpoint.poll_transmit_into(room) else {
                 break;
             };
             self.backend.commit(dst, len)?;
+            sent += 1;
         }
         // A batching backend may hold packets back until here.
         self.backend.flush()?;
-        Ok(self.endpoint.has_transmits())
+        Ok((sent, self.endpoint.has_transmits()))
+    }
+
+    /// Whether this turn polls the socket rather than sleep in it: packets moved within the
+    /// last `busy_poll`. A peer that answers within it is then seen without a wake-up (the
+    /// sleeping thread's, and the sender's system call that makes it), and posts need no
+    /// doorbell ring, since the engine is not asleep.
+    fn busy_polling(&self) -> bool {
+        !self.busy_poll.is_zero()
+            && self
+                .moved_packets_at
+                .is_some_and(|moved| self.now().saturating_sub(moved) < self.busy_poll)
     }
 
     /// Fails the QPs connected to destinations the backend could not reach, and hands the

@@ -212,6 +212,8 @@ pub struct DeviceOptions {
     pub engines: usize,
     /// ECN, CNPs and DCQCN ([`DeviceConfig::congestion`]).
     pub congestion: CongestionConfig,
+    /// How long the engines poll after packets moved ([`DeviceConfig::busy_poll`]).
+    pub busy_poll: Option<Duration>,
 }
 
 impl Default for DeviceOptions {
@@ -224,6 +226,7 @@ impl Default for DeviceOptions {
             progress: Progress::Hybrid,
             engines: 1,
             congestion: CongestionConfig::default(),
+            busy_poll: None,
         }
     }
 }
@@ -237,6 +240,7 @@ impl DeviceOptions {
             progress: self.progress,
             engines: self.engines,
             congestion: self.congestion,
+            busy_poll: self.busy_poll,
             ..DeviceConfig::udp(address)
         })
         .map_err(|error| Error::Device {

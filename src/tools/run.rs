@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::transport::PathMtu;
-use crate::verbs::{C_ADDR_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR};
+use crate::verbs::{C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR};
 
 /// Where the C library is: `rdma/` beside this executable, as cargo lays out its target
 /// directory.
@@ -40,13 +40,15 @@ pub fn lib_dir() -> Result<PathBuf, String> {
 pub struct RunOptions<'a> {
     /// The device addresses (default 127.0.0.1).
     pub addrs: &'a [IpAddr],
-    /// Who runs each device's engine (default `thread`).
+    /// Who runs each device's engine (default `hybrid`).
     pub progress: Option<&'a str>,
     /// The ports' active MTU (default: the link's, by rxe's rule).
     pub mtu: Option<PathMtu>,
     /// Congestion control settings, as `CongestionConfig`'s `FromStr` reads them (default:
     /// on).
     pub congestion: Option<&'a str>,
+    /// The engines' busy polling, in microseconds (default: softroce's choice).
+    pub busy_poll_us: Option<u64>,
 }
 
 /// Runs `program` with `args` over softroce, its devices as `options` say. Returns only if the
@@ -75,6 +77,9 @@ pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> 
     }
     if let Some(settings) = options.congestion {
         command.env(C_CC_VAR, settings);
+    }
+    if let Some(micros) = options.busy_poll_us {
+        command.env(C_BUSY_POLL_VAR, micros.to_string());
     }
     let error = command.exec();
     format!("cannot run {}: {error}", program.to_string_lossy())

@@ -59,7 +59,9 @@ impl From<Sge> for SgeList {
 
 impl<const N: usize> From<[Sge; N]> for SgeList {
     fn from(sges: [Sge; N]) -> Self {
-        sges.into_iter().collect()
+        // A copy of the slice: collecting goes through `extend`'s growth checks, a cost
+        // measured on every post of the 64 B WRITE bench.
+        Self::from(&sges[..])
     }
 }
 

@@ -56,6 +56,19 @@ pub const C_MTU_VAR: &str = "SOFTROCE_MTU";
 /// sets it.
 pub const C_CC_VAR: &str = "SOFTROCE_CC";
 
+/// The variable softroce's C library reads for its engines' busy polling, in microseconds
+/// ([`DeviceConfig::busy_poll`]; 0 turns it off); `softroce run --busy-poll` sets it.
+pub const C_BUSY_POLL_VAR: &str = "SOFTROCE_BUSY_POLL";
+
+/// How long an engine polls its socket after packets moved, rather than sleep in it, where
+/// [`DeviceConfig::busy_poll`] leaves it to softroce: as long as Linux's advice for its own
+/// `net.core.busy_poll`, and about two round trips of an 8-byte ping-pong on loopback.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+
+/// The longest busy polling a device is opened with: past it, an engine would spin on most of
+/// a CPU for any traffic at all, and a thread that sleeps costs less.
+pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
+
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -88,6 +101,20 @@ pub struct DeviceConfig {
     /// ECN, CNPs and DCQCN: on by default, as on ConnectX ([`CongestionConfig::off`] sends and
     /// heeds none of it, as kernel rxe).
     pub congestion: CongestionConfig,
+    /// How long each engine keeps polling its socket after a turn that received or sent
+    /// packets, rather than sleep in it, whoever runs the turn (its thread, or a CQ wait of
+    /// the application's). A reply that comes within it is taken without waking a thread:
+    /// an 8-byte ping-pong on loopback takes less than half as long; the cost is a CPU kept
+    /// busy for up to this long after the traffic stops. `None` (the default):
+    /// [`DEFAULT_BUSY_POLL`] with hybrid and inline progress on one engine (several run on
+    /// threads of their own), where the polling is done by a thread that would otherwise sleep
+    /// (the application's own CQ wait, or the device's thread once the application has
+    /// stopped calling), if the process may run on more than one CPU (`std::thread::available_parallelism`, which follows its affinity and its
+    /// cgroup's quota); none with an engine thread, which would poll beside an application
+    /// that polls its CQ itself (perftest's `ib_send_lat` between two processes on 2 CPUs:
+    /// 31 µs without, 70 with), nor on one CPU. `Some(Duration::ZERO)` turns it off; at most
+    /// [`MAX_BUSY_POLL`].
+    pub busy_poll: Option<Duration>,
 }
 
 impl DeviceConfig {
@@ -113,6 +140,25 @@ impl DeviceConfig {
             cm: CmConfig::default(),
             engines: 1,
             congestion: CongestionConfig::default(),
+            busy_poll: None,
+        }
+    }
+
+    /// The engines' busy polling, as [`DeviceConfig::busy_poll`] says, for engines driven as
+    /// `progress` (as the device resolved it: several engines run on threads).
+    fn busy_poll_for(&self, progress: Progress) -> Result<Duration> {
+        match self.busy_poll {
+            Some(busy_poll) if busy_poll > MAX_BUSY_POLL => Err(refused(format!(
+                "busy polling of {busy_poll:?}: at most {MAX_BUSY_POLL:?}"
+            ))),
+            Some(busy_poll) => Ok(busy_poll),
+            None => {
+                let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+                Ok(match progress {
+                    Progress::Hybrid | Progress::Inline if cpus > 1 => DEFAULT_BUSY_POLL,
+                    _ => Duration::ZERO,
+                })
+            }
         }
     }
 }
@@ -142,6 +188,7 @@ pub(super) struct DeviceInner {
     pub(super) ahs: Mutex<()>,
     pub(super) address: IpAddr,
     pub(super) port_mtu: PathMtu,
+    busy_poll: Duration,
 }
 
 impl Drop for DeviceInner {
@@ -285,6 +332,7 @@ impl Device {
             Progress::Hybrid if count > 1 => Progress::Thread,
             progress => progress,
         };
+        let busy_poll = config.busy_poll_for(progress)?;
         let address = backends[0].local_addr();
         let seed = config.seed.unwrap_or_else(random_seed);
         let port_mtu = config.port_mtu.unwrap_or_else(|| match link_of(address) {
@@ -302,6 +350,7 @@ impl Device {
             progress,
             cm: config.cm,
             congestion: config.congestion,
+            busy_poll,
         };
         for (backend, parts) in backends.into_iter().zip(parts) {
             match engine::start(backend, parts, &settings) {
@@ -322,6 +371,7 @@ impl Device {
                 ahs: Mutex::new(()),
                 address,
                 port_mtu,
+                busy_poll,
             }),
         })
     }
@@ -335,6 +385,12 @@ impl Device {
     /// the path MTU perftest uses unless told otherwise.
     pub fn port_mtu(&self) -> PathMtu {
         self.inner.port_mtu
+    }
+
+    /// How long its engines poll their sockets after packets move: [`DeviceConfig::busy_poll`]
+    /// as the device resolved it.
+    pub fn busy_poll(&self) -> Duration {
+        self.inner.busy_poll
     }
 
     /// The first engine: the CM's, and the one device-wide commands go to.
@@ -512,5 +568,49 @@ impl AsyncEvents {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_busy_poll(busy_poll: Option<Duration>) -> DeviceConfig {
+        DeviceConfig {
+            busy_poll,
+            ..DeviceConfig::udp(std::net::Ipv4Addr::LOCALHOST.into())
+        }
+    }
+
+    /// What a device asks for is what its engines get, up to the bound; left to softroce,
+    /// only hybrid and inline engines poll, and only on more than one CPU.
+    #[test]
+    fn busy_polling_stays_in_its_bound_and_off_for_threads_and_one_cpu() {
+        let asked = [Duration::ZERO, Duration::from_micros(7), MAX_BUSY_POLL];
+        for busy_poll in asked {
+            let config = with_busy_poll(Some(busy_poll));
+            assert_eq!(config.busy_poll_for(Progress::Thread).unwrap(), busy_poll);
+        }
+        let too_long = with_busy_poll(Some(MAX_BUSY_POLL + Duration::from_micros(1)));
+        let refused = too_long
+            .busy_poll_for(Progress::Hybrid)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("at most 10ms"), "{refused}");
+
+        let default = with_busy_poll(None);
+        assert_eq!(
+            default.busy_poll_for(Progress::Thread).unwrap(),
+            Duration::ZERO
+        );
+        if std::thread::available_parallelism().unwrap().get() > 1 {
+            for progress in [Progress::Hybrid, Progress::Inline] {
+                assert_eq!(default.busy_poll_for(progress).unwrap(), DEFAULT_BUSY_POLL);
+            }
+        }
+        crate::test_support::pin_to_one_cpu();
+        for progress in [Progress::Hybrid, Progress::Inline] {
+            assert_eq!(default.busy_poll_for(progress).unwrap(), Duration::ZERO);
+        }
     }
 }

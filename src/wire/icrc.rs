@@ -372,8 +372,13 @@ pub fn solve_ipv4_id(src: SocketAddrV4, dst: SocketAddrV4, packet: &[u8]) -> Opt
     let syndrome = KernelFraming::V4 { src, dst }.icrc(covered) ^ received;
     let after_id = IPV4_AFTER_ID + UDP_HEADER + covered.len();
     // An IPv4 datagram is under 64 KiB, so the two tables cover every n.
-    let high = *UNSHIFT_HIGH.get(after_id >> 8)?;
-    let id = multmodp(multmodp(syndrome, UNSHIFT_LOW[after_id & 0xff]), high);
+    let low = multmodp(syndrome, UNSHIFT_LOW[after_id & 0xff]);
+    // Packets up to about 200 bytes (ACKs, small messages) need only the low table:
+    // UNSHIFT_HIGH[0] is 1, so one of the two multiplications is saved.
+    let id = match after_id >> 8 {
+        0 => low,
+        high => multmodp(low, *UNSHIFT_HIGH.get(high)?),
+    };
     // The first ID byte's bits 0..7 are the coefficients of z^15..z^8 (bits 16..23, reflected),
     // the second byte's of z^7..z^0 (bits 24..31); z^16 and above must be zero.
     (id & 0xffff == 0).then(|| u16::from_be_bytes([(id >> 16) as u8, (id >> 24) as u8]))

@@ -122,15 +122,22 @@ pub struct OpcodeInfo {
     pub payload: bool,
     /// Where the packet stands in its message.
     pub position: Position,
+    /// The sum of `headers`' lengths, summed when the table is built: every packet built or
+    /// parsed asks for it.
+    ext_len: usize,
 }
 
 impl OpcodeInfo {
     /// The total length of the extension headers.
     pub const fn ext_len(&self) -> usize {
+        self.ext_len
+    }
+
+    const fn sum_len(headers: &[ExtHeader]) -> usize {
         let mut total = 0;
         let mut i = 0;
-        while i < self.headers.len() {
-            total += self.headers[i].wire_len();
+        while i < headers.len() {
+            total += headers[i].wire_len();
             i += 1;
         }
         total
@@ -180,12 +187,16 @@ macro_rules! opcode_table {
             /// The table entry, for the opcodes softroce implements.
             pub const fn info(self) -> Option<&'static OpcodeInfo> {
                 match self {
-                    $(Opcode::$variant => Some(&OpcodeInfo {
-                        name: $name,
-                        transport: Transport::$transport,
-                        headers: &[$(ExtHeader::$hdr),*],
-                        payload: $payload,
-                        position: Position::$pos,
+                    $(Opcode::$variant => Some(&const {
+                        let headers: &'static [ExtHeader] = &[$(ExtHeader::$hdr),*];
+                        OpcodeInfo {
+                            name: $name,
+                            transport: Transport::$transport,
+                            headers,
+                            payload: $payload,
+                            position: Position::$pos,
+                            ext_len: OpcodeInfo::sum_len(headers),
+                        }
                     }),)*
                     _ => None,
                 }
