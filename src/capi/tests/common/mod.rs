@@ -142,6 +142,10 @@ pub fn until_served(
 ) -> (String, String) {
     let mut server = server.spawn().unwrap();
     let start = Instant::now();
+    // The try before the last, reported with it: a client that the server served but that
+    // failed before its output was flushed reads as not served, and only the next try, which
+    // finds no server, makes the loop give up.
+    let mut before: Option<Output> = None;
     let client = loop {
         let attempt = finish(
             &format!("{name} (client)"),
@@ -158,9 +162,17 @@ pub fn until_served(
         if server_done || start.elapsed() > limit {
             let _ = server.kill();
             let server = server.wait_with_output().unwrap();
+            let before = before.map_or("none".into(), |before| {
+                format!(
+                    "{}\nits stdout:\n{}\nits stderr:\n{}",
+                    before.status,
+                    String::from_utf8_lossy(&before.stdout),
+                    String::from_utf8_lossy(&before.stderr)
+                )
+            });
             panic!(
                 "{name}: the client failed ({})\nclient stdout:\n{}\nclient stderr:\n{}\n\
-                 server stdout:\n{}\nserver stderr:\n{}",
+                 server stdout:\n{}\nserver stderr:\n{}\nthe client's try before: {before}",
                 attempt.status,
                 String::from_utf8_lossy(&attempt.stdout),
                 String::from_utf8_lossy(&attempt.stderr),
@@ -168,6 +180,7 @@ pub fn until_served(
                 String::from_utf8_lossy(&server.stderr)
             );
         }
+        before = Some(attempt);
         std::thread::sleep(Duration::from_millis(200));
     };
     let server = finish(&format!("{name} (server)"), server, limit);
