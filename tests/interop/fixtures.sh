@@ -24,7 +24,7 @@ softroce_rdma_cm_rping"
 # under TCG the CPU frequency check fails; -n is kept small so captures stay small.
 PT="-d rxe0 -x 1 -F"
 
-perftest_has_write_imm() { ib_write_bw --help 2>&1 | grep -q -- '--write_with_imm'; }
+perftest_has_write_imm() { grep -q -- '--write_with_imm' <<<"$(ib_write_bw --help 2>&1)"; }
 
 # fixture_def NAME: sets the F_* variables describing one fixture.
 #   F_STEPS   array of "SERVER_CMD|CLIENT_CMD" runs, in order, all in one capture

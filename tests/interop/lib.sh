@@ -592,14 +592,19 @@ wirecheck_expect() {
 # pingpong_result_ok OUTPUT SIZE ITERS: an ibv_*_pingpong printed both of its result lines
 # ("2*SIZE*ITERS bytes in S seconds = X Mbit/sec", "ITERS iters in S seconds = X usec/iter").
 pingpong_result_ok() {
-  printf '%s\n' "$1" | grep -qE "^$(($2 * $3 * 2)) bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" &&
-    printf '%s\n' "$1" | grep -qE "^$3 iters in [0-9.]+ seconds = [0-9.]+ usec/iter$"
+  grep -qE "^$(($2 * $3 * 2)) bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" <<<"$1" &&
+    grep -qE "^$3 iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" <<<"$1"
 }
 
 # perftest_report_ok OUTPUT SIZE ITERS: a perftest server printed its result line with the message
 # size and iteration count the client reported at the end of the out-of-band exchange.
+#
+# A check that greps a variable reads it from a here-string, never from `printf ... | grep -q`:
+# bash's printf writes a pipe a line at a time, `grep -q` leaves at its first match, and a
+# line written after that kills printf with SIGPIPE, which `set -o pipefail` makes the check's
+# failure (seen once in CI: case 63 failed on output whose result row was there).
 perftest_report_ok() {
-  printf '%s\n' "$1" | grep -qE "^ $2 +$3 +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+$"
+  grep -qE "^ $2 +$3 +[0-9.]+ +[0-9.]+[[:space:]]+[0-9.]+$" <<<"$1"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -766,7 +771,7 @@ softroce_pair_ok() {
   echo "ok: softroce $(printf '%s\n' "$SR_OUT" | grep 'usec/iter'); vmB $(printf '%s\n' "$G_OUT" | grep 'usec/iter')"
 }
 
-_no_invalid_data() { ! printf '%s\n' "$1" | grep -q 'invalid data'; }
+_no_invalid_data() { ! grep -q 'invalid data' <<<"$1"; }
 
 # ---------------------------------------------------------------------------------------------
 # softroce's perftest tools against perftest in the guests (cases/6*.sh)

@@ -246,7 +246,7 @@ cmd_run() {
   # (up to 7 s) before it exits (CmToolDevice)
   if mx_has loss; then SR_TIMEOUT=60; fi
   # (the C library records nothing: its programs take no --pcap)
-  if [ "$SR_C" = 0 ] && "$SOFTROCE_BIN" rc-pingpong --help | grep -q -- '--pcap'; then
+  if [ "$SR_C" = 0 ] && grep -q -- '--pcap' <<<"$("$SOFTROCE_BIN" rc-pingpong --help)"; then
     MX_PCAP=$LAB_RUN/cases/matrix_${cell//[:+]/_}.pcap
     rm -f "$MX_PCAP"
     SR_OPTS="$SR_OPTS --pcap $MX_PCAP"
@@ -265,7 +265,7 @@ cmd_run() {
     if [ -e "$MX_CSUM_MARK" ]; then SR_TIMEOUT=2; echo "(2 s limit: $(cat "$MX_CSUM_MARK"))"; fi
   fi
   if mx_has raw; then
-    "$SOFTROCE_BIN" rc-pingpong --help | grep -q -- '--backend' \
+    grep -q -- '--backend' <<<"$("$SOFTROCE_BIN" rc-pingpong --help)" \
       || { echo "FAIL: this softroce has no --backend option (no raw backend in its tools)"; exit 1; }
     SR_OPTS="$SR_OPTS --backend raw"
     udp0=$(mx_udp_out)

@@ -197,7 +197,7 @@ T_TOTAL=$(elapsed "$T_START")
 printf '  %-46s %7s s\n' "total (before teardown)" "$T_TOTAL"
 echo "  case logs: $LAB_RUN/cases/"
 # The matrix's table, from the results of its cells and of the softroce cases it starts from.
-if printf '%s\n' "${RES_NAME[@]}" | grep -qE '^(matrix:|[0-9]+-softroce-)'; then
+if grep -qE '^(matrix:|[0-9]+-softroce-)' <<<"$(printf '%s\n' "${RES_NAME[@]}")"; then
   for i in "${!RES_NAME[@]}"; do printf '%s\t%s\t%s\n' "${RES_NAME[$i]}" "${RES_STATUS[$i]}" "${RES_SECS[$i]}"; done >"$LAB_RUN/results.tsv"
   mkdir -p "$(dirname "$OPT_MATRIX_MD")"
   bash "$HERE/matrix.sh" table "$LAB_RUN/results.tsv" "$OPT_MATRIX_MD" \

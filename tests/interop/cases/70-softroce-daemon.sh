@@ -36,7 +36,7 @@ write_bw="ib_write_bw -d rxe0 -x 1 -F -p 18516 -s 65536 -n 200 $LAB_HOST_IP"
 fails=0
 check() { # WHAT RC OUTPUT: a client must exit 0 with its result lines
   echo "---- $1 (exit $2)"; printf '%s\n' "$3"
-  if [ "$2" != 0 ] || ! printf '%s\n' "$3" | grep -qE '^[0-9]+ iters in|^ 65536 +200 '; then
+  if [ "$2" != 0 ] || ! grep -qE '^[0-9]+ iters in|^ 65536 +200 ' <<<"$3"; then
     echo "FAIL: $1"; fails=$((fails + 1))
   fi
 }
@@ -71,7 +71,7 @@ echo "== a client that vanishes: vmA write-bw, killed mid-transfer"
 o=$(gexec vmA 60 "${write_bw/-n 200/-n 100000} >/tmp/killed.out 2>&1 & p=\$!
 sleep 3; kill -KILL \$p && echo killed; cat /tmp/killed.out") || true
 printf '%s\n' "$o"
-printf '%s\n' "$o" | grep -qx killed || { echo "FAIL: the client ended before it was killed"; fails=$((fails + 1)); }
+grep -qx killed <<<"$o" || { echo "FAIL: the client ended before it was killed"; fails=$((fails + 1)); }
 
 # The killed client's session ends when the daemon reads the end of its connection.
 for _ in $(seq 1 50); do
