@@ -2,7 +2,8 @@
 //! reported as ratios, medians of `SOFTROCE_BENCH_RUNS` runs (default 5):
 //!
 //! - RC RDMA WRITE goodput (and message rate) at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB
-//!   messages, 1 and 8 QPs (and 8 QPs on devices of 2 engines), against a UDP blast of the
+//!   messages, 1 and 8 QPs (and 8 QPs on devices of 2 engines; and for 64 B, 64 QPs with one
+//!   message in flight each), against a UDP blast of the
 //!   same datagrams between two threads
 //!   (segmentation offload on send, GRO on receive: the cheapest way through the kernel, as
 //!   `benches/udp_baseline.rs` measured), which is the limit of the path softroce rides on, and
@@ -11,7 +12,7 @@
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
 //! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
-//! `engines`,
+//! `engines`, `in flight`,
 //! `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a profile of one row:
 //! baselines are then not run. The WRITE rows run the default progress, hybrid;
 //! `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own (inline
@@ -152,14 +153,16 @@ fn pair(
 }
 
 /// The shape of a WRITE row: how many QPs carry the messages, how many idle QPs each device
-/// has besides, how many messages are posted together, the last of them signalled, and how
-/// many engines each device runs.
+/// has besides, how many messages are posted together, the last of them signalled, how
+/// many engines each device runs, and how many messages each QP keeps in flight (`None`: as
+/// many as 4 MiB, from 4 to 256).
 #[derive(Clone, Copy)]
 struct Shape {
     qps: usize,
     idle: usize,
     batch: usize,
     engines: usize,
+    in_flight: Option<usize>,
 }
 
 /// RC WRITE goodput in bytes/s: `count` messages of `size` spread over the QPs, `depth` in
@@ -170,9 +173,10 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
         idle,
         batch,
         engines,
+        in_flight,
     } = shape;
     let count = ((256usize << 20) / size).clamp(256, 100_000) / batch * batch;
-    let depth = (((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch;
+    let depth = in_flight.unwrap_or((((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch);
     let p = pair(
         qps,
         (idle, engines),
@@ -422,6 +426,7 @@ fn main() {
             idle: 0,
             batch: 1,
             engines: 1,
+            in_flight: None,
         };
         // 8 QPs again on devices of 2 engines each: what a second core per device gives.
         let two_engines = Shape {
@@ -440,20 +445,32 @@ fn main() {
                 idle: IDLE_QPS,
                 ..one(8)
             });
+            // Many QPs with little in flight each: what trains that mix QPs are for.
+            shapes.push(Shape {
+                in_flight: Some(1),
+                ..one(64)
+            });
         }
         for shape in shapes {
             let name = match shape {
+                Shape {
+                    in_flight: Some(in_flight),
+                    qps,
+                    ..
+                } => format!("{qps}, {in_flight} in flight"),
                 Shape {
                     idle: 0,
                     batch: 1,
                     engines: 1,
                     qps,
+                    ..
                 } => format!("{qps}"),
                 Shape {
                     idle: 0,
                     batch: 1,
                     engines,
                     qps,
+                    ..
                 } => format!("{qps} on {engines} engines"),
                 Shape {
                     idle: 0,

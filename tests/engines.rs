@@ -38,8 +38,9 @@ fn completions(cq: &softroce::verbs::CompletionQueue, n: usize) -> Vec<WorkCompl
 
 /// Four RC connections between two devices of two engines each: the QPs land on both engines,
 /// every WRITE goes to the one region (one key, every engine), and every completion to the
-/// one CQ of each side, from whichever engine made it. A softroce peer cuts its trains per QP,
-/// so the kernel steers every datagram to its engine: nothing is handed over.
+/// one CQ of each side, from whichever engine made it. A softroce peer of several engines cuts
+/// its trains per QP, so the kernel steers every datagram to its engine: nothing is handed
+/// over.
 #[test]
 fn rc_qps_on_two_engines_share_one_region_and_one_cq() {
     const QPS: usize = 4;
@@ -58,11 +59,22 @@ fn rc_qps_on_two_engines_share_one_region_and_one_cq() {
     };
     let (_a_pd, a_cq, a_mr, a_qps) = side(&a);
     let (_b_pd, b_cq, b_mr, b_qps) = side(&b);
-    let lanes: std::collections::BTreeSet<u32> =
-        a_qps.iter().map(|qp| qp.qpn().value() % 2).collect();
+    let lane = |qp: &softroce::verbs::QueuePair| qp.qpn().value() % 2;
+    let lanes: std::collections::BTreeSet<u32> = a_qps.iter().map(lane).collect();
     assert_eq!(lanes.len(), 2, "the QPs are spread over both engines");
+    // `a_qps[i]` talks to `b_qps[PEER[i]]`: the two QPs of each engine of `a` have their peers
+    // on different engines of `b`.
+    const PEER: [usize; QPS] = [0, 2, 1, 3];
+    for i in 0..QPS {
+        for j in (i + 1)..QPS {
+            if lane(&a_qps[i]) == lane(&a_qps[j]) {
+                assert_ne!(lane(&b_qps[PEER[i]]), lane(&b_qps[PEER[j]]), "{i} {j}");
+            }
+        }
+    }
     let options = ConnectOptions::default();
-    for (qa, qb) in a_qps.iter().zip(&b_qps) {
+    for (i, qa) in a_qps.iter().enumerate() {
+        let qb = &b_qps[PEER[i]];
         qa.connect(&qb.endpoint(), &options).unwrap();
         qb.connect(&qa.endpoint(), &options).unwrap();
     }
@@ -101,8 +113,34 @@ fn rc_qps_on_two_engines_share_one_region_and_one_cq() {
     assert_eq!(landed[..QPS * block], data[..], "every WRITE landed");
     for i in 0..QPS {
         let at = QPS * block + i * 64;
-        assert_eq!(landed[at..at + 64], data[i * 64..i * 64 + 64], "SEND {i}");
+        let sent = PEER.iter().position(|&peer| peer == i).unwrap();
+        assert_eq!(
+            landed[at..at + 64],
+            data[sent * 64..sent * 64 + 64],
+            "SEND {i}"
+        );
     }
+
+    // Then equal SENDs, the QPs interleaved, so that an engine's turn sends both its QPs'
+    // together: a device of several engines cuts its trains per QP (`UdpConfig::trains_per_
+    // qp`), or a train of two QPs would reach one of the peer's engines whole, which would
+    // hand the other QP's datagrams over.
+    const ROUNDS: usize = 8;
+    for (i, qb) in b_qps.iter().enumerate() {
+        for r in 0..ROUNDS {
+            let sge = b_mr.sge((512 << 10) + (r * QPS + i) * 64, 64).unwrap();
+            qb.post_recv(RecvWr::new(i as u64, sge)).unwrap();
+        }
+    }
+    for r in 0..ROUNDS {
+        for qa in &a_qps {
+            let sge = a_mr.sge(r * 64, 64).unwrap();
+            let send = SendWr::new(r as u64, SendOp::Send, Payload::Sges([sge].into()));
+            qa.post_send(send).unwrap();
+        }
+    }
+    completions(&a_cq, ROUNDS * QPS);
+    completions(&b_cq, ROUNDS * QPS);
 
     let (transport, io) = b.counters().unwrap();
     assert_eq!(io.handed_over, 0, "{io:?}");

@@ -236,10 +236,11 @@ fn to_qp(qpn: u32, psn: u32) -> Vec<u8> {
 
 /// Three sockets bound to one address in a reuse-port group, with the steering program: each
 /// datagram reaches the socket of its DestQP's engine (`Lane::owner`: QP1 the first, the rest
-/// by number modulo 3). The packets go in one flush, QPs interleaved, so this also shows the
-/// trains cut where the destination QP changes: the kernel steers a train whole, by its first
-/// datagram. A datagram too short to hold a DestQP goes to the first socket, whose endpoint
-/// drops and counts it.
+/// by number modulo 3). The packets go in one flush, QPs interleaved, from a sender that cuts
+/// its trains per QP (`UdpConfig::trains_per_qp`, as a device of several engines does), so
+/// this also shows why it must: the kernel steers a train whole, by its first datagram. A
+/// datagram too short to hold a DestQP goes to the first socket, whose endpoint drops and
+/// counts it.
 #[test]
 fn a_reuse_port_group_steers_each_datagram_to_its_qps_engine() {
     use softroce::transport::Lane;
@@ -252,7 +253,11 @@ fn a_reuse_port_group_steers_each_datagram_to_its_qps_engine() {
         .map(|_| UdpBackend::with_config(config).unwrap())
         .collect();
     engines[0].steer_by_dest_qp(3).unwrap();
-    let mut sender = UdpBackend::bind(v4(131)).unwrap();
+    let mut sender = UdpBackend::with_config(UdpConfig {
+        trains_per_qp: true,
+        ..UdpConfig::new(v4(131))
+    })
+    .unwrap();
     let qpns = [1, 0x12, 0x12, 0x13, 0x14, 0x14, 0x14, 0x13, 0xff_fffe, 1];
     for (psn, &qpn) in qpns.iter().enumerate() {
         sender.send(v4(130), &mut to_qp(qpn, psn as u32)).unwrap();
@@ -279,6 +284,44 @@ fn a_reuse_port_group_steers_each_datagram_to_its_qps_engine() {
     let got = receive(&mut engines[0], 1, 64);
     assert_eq!(got.len(), 1, "the runt went to the first engine");
     assert_eq!(got[0].3, [0x64, 0, 0, 0, 0]);
+}
+
+/// Equal packets to several QPs of one peer leave in one segmentation train, one system call,
+/// and arrive whole, in order, verified (the kernel numbers the IPv4 IDs across the train,
+/// whatever the QPs); a shorter one closes the train. With `trains_per_qp` a train ends where
+/// the QP changes. (`io::udp`, "Batching" and "Several engines".)
+#[test]
+fn equal_packets_to_several_qps_share_a_train_unless_cut_per_qp() {
+    let mut b = UdpBackend::bind(v4(133)).unwrap();
+    for (per_qp, last) in [(false, 134), (true, 135)] {
+        let mut a = UdpBackend::with_config(UdpConfig {
+            trains_per_qp: per_qp,
+            ..UdpConfig::new(v4(last))
+        })
+        .unwrap();
+        // Eight QPs, one packet each; a shorter one, which ends the train; one more.
+        let mut sent: Vec<Vec<u8>> = (0..8).map(|k| to_qp(0x20 + k, k)).collect();
+        sent.push(packet(Opcode::RcSendOnly, 8, ExtHeaders::default(), 4));
+        sent.push(to_qp(0x20, 9));
+        for p in &mut sent {
+            a.send(b.local_addr(), p).unwrap();
+        }
+        a.flush().unwrap();
+        let counters = a.counters();
+        let calls = if per_qp { 10 } else { 2 };
+        assert_eq!(
+            (counters.sent, counters.sends),
+            (10, calls),
+            "per QP: {per_qp}"
+        );
+        let got = receive(&mut b, sent.len(), 64);
+        assert_eq!(got.len(), sent.len(), "per QP: {per_qp}");
+        for (i, ((src, _, icrc, bytes), sealed)) in got.iter().zip(&sent).enumerate() {
+            assert_eq!(*src, a.local_addr());
+            assert_eq!(*icrc, IcrcStatus::Ok, "packet {i}, per QP: {per_qp}");
+            assert_eq!(bytes, sealed, "packet {i}, per QP: {per_qp}");
+        }
+    }
 }
 
 #[test]

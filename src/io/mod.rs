@@ -33,6 +33,9 @@ use crate::wire::Opcode;
 pub struct IoCounters {
     /// Packets the kernel took for sending.
     pub sent: u64,
+    /// The system calls that carried them: one per segmentation train (UDP backend) or per
+    /// packet. `sent / sends` is how many packets a call carried.
+    pub sends: u64,
     /// Datagrams read off the socket (each GRO segment one), foreign ones included.
     pub received: u64,
     /// Packets the kernel would not take for now: its send buffer was full (EAGAIN, ENOBUFS,
@@ -67,6 +70,7 @@ impl std::ops::AddAssign<&IoCounters> for IoCounters {
         // Taken apart, so that a new counter cannot be left out of the sum.
         let IoCounters {
             sent,
+            sends,
             received,
             send_dropped,
             send_too_big,
@@ -79,6 +83,7 @@ impl std::ops::AddAssign<&IoCounters> for IoCounters {
             handover_dropped,
         } = *other;
         self.sent += sent;
+        self.sends += sends;
         self.received += received;
         self.send_dropped += send_dropped;
         self.send_too_big += send_too_big;

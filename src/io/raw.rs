@@ -312,6 +312,7 @@ impl RawBackend {
         let error = match self.raw.0.send_to_vectored(&pieces, &to.into()) {
             Ok(_) => {
                 self.counters.sent += 1;
+                self.counters.sends += 1;
                 return Ok(true);
             }
             Err(error) => error,

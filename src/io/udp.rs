@@ -33,9 +33,10 @@
 //! The transport core builds each packet in place at the end of the queue
 //! ([`room`](Backend::room)), and [`commit`](Backend::commit) seals it there and adds it to the
 //! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive
-//! packets to one QP of one peer, of one size but the last, go as one "train": one `sendmsg`
-//! with its segment size in a `UDP_SEGMENT` control message, which the kernel (or the NIC) cuts
-//! into datagrams. Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
+//! packets to one peer, of one size but the last, go as one "train", whatever their QPs: one
+//! `sendmsg` with its segment size in a `UDP_SEGMENT` control message, which the kernel (or the
+//! NIC) cuts into datagrams. (A device of several engines cuts its trains per QP as well: see
+//! below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
 //! buffer, with its segment size in a control message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
@@ -72,10 +73,15 @@
 //! that picks the socket from the BTH's DestQP, so that each datagram reaches its QP's engine
 //! ([`Lane::owner`](crate::transport::Lane::owner)) without passing through another. The
 //! program sees the UDP payload, and the kernel runs it once per receive: a coalesced train
-//! goes whole to its first datagram's socket. That is why trains are cut per destination QP:
-//! a softroce peer's train then never mixes QPs. GRO on a receiving host can still merge
-//! datagrams of one flow (softroce sends every QP from port 4791), so an engine hands a
-//! datagram that is not its own to its owner.
+//! goes whole to its first datagram's socket. That is why such a device cuts its trains per
+//! destination QP as well ([`UdpConfig::trains_per_qp`]): a train it sends to a peer like
+//! itself then never mixes QPs. GRO on a receiving host can still merge datagrams of one flow
+//! (softroce sends every QP from port 4791), and a peer of one engine mixes QPs in a train, so
+//! an engine hands a datagram that is not its own to its owner.
+//!
+//! Mixing QPs is what makes many QPs with a few messages each cheap: 64 QPs with one 64-byte
+//! WRITE in flight each took 64 calls a turn when every QP was its own train, and take one
+//! now (the e2e bench's row `64 B x64, 1 in flight`: about 4x the messages a second).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
@@ -139,6 +145,13 @@ pub struct UdpConfig {
     /// Send runs of packets to one peer as one `UDP_SEGMENT` send (see the module
     /// documentation). On by default; a kernel without `UDP_SEGMENT` turns it off.
     pub segmentation: bool,
+    /// Cut segmentation trains where the destination QP changes, as well as where the peer,
+    /// the size or the traffic class does. A receiver of several engines needs it: its kernel
+    /// steers a whole coalesced train to its first datagram's QP's socket
+    /// ([`UdpBackend::steer_by_dest_qp`]), and that engine hands the rest over, a copy each. Off
+    /// by default, so that equal packets to one peer share a train whatever their QPs; a
+    /// device of several engines sets it, for peers like itself.
+    pub trains_per_qp: bool,
     /// Bind with `SO_REUSEPORT`, so that the device's other engines bind the same address
     /// ([`UdpBackend::steer_by_dest_qp`]). Off by default: a second device on one address is
     /// then refused, as it should be. The kernel lets only sockets of the same user join a
@@ -147,7 +160,7 @@ pub struct UdpConfig {
 }
 
 impl UdpConfig {
-    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, and segmentation on.
+    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, and segmentation on, across QPs.
     pub fn new(address: IpAddr) -> Self {
         UdpConfig {
             address,
@@ -155,6 +168,7 @@ impl UdpConfig {
             ecn: Ecn::Ect0.bits(),
             cnp_dscp: DEFAULT_CNP_DSCP,
             segmentation: true,
+            trains_per_qp: false,
             reuse_port: false,
         }
     }
@@ -167,8 +181,8 @@ struct Train {
     dst: SocketAddr,
     /// The TOS or traffic class byte of every packet in it.
     class: u8,
-    /// The BTH's DestQP bytes of every packet in it.
-    dest_qp: [u8; 3],
+    /// The BTH's DestQP bytes of every packet in it, when trains are cut per QP.
+    dest_qp: Option<[u8; 3]>,
     start: usize,
     len: usize,
     segment: usize,
@@ -181,7 +195,7 @@ impl Train {
         &self,
         dst: SocketAddr,
         class: u8,
-        dest_qp: [u8; 3],
+        dest_qp: Option<[u8; 3]>,
         len: usize,
         max_segments: usize,
     ) -> bool {
@@ -218,6 +232,8 @@ pub struct UdpBackend {
     classes: TrafficClasses,
     /// 1 when segmentation is off.
     max_segments: usize,
+    /// [`UdpConfig::trains_per_qp`].
+    trains_per_qp: bool,
     queue: Box<[u8]>,
     queued: usize,
     trains: Vec<Train>,
@@ -348,6 +364,7 @@ impl UdpBackend {
             local,
             classes,
             max_segments: if segments { MAX_SEGMENTS } else { 1 },
+            trains_per_qp: config.trains_per_qp,
             queue: vec![0u8; QUEUE_BYTES].into_boxed_slice(),
             queued: 0,
             trains: Vec::with_capacity(MAX_TRAINS),
@@ -420,6 +437,7 @@ impl UdpBackend {
             let error = match sent {
                 Ok(_) => {
                     self.counters.sent += train.count as u64;
+                    self.counters.sends += 1;
                     continue;
                 }
                 Err(error) => error,
@@ -540,7 +558,8 @@ impl Backend for UdpBackend {
         }
         let max_segments = self.max_segments;
         let packet = &self.queue[start..start + len];
-        let (dest_qp, class) = (dest_qp_bytes(packet), self.classes.of(packet));
+        let dest_qp = self.trains_per_qp.then(|| dest_qp_bytes(packet));
+        let class = self.classes.of(packet);
         let joins = self
             .trains
             .last()

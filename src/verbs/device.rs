@@ -270,8 +270,10 @@ impl Device {
                 "a pcap records one engine's socket: record with one engine".into(),
             ));
         }
+        // Its peers are taken to be alike: a train that mixes QPs would reach one engine whole.
         let udp = UdpConfig {
             reuse_port: true,
+            trains_per_qp: true,
             ..config.udp_config(segmentation)
         };
         // A reuse-port socket joins any group on the address, another device's of several
