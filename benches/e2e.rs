@@ -3,8 +3,7 @@
 //!
 //! - RC RDMA WRITE goodput (and message rate) at MTU 4096 for 64 B, 4 KiB, 64 KiB and 1 MiB
 //!   messages, 1 and 8 QPs (and 8 QPs on devices of 2 engines; and for 64 B, 64 QPs with one
-//!   message in flight each), against a UDP blast of the
-//!   same datagrams between two threads
+//!   message in flight each), against a UDP blast of the same datagrams between two threads
 //!   (segmentation offload on send, GRO on receive: the cheapest way through the kernel, as
 //!   `benches/udp_baseline.rs` measured), which is the limit of the path softroce rides on, and
 //!   against a TCP stream;
@@ -12,11 +11,10 @@
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
 //! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
-//! `engines`, `in flight`,
-//! `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a profile of one row:
-//! baselines are then not run. The WRITE rows run the default progress, hybrid;
-//! `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own (inline
-//! progress cannot run them: the receiving device's application calls nothing).
+//! `engines`, `in flight`, `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a
+//! profile of one row: baselines are then not run. The WRITE rows run the default progress,
+//! hybrid; `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own
+//! (inline progress cannot run them: the receiving device's application calls nothing).
 //! `SOFTROCE_BENCH_BUSY_POLL` sets every device's busy polling in microseconds (0: none) in
 //! place of softroce's choice (`DeviceConfig::busy_poll`).
 

@@ -177,6 +177,10 @@ enum Command {
         /// more than one CPU, 0 otherwise].
         #[arg(long, value_name = "USEC", value_parser = busy_poll_us)]
         busy_poll: Option<u64>,
+        /// As the tools' --trains-per-qp: cut segmentation trains per QP, for a softroce peer
+        /// of several engines.
+        #[arg(long)]
+        trains_per_qp: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<std::ffi::OsString>,
@@ -513,12 +517,18 @@ struct DeviceArgs {
     /// train's packets carry IPv4 IDs 0, 1, 2, ..., which its ICRCs are sealed for).
     #[arg(long)]
     no_segmentation: bool,
+    /// softroce: cut segmentation trains where the destination QP changes, for a softroce peer
+    /// of several engines (--engines), which would otherwise hand datagrams between its
+    /// engines; trains mix QPs by default, which rxe and NICs take as they come.
+    #[arg(long)]
+    trains_per_qp: bool,
     /// softroce: write every RoCE packet sent and received to this pcap file, for Wireshark
     /// or `softroce decode`.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
     /// softroce: engine threads, 1 to 64, each with a UDP socket of its own on the one address;
-    /// the device's QPs are spread over them (UDP backend, no --pcap).
+    /// the device's QPs are spread over them (UDP backend, no --pcap). Its softroce peers of
+    /// one engine should pass --trains-per-qp.
     #[arg(long, value_name = "N", default_value_t = 1)]
     engines: usize,
     /// softroce: congestion control, on by default as on ConnectX: ECT(0) on every packet,
@@ -567,9 +577,10 @@ impl DeviceArgs {
         let backend = match self.backend {
             BackendArg::Udp => BackendKind::Udp {
                 segmentation: !self.no_segmentation,
+                trains_per_qp: self.trains_per_qp,
             },
-            BackendArg::Raw if self.no_segmentation => {
-                return Err("--no-segmentation is for the UDP backend".into())
+            BackendArg::Raw if self.no_segmentation || self.trains_per_qp => {
+                return Err("--no-segmentation and --trains-per-qp are for the UDP backend".into())
             }
             BackendArg::Raw => BackendKind::Raw,
         };
@@ -1174,6 +1185,7 @@ fn main() -> ExitCode {
             mtu,
             cc,
             busy_poll,
+            trains_per_qp,
             program,
         } => {
             let options = softroce::tools::run::RunOptions {
@@ -1182,6 +1194,7 @@ fn main() -> ExitCode {
                 mtu: *mtu,
                 congestion: cc.as_deref(),
                 busy_poll_us: *busy_poll,
+                trains_per_qp: *trains_per_qp,
             };
             let why = softroce::tools::run::exec(&options, &program[0], &program[1..]);
             eprintln!("softroce run: {why}");

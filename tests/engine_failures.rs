@@ -202,6 +202,7 @@ fn one_engine_failing_stops_every_engine_of_its_device() {
         let switches = [(); 2].map(|()| Arc::new(AtomicU8::new(HEALTHY)));
         let config = UdpConfig {
             reuse_port: true,
+            trains_per_qp: true,
             ..UdpConfig::new(ip(last))
         };
         let backends: Vec<Breakable> = (switches.iter())

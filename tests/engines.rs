@@ -8,11 +8,15 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use softroce::memory::Access;
+use softroce::memory::MemoryRegion;
 use softroce::transport::{
     ConnectOptions, Payload, QpType, RecvWr, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
     WorkCompletion, GRH_LEN,
 };
-use softroce::verbs::{Connection, Device, DeviceConfig, Progress};
+use softroce::verbs::{
+    BackendKind, CompletionQueue, Connection, Device, DeviceConfig, Progress, ProtectionDomain,
+    QueuePair,
+};
 use softroce::wire::QKey;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -25,7 +29,7 @@ fn engines(address: &str, engines: usize) -> DeviceConfig {
 }
 
 /// `n` completions from `cq`, each a success.
-fn completions(cq: &softroce::verbs::CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+fn completions(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
     (0..n)
         .map(|i| {
             let wc = cq.wait(WAIT).unwrap();
@@ -36,6 +40,53 @@ fn completions(cq: &softroce::verbs::CompletionQueue, n: usize) -> Vec<WorkCompl
         .collect()
 }
 
+/// QPs each side of the RC tests.
+const QPS: usize = 4;
+
+/// `device`'s PD, CQ, a 1 MiB region for local and remote access, and `QPS` RC QPs on the CQ.
+fn rc_side(
+    device: &Device,
+) -> (
+    ProtectionDomain,
+    CompletionQueue,
+    MemoryRegion,
+    Vec<QueuePair>,
+) {
+    let pd = device.alloc_pd().unwrap();
+    let cq = device.create_cq(64).unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = pd.register(1 << 20, access).unwrap();
+    let qps: Vec<_> = (0..QPS)
+        .map(|_| pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap())
+        .collect();
+    (pd, cq, mr, qps)
+}
+
+/// Eight rounds of a 64-byte SEND on each of `from`'s connected QPs in turn, so that an
+/// engine's turn sends several QPs' at once (and the peer's turn their ACKs), into receives
+/// posted in the second half of `to`'s region; every one completes.
+fn interleaved_sends(
+    (from_qps, from_cq, from_mr): (&[QueuePair], &CompletionQueue, &MemoryRegion),
+    (to_qps, to_cq, to_mr): (&[QueuePair], &CompletionQueue, &MemoryRegion),
+) {
+    const ROUNDS: usize = 8;
+    for (i, qp) in to_qps.iter().enumerate() {
+        for r in 0..ROUNDS {
+            let sge = to_mr.sge((512 << 10) + (r * QPS + i) * 64, 64).unwrap();
+            qp.post_recv(RecvWr::new(i as u64, sge)).unwrap();
+        }
+    }
+    for r in 0..ROUNDS {
+        for qp in from_qps {
+            let sge = from_mr.sge(r * 64, 64).unwrap();
+            let send = SendWr::new(r as u64, SendOp::Send, Payload::Sges([sge].into()));
+            qp.post_send(send).unwrap();
+        }
+    }
+    completions(from_cq, ROUNDS * QPS);
+    completions(to_cq, ROUNDS * QPS);
+}
+
 /// Four RC connections between two devices of two engines each: the QPs land on both engines,
 /// every WRITE goes to the one region (one key, every engine), and every completion to the
 /// one CQ of each side, from whichever engine made it. A softroce peer of several engines cuts
@@ -43,22 +94,11 @@ fn completions(cq: &softroce::verbs::CompletionQueue, n: usize) -> Vec<WorkCompl
 /// over.
 #[test]
 fn rc_qps_on_two_engines_share_one_region_and_one_cq() {
-    const QPS: usize = 4;
     let a = Device::open(engines("127.0.0.123", 2)).unwrap();
     let b = Device::open(engines("127.0.0.124", 2)).unwrap();
     assert_eq!((a.engines(), b.engines()), (2, 2));
-    let side = |device: &Device| {
-        let pd = device.alloc_pd().unwrap();
-        let cq = device.create_cq(64).unwrap();
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let mr = pd.register(1 << 20, access).unwrap();
-        let qps: Vec<_> = (0..QPS)
-            .map(|_| pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap())
-            .collect();
-        (pd, cq, mr, qps)
-    };
-    let (_a_pd, a_cq, a_mr, a_qps) = side(&a);
-    let (_b_pd, b_cq, b_mr, b_qps) = side(&b);
+    let (_a_pd, a_cq, a_mr, a_qps) = rc_side(&a);
+    let (_b_pd, b_cq, b_mr, b_qps) = rc_side(&b);
     let lane = |qp: &softroce::verbs::QueuePair| qp.qpn().value() % 2;
     let lanes: std::collections::BTreeSet<u32> = a_qps.iter().map(lane).collect();
     assert_eq!(lanes.len(), 2, "the QPs are spread over both engines");
@@ -121,31 +161,45 @@ fn rc_qps_on_two_engines_share_one_region_and_one_cq() {
         );
     }
 
-    // Then equal SENDs, the QPs interleaved, so that an engine's turn sends both its QPs'
-    // together: a device of several engines cuts its trains per QP (`UdpConfig::trains_per_
-    // qp`), or a train of two QPs would reach one of the peer's engines whole, which would
-    // hand the other QP's datagrams over.
-    const ROUNDS: usize = 8;
-    for (i, qb) in b_qps.iter().enumerate() {
-        for r in 0..ROUNDS {
-            let sge = b_mr.sge((512 << 10) + (r * QPS + i) * 64, 64).unwrap();
-            qb.post_recv(RecvWr::new(i as u64, sge)).unwrap();
-        }
-    }
-    for r in 0..ROUNDS {
-        for qa in &a_qps {
-            let sge = a_mr.sge(r * 64, 64).unwrap();
-            let send = SendWr::new(r as u64, SendOp::Send, Payload::Sges([sge].into()));
-            qa.post_send(send).unwrap();
-        }
-    }
-    completions(&a_cq, ROUNDS * QPS);
-    completions(&b_cq, ROUNDS * QPS);
+    // Then equal SENDs, the QPs interleaved: a device of several engines cuts its trains per
+    // QP (`UdpConfig::trains_per_qp`), or a train of two QPs would reach one of the peer's
+    // engines whole, which would hand the other QP's datagrams over.
+    interleaved_sends((&a_qps, &a_cq, &a_mr), (&b_qps, &b_cq, &b_mr));
 
     let (transport, io) = b.counters().unwrap();
     assert_eq!(io.handed_over, 0, "{io:?}");
+    let (_, a_io) = a.counters().unwrap();
+    assert_eq!(a_io.handed_over, 0, "{a_io:?}");
     assert_eq!(transport.rkey_violations, 0);
     assert_eq!(b.resources().unwrap().qps, QPS);
+}
+
+/// A device of one engine mixes QPs in its trains unless its UDP backend is told to cut them
+/// per QP (`BackendKind::Udp`'s `trains_per_qp`, `--trains-per-qp`), as it should be toward a
+/// peer of several engines: told, nothing it sends there is handed between that peer's engines.
+#[test]
+fn a_one_engine_device_told_to_cut_its_trains_per_qp_reaches_every_engine_directly() {
+    let a = Device::open(DeviceConfig {
+        // An engine thread of its own, which takes the posts of several QPs in one turn.
+        progress: Progress::Thread,
+        backend: BackendKind::Udp {
+            segmentation: true,
+            trains_per_qp: true,
+        },
+        ..DeviceConfig::udp("127.0.0.140".parse().unwrap())
+    })
+    .unwrap();
+    let b = Device::open(engines("127.0.0.141", 2)).unwrap();
+    let (_a_pd, a_cq, a_mr, a_qps) = rc_side(&a);
+    let (_b_pd, b_cq, b_mr, b_qps) = rc_side(&b);
+    let options = ConnectOptions::default();
+    for (qa, qb) in a_qps.iter().zip(&b_qps) {
+        qa.connect(&qb.endpoint(), &options).unwrap();
+        qb.connect(&qa.endpoint(), &options).unwrap();
+    }
+    interleaved_sends((&a_qps, &a_cq, &a_mr), (&b_qps, &b_cq, &b_mr));
+    let (_, io) = b.counters().unwrap();
+    assert_eq!(io.handed_over, 0, "{io:?}");
 }
 
 /// A UD QP on each engine sends through an address handle created once: every engine holds it

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use softroce::io::{Backend, UdpBackend, UdpConfig};
 use softroce::wire::{
-    AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, KernelFraming, Msn, Opcode, PacketRepr,
-    Psn, Qpn, RKey, RethRepr, ROCEV2_UDP_PORT,
+    solve_ipv4_id, AckSyndrome, AethRepr, BthRepr, ExtHeaders, IcrcStatus, KernelFraming, Msn,
+    Opcode, PacketRepr, Psn, Qpn, RKey, RethRepr, ROCEV2_UDP_PORT,
 };
 
 fn packet(opcode: Opcode, psn: u32, ext: ExtHeaders, payload: usize) -> Vec<u8> {
@@ -321,6 +321,22 @@ fn equal_packets_to_several_qps_share_a_train_unless_cut_per_qp() {
             assert_eq!(*icrc, IcrcStatus::Ok, "packet {i}, per QP: {per_qp}");
             assert_eq!(bytes, sealed, "packet {i}, per QP: {per_qp}");
         }
+        // Each packet is sealed for the IPv4 ID the kernel gives its place in its train (the
+        // ID its ICRC solves for): 0 to 8 in the first train, 0 in the next; 0 for every
+        // packet when each is a train of its own.
+        let at = |ip: IpAddr| match ip {
+            IpAddr::V4(ip) => SocketAddrV4::new(ip, ROCEV2_UDP_PORT),
+            IpAddr::V6(_) => unreachable!(),
+        };
+        let ids: Vec<Option<u16>> = (got.iter())
+            .map(|(src, dst, _, bytes)| solve_ipv4_id(at(*src), at(*dst), bytes))
+            .collect();
+        let expected: Vec<Option<u16>> = if per_qp {
+            vec![Some(0); 10]
+        } else {
+            (0..9).chain([0]).map(Some).collect()
+        };
+        assert_eq!(ids, expected, "per QP: {per_qp}");
     }
 }
 

@@ -65,3 +65,34 @@ fn run_passes_busy_polling_to_the_library_and_bad_values_are_refused() {
         "{said}"
     );
 }
+
+/// `--trains-per-qp` reaches the program as `SOFTROCE_TRAINS_PER_QP=1`, and the library refuses
+/// a value other than 0 or 1 when a device opens, saying why.
+#[test]
+fn run_passes_trains_per_qp_to_the_library_and_bad_values_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .args(["run", "--trains-per-qp", "--", "env"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let env = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        env.lines().any(|l| l == "SOFTROCE_TRAINS_PER_QP=1"),
+        "{env}"
+    );
+
+    for (value, refused) in [("yes", true), ("1", false), ("0", false)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+            .args(["run", "--addr", "127.0.3.23", "--", "ibv_devinfo"])
+            .env("SOFTROCE_TRAINS_PER_QP", value)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            said.contains(&format!("SOFTROCE_TRAINS_PER_QP={value}: expected 1")),
+            refused,
+            "{value}: {said}"
+        );
+        assert_eq!(out.status.success(), !refused, "{value}: {said}");
+    }
+}

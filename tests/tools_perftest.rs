@@ -414,4 +414,10 @@ fn usage_errors_are_perftests() {
     let (code, stderr) = refused(&["write-bw", "--progress", "inline"]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("--progress inline is for the pingpong tools"));
+    let (code, stderr) = refused(&["write-bw", "--backend", "raw", "--trains-per-qp"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("--trains-per-qp are for the UDP backend"),
+        "{stderr}"
+    );
 }

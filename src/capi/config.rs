@@ -17,6 +17,9 @@
 //! Unset, 50 with hybrid and inline progress when the process may run on more than one CPU,
 //! none otherwise.
 //!
+//! `SOFTROCE_TRAINS_PER_QP=1` cuts segmentation trains per QP, for a softroce peer of several
+//! engines (`BackendKind::Udp`); unset or `0`, trains mix QPs.
+//!
 //! `SOFTROCE_MTU` (256 to 4096) sets the ports' active MTU. Unset, a port follows its link as
 //! rxe's does: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames and on loopback. A CM
 //! client names its port's MTU in its REQ, so a process whose link runs jumbo frames toward a
@@ -32,7 +35,7 @@ use softroce::verbs::Progress;
 pub use softroce::verbs::C_ADDR_VAR as ADDR_VAR;
 use softroce::verbs::{
     C_BUSY_POLL_VAR as BUSY_POLL_VAR, C_CC_VAR as CC_VAR, C_MTU_VAR as MTU_VAR,
-    C_PROGRESS_VAR as PROGRESS_VAR, MAX_BUSY_POLL,
+    C_PROGRESS_VAR as PROGRESS_VAR, C_TRAINS_PER_QP_VAR as TRAINS_PER_QP_VAR, MAX_BUSY_POLL,
 };
 
 /// The address when `SOFTROCE_ADDR` is unset.
@@ -113,6 +116,19 @@ pub(crate) fn busy_poll() -> Result<Option<Duration>, String> {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(format!("{BUSY_POLL_VAR} is not UTF-8")),
         Ok(value) => parse_busy_poll(&value).map(Some),
+    }
+}
+
+/// Whether trains are cut per QP, from `SOFTROCE_TRAINS_PER_QP`: `1` or `0` (the default).
+pub(crate) fn trains_per_qp() -> Result<bool, String> {
+    match std::env::var(TRAINS_PER_QP_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(value) if value.trim() == "0" => Ok(false),
+        Ok(value) if value.trim() == "1" => Ok(true),
+        Ok(value) => Err(format!(
+            "{TRAINS_PER_QP_VAR}={value}: expected 1 (trains cut per QP) or 0"
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{TRAINS_PER_QP_VAR} is not UTF-8")),
     }
 }
 

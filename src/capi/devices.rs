@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use libc::{c_char, c_int, c_uint, c_void, size_t};
 use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
-use softroce::verbs::{Device, DeviceConfig};
+use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
 use crate::config::{self, Addresses};
@@ -488,17 +488,24 @@ impl DeviceEntry {
                 config::port_mtu()?,
                 config::congestion()?,
                 config::busy_poll()?,
+                config::trains_per_qp()?,
             ))
         });
+        let trains_per_qp;
         (
             config.progress,
             config.port_mtu,
             config.congestion,
             config.busy_poll,
+            trains_per_qp,
         ) = settings.map_err(|why| {
             eprintln!("softroce: {why}");
             libc::EINVAL
         })?;
+        config.backend = BackendKind::Udp {
+            segmentation: true,
+            trains_per_qp,
+        };
         Device::open(config).map_err(|e| {
             let name = self.name();
             match &e {

@@ -28,7 +28,8 @@ pub use udp::{UdpBackend, UdpConfig};
 use crate::transport::Datagram;
 use crate::wire::Opcode;
 
-/// Packets moved and dropped by a backend, each drop by its cause.
+/// Packets moved and dropped by a backend, each drop by its cause, and the calls that sent
+/// them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoCounters {
     /// Packets the kernel took for sending.

@@ -33,10 +33,10 @@
 //! The transport core builds each packet in place at the end of the queue
 //! ([`room`](Backend::room)), and [`commit`](Backend::commit) seals it there and adds it to the
 //! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive
-//! packets to one peer, of one size but the last, go as one "train", whatever their QPs: one
-//! `sendmsg` with its segment size in a `UDP_SEGMENT` control message, which the kernel (or the
-//! NIC) cuts into datagrams. (A device of several engines cuts its trains per QP as well: see
-//! below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
+//! packets to one peer, of one traffic class, of one size but the last, go as one "train",
+//! whatever their QPs: one `sendmsg` with its segment size in a `UDP_SEGMENT` control message,
+//! which the kernel (or the NIC) cuts into datagrams. (A device of several engines cuts its
+//! trains per QP as well: see below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
 //! buffer, with its segment size in a control message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
@@ -80,8 +80,10 @@
 //! an engine hands a datagram that is not its own to its owner.
 //!
 //! Mixing QPs is what makes many QPs with a few messages each cheap: 64 QPs with one 64-byte
-//! WRITE in flight each took 64 calls a turn when every QP was its own train, and take one
-//! now (the e2e bench's row `64 B x64, 1 in flight`: about 4x the messages a second).
+//! WRITE in flight each took a call per QP when every QP was its own train, and now as few as
+//! one a turn (the e2e bench's row `64 B x64, 1 in flight`). The price falls on a peer of
+//! several engines: its kernel steers a mixed train whole to one engine, which hands the other
+//! QPs' datagrams over (`engine::lanes`).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
@@ -160,7 +162,8 @@ pub struct UdpConfig {
 }
 
 impl UdpConfig {
-    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, and segmentation on, across QPs.
+    /// `address`, DSCP 0, ECN ECT(0), CNPs with DSCP 48, and segmentation on, with trains
+    /// not cut per QP.
     pub fn new(address: IpAddr) -> Self {
         UdpConfig {
             address,

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::transport::PathMtu;
-use crate::verbs::{C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR};
+use crate::verbs::{
+    C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR,
+};
 
 /// Where the C library is: `rdma/` beside this executable, as cargo lays out its target
 /// directory.
@@ -49,6 +51,8 @@ pub struct RunOptions<'a> {
     pub congestion: Option<&'a str>,
     /// The engines' busy polling, in microseconds (default: softroce's choice).
     pub busy_poll_us: Option<u64>,
+    /// Cut segmentation trains per QP (default: across QPs).
+    pub trains_per_qp: bool,
 }
 
 /// Runs `program` with `args` over softroce, its devices as `options` say. Returns only if the
@@ -80,6 +84,9 @@ pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> 
     }
     if let Some(micros) = options.busy_poll_us {
         command.env(C_BUSY_POLL_VAR, micros.to_string());
+    }
+    if options.trains_per_qp {
+        command.env(C_TRAINS_PER_QP_VAR, "1");
     }
     let error = command.exec();
     format!("cannot run {}: {error}", program.to_string_lossy())

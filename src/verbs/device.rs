@@ -31,6 +31,12 @@ pub enum BackendKind {
     Udp {
         /// With UDP segmentation offload ([`UdpConfig::segmentation`]).
         segmentation: bool,
+        /// Cut trains per destination QP ([`UdpConfig::trains_per_qp`]), for a peer of
+        /// several engines: its kernel steers a train whole, by its first datagram's QP, and
+        /// the engine it reaches hands the other QPs' datagrams over, which can reorder a QP's
+        /// packets (RC then retransmits). Off by default, for kernel rxe, NICs and softroce
+        /// devices of one engine; a device of several engines cuts per QP whatever this says.
+        trains_per_qp: bool,
     },
     /// A raw IPv4 socket that writes and reads whole IP datagrams ([`RawBackend`]): every
     /// received ICRC is verified in full. Needs `CAP_NET_RAW`; IPv4 only.
@@ -38,8 +44,11 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// The UDP backend with segmentation offload: the default.
-    pub const UDP: BackendKind = BackendKind::Udp { segmentation: true };
+    /// The UDP backend with segmentation offload, its trains across QPs: the default.
+    pub const UDP: BackendKind = BackendKind::Udp {
+        segmentation: true,
+        trains_per_qp: false,
+    };
 }
 
 /// The variable softroce's C library (`libibverbs.so.1`) reads for its devices' addresses,
@@ -59,6 +68,11 @@ pub const C_CC_VAR: &str = "SOFTROCE_CC";
 /// The variable softroce's C library reads for its engines' busy polling, in microseconds
 /// ([`DeviceConfig::busy_poll`]; 0 turns it off); `softroce run --busy-poll` sets it.
 pub const C_BUSY_POLL_VAR: &str = "SOFTROCE_BUSY_POLL";
+
+/// The variable softroce's C library reads to cut its segmentation trains per QP, for peers of
+/// several engines: `1` (see [`BackendKind::Udp`]); `0`, the default, does not.
+/// `softroce run --trains-per-qp` sets it.
+pub const C_TRAINS_PER_QP_VAR: &str = "SOFTROCE_TRAINS_PER_QP";
 
 /// How long an engine polls its socket after packets moved, rather than sleep in it, where
 /// [`DeviceConfig::busy_poll`] leaves it to softroce: as long as Linux's advice for its own
@@ -119,9 +133,10 @@ pub struct DeviceConfig {
 
 impl DeviceConfig {
     /// Its UDP socket's set-up: the address, and the ECN and CNP DSCP of `congestion`.
-    fn udp_config(&self, segmentation: bool) -> UdpConfig {
+    fn udp_config(&self, segmentation: bool, trains_per_qp: bool) -> UdpConfig {
         UdpConfig {
             segmentation,
+            trains_per_qp,
             ecn: self.congestion.ecn().bits(),
             cnp_dscp: self.congestion.np.np_cnp_dscp,
             ..UdpConfig::new(self.address)
@@ -225,8 +240,11 @@ impl Device {
             return Self::open_engines(&config);
         }
         match config.backend {
-            BackendKind::Udp { segmentation } => {
-                let udp = config.udp_config(segmentation);
+            BackendKind::Udp {
+                segmentation,
+                trains_per_qp,
+            } => {
+                let udp = config.udp_config(segmentation, trains_per_qp);
                 Self::start(UdpBackend::with_config(udp)?, &config)
             }
             BackendKind::Raw => {
@@ -259,7 +277,7 @@ impl Device {
                 "a device runs 1 to {MAX_LANES} engines, not {count}"
             )));
         }
-        let BackendKind::Udp { segmentation } = config.backend else {
+        let BackendKind::Udp { segmentation, .. } = config.backend else {
             return Err(refused(
                 "several engines need the UDP backend: the kernel steers among their sockets"
                     .into(),
@@ -273,8 +291,7 @@ impl Device {
         // Its peers are taken to be alike: a train that mixes QPs would reach one engine whole.
         let udp = UdpConfig {
             reuse_port: true,
-            trains_per_qp: true,
-            ..config.udp_config(segmentation)
+            ..config.udp_config(segmentation, true)
         };
         // A reuse-port socket joins any group on the address, another device's of several
         // engines included, and would see none of its datagrams: a plain bind first fails if
@@ -316,7 +333,9 @@ impl Device {
     /// (a test hook, or backends of its own), as `config` says but for its `engines`,
     /// `backend` and `pcap`. The caller steers each datagram to its QP's engine
     /// ([`Lane::owner`]), as [`UdpBackend::steer_by_dest_qp`] does for UDP sockets bound with
-    /// [`UdpConfig::reuse_port`]; a datagram that reaches another engine is handed over.
+    /// [`UdpConfig::reuse_port`]; a datagram that reaches another engine is handed over. UDP
+    /// backends for peers like this device should also set [`UdpConfig::trains_per_qp`], as
+    /// [`Device::open`] does for several engines.
     pub fn with_backends<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
         let count = backends.len();
         if count == 0 || count > MAX_LANES as usize {
