@@ -16,7 +16,9 @@
 //! hybrid; `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own
 //! (inline progress cannot run them: the receiving device's application calls nothing).
 //! `SOFTROCE_BENCH_BUSY_POLL` sets every device's busy polling in microseconds (0: none) in
-//! place of softroce's choice (`DeviceConfig::busy_poll`).
+//! place of softroce's choice (`DeviceConfig::busy_poll`). `SOFTROCE_BENCH_RESPONDER_ENGINES=N`
+//! runs the WRITE rows' responding device on N engines, and `SOFTROCE_BENCH_TRAINS_PER_QP=1`
+//! has every device cut its segmentation trains per QP (`BackendKind::Udp`).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -25,7 +27,9 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{setsockopt, sockopt};
 use softroce::memory::Access;
 use softroce::transport::{Payload, RecvWr, SendOp, SendWr, WcStatus};
-use softroce::verbs::{CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair};
+use softroce::verbs::{
+    BackendKind, CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair,
+};
 
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
 /// QPs that do nothing, on each device, in the row that measures what they cost.
@@ -72,6 +76,25 @@ fn busy_poll() -> Option<Duration> {
     ))
 }
 
+/// How many engines the responding device of the WRITE rows runs: as the row says, or
+/// `SOFTROCE_BENCH_RESPONDER_ENGINES`, for a requester of one engine against a responder of
+/// several.
+fn responder_engines(row: usize) -> usize {
+    std::env::var("SOFTROCE_BENCH_RESPONDER_ENGINES").map_or(row, |n| {
+        n.parse()
+            .expect("SOFTROCE_BENCH_RESPONDER_ENGINES: a number of engines")
+    })
+}
+
+/// The devices' UDP backend: trains across QPs, or cut per QP with
+/// `SOFTROCE_BENCH_TRAINS_PER_QP=1` (a device of several engines cuts per QP either way).
+fn backend() -> BackendKind {
+    BackendKind::Udp {
+        segmentation: true,
+        trains_per_qp: std::env::var("SOFTROCE_BENCH_TRAINS_PER_QP").is_ok_and(|v| v == "1"),
+    }
+}
+
 /// Baselines run only in a full run.
 fn baselines() -> bool {
     std::env::var_os("SOFTROCE_BENCH_ONLY").is_none()
@@ -91,11 +114,11 @@ struct Pair {
     mrs: [softroce::memory::MemoryRegion; 2],
 }
 
-/// Two devices of `engines` engines each on fresh loopback addresses, `n` connected RC QPs
-/// between them, and `idle` QPs more on each that are never connected.
+/// Two devices of `engines` engines (the first's, the second's) on fresh loopback addresses,
+/// `n` connected RC QPs between them, and `idle` QPs more on each that are never connected.
 fn pair(
     n: usize,
-    (idle, engines): (usize, usize),
+    (idle, engines): (usize, [usize; 2]),
     region: usize,
     id: u8,
     progress: Progress,
@@ -104,7 +127,8 @@ fn pair(
     let devices = [0, 1].map(|k| {
         Device::open(DeviceConfig {
             progress,
-            engines,
+            engines: engines[k as usize],
+            backend: backend(),
             busy_poll: busy_poll(),
             ..DeviceConfig::udp(addr(k))
         })
@@ -177,7 +201,7 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
     let depth = in_flight.unwrap_or((((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch);
     let p = pair(
         qps,
-        (idle, engines),
+        (idle, [engines, responder_engines(engines)]),
         size.max(4096) * depth.min(64),
         id,
         write_progress(),
@@ -233,7 +257,7 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
 
 /// Half the round trip of an 8-byte SEND ping-pong, in seconds.
 fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
-    let p = pair(1, (0, 1), 4096, id, progress);
+    let p = pair(1, (0, [1, 1]), 4096, id, progress);
     let (a, b) = &p.qps[0];
     let iters = 20_000;
     let recv = |qp: &QueuePair, mr: &softroce::memory::MemoryRegion| {

@@ -518,8 +518,10 @@ struct DeviceArgs {
     #[arg(long)]
     no_segmentation: bool,
     /// softroce: cut segmentation trains where the destination QP changes, for a softroce peer
-    /// of several engines (--engines), which would otherwise hand datagrams between its
-    /// engines; trains mix QPs by default, which rxe and NICs take as they come.
+    /// of several engines (--engines), which otherwise hands datagrams between its engines and
+    /// may see a QP's packets reordered (RC retransmits them); the price is a send call per QP
+    /// where many QPs have little in flight. Trains mix QPs by default, which rxe and NICs
+    /// take as they come.
     #[arg(long)]
     trains_per_qp: bool,
     /// softroce: write every RoCE packet sent and received to this pcap file, for Wireshark
@@ -528,7 +530,7 @@ struct DeviceArgs {
     pcap: Option<PathBuf>,
     /// softroce: engine threads, 1 to 64, each with a UDP socket of its own on the one address;
     /// the device's QPs are spread over them (UDP backend, no --pcap). Its softroce peers of
-    /// one engine should pass --trains-per-qp.
+    /// one engine may pass --trains-per-qp (see it).
     #[arg(long, value_name = "N", default_value_t = 1)]
     engines: usize,
     /// softroce: congestion control, on by default as on ConnectX: ECT(0) on every packet,
@@ -579,8 +581,11 @@ impl DeviceArgs {
                 segmentation: !self.no_segmentation,
                 trains_per_qp: self.trains_per_qp,
             },
-            BackendArg::Raw if self.no_segmentation || self.trains_per_qp => {
-                return Err("--no-segmentation and --trains-per-qp are for the UDP backend".into())
+            BackendArg::Raw if self.no_segmentation => {
+                return Err("--no-segmentation is for the UDP backend".into())
+            }
+            BackendArg::Raw if self.trains_per_qp => {
+                return Err("--trains-per-qp is for the UDP backend".into())
             }
             BackendArg::Raw => BackendKind::Raw,
         };
@@ -1018,8 +1023,9 @@ fn parse_service(spec: &str) -> Result<Service, String> {
     }
     if *device != DeviceOptions::default() {
         return Err(format!(
-            "--serve {spec:?}: the device options (--bind, --backend, --pcap, \
-             --no-segmentation, --engines) are the daemon's own, for all its services"
+            "--serve {spec:?}: the device options (--bind, --backend, --no-segmentation, \
+             --trains-per-qp, --pcap, --engines, --cc, --progress, --busy-poll) are the \
+             daemon's own, for all its services"
         ));
     }
     Ok(service)

@@ -417,7 +417,7 @@ fn usage_errors_are_perftests() {
     let (code, stderr) = refused(&["write-bw", "--backend", "raw", "--trains-per-qp"]);
     assert_eq!(code, Some(2));
     assert!(
-        stderr.contains("--trains-per-qp are for the UDP backend"),
+        stderr.contains("--trains-per-qp is for the UDP backend"),
         "{stderr}"
     );
 }

@@ -110,7 +110,7 @@ fn rc_pingpong_multi_packet_messages_checked() {
 
 #[test]
 fn rc_pingpong_on_completion_events() {
-    // With trains cut per QP, as toward a peer of several engines.
+    // --trains-per-qp is taken (with one QP it changes no train).
     let args = ["-s", "100", "-n", "200", "-e", "--trains-per-qp", "-c"];
     let (server, client) = run_pair("rc-pingpong", ["127.0.0.73", "127.0.0.74"], 28702, &args);
     check_run("rc-pingpong", (&server, &client), (100, 200), &[]);

@@ -18,7 +18,8 @@
 //! none otherwise.
 //!
 //! `SOFTROCE_TRAINS_PER_QP=1` cuts segmentation trains per QP, for a softroce peer of several
-//! engines (`BackendKind::Udp`); unset or `0`, trains mix QPs.
+//! engines (`BackendKind::Udp`); unset or `0`, trains mix QPs. Any other value refuses the
+//! device, saying why.
 //!
 //! `SOFTROCE_MTU` (256 to 4096) sets the ports' active MTU. Unset, a port follows its link as
 //! rxe's does: 1024 on a 1500-byte Ethernet link, 4096 on jumbo frames and on loopback. A CM
@@ -123,12 +124,18 @@ pub(crate) fn busy_poll() -> Result<Option<Duration>, String> {
 pub(crate) fn trains_per_qp() -> Result<bool, String> {
     match std::env::var(TRAINS_PER_QP_VAR) {
         Err(std::env::VarError::NotPresent) => Ok(false),
-        Ok(value) if value.trim() == "0" => Ok(false),
-        Ok(value) if value.trim() == "1" => Ok(true),
-        Ok(value) => Err(format!(
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{TRAINS_PER_QP_VAR} is not UTF-8")),
+        Ok(value) => parse_trains_per_qp(&value),
+    }
+}
+
+fn parse_trains_per_qp(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(format!(
             "{TRAINS_PER_QP_VAR}={value}: expected 1 (trains cut per QP) or 0"
         )),
-        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{TRAINS_PER_QP_VAR} is not UTF-8")),
     }
 }
 
@@ -189,6 +196,19 @@ mod tests {
         for bad in ["10001", "-1", "50us", "", "0.5"] {
             let error = parse_busy_poll(bad).unwrap_err();
             assert!(error.contains("expected microseconds"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn trains_per_qp_is_0_or_1() {
+        assert_eq!(parse_trains_per_qp("0"), Ok(false));
+        assert_eq!(parse_trains_per_qp(" 1 "), Ok(true));
+        for bad in ["", "2", "true", "yes"] {
+            let error = parse_trains_per_qp(bad).unwrap_err();
+            assert!(
+                error.contains("expected 1 (trains cut per QP) or 0"),
+                "{error}"
+            );
         }
     }
 

@@ -3,10 +3,10 @@
 //! Every engine has its own endpoint, socket and thread; they share the memory table
 //! ([`DeviceMemory`]) and nothing else. The kernel steers each datagram to its QP's engine
 //! (`io::udp`'s reuse-port program), once per receive, so a datagram reaches its owner
-//! directly unless it came in a coalesced train that mixes QPs (a peer of one engine sends such
-//! trains; a peer of several cuts its own per QP, `UdpConfig::trains_per_qp`; GRO may merge a
-//! flow's datagrams), or came before the program was set. Such a datagram is copied and handed
-//! to its owner through a bounded channel: a
+//! directly unless it came in a coalesced train that mixes QPs (a peer of one engine sends
+//! such trains unless told not to; a peer of several cuts its own per QP,
+//! `UdpConfig::trains_per_qp`; GRO may merge a flow's datagrams), or came before the program
+//! was set. Such a datagram is copied and handed to its owner through a bounded channel: a
 //! hop, counted in [`IoCounters::handed_over`], and dropped and counted
 //! ([`IoCounters::handover_dropped`]) when the owner is that far behind, as the socket would
 //! have dropped it.

@@ -437,9 +437,8 @@ impl<B: Backend> Engine<B> {
 
     /// One turn: waits for the socket up to `cap` (`None`: no cap), less if a timer is due
     /// sooner, not at all if work is waiting or while it busy polls ([`Engine::busy_polling`]);
-    /// then runs the commands, takes the posted work
-    /// requests, receives, fires the timers, transmits and hands out completions. False once
-    /// the engine has shut down.
+    /// then runs the commands, takes the posted work requests, receives, fires the timers,
+    /// transmits and hands out completions. False once the engine has shut down.
     fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
         let mut timeout = if self.backlog || self.busy_polling() {
             Some(Duration::ZERO)

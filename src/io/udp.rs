@@ -35,8 +35,8 @@
 //! queue, with no copy; [`flush`](Backend::flush) (or a full queue) sends the queue. Consecutive
 //! packets to one peer, of one traffic class, of one size but the last, go as one "train",
 //! whatever their QPs: one `sendmsg` with its segment size in a `UDP_SEGMENT` control message,
-//! which the kernel (or the NIC) cuts into datagrams. (A device of several engines cuts its
-//! trains per QP as well: see below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
+//! which the kernel (or the NIC) cuts into datagrams. (A device of several engines, or one
+//! told to, cuts its trains per QP as well: see below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
 //! buffer, with its segment size in a control message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
@@ -76,8 +76,8 @@
 //! goes whole to its first datagram's socket. That is why such a device cuts its trains per
 //! destination QP as well ([`UdpConfig::trains_per_qp`]): a train it sends to a peer like
 //! itself then never mixes QPs. GRO on a receiving host can still merge datagrams of one flow
-//! (softroce sends every QP from port 4791), and a peer of one engine mixes QPs in a train, so
-//! an engine hands a datagram that is not its own to its owner.
+//! (softroce sends every QP from port 4791), and a peer of one engine mixes QPs in a train
+//! unless told not to, so an engine hands a datagram that is not its own to its owner.
 //!
 //! Mixing QPs is what makes many QPs with a few messages each cheap: 64 QPs with one 64-byte
 //! WRITE in flight each took a call per QP when every QP was its own train, and now as few as
@@ -152,7 +152,8 @@ pub struct UdpConfig {
     /// steers a whole coalesced train to its first datagram's QP's socket
     /// ([`UdpBackend::steer_by_dest_qp`]), and that engine hands the rest over, a copy each. Off
     /// by default, so that equal packets to one peer share a train whatever their QPs; a
-    /// device of several engines sets it, for peers like itself.
+    /// device of several engines sets it, for peers like itself, and so does one whose
+    /// `BackendKind::Udp` says so.
     pub trains_per_qp: bool,
     /// Bind with `SO_REUSEPORT`, so that the device's other engines bind the same address
     /// ([`UdpBackend::steer_by_dest_qp`]). Off by default: a second device on one address is

@@ -31,11 +31,13 @@ pub enum BackendKind {
     Udp {
         /// With UDP segmentation offload ([`UdpConfig::segmentation`]).
         segmentation: bool,
-        /// Cut trains per destination QP ([`UdpConfig::trains_per_qp`]), for a peer of
-        /// several engines: its kernel steers a train whole, by its first datagram's QP, and
-        /// the engine it reaches hands the other QPs' datagrams over, which can reorder a QP's
-        /// packets (RC then retransmits). Off by default, for kernel rxe, NICs and softroce
-        /// devices of one engine; a device of several engines cuts per QP whatever this says.
+        /// Cut trains per destination QP ([`UdpConfig::trains_per_qp`]). A trade-off toward a
+        /// softroce peer of several engines: its kernel steers a train whole, by its first
+        /// datagram's QP, and the engine it reaches hands the other QPs' datagrams over, which
+        /// can reorder a QP's packets (RC then retransmits); cut per QP, many QPs with little
+        /// in flight each cost a send call each. Off by default, for kernel rxe, NICs and
+        /// softroce devices of one engine; a device of several engines cuts per QP whatever
+        /// this says.
         trains_per_qp: bool,
     },
     /// A raw IPv4 socket that writes and reads whole IP datagrams ([`RawBackend`]): every
