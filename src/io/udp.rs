@@ -36,8 +36,9 @@
 //! packets to one peer, of one traffic class, of one size but the last, go as one "train",
 //! whatever their QPs: one `sendmsg` with its segment size in a `UDP_SEGMENT` control message,
 //! which the kernel (or the NIC) cuts into datagrams. (A device of several engines, or one
-//! told to, cuts its trains per QP as well: see below.) Receiving enables `UDP_GRO`, so a run of datagrams from one peer arrives as one
-//! buffer, with its segment size in a control message, and is handed over datagram by datagram.
+//! told to, cuts its trains per QP as well: see below.) Receiving enables `UDP_GRO`, so a run
+//! of datagrams from one peer arrives as one buffer, with its segment size in a control
+//! message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
 //! MIDDLE) sent and then received on one core over 127.0.0.1, Linux 6.18, the 2-core VM of the

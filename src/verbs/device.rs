@@ -110,9 +110,10 @@ pub struct DeviceConfig {
     /// How many engines (threads, each with a socket of its own) carry the device's QPs: 1
     /// (the default) to 64. More than one needs the UDP backend and records no pcap; each
     /// engine then runs on its own thread ([`Progress::Hybrid`] reads as [`Progress::Thread`],
-    /// [`Progress::Inline`] is refused). QPs are spread over the engines as they are created, a QP with an SRQ
-    /// on the SRQ's engine; the kernel steers each datagram to its QP's engine (see
-    /// ARCHITECTURE.md, "Several engines").
+    /// [`Progress::Inline`] is refused). QPs are spread over the engines as they are created,
+    /// a QP with an SRQ on the SRQ's engine; the kernel steers each datagram to its QP's engine
+    /// (see ARCHITECTURE.md, "Several engines"), and the engines cut their segmentation trains
+    /// per QP ([`BackendKind::Udp`]).
     pub engines: usize,
     /// ECN, CNPs and DCQCN: on by default, as on ConnectX ([`CongestionConfig::off`] sends and
     /// heeds none of it, as kernel rxe).
@@ -125,8 +126,9 @@ pub struct DeviceConfig {
     /// [`DEFAULT_BUSY_POLL`] with hybrid and inline progress on one engine (several run on
     /// threads of their own), where the polling is done by a thread that would otherwise sleep
     /// (the application's own CQ wait, or the device's thread once the application has
-    /// stopped calling), if the process may run on more than one CPU (`std::thread::available_parallelism`, which follows its affinity and its
-    /// cgroup's quota); none with an engine thread, which would poll beside an application
+    /// stopped calling), if the process may run on more than one CPU
+    /// (`std::thread::available_parallelism`, which follows its affinity and its cgroup's
+    /// quota); none with an engine thread, which would poll beside an application
     /// that polls its CQ itself (perftest's `ib_send_lat` between two processes on 2 CPUs:
     /// 31 µs without, 70 with), nor on one CPU. `Some(Duration::ZERO)` turns it off; at most
     /// [`MAX_BUSY_POLL`].
