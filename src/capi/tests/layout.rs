@@ -9,6 +9,8 @@ use std::process::Command;
 
 use softroce_capi::abi::*;
 
+mod common;
+
 /// A field as softroce lays it out: its C name (an expression after `s.`), offset and size.
 struct Field {
     c: &'static str,
@@ -488,12 +490,11 @@ fn every_shared_structure_matches_the_header() {
 
 /// Builds and runs the C program for `layouts` with `include`, and compares every line.
 fn check(layouts: &[Layout], include: &str) {
-    let dir = std::env::temp_dir().join(format!(
-        "softroce-layout-{}-{}",
-        std::process::id(),
-        layouts.len()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    // A directory per check: the two run at once, in two threads of this process.
+    static CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let check = CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = common::own_dir().join(format!("layout-{check}"));
+    std::fs::create_dir(&dir).unwrap();
     let (source, program) = (dir.join("layout.c"), dir.join("layout"));
     std::fs::write(&source, c_program(layouts, include)).unwrap();
     let built = Command::new("cc")

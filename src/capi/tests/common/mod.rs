@@ -4,9 +4,36 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A directory of this test process's own in the temporary directory, made once, afresh: named
+/// by process ID and start time, and created with `create_dir`, never reused, so that a
+/// directory another run left under the same process ID (another user's, once the PIDs have
+/// wrapped: seen in CI as EEXIST and EACCES) is never taken for it.
+pub fn own_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let base = std::env::temp_dir();
+        let started = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        for attempt in 0..100 {
+            let dir = base.join(format!(
+                "softroce-capi-{}-{started}-{attempt}",
+                std::process::id()
+            ));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => panic!("cannot make {}: {e}", dir.display()),
+            }
+        }
+        panic!("no fresh directory in {}", base.display())
+    })
+}
 
 /// A directory with `libibverbs.so.1` and `librdmacm.so.1`, both softroce's library: the one
 /// cargo built, or `SOFTROCE_RDMA_LIB` (.ci/run runs these tests as nobody, on a copy). Made
@@ -18,12 +45,10 @@ pub fn lib_dir() -> PathBuf {
             || PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")),
             PathBuf::from,
         );
-        let dir = std::env::temp_dir().join(format!("softroce-rdma-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = own_dir().join("lib");
+        std::fs::create_dir(&dir).unwrap();
         for name in ["libibverbs.so.1", "librdmacm.so.1"] {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&library, &link).unwrap();
+            std::os::unix::fs::symlink(&library, dir.join(name)).unwrap();
         }
         dir
     })
@@ -226,8 +251,7 @@ pub fn softroce(addr: &str, args: &[&str]) -> Command {
 /// into a directory of this test process's; panics with the compiler's message if it fails.
 /// Returns the executable.
 pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("softroce-c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = own_dir();
     let (file, program) = (dir.join(format!("{name}.c")), dir.join(name));
     std::fs::write(&file, source).unwrap();
     let built = Command::new("cc")
