@@ -2,7 +2,8 @@
 //! access goes through.
 //!
 //! - `region`: a region's storage and the two handles onto it, [`MemoryRegion`] for the
-//!   application and [`Span`] for the transport, and why concurrent remote writes are sound;
+//!   application and [`Span`] and [`HeldSpan`] for the transport, and why concurrent remote
+//!   writes are sound;
 //! - `table`: [`MemoryTable`], every region and window of a device by its keys, and the
 //!   checks of remote and local access;
 //! - `shared`: [`DeviceMemory`], the table as one engine's endpoint sees it: its own, or
@@ -31,7 +32,7 @@ mod window;
 use std::fmt;
 
 pub use foreign::ForeignMemory;
-pub use region::{MemoryRegion, RemoteRegion, Sge, Span};
+pub use region::{HeldSpan, MemoryRegion, RemoteRegion, Sge, Span};
 pub use shared::{DeviceMemory, MemoryRead, MemoryWrite};
 pub use table::MemoryTable;
 pub use window::{inc_rkey, BindMw, MwType};

@@ -1,5 +1,6 @@
-//! A region's storage, and the two handles onto it: [`MemoryRegion`] for the application and
-//! [`Span`] for the transport.
+//! A region's storage, and the handles onto it: [`MemoryRegion`] for the application, and for
+//! the transport [`Span`] (borrowed from the memory table while it is held) and [`HeldSpan`]
+//! (a queued packet's payload, which holds its memory).
 //!
 //! # Soundness: remote writes while the application reads
 //!
@@ -338,10 +339,10 @@ impl MemoryRegion {
     }
 
     /// The span of `len` bytes at `offset` from the region's start, which the caller checked.
-    pub(super) fn span(&self, offset: usize, len: usize) -> Span {
+    pub(super) fn span(&self, offset: usize, len: usize) -> Span<'_> {
         debug_assert!(offset + len <= self.len());
         Span {
-            words: self.words.clone(),
+            words: &self.words,
             offset,
             len,
         }
@@ -446,21 +447,41 @@ impl MemoryRegion {
     }
 }
 
-/// A checked window into a region: what the transport may touch for one packet.
+/// A checked window into a region, borrowed from the memory table: what the transport may touch
+/// for one packet, while it holds the table. The checks hand this out, so that a packet's
+/// bytes land (or are read) under the table's guard, where no deregistration or invalidation
+/// can come between the check and the access, and so that no count of the region's holders
+/// moves per packet (an atomic add and subtract on a line the application's threads read).
+#[derive(Clone, Copy)]
+pub struct Span<'a> {
+    words: &'a Arc<Words>,
+    offset: usize,
+    len: usize,
+}
+
+/// A checked window into a region that holds its memory: the payload of a packet queued
+/// before it is built ([`Span::held`]). The memory outlives a deregistration until the
+/// packet is built or dropped; the table counts it as a holder (`release_dropped`).
 #[derive(Clone)]
-pub struct Span {
+pub struct HeldSpan {
     words: Arc<Words>,
     offset: usize,
     len: usize,
 }
 
-impl fmt::Debug for Span {
+impl fmt::Debug for Span<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Span {{ offset: {}, len: {} }}", self.offset, self.len)
     }
 }
 
-impl Span {
+impl fmt::Debug for HeldSpan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.span().fmt(f)
+    }
+}
+
+impl<'a> Span<'a> {
     /// The span's length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -471,11 +492,20 @@ impl Span {
         self.len == 0
     }
 
+    /// The same window, holding its memory, for a packet built later.
+    pub fn held(&self) -> HeldSpan {
+        HeldSpan {
+            words: Arc::clone(self.words),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
     /// The part of the span `len` bytes long at `at`, if it lies inside.
-    pub fn slice(&self, at: usize, len: usize) -> Option<Span> {
+    pub fn slice(&self, at: usize, len: usize) -> Option<Span<'a>> {
         let end = at.checked_add(len)?;
-        (end <= self.len).then(|| Span {
-            words: self.words.clone(),
+        (end <= self.len).then_some(Span {
+            words: self.words,
             offset: self.offset + at,
             len,
         })
@@ -524,6 +554,27 @@ impl Span {
     }
 }
 
+impl HeldSpan {
+    /// The window, to read or write.
+    pub fn span(&self) -> Span<'_> {
+        Span {
+            words: &self.words,
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
+    /// The span's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the span has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::table::tests::table;
@@ -566,14 +617,15 @@ mod tests {
                 5,
                 Access::REMOTE_WRITE,
             )
-            .unwrap();
-        span.write(0, b"12345");
+            .unwrap()
+            .held();
+        span.span().write(0, b"12345");
         let mut tail = [0u8; 5];
         mr.read(95, &mut tail).unwrap();
         assert_eq!(&tail, b"12345");
         let held = mr
             .into_buffer()
-            .expect_err("the table and the span still hold it");
+            .expect_err("the table and the held span still hold it");
         drop(span);
         t.deregister(held.lkey()).unwrap();
         let back = held.into_buffer().expect("the last handle");

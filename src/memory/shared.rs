@@ -141,10 +141,8 @@ mod tests {
             .unwrap();
         for table in &tables {
             let qp = (pd, crate::wire::Qpn::new(2));
-            let span =
-                table
-                    .read()
-                    .check_remote(region.rkey(), qp, 0x1000, 64, Access::REMOTE_WRITE);
+            let table = table.read();
+            let span = table.check_remote(region.rkey(), qp, 0x1000, 64, Access::REMOTE_WRITE);
             assert!(span.is_ok());
         }
         tables[2].write().deregister(region.lkey()).unwrap();

@@ -238,9 +238,9 @@ impl MemoryTable {
     }
 
     /// Deregisters every region that nothing but this table holds any more: no application
-    /// handle, no [`Span`] of a request in flight and no window bound over it. A region is the
-    /// application's to let go of by dropping its last handle; the owner of the table calls
-    /// this when that is likely, and the region's keys stop working then.
+    /// handle, no [`HeldSpan`](super::HeldSpan) of a packet queued and no window bound over
+    /// it. A region is the application's to let go of by dropping its last handle; the owner
+    /// of the table calls this when that is likely, and the region's keys stop working then.
     pub fn release_dropped(&mut self) {
         let rkeys = &mut self.rkeys;
         self.regions.retain(|_, region| {
@@ -260,7 +260,7 @@ impl MemoryTable {
         addr: u64,
         len: usize,
         needed: Access,
-    ) -> Result<Span, MemoryError> {
+    ) -> Result<Span<'_>, MemoryError> {
         if region.pd() != pd {
             return Err(MemoryError::WrongPd { key });
         }
@@ -280,7 +280,7 @@ impl MemoryTable {
         addr: u64,
         len: usize,
         needed: Access,
-    ) -> Result<Span, MemoryError> {
+    ) -> Result<Span<'_>, MemoryError> {
         let unknown = MemoryError::UnknownKey { key: rkey.0 };
         match *self.rkeys.get(rkey.0).ok_or(unknown)? {
             Target::Region(lkey) => {
@@ -302,7 +302,7 @@ impl MemoryTable {
         addr: u64,
         len: usize,
         needed: Access,
-    ) -> Result<Span, MemoryError> {
+    ) -> Result<Span<'_>, MemoryError> {
         let region = self
             .regions
             .get(lkey.0)
@@ -316,7 +316,7 @@ impl MemoryTable {
         rkey: RKey,
         requester: (PdId, Qpn),
         addr: u64,
-    ) -> Result<Span, MemoryError> {
+    ) -> Result<Span<'_>, MemoryError> {
         if addr % WORD != 0 {
             return Err(MemoryError::Misaligned { addr });
         }
@@ -405,7 +405,8 @@ pub(super) mod tests {
         let (mut t, pd, mr) = table();
         let span = t
             .check_local(mr.lkey(), pd, 0x1000, 8, Access::LOCAL_WRITE)
-            .unwrap();
+            .unwrap()
+            .held();
         t.deregister(mr.lkey()).unwrap();
         assert!(matches!(
             t.check_remote(mr.rkey(), (pd, QP), 0x1000, 8, Access::REMOTE_WRITE),
@@ -415,8 +416,9 @@ pub(super) mod tests {
             t.check_local(mr.lkey(), pd, 0x1000, 8, Access::LOCAL_WRITE),
             Err(MemoryError::UnknownKey { .. })
         ));
-        // A span checked before stays memory-safe: the words live as long as any handle.
-        span.write(0, b"late");
+        // A span held from before (a packet queued) stays memory-safe: the words live as long
+        // as any handle.
+        span.span().write(0, b"late");
         assert_eq!(
             t.deregister(mr.lkey()),
             Err(MemoryError::UnknownKey { key: mr.lkey().0 })
@@ -429,12 +431,13 @@ pub(super) mod tests {
         let kept = t.register(pd, 0x10_0000, 64, Access::REMOTE_WRITE).unwrap();
         let span = t
             .check_remote(kept.rkey(), (pd, QP), 0x10_0000, 8, Access::REMOTE_WRITE)
-            .unwrap();
+            .unwrap()
+            .held();
         let (rkey, kept_rkey) = (mr.rkey(), kept.rkey());
         drop((mr, kept));
         t.release_dropped();
         // The first region had no handle left; the second is still reachable by its span, as
-        // a READ in flight holds the span it was granted.
+        // a packet queued holds the span its payload is read from.
         assert_eq!(t.regions(), 1);
         assert!(matches!(
             t.check_remote(rkey, (pd, QP), 0x1000, 8, Access::REMOTE_WRITE),
@@ -485,13 +488,16 @@ pub(super) mod tests {
             assert_eq!(region.to_vec(), data);
             let span = t
                 .check_remote(region.rkey(), (pd, QP), addr + 3, 50, Access::REMOTE_READ)
-                .unwrap();
+                .unwrap()
+                .held();
             let mut out = [0; 50];
-            span.read(0, &mut out);
+            span.span().read(0, &mut out);
             assert_eq!(&out[..], &data[3..53]);
             let word = addr.next_multiple_of(8);
-            let atomic = t.check_atomic(region.rkey(), (pd, QP), word).unwrap();
-            let before = atomic.fetch_add(1);
+            let before = t
+                .check_atomic(region.rkey(), (pd, QP), word)
+                .unwrap()
+                .fetch_add(1);
             let at = (word - addr) as usize;
             assert_eq!(before.to_ne_bytes()[..], data[at..at + 8]);
             // The same memory at an iova 4 bytes off its own alignment has no word there.
@@ -508,7 +514,7 @@ pub(super) mod tests {
             t.deregister(skewed.lkey()).unwrap();
             skewed.try_close().unwrap();
             let region = region.try_close().expect_err("a span still holds it");
-            drop((span, atomic));
+            drop(span);
             region.try_close().unwrap();
             let untouched = |b: &u8| *b == 0xee;
             assert!(buffer[..start].iter().all(untouched), "{start}");

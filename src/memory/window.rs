@@ -90,7 +90,7 @@ impl Window {
         addr: u64,
         len: usize,
         needed: Access,
-    ) -> Result<Span, MemoryError> {
+    ) -> Result<Span<'_>, MemoryError> {
         let binding = self
             .binding
             .as_ref()
@@ -340,7 +340,6 @@ mod tests {
             .check_remote(b.new_rkey, (pd, QP), BASE, 8, Access::REMOTE_WRITE)
             .unwrap();
         span.write(0, b"window");
-        drop(span);
         assert_eq!(&memory.to_vec()[..6], b"window");
         // The window's binding and this test's clone hold the memory; then only the clone.
         assert_eq!(memory.holders(), 2);

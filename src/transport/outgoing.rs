@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 
 use super::wr::Sge;
-use crate::memory::{Access, DeviceMemory, MemoryError, MemoryTable, PdId, Span};
+use crate::memory::{Access, DeviceMemory, HeldSpan, MemoryError, MemoryTable, PdId, Span};
 use crate::wire::{PacketRepr, Qpn, RKey};
 
 /// The longest packet the core builds: a payload of the largest path MTU (4096) and the
@@ -54,9 +54,9 @@ pub(crate) enum Source {
     /// No payload.
     Empty,
     /// One part of a region, checked when the packet was queued.
-    One(Span),
+    One(HeldSpan),
     /// Two parts, in order: a packet across the boundary of two SGEs.
-    Two(Span, Span),
+    Two(HeldSpan, HeldSpan),
     /// Bytes copied when the packet was queued: inline sends and payloads over more than two
     /// SGEs.
     Bytes(Vec<u8>),
@@ -114,11 +114,13 @@ impl Source {
             let n = (sge_len - at).min(left);
             let span = memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::NONE)?;
             found = match found {
-                Source::Empty => Source::One(span),
-                Source::One(first) => Source::Two(first, span),
-                Source::Two(first, second) => Source::read(pool, len, [&first, &second, &span]),
+                Source::Empty => Source::One(span.held()),
+                Source::One(first) => Source::Two(first, span.held()),
+                Source::Two(first, second) => {
+                    Source::read(pool, len, [first.span(), second.span(), span])
+                }
                 Source::Bytes(mut bytes) => {
-                    append(&mut bytes, &span);
+                    append(&mut bytes, span);
                     Source::Bytes(bytes)
                 }
                 Source::Remote(_) => unreachable!("a gather starts empty and reads local memory"),
@@ -138,16 +140,18 @@ impl Source {
     /// before the packet is built, after which the application may write the buffer again.
     pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> Source {
         match self {
-            Source::One(span) => Source::read(pool, span.len(), [&span]),
-            Source::Two(first, second) => {
-                Source::read(pool, first.len() + second.len(), [&first, &second])
-            }
+            Source::One(span) => Source::read(pool, span.len(), [span.span()]),
+            Source::Two(first, second) => Source::read(
+                pool,
+                first.len() + second.len(),
+                [first.span(), second.span()],
+            ),
             already => already,
         }
     }
 
     /// The bytes of `parts`, `len` in all, in a buffer from `pool`.
-    fn read<const N: usize>(pool: &mut Vec<Vec<u8>>, len: usize, parts: [&Span; N]) -> Source {
+    fn read<const N: usize>(pool: &mut Vec<Vec<u8>>, len: usize, parts: [Span<'_>; N]) -> Source {
         let mut bytes = Self::buffer(pool, len);
         for part in parts {
             append(&mut bytes, part);
@@ -198,10 +202,10 @@ impl Source {
                         qpn: read.qpn,
                         error,
                     })?;
-                read_into(&span, out)
+                read_into(span, out)
             }
-            Source::One(span) => read_into(&span, out),
-            Source::Two(first, second) => read_into(&second, read_into(&first, out)),
+            Source::One(span) => read_into(span.span(), out),
+            Source::Two(first, second) => read_into(second.span(), read_into(first.span(), out)),
             Source::Bytes(bytes) => {
                 let (part, rest) = out.split_at_mut(bytes.len());
                 part.copy_from_slice(&bytes);
@@ -221,14 +225,14 @@ impl Source {
 }
 
 /// Reads all of `span` onto the end of `bytes`.
-fn append(bytes: &mut Vec<u8>, span: &Span) {
+fn append(bytes: &mut Vec<u8>, span: Span<'_>) {
     let start = bytes.len();
     bytes.resize(start + span.len(), 0);
     span.read(0, &mut bytes[start..]);
 }
 
 /// Reads all of `span` into the start of `out`; returns the rest of `out`.
-fn read_into<'a>(span: &Span, out: &'a mut [u8]) -> &'a mut [u8] {
+fn read_into<'a>(span: Span<'_>, out: &'a mut [u8]) -> &'a mut [u8] {
     let (part, rest) = out.split_at_mut(span.len());
     span.read(0, part);
     rest

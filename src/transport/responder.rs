@@ -32,7 +32,7 @@ use super::outgoing::{RemoteRead, Source};
 use super::requester::scatter;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{operation, AsyncEvent, Ctx, Datagram, Qp, QpState, QpType, GRH_LEN};
-use crate::memory::{Access, MemoryError, Span};
+use crate::memory::{Access, MemoryError, MemoryTable, Span};
 use crate::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, PacketRepr,
     Position, Psn, Qpn, RethRepr,
@@ -570,26 +570,45 @@ impl Qp {
         }
         if is_write(op) {
             needs(Access::REMOTE_WRITE)?;
-            if let Some(reth) = repr.ext.reth {
+            // The packet's bytes land under the same look at the table as its check, so that a
+            // deregistration (or invalidation) that has returned keeps every byte out.
+            let table = ctx.memory.read();
+            let violations = &mut ctx.counters.rkey_violations;
+            let (reth, received, whole) = match repr.ext.reth {
                 // The whole range is checked when the message starts; a zero-length WRITE
                 // names no memory, so neither its address nor its rkey is looked at (C9-88)...
-                if reth.dma_len > 0 {
-                    self.check_write(ctx, &reth, 0, reth.dma_len as usize)?;
+                Some(reth) => {
+                    let whole = match reth.dma_len {
+                        0 => None,
+                        len => {
+                            Some(self.check_write(&table, violations, &reth, 0, len as usize)?)
+                        }
+                    };
+                    self.resp.message = Some(InMessage::Write { reth, received: 0 });
+                    (reth, 0, whole)
                 }
-                self.resp.message = Some(InMessage::Write { reth, received: 0 });
-            }
-            let Some(InMessage::Write { reth, received }) = self.resp.message else {
-                return Err(invalid_request());
+                None => match self.resp.message {
+                    Some(InMessage::Write { reth, received }) => (reth, received, None),
+                    _ => return Err(invalid_request()),
+                },
             };
             if received + payload.len() > reth.dma_len as usize {
                 return Err(invalid_request());
             }
-            // ...and each packet's part again, so that deregistering the region (or
-            // invalidating its rkey) stops a message already in flight.
+            // ...and each later packet's part again, so that deregistering the region (or
+            // invalidating its rkey) stops a message already in flight. The first packet's
+            // part lies in the range just checked.
             if !payload.is_empty() {
-                self.check_write(ctx, &reth, received, payload.len())?
-                    .write(0, payload);
+                let part = match whole {
+                    Some(whole) => whole.slice(0, payload.len()),
+                    None => {
+                        let len = payload.len();
+                        Some(self.check_write(&table, violations, &reth, received, len)?)
+                    }
+                };
+                part.ok_or_else(invalid_request)?.write(0, payload);
             }
+            drop(table);
             let received = received + payload.len();
             self.resp.message = Some(InMessage::Write { reth, received });
             if matches!(pos, Position::Last | Position::Only) {
@@ -653,9 +672,8 @@ impl Qp {
                 needs(Access::REMOTE_ATOMIC)?;
                 let eth = repr.ext.atomic_eth.ok_or_else(invalid_request)?;
                 self.rd_atomic_room()?;
-                let span = ctx
-                    .memory
-                    .read()
+                let table = ctx.memory.read();
+                let span = table
                     .check_atomic(eth.rkey, (self.pd, self.qpn), eth.virtual_address)
                     .inspect_err(|_| ctx.counters.rkey_violations += 1)
                     .map_err(from_memory)?;
@@ -664,6 +682,7 @@ impl Qp {
                 } else {
                     span.compare_swap(eth.compare, eth.swap_add)
                 };
+                drop(table);
                 self.remember(Resource::Atomic { psn, original });
                 self.finish_message();
                 self.atomic_ack(psn, original, true, ctx);
@@ -701,17 +720,18 @@ impl Qp {
         self.resp.resources.push_back(resource);
     }
 
-    /// Checks `len` bytes at `offset` into a WRITE's RETH range for remote write.
-    fn check_write(
+    /// Checks `len` bytes at `offset` into a WRITE's RETH range for remote write in `table`;
+    /// a refusal counts in `violations`.
+    fn check_write<'t>(
         &self,
-        ctx: &mut Ctx<'_>,
+        table: &'t MemoryTable,
+        violations: &mut u64,
         reth: &RethRepr,
         offset: usize,
         len: usize,
-    ) -> Result<Span, Failure> {
+    ) -> Result<Span<'t>, Failure> {
         let addr = reth.virtual_address.wrapping_add(offset as u64);
-        ctx.memory
-            .read()
+        table
             .check_remote(
                 reth.rkey,
                 (self.pd, self.qpn),
@@ -719,7 +739,7 @@ impl Qp {
                 len,
                 Access::REMOTE_WRITE,
             )
-            .inspect_err(|_| ctx.counters.rkey_violations += 1)
+            .inspect_err(|_| *violations += 1)
             .map_err(from_memory)
     }
 
