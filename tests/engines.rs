@@ -551,3 +551,36 @@ fn busy_polling_is_resolved_from_progress_and_engines() {
     .to_string();
     assert!(refused.contains("at most 10ms"), "{refused}");
 }
+
+/// Each engine's thread carries a name the kernel keeps whole (15 bytes): `top -H` and `perf`
+/// tell the engines, and the devices, apart. Rust's name "softroce 127.0.9.6 1" would reach the
+/// kernel as "softroce 127.0." for every engine of every device on 127.0.0.0/8.
+#[test]
+fn every_engine_thread_is_named_in_the_kernel_by_its_engine_and_address() {
+    let thread_names = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|comm| comm.trim_end().to_string())
+            .collect()
+    };
+    let two = Device::open(engines("127.0.9.6", 2)).unwrap();
+    let one = Device::open(DeviceConfig {
+        progress: Progress::Thread,
+        ..DeviceConfig::udp("127.0.9.7".parse().unwrap())
+    })
+    .unwrap();
+    // Each thread names itself as it starts, which may be after the device is open.
+    let wanted = ["sr0 127.0.9.6", "sr1 127.0.9.6", "sr 127.0.9.7"];
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut names = thread_names();
+    while !wanted.iter().all(|name| names.iter().any(|n| n == name)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{wanted:?} in {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        names = thread_names();
+    }
+    drop((two, one));
+}

@@ -84,7 +84,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::EnginePanicked;
-use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues};
+use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues, ThreadName};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
 /// and how often, at most, it looks in meanwhile.
@@ -369,22 +369,37 @@ impl Driver {
     pub(super) fn start<E: Turn + 'static>(
         engine: E,
         progress: Progress,
-        name: String,
+        name: ThreadName,
         doorbell: &Arc<Doorbell>,
         run: impl FnOnce(E) + Send + 'static,
     ) -> std::io::Result<Driver> {
-        let thread = thread::Builder::new().name(name);
+        let ThreadName { full, kernel } = name;
+        let thread = thread::Builder::new().name(full);
         Ok(match progress {
-            Progress::Thread => Driver::Thread(Some(thread.spawn(move || run(engine))?)),
+            Progress::Thread => Driver::Thread(Some(thread.spawn(move || {
+                name_for_kernel(&kernel);
+                run(engine)
+            })?)),
             Progress::Inline => Driver::Shared(Shared::new(Box::new(engine)), None),
             Progress::Hybrid => {
                 let shared = Shared::new(Box::new(engine));
                 let (beside, doorbell) = (shared.clone(), doorbell.clone());
-                let thread = thread.spawn(move || run_beside(&beside, &doorbell))?;
+                let thread = thread.spawn(move || {
+                    name_for_kernel(&kernel);
+                    run_beside(&beside, &doorbell)
+                })?;
                 let _ = shared.watchers.thread.set(thread.thread().clone());
                 Driver::Shared(shared, Some(thread))
             }
         })
+    }
+}
+
+/// Gives the calling thread `name` in the kernel ([`ThreadName`]). A failure costs only the
+/// name: the kernel keeps the first 15 bytes of the full one.
+fn name_for_kernel(name: &str) {
+    if let Ok(name) = std::ffi::CString::new(name) {
+        let _ = rustix::thread::set_name(&name);
     }
 }
 
@@ -734,8 +749,11 @@ mod tests {
                 asleep: AtomicBool::new(false),
                 ready,
             });
-            let driver =
-                Driver::start(engine, Progress::Hybrid, "test".into(), &doorbell, drop).unwrap();
+            let name = ThreadName {
+                full: "test".into(),
+                kernel: "test".into(),
+            };
+            let driver = Driver::start(engine, Progress::Hybrid, name, &doorbell, drop).unwrap();
             let Driver::Shared(shared, Some(thread)) = driver else {
                 panic!("not hybrid");
             };

@@ -47,7 +47,7 @@ use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, CongestionConfig, CongestionStatus, Counters, CqId,
-    Endpoint, EndpointConfig, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr,
+    Endpoint, EndpointConfig, Lane, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr,
     Resources, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
@@ -153,6 +153,40 @@ struct Doorbell {
     posted: AtomicBool,
     asleep: AtomicBool,
     ready: Sender<Qpn>,
+}
+
+/// An engine thread's names: Rust's, in full ("softroce 10.99.0.11", and the engine's index
+/// on a device of several), which panics and debuggers show, and the kernel's, which `top -H`,
+/// `ps -L` and `perf` show and which holds 15 bytes: there the full name would keep
+/// "softroce 10.99." of every engine of every device alike. The kernel's is "sr", the engine's
+/// index if the device has several, and as much of the address as fits, from its end, where
+/// addresses differ: "sr 127.0.0.1", "sr1 10.99.0.11", "sr0 168.100.200".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ThreadName {
+    pub full: String,
+    pub kernel: String,
+}
+
+/// The bytes of a thread's name the kernel keeps (TASK_COMM_LEN, less its NUL).
+const KERNEL_NAME_LEN: usize = 15;
+
+impl ThreadName {
+    fn of(local_addr: IpAddr, lane: Lane) -> ThreadName {
+        let (full, prefix) = match lane.count() {
+            1 => (format!("softroce {local_addr}"), "sr ".to_string()),
+            _ => (
+                format!("softroce {local_addr} {}", lane.index()),
+                format!("sr{} ", lane.index()),
+            ),
+        };
+        let address = local_addr.to_string();
+        // An address's text is ASCII, so any byte is a boundary; a separator cut in front of
+        // the tail is dropped.
+        let room = KERNEL_NAME_LEN.saturating_sub(prefix.len());
+        let tail = &address[address.len().saturating_sub(room)..];
+        let kernel = prefix + tail.trim_start_matches(['.', ':']);
+        ThreadName { full, kernel }
+    }
 }
 
 /// Why an engine stopped on its own: the socket's error, once set.
@@ -377,10 +411,7 @@ pub(crate) fn start<B: Backend>(
         flushes: Vec::new(),
     };
     let failure = engine.failure.clone();
-    let name = match lane.count() {
-        1 => format!("softroce {local_addr}"),
-        _ => format!("softroce {local_addr} {}", lane.index()),
-    };
+    let name = ThreadName::of(local_addr, lane);
     let driver = Driver::start(engine, progress, name, &doorbell, Engine::run)?;
     Ok(EngineHandle {
         commands,
@@ -888,3 +919,36 @@ impl std::fmt::Display for EnginePanicked {
 }
 
 impl std::error::Error for EnginePanicked {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel keeps 15 bytes of a thread's name (`comm`): the engine's index and the end of
+    /// its address survive, whatever the address.
+    #[test]
+    fn an_engine_threads_kernel_name_keeps_its_engine_and_the_end_of_its_address() {
+        let name = |addr: &str, index, count| {
+            let name = ThreadName::of(addr.parse().unwrap(), Lane::new(index, count).unwrap());
+            assert!(name.kernel.len() <= KERNEL_NAME_LEN, "{name:?}");
+            (name.full, name.kernel)
+        };
+        let named = |full: &str, kernel: &str| (full.to_string(), kernel.to_string());
+        assert_eq!(
+            name("127.0.0.1", 0, 1),
+            named("softroce 127.0.0.1", "sr 127.0.0.1")
+        );
+        assert_eq!(
+            name("10.99.0.11", 1, 2),
+            named("softroce 10.99.0.11 1", "sr1 10.99.0.11")
+        );
+        assert_eq!(
+            name("192.168.100.200", 0, 2),
+            named("softroce 192.168.100.200 0", "sr0 168.100.200")
+        );
+        assert_eq!(
+            name("fd99:1:2:3::5678:9abc", 11, 16),
+            named("softroce fd99:1:2:3::5678:9abc 11", "sr11 5678:9abc")
+        );
+    }
+}
