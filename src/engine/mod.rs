@@ -928,27 +928,34 @@ mod tests {
     /// its address survive, whatever the address.
     #[test]
     fn an_engine_threads_kernel_name_keeps_its_engine_and_the_end_of_its_address() {
-        let name = |addr: &str, index, count| {
+        let cases = [
+            ("127.0.0.1", 0, 1, "softroce 127.0.0.1", "sr 127.0.0.1"),
+            (
+                "10.99.0.11",
+                1,
+                2,
+                "softroce 10.99.0.11 1",
+                "sr1 10.99.0.11",
+            ),
+            (
+                "192.168.100.200",
+                0,
+                2,
+                "softroce 192.168.100.200 0",
+                "sr0 168.100.200",
+            ),
+            (
+                "fd99:1:2:3::5678:9abc",
+                11,
+                16,
+                "softroce fd99:1:2:3::5678:9abc 11",
+                "sr11 5678:9abc",
+            ),
+        ];
+        for (addr, index, count, full, kernel) in cases {
             let name = ThreadName::of(addr.parse().unwrap(), Lane::new(index, count).unwrap());
             assert!(name.kernel.len() <= KERNEL_NAME_LEN, "{name:?}");
-            (name.full, name.kernel)
-        };
-        let named = |full: &str, kernel: &str| (full.to_string(), kernel.to_string());
-        assert_eq!(
-            name("127.0.0.1", 0, 1),
-            named("softroce 127.0.0.1", "sr 127.0.0.1")
-        );
-        assert_eq!(
-            name("10.99.0.11", 1, 2),
-            named("softroce 10.99.0.11 1", "sr1 10.99.0.11")
-        );
-        assert_eq!(
-            name("192.168.100.200", 0, 2),
-            named("softroce 192.168.100.200 0", "sr0 168.100.200")
-        );
-        assert_eq!(
-            name("fd99:1:2:3::5678:9abc", 11, 16),
-            named("softroce fd99:1:2:3::5678:9abc 11", "sr11 5678:9abc")
-        );
+            assert_eq!((name.full.as_str(), name.kernel.as_str()), (full, kernel));
+        }
     }
 }
