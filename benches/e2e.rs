@@ -197,9 +197,9 @@ fn softroce_write(size: usize, shape: Shape, id: u8) -> f64 {
         engines,
         in_flight,
     } = shape;
-    // 1 GiB, or a million messages: a third of a second or more a run. Runs of a tenth of
-    // that (256 MiB, 100,000 messages) spread 64 B x8 over ±5% around the same median, ±3%
-    // now.
+    // 1 GiB, or a million messages: 0.2 s or more a run on this VM. Runs of a quarter of the
+    // bytes or a tenth of the messages (256 MiB, 100,000) spread 64 B x8 over ±5% around the
+    // same median, ±3% now.
     let count = ((1usize << 30) / size).clamp(1024, 1_000_000) / batch * batch;
     let depth = in_flight.unwrap_or((((4usize << 20) / size).clamp(4, 256) / batch).max(1) * batch);
     let p = pair(

@@ -156,11 +156,11 @@ struct Doorbell {
 }
 
 /// An engine thread's names: Rust's, in full ("softroce 10.99.0.11", and the engine's index
-/// on a device of several), which panics and debuggers show, and the kernel's, which `top -H`,
-/// `ps -L` and `perf` show and which holds 15 bytes: there the full name would keep
+/// on a device of several), which panic messages show, and the kernel's, which `top -H`,
+/// `ps -L`, `perf` and gdb show and which holds 15 bytes: there the full name would keep
 /// "softroce 10.99." of every engine of every device alike. The kernel's is "sr", the engine's
-/// index if the device has several, and as much of the address as fits, from its end, where
-/// addresses differ: "sr 127.0.0.1", "sr1 10.99.0.11", "sr0 168.100.200".
+/// index if the device has several, and as many whole groups of the address as fit, from its
+/// end, where addresses differ: "sr 127.0.0.1", "sr1 10.99.0.11", "sr0 168.100.200".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ThreadName {
     pub full: String,
@@ -180,11 +180,23 @@ impl ThreadName {
             ),
         };
         let address = local_addr.to_string();
-        // An address's text is ASCII, so any byte is a boundary; a separator cut in front of
-        // the tail is dropped.
-        let room = KERNEL_NAME_LEN.saturating_sub(prefix.len());
-        let tail = &address[address.len().saturating_sub(room)..];
-        let kernel = prefix + tail.trim_start_matches(['.', ':']);
+        // An address's text is ASCII, so any byte is a boundary. A group cut in two would read
+        // as another address ("0.99.100.11" of 10.99.100.11): only whole groups are kept.
+        let cut = address
+            .len()
+            .saturating_sub(KERNEL_NAME_LEN.saturating_sub(prefix.len()));
+        let whole_groups = match cut.checked_sub(1).map(|before| address.as_bytes()[before]) {
+            None | Some(b'.' | b':') => cut,
+            Some(_) => address[cut..]
+                .find(['.', ':'])
+                .map_or(address.len(), |at| cut + at + 1),
+        };
+        let tail = match whole_groups {
+            0 => &address[..],
+            // A "::" the cut fell inside leaves a separator in front.
+            _ => address[whole_groups..].trim_start_matches(['.', ':']),
+        };
+        let kernel = prefix + tail;
         ThreadName { full, kernel }
     }
 }
@@ -928,34 +940,28 @@ mod tests {
     /// its address survive, whatever the address.
     #[test]
     fn an_engine_threads_kernel_name_keeps_its_engine_and_the_end_of_its_address() {
+        let name = |addr: &str, index, count| {
+            ThreadName::of(addr.parse().unwrap(), Lane::new(index, count).unwrap())
+        };
+        assert_eq!(name("10.99.0.11", 1, 2).full, "softroce 10.99.0.11 1");
+        assert_eq!(name("127.0.0.1", 0, 1).full, "softroce 127.0.0.1");
+        // (address, engine, engines, the kernel's name)
         let cases = [
-            ("127.0.0.1", 0, 1, "softroce 127.0.0.1", "sr 127.0.0.1"),
-            (
-                "10.99.0.11",
-                1,
-                2,
-                "softroce 10.99.0.11 1",
-                "sr1 10.99.0.11",
-            ),
-            (
-                "192.168.100.200",
-                0,
-                2,
-                "softroce 192.168.100.200 0",
-                "sr0 168.100.200",
-            ),
-            (
-                "fd99:1:2:3::5678:9abc",
-                11,
-                16,
-                "softroce fd99:1:2:3::5678:9abc 11",
-                "sr11 5678:9abc",
-            ),
+            ("127.0.0.1", 0, 1, "sr 127.0.0.1"),
+            ("10.99.0.11", 1, 2, "sr1 10.99.0.11"),
+            ("192.168.100.200", 0, 2, "sr0 168.100.200"),
+            // A group cut in two is left out: not "sr 0.99.100.200".
+            ("10.99.100.200", 0, 1, "sr 99.100.200"),
+            ("192.168.1.200", 1, 2, "sr1 168.1.200"),
+            ("fd99:1:2:3::5678:9abc", 11, 16, "sr11 5678:9abc"),
+            ("fd99:1:2:3::5678:9abc", 0, 1, "sr 3::5678:9abc"),
+            ("fd99::1", 63, 64, "sr63 fd99::1"),
+            ("::1", 0, 1, "sr ::1"),
         ];
-        for (addr, index, count, full, kernel) in cases {
-            let name = ThreadName::of(addr.parse().unwrap(), Lane::new(index, count).unwrap());
+        for (addr, index, count, kernel) in cases {
+            let name = name(addr, index, count);
             assert!(name.kernel.len() <= KERNEL_NAME_LEN, "{name:?}");
-            assert_eq!((name.full.as_str(), name.kernel.as_str()), (full, kernel));
+            assert_eq!(name.kernel, kernel, "{addr}");
         }
     }
 }

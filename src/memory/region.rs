@@ -310,8 +310,9 @@ impl MemoryRegion {
     /// The region's memory as a `Vec`, once this is its last handle: for a buffer registered
     /// with `register_buffer`, the same allocation, at its length, holding what was last
     /// written; for a region softroce allocated, or a program's memory, a copy. While another
-    /// handle, the device's registration or a transfer in flight still holds the memory, the
-    /// handle comes back: deregister first, and let transfers complete.
+    /// handle, the device's registration or a packet queued and not yet built ([`HeldSpan`])
+    /// still holds the memory, the handle comes back: deregister first, and let transfers
+    /// complete.
     pub fn into_buffer(self) -> Result<Vec<u8>, MemoryRegion> {
         match Arc::try_unwrap(self.words) {
             Ok(Words {
@@ -330,7 +331,8 @@ impl MemoryRegion {
     /// Lets go of the region's memory, once this is its last handle: after a region over a
     /// program's memory ([`ForeignMemory`](super::ForeignMemory)) is deregistered and this
     /// succeeds, softroce touches that memory no more, and the program may free it. While the
-    /// device's registration or a transfer in flight still holds it, the handle comes back.
+    /// device's registration or a packet queued and not yet built ([`HeldSpan`]) still holds
+    /// it, the handle comes back.
     pub fn try_close(self) -> Result<(), MemoryRegion> {
         match Arc::try_unwrap(self.words) {
             Ok(_) => Ok(()),
@@ -348,7 +350,7 @@ impl MemoryRegion {
         }
     }
 
-    /// How many handles and spans hold the memory, this one included.
+    /// How many handles and held spans hold the memory, this one included.
     pub(super) fn holders(&self) -> usize {
         Arc::strong_count(&self.words)
     }
@@ -503,8 +505,10 @@ impl<'a> Span<'a> {
 
     /// The part of the span `len` bytes long at `at`, if it lies inside.
     pub fn slice(&self, at: usize, len: usize) -> Option<Span<'a>> {
-        let end = at.checked_add(len)?;
-        (end <= self.len).then_some(Span {
+        if at.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(Span {
             words: self.words,
             offset: self.offset + at,
             len,
@@ -562,16 +566,6 @@ impl HeldSpan {
             offset: self.offset,
             len: self.len,
         }
-    }
-
-    /// The span's length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the span has no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 

@@ -513,7 +513,7 @@ pub(super) mod tests {
             t.deregister(region.lkey()).unwrap();
             t.deregister(skewed.lkey()).unwrap();
             skewed.try_close().unwrap();
-            let region = region.try_close().expect_err("a span still holds it");
+            let region = region.try_close().expect_err("a held span still holds it");
             drop(span);
             region.try_close().unwrap();
             let untouched = |b: &u8| *b == 0xee;

@@ -140,12 +140,14 @@ impl Source {
     /// before the packet is built, after which the application may write the buffer again.
     pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> Source {
         match self {
-            Source::One(span) => Source::read(pool, span.len(), [span.span()]),
-            Source::Two(first, second) => Source::read(
-                pool,
-                first.len() + second.len(),
-                [first.span(), second.span()],
-            ),
+            Source::One(span) => {
+                let span = span.span();
+                Source::read(pool, span.len(), [span])
+            }
+            Source::Two(first, second) => {
+                let (first, second) = (first.span(), second.span());
+                Source::read(pool, first.len() + second.len(), [first, second])
+            }
             already => already,
         }
     }

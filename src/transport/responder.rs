@@ -599,14 +599,13 @@ impl Qp {
             // invalidating its rkey) stops a message already in flight. The first packet's
             // part lies in the range just checked.
             if !payload.is_empty() {
+                let len = payload.len();
                 let part = match whole {
-                    Some(whole) => whole.slice(0, payload.len()),
-                    None => {
-                        let len = payload.len();
-                        Some(self.check_write(&table, violations, &reth, received, len)?)
-                    }
+                    // Within the range: `received` is 0 and the length was bounded above.
+                    Some(whole) => whole.slice(0, len).ok_or_else(invalid_request)?,
+                    None => self.check_write(&table, violations, &reth, received, len)?,
                 };
-                part.ok_or_else(invalid_request)?.write(0, payload);
+                part.write(0, payload);
             }
             drop(table);
             let received = received + payload.len();

@@ -180,7 +180,7 @@ impl ProtectionDomain {
     /// the returned handle; peers address it from `iova()` with its `rkey()`.
     ///
     /// [`deregister`](Self::deregister) ends it at once; so does dropping its last handle
-    /// (a transfer in flight keeps the memory it was granted until it is done).
+    /// (a packet queued and not yet built keeps the memory it was granted until it is built).
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         let pd = self.pd;
         let region = self.device.engine().call(|reply| Command::RegMr {
