@@ -496,17 +496,19 @@ _recorded_pid() {
 }
 
 # lab_stop_guest NAME: stop one guest started by lab_boot (TERM, then KILL after 5 s), by its
-# recorded pid.
+# recorded pid, whose file goes once the process is gone. Fails if it survives.
 lab_stop_guest() {
   local pid i
   pid=$(_recorded_pid "$LAB_RUN/$1.pid" qemu-system)
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do _alive "$pid" || break; sleep 0.1; done
+    if _alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+    for i in $(seq 1 30); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
+    if _alive "$pid"; then log "$1 (qemu pid $pid) is still running"; return 1; fi
+    log "stopped $1 (qemu pid $pid)"
+  fi
   rm -f "$LAB_RUN/$1.pid"
-  [ -n "$pid" ] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 50); do _alive "$pid" || break; sleep 0.1; done
-  if _alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
-  for i in $(seq 1 30); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
-  log "stopped $1 (qemu pid $pid)"
 }
 
 # lab_down: stop our captures and guests (by recorded pid: TERM, then KILL after 5 s), delete the

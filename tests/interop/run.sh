@@ -123,22 +123,28 @@ run_case() {
   log=$LAB_RUN/cases/${name//[:\/]/_}.log
   log "case $name (timeout ${to}s)"
   t0=$(now)
+  mark_consoles
   attempt_case "$log" "$to" "$@" || rc=$?
   stalled=$(guests_with_stalled_nic)
   if [ "$rc" != 0 ] && [ -n "$stalled" ]; then
-    # A guest's virtual NIC stopped transmitting for good (the guest kernel's NETDEV WATCHDOG:
-    # "transmit queue 0 timed out", every 5 s), which no case causes and none recovers from:
-    # seen twice on 2026-11-27, during a READ bandwidth test and a latency test under loss, and
-    # every later case then failed. The guests are booted again and the case runs once more;
-    # its first attempt's log is kept beside the second's.
+    # A guest's virtual NIC stopped transmitting for good during the case (the guest kernel's
+    # NETDEV WATCHDOG: "transmit queue 0 timed out", every 5 s), which no case is known to
+    # cause and none recovers from: seen twice on 2026-11-27, during a READ bandwidth test and
+    # a latency test under loss, and every later case then failed. The guests are booted again
+    # and the case runs once more; its first attempt's log and the guests' consoles are kept.
     log "case $name: $stalled's virtual NIC stopped transmitting (NETDEV WATCHDOG on its console);" \
       "booting the guests again and running the case once more"
     mv "$log" "$log.first-attempt"
     RETRIED+=("$name ($stalled)")
-    reboot_guests
-    rc=0
-    attempt_case "$log" "$to" "$@" || rc=$?
-    [ -z "$(guests_with_stalled_nic)" ] || reboot_guests
+    if (reboot_guests "${log%.log}"); then
+      rc=0
+      mark_consoles
+      attempt_case "$log" "$to" "$@" || rc=$?
+      if [ -n "$(guests_with_stalled_nic)" ]; then (reboot_guests "${log%.log}.second-attempt") || true; fi
+    else
+      echo "the guests could not be booted again" >>"$log.first-attempt"
+      cp "$log.first-attempt" "$log"
+    fi
   fi
   if [ "$rc" = 0 ]; then status=PASS; else status=FAIL; FAILED=1; fi
   secs=$(elapsed "$t0")
@@ -167,21 +173,35 @@ attempt_case() {
   return "$rc"
 }
 
-# guests_with_stalled_nic: the guests whose console, since their boot, says their NIC's transmit
-# queue timed out.
+# mark_consoles: remembers how long each guest's console is, so that guests_with_stalled_nic
+# reads only what the next attempt adds.
+declare -A CONSOLE_MARK=()
+mark_consoles() {
+  local g
+  for g in vmA vmB; do CONSOLE_MARK[$g]=$(stat -c %s "$LAB_RUN/$g.console" 2>/dev/null || echo 0); done
+}
+
+# guests_with_stalled_nic: the guests whose console says, since mark_consoles, that their NIC's
+# transmit queue timed out.
 guests_with_stalled_nic() {
   local g stalled=""
   for g in vmA vmB; do
-    grep -qa 'NETDEV WATCHDOG' "$LAB_RUN/$g.console" 2>/dev/null && stalled+="${stalled:+ and }$g"
+    if tail -c +"$(( ${CONSOLE_MARK[$g]:-0} + 1 ))" "$LAB_RUN/$g.console" 2>/dev/null \
+        | grep -qa 'NETDEV WATCHDOG'; then
+      stalled+="${stalled:+ and }$g"
+    fi
   done
   echo "$stalled"
 }
 
-# reboot_guests: both guests stopped and booted again, as at the start (each boot starts a new
-# console log, so an old watchdog line does not count against the new guest).
+# reboot_guests PREFIX: both guests stopped and booted again, as at the start; their consoles so
+# far are kept as PREFIX.vmA.console and PREFIX.vmB.console (a boot starts a new one). Run it in
+# a subshell: a guest that does not come back fails it (lab_boot and lab_wait_ready die), and
+# the run goes on to report the case.
 reboot_guests() {
-  lab_stop_guest vmA
-  lab_stop_guest vmB
+  local g
+  lab_stop_guest vmA && lab_stop_guest vmB || return 1
+  for g in vmA vmB; do mv "$LAB_RUN/$g.console" "$1.$g.console" 2>/dev/null || true; done
   lab_boot vmA tap0 52:54:00:99:00:11
   lab_boot vmB tap1 52:54:00:99:00:12
   lab_wait_ready vmA 180
