@@ -242,9 +242,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        let fd = channel.events.fd.as_raw_fd();
+        // The wait holds the channel's queue (and its descriptor) itself, not the channel: a
+        // program may destroy the channel while a thread of its waits here (rping's client
+        // does at exit, its CM thread never joined), and the waiter, woken by a late event,
+        // must not read the freed channel. Real librdmacm's waiter stays in its read().
+        let events = Arc::clone(&channel.events);
+        let fd = events.fd.as_raw_fd();
         loop {
-            if let Some(next) = channel.events.take(|_| true) {
+            if let Some(next) = events.take(|_| true) {
                 let raw = Box::into_raw(next);
                 // SAFETY: `raw` was just made from a box; the program's out-pointer is checked.
                 // The event's ID is alive: its events are forgotten when it is destroyed.
