@@ -8,7 +8,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
-use std::sync::RwLock;
+use std::sync::{Mutex, MutexGuard, RwLock};
 
 use libc::{c_int, c_void};
 use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
@@ -31,6 +31,19 @@ pub(crate) struct Cq {
     pub cq: CompletionQueue,
     /// The UD QPs that complete here: their receive completions say a GRH leads the buffer.
     pub ud_qps: RwLock<Vec<Qpn>>,
+    /// Its completion events the program holds (see [`HeldEvents`]).
+    held: Mutex<HeldEvents>,
+}
+
+/// A CQ's completion events `ibv_get_cq_event` handed out and `ibv_ack_cq_events` has not
+/// acknowledged, and whether the program destroyed the CQ meanwhile: the acknowledgement that
+/// brings them to none then frees it. rdma-core's `ibv_destroy_cq` blocks until they are
+/// acknowledged instead (ibv_get_cq_event(3)); either way a thread that got the CQ from its
+/// channel may still poll, re-arm and acknowledge it while another thread destroys it.
+#[derive(Default)]
+struct HeldEvents {
+    unacked: u32,
+    destroyed: bool,
 }
 
 /// A completion channel: the program's `ibv_comp_channel`, first.
@@ -38,6 +51,15 @@ pub(crate) struct Cq {
 pub(crate) struct Channel {
     pub ibv: ibv_comp_channel,
     epoll: OwnedFd,
+    /// Held while a CQ's pointer, read from `epoll`, is used, and while a CQ leaves `epoll`:
+    /// so a CQ `ibv_destroy_cq` took out is never read through a pointer fetched before.
+    taking: Mutex<()>,
+}
+
+impl Channel {
+    fn taking(&self) -> MutexGuard<'_, ()> {
+        self.taking.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Cq {
@@ -49,6 +71,10 @@ impl Cq {
     pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
         // SAFETY: per the contract, `cq` is the first field of a live `Cq`.
         unsafe { cq.cast::<Cq>().as_ref() }
+    }
+
+    fn held(&self) -> MutexGuard<'_, HeldEvents> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -87,6 +113,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 refcnt: 0,
             },
             epoll,
+            taking: Mutex::new(()),
         });
         Box::into_raw(channel).cast()
     })
@@ -152,6 +179,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             },
             cq,
             ud_qps: RwLock::new(Vec::new()),
+            held: Mutex::default(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
@@ -200,6 +228,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // cannot while this CQ holds it).
         if let Some(ch) = unsafe { this.ibv.channel.cast::<Channel>().as_mut() } {
             let fd = this.cq.as_raw_fd();
+            let taking = ch.taking();
             // SAFETY: both descriptors are open.
             unsafe {
                 libc::epoll_ctl(
@@ -209,10 +238,20 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                     ptr::null_mut(),
                 )
             };
+            drop(taking);
             ch.ibv.refcnt -= 1;
         }
-        // SAFETY: every CQ is a leaked `Box<Cq>`, handed back once.
-        drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        let free_now = {
+            let mut held = this.held();
+            held.destroyed = true;
+            held.unacked == 0
+        };
+        if free_now {
+            // SAFETY: every CQ is a leaked `Box<Cq>`, handed back once; no event of it is held,
+            // and its channel hands out no more.
+            drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        }
+        // Otherwise the acknowledgement of its last event frees it (`HeldEvents`).
         0
     })
 }
@@ -372,33 +411,47 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: fcntl on our own descriptor.
         let blocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK == 0;
         loop {
+            let taking = ch.taking();
             let mut event = libc::epoll_event { events: 0, u64: 0 };
-            let timeout = if blocking { -1 } else { 0 };
-            // SAFETY: one event's room, our own descriptor.
-            let n = unsafe { libc::epoll_wait(fd, &mut event, 1, timeout) };
-            if n < 0 {
-                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            // SAFETY: one event's room, our own descriptor; no wait, under the lock.
+            let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
+            if n > 0 {
+                let found = event.u64 as *mut Cq;
+                // SAFETY: the channel holds live CQs only, and `ibv_destroy_cq` takes its CQ
+                // out under `taking`, held since the pointer was read.
+                let this = unsafe { &*found };
+                if this.cq.take_events() == 0 {
+                    // Another thread took this event first.
                     continue;
                 }
+                let mut held = this.held();
+                held.unacked = held.unacked.saturating_add(1);
+                drop(held);
+                drop(taking);
+                // SAFETY: the program's out-pointers, checked above.
+                unsafe {
+                    *cq = found.cast();
+                    *cq_context = this.ibv.cq_context;
+                }
+                return 0;
+            }
+            drop(taking);
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
                 return -1;
             }
-            if n == 0 {
+            if n == 0 && !blocking {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            let found = event.u64 as *mut Cq;
-            // SAFETY: the channel holds live CQs only: `ibv_destroy_cq` takes its CQ out.
-            let this = unsafe { &*found };
-            if this.cq.take_events() == 0 {
-                // Another thread took this event first.
-                continue;
-            }
-            // SAFETY: the program's out-pointers, checked above.
-            unsafe {
-                *cq = found.cast();
-                *cq_context = this.ibv.cq_context;
-            }
-            return 0;
+            // Waits for a CQ's event without the lock: the epoll descriptor is readable while
+            // one waits.
+            let mut pollfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd of ours. EINTR, or another thread's take, loops.
+            unsafe { libc::poll(&mut pollfd, 1, -1) };
         }
     })
 }
@@ -407,10 +460,24 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     guard((), || {
-        // SAFETY: the program passes a CQ it created and has not destroyed; it acknowledges
+        // SAFETY: the program passes a CQ it created and has not destroyed, or destroyed with
+        // events unacknowledged (then it is still allocated: `HeldEvents`); it acknowledges
         // from one thread at a time, as rdma-core asks of it (the field is the program's).
-        if let Some(cq) = unsafe { cq.as_mut() } {
-            cq.comp_events_completed = cq.comp_events_completed.wrapping_add(nevents);
+        let Some(ibv) = (unsafe { cq.as_mut() }) else {
+            return;
+        };
+        ibv.comp_events_completed = ibv.comp_events_completed.wrapping_add(nevents);
+        // SAFETY: as above.
+        let this = unsafe { &*cq.cast::<Cq>() };
+        let free_now = {
+            let mut held = this.held();
+            held.unacked = held.unacked.saturating_sub(nevents);
+            held.destroyed && held.unacked == 0
+        };
+        if free_now {
+            // SAFETY: the CQ was destroyed and its last event is acknowledged:
+            // `ibv_destroy_cq` left the box for this to free.
+            drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
         }
     })
 }

@@ -258,11 +258,10 @@ pub(crate) struct Context {
     pub vctx: verbs_context,
     pub entry: &'static DeviceEntry,
     pub device: Device,
-    /// The descriptor `async_fd` names: an eventfd, readable while events wait in `events`.
-    async_fd: OwnedFd,
     /// The descriptor `cmd_fd` names: rdma-core's command channel to the kernel, which
     /// softroce has none of. A program may `fcntl` it; nothing else.
     cmd_fd: OwnedFd,
+    /// Its asynchronous events, and the descriptor `async_fd` names.
     events: Arc<PendingEvents>,
     /// What the events name.
     pub objects: Mutex<Objects>,
@@ -270,40 +269,91 @@ pub(crate) struct Context {
     default_pd: OnceLock<usize>,
 }
 
-/// Asynchronous events not yet taken by `ibv_get_async_event`. `fd` (the context's
-/// `async_fd`) is readable while any wait.
+/// Asynchronous events not yet taken by `ibv_get_async_event`, and the descriptor (the
+/// context's `async_fd`, owned here) that is readable while any wait, or once the context is
+/// closed.
+///
+/// A thread waiting in `ibv_get_async_event` holds this, not the context: a program may close
+/// the context while a thread of its waits for events (one that watches a device for errors,
+/// and stops when the wait fails), and the waiter must then learn it (`EIO`, as a blocked
+/// read of rdma-core's `async_fd` does) without reading the freed context.
 struct PendingEvents {
-    queue: Mutex<VecDeque<AsyncEvent>>,
-    fd: c_int,
+    queue: Mutex<Pending>,
+    fd: OwnedFd,
+}
+
+struct Pending {
+    events: VecDeque<AsyncEvent>,
+    /// The context was closed: waiters return `EIO`.
+    closed: bool,
+}
+
+/// What [`PendingEvents::take`] found.
+enum Taken<T> {
+    /// An event, as the caller's `each` made it.
+    Event(T),
+    None,
+    Closed,
 }
 
 impl PendingEvents {
-    /// Queues `event` and makes the descriptor readable.
-    fn push(&self, event: AsyncEvent) {
-        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue.push_back(event);
-        let one: u64 = 1;
-        // SAFETY: `fd` is the context's eventfd, open while the context is on its device's list
-        // (`DeviceEntry::close` takes it off, under the lock `push` is called under, before
-        // the descriptor closes); the buffer is 8 bytes.
-        unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
+    fn new() -> Result<Arc<PendingEvents>, c_int> {
+        Ok(Arc::new(PendingEvents {
+            queue: Mutex::new(Pending {
+                events: VecDeque::new(),
+                closed: false,
+            }),
+            fd: eventfd().map_err(|_| libc::EMFILE)?,
+        }))
     }
 
-    /// The oldest event, leaving the descriptor readable only while more wait. The count is
-    /// not zero exactly while events wait (both change under the queue's lock), so the read
-    /// after one was taken never blocks.
-    fn take(&self) -> Option<AsyncEvent> {
-        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let next = queue.pop_front()?;
-        let mut count = 0u64;
-        // SAFETY: as in `push`; a read of an eventfd takes its whole count, not zero here.
-        unsafe { libc::read(self.fd, ptr::addr_of_mut!(count).cast(), 8) };
-        if !queue.is_empty() {
-            let one: u64 = 1;
-            // SAFETY: as in `push`.
-            unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes the descriptor readable (adds one to the eventfd's count).
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: our own eventfd, open while `self` is; the buffer is 8 bytes.
+        unsafe { libc::write(self.fd.as_raw_fd(), ptr::addr_of!(one).cast(), 8) };
+    }
+
+    /// Queues `event` and makes the descriptor readable.
+    fn push(&self, event: AsyncEvent) {
+        let mut pending = self.lock();
+        if !pending.closed {
+            pending.events.push_back(event);
+            self.signal();
         }
-        Some(next)
+    }
+
+    /// The context is closed: every waiter wakes to return `EIO`.
+    fn close(&self) {
+        let mut pending = self.lock();
+        pending.closed = true;
+        pending.events.clear();
+        self.signal();
+    }
+
+    /// The oldest event, through `each` (under the queue's lock, so before a close can
+    /// return), leaving the descriptor readable only while more wait. The count is not zero
+    /// exactly while events wait (both change under the queue's lock), so the read after one
+    /// was taken never blocks.
+    fn take<T>(&self, each: impl FnOnce(AsyncEvent) -> T) -> Taken<T> {
+        let mut pending = self.lock();
+        if pending.closed {
+            return Taken::Closed;
+        }
+        let Some(next) = pending.events.pop_front() else {
+            return Taken::None;
+        };
+        let mut count = 0u64;
+        // SAFETY: our own eventfd, 8 bytes; a read takes its whole count, not zero here.
+        unsafe { libc::read(self.fd.as_raw_fd(), ptr::addr_of_mut!(count).cast(), 8) };
+        if !pending.events.is_empty() {
+            self.signal();
+        }
+        Taken::Event(each(next))
     }
 }
 
@@ -389,18 +439,13 @@ impl Context {
     }
 
     fn open(entry: &'static DeviceEntry) -> Result<Box<Context>, c_int> {
-        let async_fd = eventfd().map_err(|_| libc::EMFILE)?;
         let cmd_fd = eventfd().map_err(|_| libc::EMFILE)?;
-        let events = Arc::new(PendingEvents {
-            queue: Mutex::new(VecDeque::new()),
-            fd: async_fd.as_raw_fd(),
-        });
+        let events = PendingEvents::new()?;
         let device = entry.open(&events)?;
         let mut context = Box::new(Context {
             vctx: verbs_context::new(),
             entry,
             device,
-            async_fd,
             cmd_fd,
             events,
             objects: Mutex::new(Objects::default()),
@@ -409,7 +454,7 @@ impl Context {
         let ctx = &mut context.vctx.context;
         ctx.device = ptr::addr_of!(entry.ibv).cast_mut();
         ctx.cmd_fd = context.cmd_fd.as_raw_fd();
-        ctx.async_fd = context.async_fd.as_raw_fd();
+        ctx.async_fd = context.events.fd.as_raw_fd();
         Ok(context)
     }
 
@@ -723,6 +768,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // program hands it back once.
         let context = unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) };
         context.entry.close(&context.events);
+        // Before the context is freed: a waiter translates its event under the queue's lock
+        // (`ibv_get_async_event`), and finds the queue closed from now on.
+        context.events.close();
         drop(context);
         0
     })
@@ -1025,16 +1073,28 @@ pub unsafe extern "C" fn ibv_get_async_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        let fd = context.async_fd.as_raw_fd();
+        // The wait holds the queue and its descriptor, not the context, which another thread
+        // may close meanwhile (`PendingEvents`).
+        let events = Arc::clone(&context.events);
+        let context: *const Context = context;
+        let fd = events.fd.as_raw_fd();
         loop {
-            if let Some(next) = context.events.take() {
-                if let Some(found) = context.async_event(next) {
+            // SAFETY: the context is open while the queue is not closed, and this runs under
+            // the queue's lock, which `ibv_close_device` takes to close it before freeing the
+            // context.
+            match events.take(|next| unsafe { (*context).async_event(next) }) {
+                Taken::Event(Some(found)) => {
                     // SAFETY: `event` points to the program's structure.
                     unsafe { event.write(found) };
                     return 0;
                 }
                 // Its object was destroyed since: nothing to tell.
-                continue;
+                Taken::Event(None) => continue,
+                Taken::Closed => {
+                    set_errno(libc::EIO);
+                    return -1;
+                }
+                Taken::None => {}
             }
             // SAFETY: fcntl on our own descriptor.
             if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use libc::{c_char, c_int, c_uint};
 
+use super::id;
 use crate::abi::*;
 use crate::{guard, set_errno};
 
@@ -115,10 +116,16 @@ impl Events {
     /// The oldest event that `wanted` takes, leaving the descriptor readable while more wait.
     /// The descriptor's count is not zero exactly while the queue holds events (both change
     /// under the queue's lock), so the read below, after an event was taken, never blocks.
-    fn take(&self, wanted: impl Fn(&rdma_cm_event) -> bool) -> Option<Box<Event>> {
+    /// `taking` sees the event first, under the queue's lock.
+    fn take(
+        &self,
+        wanted: impl Fn(&rdma_cm_event) -> bool,
+        taking: impl FnOnce(&Event),
+    ) -> Option<Box<Event>> {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let at = queue.iter().position(|e| wanted(&e.ibv))?;
-        let event = queue.remove(at);
+        let event = queue.remove(at)?;
+        taking(&event);
         let mut count = 0u64;
         // SAFETY: our own eventfd, 8 bytes; its count is not zero (above).
         unsafe { libc::read(self.fd.as_raw_fd(), ptr::addr_of_mut!(count).cast(), 8) };
@@ -127,7 +134,7 @@ impl Events {
             // SAFETY: as above.
             unsafe { libc::write(self.fd.as_raw_fd(), ptr::addr_of!(one).cast(), 8) };
         }
-        event
+        Some(event)
     }
 
     /// Waits for the next event of the ID at `id` (a synchronous ID's own), at most `limit`.
@@ -152,7 +159,7 @@ impl Events {
     ) -> Option<Box<Event>> {
         let deadline = std::time::Instant::now() + limit;
         loop {
-            if let Some(event) = self.take(&wanted) {
+            if let Some(event) = self.take(&wanted, |_| {}) {
                 return Some(event);
             }
             let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -249,15 +256,15 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         let events = Arc::clone(&channel.events);
         let fd = events.fd.as_raw_fd();
         loop {
-            if let Some(next) = events.take(|_| true) {
+            // SAFETY: a queued event's ID is alive: its events are forgotten, under the
+            // queue's lock, before it is destroyed.
+            let taken = events.take(|_| true, |taken| unsafe { id::hand_out(taken.ibv.id) });
+            if let Some(next) = taken {
                 let raw = Box::into_raw(next);
                 // SAFETY: `raw` was just made from a box; the program's out-pointer is checked.
-                // The event's ID is alive: its events are forgotten when it is destroyed.
+                // The event's ID stays allocated until the event is acked (`hand_out`).
                 unsafe {
-                    if let Some(id) = (*raw).ibv.id.as_mut() {
-                        id.event = ptr::addr_of_mut!((*raw).ibv);
-                        note_qp_state(id, (*raw).ibv.event);
-                    }
+                    id::note_event((*raw).ibv.id, ptr::addr_of_mut!((*raw).ibv));
                     *event = ptr::addr_of_mut!((*raw).ibv);
                 }
                 return 0;
@@ -278,20 +285,6 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     })
 }
 
-/// Records in the ID's QP (`qp->state`, which programs may read) the state a connection's
-/// event says the CM left it in.
-fn note_qp_state(id: &rdma_cm_id, event: c_uint) {
-    let state = match event {
-        RDMA_CM_EVENT_ESTABLISHED => 3,  // IBV_QPS_RTS
-        RDMA_CM_EVENT_DISCONNECTED => 6, // IBV_QPS_ERR
-        _ => return,
-    };
-    // SAFETY: an ID's QP is null or the live QP `rdma_create_qp` made on it.
-    if let Some(qp) = unsafe { id.qp.as_mut() } {
-        qp.state = state;
-    }
-}
-
 /// `rdma_ack_cm_event`: frees the event. 0.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
@@ -303,14 +296,9 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         // SAFETY: every event the program holds is a leaked `Box<Event>`, whose first field
         // the pointer is, handed back once.
         let event = unsafe { Box::from_raw(event.cast::<Event>()) };
-        let id = event.ibv.id;
-        // SAFETY: an event's ID lives until the program destroys it, which it does after
-        // acking its events, as librdmacm requires.
-        if let Some(id) = unsafe { id.as_mut() } {
-            if ptr::eq(id.event, &event.ibv) {
-                id.event = ptr::null_mut();
-            }
-        }
+        // SAFETY: the event's ID is allocated until this release, destroyed or not
+        // (`hand_out` counted the event when `rdma_get_cm_event` took it).
+        unsafe { id::release_event(event.ibv.id, &event.ibv) };
         0
     })
 }

@@ -62,6 +62,21 @@ struct Shared {
     events: Mutex<Arc<Events>>,
     stage: Mutex<Stage>,
     destroyed: AtomicBool,
+    /// The ID's events the program holds (see [`hand_out`]).
+    held: Mutex<Held>,
+}
+
+/// An ID's events taken by `rdma_get_cm_event` and not yet acked, and whether the program
+/// destroyed the ID meanwhile: the last ack then frees it. librdmacm's `rdma_destroy_id`
+/// blocks until those acks instead; either way, an event a thread holds (and the program's
+/// `event->id`) never points at freed memory when another thread destroys its ID, as
+/// rping's threads may at a disconnection (the CM thread between `rdma_get_cm_event` and its
+/// ack, the main thread destroying the ID). Freeing later rather than blocking keeps a
+/// destroy made by the thread holding the event (which librdmacm would hang) from hanging.
+#[derive(Default)]
+struct Held {
+    events: usize,
+    destroyed: bool,
 }
 
 impl Shared {
@@ -84,6 +99,26 @@ impl Shared {
         events.clone()
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The destroyed ID may be freed now: the program holds none of its events. Otherwise the
+    /// last ack frees it ([`Held`]).
+    fn free_now(&self) -> bool {
+        let mut held = self.held();
+        held.destroyed = true;
+        held.events == 0
+    }
+
+    /// One of the ID's events was acked: whether that was the last one of an ID destroyed
+    /// meanwhile, which the caller then frees.
+    fn acked(&self) -> bool {
+        let mut held = self.held();
+        held.events = held.events.saturating_sub(1);
+        held.destroyed && held.events == 0
+    }
+
     fn id(&self) -> *mut rdma_cm_id {
         self.me as *mut rdma_cm_id
     }
@@ -103,6 +138,8 @@ pub(crate) struct Id {
     /// A synchronous listener's QP attributes (`rdma_create_ep`): each request's ID gets a QP
     /// made with them, on this PD.
     qp_attr: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
+    /// The number of the QP `rdma_create_qp` made, while the ID holds it.
+    qpn: Option<Qpn>,
     /// The CQs and completion channels `rdma_create_qp` made for a QP given none.
     made_cqs: bool,
     /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
@@ -136,9 +173,11 @@ impl Id {
                 events: Mutex::new(events),
                 stage: Mutex::new(Stage::Fresh),
                 destroyed: AtomicBool::new(false),
+                held: Mutex::default(),
             }),
             own,
             qp_attr: None,
+            qpn: None,
             made_cqs: false,
             listening: None,
         }));
@@ -226,7 +265,10 @@ impl Id {
         let Some(own) = &self.own else {
             return 0;
         };
-        let Some(event) = own.events.wait_for(self.shared.id(), SYNC_WAIT) else {
+        // The wait holds the queue, which a destroy of the ID by another thread would free
+        // with the ID's own channel.
+        let events = Arc::clone(&own.events);
+        let Some(event) = events.wait_for(self.shared.id(), SYNC_WAIT) else {
             set_errno(libc::ETIMEDOUT);
             return -1;
         };
@@ -342,9 +384,95 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if let Some(listening) = this.listening.take() {
             let _ = listening.join();
         }
+        // Its events still queued go; one taken after this is counted in `held` already
+        // (`hand_out` counts under the queue's lock, which `forget` takes).
         events.forget(id);
+        let shared = Arc::clone(&this.shared);
+        let this = Box::into_raw(this);
+        if shared.free_now() {
+            // SAFETY: the box leaked just above; no event of the ID's is held, and none can be
+            // taken any more, so nothing else frees it or reads it.
+            drop(unsafe { Box::from_raw(this) });
+        }
+        // Otherwise the last ack frees it (`release_event`): `this` is not touched again here.
         0
     })
+}
+
+/// An event of the ID at `id` goes to the program: the ID stays allocated until the event is
+/// acked ([`release_event`]), even if the program destroys it meanwhile ([`Held`]).
+///
+/// # Safety
+///
+/// `id` is null or a live ID, and the caller holds the lock of the queue the event was taken
+/// from, so `rdma_destroy_id` cannot be between its `forget` and its `free_now`.
+pub(super) unsafe fn hand_out(id: *mut rdma_cm_id) {
+    if !id.is_null() {
+        // SAFETY: per the contract, `id` is the first field of a live `Id`; only its
+        // `shared` is borrowed, which no call changes, while the program may be in a call on it.
+        unsafe { (*id.cast::<Id>()).shared.held().events += 1 };
+    }
+}
+
+/// The program acked `event`, an event of the ID at `id`: the ID forgets it as its last
+/// event, and is freed if the program destroyed it and this was the last event it held.
+///
+/// # Safety
+///
+/// `id` is null or the ID of `event`, an event [`hand_out`] counted and not yet released.
+pub(super) unsafe fn release_event(id: *mut rdma_cm_id, event: *const rdma_cm_event) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: per the contract, the ID is allocated until this release; as in `hand_out`,
+    // only fields are borrowed: the event the program holds, and `shared`.
+    let shared = unsafe {
+        if ptr::eq((*id).event, event) {
+            (*id).event = ptr::null_mut();
+        }
+        Arc::clone(&(*id.cast::<Id>()).shared)
+    };
+    if shared.acked() {
+        // SAFETY: the ID was destroyed and its last event is released: `rdma_destroy_id` left
+        // the box for this release to free, and no one else holds it.
+        drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+    }
+}
+
+/// Notes in the ID at `id` that the program now holds `event` (`id->event`), and in the
+/// ID's QP (`qp->state`, which programs may read) the state a connection's event says the CM
+/// left it in.
+///
+/// The QP is written only while it is the live QP `rdma_create_qp` made on the ID: a program
+/// may destroy it with `ibv_destroy_qp` and keep the ID (rping's client does, before its
+/// peer's DREQ arrives), and `id->qp` then points at freed memory.
+///
+/// # Safety
+///
+/// `id` is null or a live ID; `event` is the program's event of it.
+pub(super) unsafe fn note_event(id: *mut rdma_cm_id, event: *mut rdma_cm_event) {
+    // SAFETY: per the contract.
+    let Some(this) = (unsafe { Id::from_ibv(id) }) else {
+        return;
+    };
+    this.ibv.event = event;
+    // SAFETY: the program's event, per the contract.
+    let state = match unsafe { (*event).event } {
+        RDMA_CM_EVENT_ESTABLISHED => 3,  // IBV_QPS_RTS
+        RDMA_CM_EVENT_DISCONNECTED => 6, // IBV_QPS_ERR
+        _ => return,
+    };
+    let Some(qpn) = this.qpn else { return };
+    // SAFETY: an ID's context is one of librdmacm's, open for the process's life.
+    let Some(context) = (unsafe { Context::from_ibv(this.ibv.verbs) }) else {
+        return;
+    };
+    let objects = context.objects.lock().unwrap_or_else(|p| p.into_inner());
+    if objects.qps.contains(&(qpn, this.ibv.qp as usize)) {
+        // SAFETY: listed under this lock, the QP is live: `ibv_destroy_qp` takes it off the
+        // list under the same lock before it frees it.
+        unsafe { (*this.ibv.qp).state = state };
+    }
 }
 
 /// `rdma_bind_addr`: the ID's source address, and so its device (any device for a wildcard).
@@ -726,42 +854,58 @@ pub unsafe extern "C" fn rdma_get_request(
     listen: *mut rdma_cm_id,
     id: *mut *mut rdma_cm_id,
 ) -> c_int {
-    with_id(listen, |this| {
-        let Some(own) = &this.own else {
-            return Err(libc::EINVAL);
-        };
+    // What the wait and the request need of the listener, held or copied first, and no
+    // borrow of it kept during the wait: a program may destroy the listener from another
+    // thread to stop its accept loop, and this call must then fail without reading it.
+    let mut listener = None;
+    let checked = with_id(listen, |this| {
+        let own = this.own.as_ref().ok_or(libc::EINVAL)?;
         if id.is_null() {
             return Err(libc::EINVAL);
         }
-        loop {
-            let event = own
-                .events
-                .wait_for_listener(this.shared.id(), SYNC_WAIT)
-                .ok_or(libc::ETIMEDOUT)?;
-            if event.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST {
-                // SAFETY: the program's out-pointer, checked above.
-                unsafe { *id = event.ibv.id };
-                // SAFETY: the request's ID is new and the program's now; make it synchronous
-                // as its listener is, with a channel of its own.
-                if let Some(child) = unsafe { Id::from_ibv(event.ibv.id) } {
-                    if let Ok(channel) = Channel::new() {
-                        *child
-                            .shared
-                            .events
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner()) = channel.events.clone();
-                        child.own = Some(channel);
-                    }
-                }
-                if let Some((pd, mut attr)) = this.qp_attr {
-                    // SAFETY: the listener's PD (or null) and a copy of its attributes.
-                    if unsafe { rdma_create_qp(event.ibv.id, pd, &mut attr) } != 0 {
-                        return Err(crate::cm::last_errno());
-                    }
-                }
-                return Ok(0);
+        listener = Some((
+            Arc::clone(&own.events),
+            Arc::clone(&this.shared),
+            this.qp_attr,
+        ));
+        Ok(0)
+    });
+    let Some((events, shared, qp_attr)) = listener else {
+        return checked;
+    };
+    guard(-1, || loop {
+        let Some(event) = events.wait_for_listener(shared.id(), SYNC_WAIT) else {
+            set_errno(libc::ETIMEDOUT);
+            return -1;
+        };
+        if shared.destroyed.load(Ordering::Acquire) {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        if event.ibv.event != RDMA_CM_EVENT_CONNECT_REQUEST {
+            continue;
+        }
+        // SAFETY: the program's out-pointer, checked above.
+        unsafe { *id = event.ibv.id };
+        // SAFETY: the request's ID is new and the program's now; make it synchronous as its
+        // listener is, with a channel of its own.
+        if let Some(child) = unsafe { Id::from_ibv(event.ibv.id) } {
+            if let Ok(channel) = Channel::new() {
+                *child
+                    .shared
+                    .events
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = channel.events.clone();
+                child.own = Some(channel);
             }
         }
+        if let Some((pd, mut attr)) = qp_attr {
+            // SAFETY: the listener's PD (or null) and a copy of its attributes.
+            if unsafe { rdma_create_qp(event.ibv.id, pd, &mut attr) } != 0 {
+                return -1;
+            }
+        }
+        return 0;
     })
 }
 
@@ -976,6 +1120,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             return Err(errno_of(&e));
         }
         this.ibv.qp = qp;
+        this.qpn = Some(made.qp.qpn());
         this.ibv.pd = pd;
         this.ibv.send_cq = attr.send_cq;
         this.ibv.recv_cq = attr.recv_cq;
@@ -1039,6 +1184,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     with_id(id, |this| {
         let qp = std::mem::replace(&mut this.ibv.qp, ptr::null_mut());
+        this.qpn = None;
         if !qp.is_null() {
             // SAFETY: the QP `rdma_create_qp` made, destroyed once.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
@@ -1084,10 +1230,12 @@ impl Id {
             } else {
                 attr.cap.max_recv_wr
             };
+            // The ID is the CQ's context, as librdmacm makes it: `rdma_get_send_comp` and
+            // `rdma_get_recv_comp` (rdma_verbs.h) assert that the event's context is the ID.
+            let id = ptr::addr_of_mut!(self.ibv).cast::<c_void>();
             // SAFETY: as above, with the channel just made (or null).
-            let cq = unsafe {
-                crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, ptr::null_mut(), channel, 0)
-            };
+            let cq =
+                unsafe { crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, id, channel, 0) };
             if channel.is_null() || cq.is_null() {
                 self.made_cqs = true;
                 self.destroy_cqs();

@@ -217,3 +217,65 @@ fn a_program_that_moves_its_own_qp_connects_with_init_qp_attr_and_establish() {
     );
     assert!(client.contains("wrote and sent"), "{client}");
 }
+
+/// What rping's threads may do at a disconnection, made deterministic in one (`held_events.c`):
+/// the QP freed with `ibv_destroy_qp` while the ID lives on, and a later QP at its address
+/// left alone when the peer's DISCONNECTED is taken (softroce wrote that event's ERR into
+/// `id->qp`, freed); the ID destroyed while its event is held, and still readable through the
+/// event until the ack (librdmacm's `rdma_destroy_id` waits for the ack; softroce's freed the
+/// ID at once). `MALLOC_PERTURB_` makes freed memory read as its byte. And the CQs librdmacm
+/// makes for a QP given none have the ID as their context, which rdma_verbs.h asserts.
+#[test]
+fn an_id_and_a_qp_freed_under_a_held_event_are_not_touched() {
+    use softroce::transport::ConnectOptions;
+    use softroce::verbs::{Device, DeviceConfig};
+
+    let server = Device::open(DeviceConfig::udp("127.0.3.56".parse().unwrap())).unwrap();
+    let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(8).unwrap());
+    let listener = server.listen(7197).unwrap();
+    let client = common::compile_c(
+        "held_events",
+        include_str!("held_events.c"),
+        &["-lrdmacm", "-libverbs"],
+    );
+    // Each run's server accepts, and disconnects once the connection is established.
+    let served = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let request = listener
+                .next_request(Duration::from_secs(30))
+                .unwrap()
+                .expect("the client's REQ");
+            let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+            let connection = request.accept(qp, &ConnectOptions::default(), &[]).unwrap();
+            connection.established().unwrap();
+            connection.disconnect().unwrap();
+        }
+    });
+    let run = |tunables: &str| {
+        let mut run = program(
+            "127.0.3.57",
+            client.to_str().unwrap(),
+            &["127.0.3.56", "7197"],
+        );
+        run.env("MALLOC_PERTURB_", "165")
+            .env("GLIBC_TUNABLES", tunables);
+        let output = common::finish("held_events", run.spawn().unwrap(), LIMIT);
+        common::succeeded("held_events", &output)
+    };
+    // With its per-thread cache, glibc gives the QP made next the freed QP's memory; without
+    // it, glibc perturbs every freed chunk (it does not those it caches).
+    let cached = run("");
+    let perturbed = run("glibc.malloc.tcache_count=0");
+    served.join().unwrap();
+    for (out, line) in [
+        (&cached, "cq context is the id: 1"),
+        // Else the next check would not test anything.
+        (&cached, "fresh qp at the old one's address: 1"),
+        // IBV_QPS_RESET, not IBV_QPS_ERR.
+        (&cached, "fresh qp state: 0"),
+        (&perturbed, "held event's id context intact: 1"),
+        (&perturbed, "done"),
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}

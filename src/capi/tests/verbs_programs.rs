@@ -98,3 +98,109 @@ fn a_taken_address_is_refused_with_what_to_do() {
     let _ = server.kill();
     let _ = finish("ibv_rc_pingpong (server)", server, LIMIT);
 }
+
+/// A thread blocked in `ibv_get_async_event` while another closes the context, as a program
+/// whose thread watches a device for errors may stop it: the wait ends with -1 and `EIO` (what
+/// a blocked read of rdma-core's `async_fd` gets), and does not read the freed context.
+#[test]
+fn closing_a_context_ends_a_wait_for_its_asynchronous_events() {
+    let source = r#"#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+static struct ibv_context *ctx;
+static void *watch(void *arg) {
+    struct ibv_async_event event;
+    int ret = ibv_get_async_event(ctx, &event);
+    printf("wait returned %d, errno %s\n", ret, ret ? (errno == EIO ? "EIO" : "other") : "none");
+    return arg;
+}
+int main(void) {
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    pthread_t watcher;
+    if (!list || !list[0] || !(ctx = ibv_open_device(list[0]))) { perror("open"); return 1; }
+    pthread_create(&watcher, NULL, watch, NULL);
+    usleep(100000); /* the watcher is in its wait, or about to be: either way it must end */
+    if (ibv_close_device(ctx)) { perror("ibv_close_device"); return 1; }
+    pthread_join(watcher, NULL);
+    ibv_free_device_list(list);
+    return 0;
+}
+"#;
+    let watcher = common::compile_c("async_close", source, &["-libverbs", "-lpthread"]);
+    let child = program("127.0.3.12", watcher.to_str().unwrap(), &[])
+        .spawn()
+        .unwrap();
+    let output = finish("async_close", child, LIMIT);
+    let out = succeeded("async_close", &output);
+    assert!(out.contains("wait returned -1, errno EIO"), "{out}");
+}
+
+/// A CQ destroyed while its completion event is held (by a thread between `ibv_get_cq_event`
+/// and `ibv_ack_cq_events`), the two threads' steps made deterministic in one: the CQ stays
+/// readable until the event is acknowledged (rdma-core's `ibv_destroy_cq` waits for that
+/// acknowledgement; softroce's freed the CQ at once). The event is a flushed receive's
+/// completion. `MALLOC_PERTURB_`, without glibc's per-thread cache, makes freed memory read as
+/// its byte.
+#[test]
+fn a_cq_destroyed_while_its_event_is_held_stays_until_the_ack() {
+    let source = r#"#include <stdio.h>
+#include <infiniband/verbs.h>
+int main(void) {
+    static int marker;
+    static char buf[64];
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_context *ctx;
+    if (!list || !list[0] || !(ctx = ibv_open_device(list[0]))) { perror("open"); return 1; }
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_comp_channel *channel = ibv_create_comp_channel(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 4, &marker, channel, 0);
+    struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ibv_qp *qp = ibv_create_qp(pd, &init);
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+        .qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
+    struct ibv_sge sge = { .addr = (uintptr_t) buf, .length = sizeof buf, .lkey = mr ? mr->lkey : 0 };
+    struct ibv_recv_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad;
+    if (!qp || ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+            | IBV_QP_ACCESS_FLAGS) || ibv_post_recv(qp, &wr, &bad)) { perror("qp"); return 1; }
+    ibv_req_notify_cq(cq, 0);
+    attr.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(qp, &attr, IBV_QP_STATE)) { perror("to error"); return 1; }
+    struct ibv_cq *fired;
+    void *context;
+    if (ibv_get_cq_event(channel, &fired, &context)) { perror("ibv_get_cq_event"); return 1; }
+    struct ibv_wc wc;
+    int n = ibv_poll_cq(fired, 1, &wc);
+    printf("event for the cq: %d, flushed: %d\n", fired == cq && context == &marker,
+           n == 1 && wc.wr_id == 7 && wc.status == IBV_WC_WR_FLUSH_ERR);
+    ibv_destroy_qp(qp);
+    if (ibv_destroy_cq(cq)) { perror("ibv_destroy_cq"); return 1; }
+    printf("held cq intact: %d\n", fired->cq_context == &marker && fired->channel == channel);
+    ibv_ack_cq_events(fired, 1);
+    printf("channel destroyed: %d\n", ibv_destroy_comp_channel(channel) == 0);
+    ibv_dereg_mr(mr);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    ibv_free_device_list(list);
+    return 0;
+}
+"#;
+    let program_path = common::compile_c("held_cq_event", source, &["-libverbs"]);
+    let child = program("127.0.3.13", program_path.to_str().unwrap(), &[])
+        .env("MALLOC_PERTURB_", "165")
+        .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")
+        .spawn()
+        .unwrap();
+    let output = finish("held_cq_event", child, LIMIT);
+    let out = succeeded("held_cq_event", &output);
+    for line in [
+        "event for the cq: 1, flushed: 1",
+        "held cq intact: 1",
+        "channel destroyed: 1",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
