@@ -516,7 +516,7 @@ impl EngineHandle {
     pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
         if !queues.listed.swap(true, SeqCst) {
             // Unbounded, but a QP is on it at most once: as long as the device has QPs.
-            let _ = self.doorbell.ready.send(queues.qpn);
+            self.doorbell.list(queues.qpn);
         }
         self.doorbell.posted.store(true, SeqCst);
         match &self.driver {
@@ -743,12 +743,7 @@ mod tests {
                 armed: armed.clone(),
                 let_go: Arc::clone(&let_go),
             };
-            let (ready, _) = unbounded();
-            let doorbell = Arc::new(Doorbell {
-                posted: AtomicBool::new(false),
-                asleep: AtomicBool::new(false),
-                ready,
-            });
+            let doorbell = Arc::new(Doorbell::new());
             let name = ThreadName {
                 full: "test".into(),
                 kernel: "test".into(),

@@ -25,7 +25,7 @@ mod queues;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
@@ -146,13 +146,39 @@ pub(crate) enum Command {
 ///
 /// A QP posted to is put on `ready` once until the engine takes it off, so that a turn looks
 /// only at the QPs posted to, not at every QP of the device: the poster sets the QP's `listed`
-/// flag and sends its number if the flag was clear; the engine clears the flag before it
+/// flag and pushes its number if the flag was clear; the engine clears the flag before it
 /// takes the QP's posting queues, so a request posted after the take lists the QP again.
+/// `ready` is a vector under a lock, not a channel: it keeps its capacity (as many QPs as
+/// were ever posted to between two turns), where an unbounded channel allocated a block every
+/// 31 numbers sent through it.
 #[derive(Debug)]
 struct Doorbell {
     posted: AtomicBool,
     asleep: AtomicBool,
-    ready: Sender<Qpn>,
+    ready: Mutex<Vec<Qpn>>,
+}
+
+impl Doorbell {
+    fn new() -> Doorbell {
+        Doorbell {
+            posted: AtomicBool::new(false),
+            asleep: AtomicBool::new(false),
+            ready: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Puts `qpn` on the list of QPs posted to.
+    fn list(&self, qpn: Qpn) {
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(qpn);
+    }
+
+    /// Moves the QPs posted to onto the end of `look_at`.
+    fn take_listed(&self, look_at: &mut Vec<Qpn>) {
+        look_at.append(&mut self.ready.lock().unwrap_or_else(PoisonError::into_inner));
+    }
 }
 
 /// An engine thread's names: Rust's, in full ("softroce 10.99.0.11", and the engine's index
@@ -283,8 +309,6 @@ struct Engine<B: Backend> {
     poll: Poll,
     readiness: Events,
     doorbell: Arc<Doorbell>,
-    /// The QPs posted to (see [`Doorbell`]).
-    ready: Receiver<Qpn>,
     /// QPs with posted requests the core had no room for at the last look: looked at again.
     posts_left: Vec<Qpn>,
     /// `posts`' list of the QPs to look at, kept for its capacity.
@@ -357,12 +381,7 @@ pub(crate) fn start<B: Backend>(
         lanes,
         failure,
     } = parts;
-    let (ready_tx, ready) = crossbeam_channel::unbounded();
-    let doorbell = Arc::new(Doorbell {
-        posted: AtomicBool::new(false),
-        asleep: AtomicBool::new(false),
-        ready: ready_tx,
-    });
+    let doorbell = Arc::new(Doorbell::new());
     poll.registry()
         .register(backend.source(), SOCKET, Interest::READABLE)?;
     let (event_tx, events) = bounded(EVENT_QUEUE);
@@ -409,7 +428,6 @@ pub(crate) fn start<B: Backend>(
         poll,
         readiness: Events::with_capacity(64),
         doorbell: doorbell.clone(),
-        ready,
         posts_left: Vec::new(),
         looking: Vec::new(),
         backlog: false,
@@ -760,7 +778,7 @@ impl<B: Backend> Engine<B> {
         let mut look_at = std::mem::take(&mut self.looking);
         look_at.clear();
         look_at.append(&mut self.posts_left);
-        look_at.extend(self.ready.try_iter());
+        self.doorbell.take_listed(&mut look_at);
         for &qpn in &look_at {
             // Gone: destroyed after it was posted to.
             let Some(posts) = self.qps.get_mut(&qpn) else {
