@@ -1,5 +1,5 @@
 //! The hot path allocates nothing: once two devices have carried a few thousand messages, a
-//! 64-byte RDMA WRITE, SEND or READ (posted, built, sent, received, landed or answered,
+//! 64-byte RDMA WRITE, SEND (inline or not) or READ (posted, built, sent, received, landed or answered,
 //! acknowledged, completed and polled) makes no heap allocation on either side.
 //!
 //! Both devices run with inline progress, so that every turn of both engines runs in the
@@ -126,27 +126,29 @@ fn carry(a: &End, b: &End, wr_id: u64, wr: SendWr) {
     }
 }
 
-/// 64-byte WRITEs, SENDs and READs, round after round, from `a` to `b`.
+/// 64-byte WRITEs, SENDs, READs and inline SENDs (`IBV_SEND_INLINE`), round after round,
+/// from `a` to `b`.
 fn rounds(a: &End, b: &End, ids: std::ops::Range<u64>) {
     for wr_id in ids {
         let sge = a.mr.sge(0, 64).unwrap();
-        let wr = match wr_id % 3 {
+        let wr = match wr_id % 4 {
             0 => SendWr::write(wr_id, sge, b.mr.remote()),
             1 => SendWr::send(wr_id, sge),
-            _ => SendWr::read(wr_id, sge, b.mr.remote()),
+            2 => SendWr::read(wr_id, sge, b.mr.remote()),
+            _ => SendWr::send_inline(wr_id, &[0x5a; 64]),
         };
         carry(a, b, wr_id, wr);
     }
 }
 
 #[test]
-fn small_writes_sends_and_reads_allocate_nothing_once_warm() {
+fn small_writes_sends_reads_and_inline_sends_allocate_nothing_once_warm() {
     let (a, b) = (end(20), end(21));
     let options = ConnectOptions::default();
     a.qp.connect(&b.qp.endpoint(), &options).unwrap();
     b.qp.connect(&a.qp.endpoint(), &options).unwrap();
     // Warm: every vector at the capacity the traffic needs, every pool filled.
-    rounds(&a, &b, 0..6_000);
-    let allocations = allocations_in(|| rounds(&a, &b, 6_000..36_000));
-    assert_eq!(allocations, 0, "allocations in 30,000 requests");
+    rounds(&a, &b, 0..8_000);
+    let allocations = allocations_in(|| rounds(&a, &b, 8_000..40_000));
+    assert_eq!(allocations, 0, "allocations in 32,000 requests");
 }

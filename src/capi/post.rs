@@ -11,7 +11,7 @@ use std::ptr;
 
 use libc::c_int;
 use softroce::memory::BindMw;
-use softroce::transport::{Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest};
+use softroce::transport::{InlineData, Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest};
 use softroce::wire::{LKey, QKey, Qpn, RKey};
 
 use crate::abi::*;
@@ -55,9 +55,9 @@ unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeList> {
 /// # Safety
 ///
 /// Each SGE names `length` readable bytes at `addr`, as `IBV_SEND_INLINE` requires.
-unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<u8>> {
+unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<InlineData> {
     if num_sge == 0 {
-        return Some(Vec::new());
+        return Some(InlineData::new());
     }
     if !(0..=MAX_SGE).contains(&num_sge) || sg_list.is_null() {
         return None;
@@ -68,7 +68,8 @@ unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Vec<u8
     if total > u64::from(MAX_INLINE) {
         return None;
     }
-    let mut bytes = Vec::with_capacity(total as usize);
+    // Up to INLINE_BYTES in the request itself: a small inline post allocates nothing.
+    let mut bytes = InlineData::new();
     for sge in list {
         if sge.length == 0 {
             continue;

@@ -627,7 +627,7 @@ impl Agent {
             self.counters.sends_dropped += 1;
             return;
         }
-        let mut wr = SendWr::new(0, SendOp::Send, Payload::Inline(out.mad.to_vec()));
+        let mut wr = SendWr::new(0, SendOp::Send, Payload::Inline(out.mad[..].into()));
         wr.signaled = false;
         wr.ud = Some(UdDest {
             ah,

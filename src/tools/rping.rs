@@ -332,7 +332,7 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
             let wr = SendWr::new(
                 1,
                 SendOp::Send,
-                Payload::Inline(info(&r.buffers, offset, o.size)),
+                Payload::Inline(info(&r.buffers, offset, o.size).into()),
             );
             post_send(&conn, wr)?;
             if !completions.expect_all(&[WcOpcode::Send, WcOpcode::Recv])? {
@@ -499,7 +499,7 @@ fn serve_pings(
 }
 
 fn go_ahead() -> SendWr {
-    SendWr::new(4, SendOp::Send, Payload::Inline(vec![0; INFO_LEN]))
+    SendWr::new(4, SendOp::Send, Payload::Inline(vec![0; INFO_LEN].into()))
 }
 
 /// The next `struct rping_rdma_info` from the client, its receive posted again; `None` once

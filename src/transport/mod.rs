@@ -53,8 +53,8 @@ pub use requester::MAX_UNACKED_PSNS;
 pub use slots::QueueSlots;
 pub use srq::{SrqAttr, SrqId, SrqModify};
 pub use wr::{
-    Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest, WcOpcode, WcStatus, WorkCompletion,
-    INLINE_SGES,
+    InlineData, Payload, RecvWr, SendOp, SendWr, Sge, SgeList, UdDest, WcOpcode, WcStatus,
+    WorkCompletion, INLINE_BYTES, INLINE_SGES,
 };
 
 use crate::memory::{DeviceMemory, MemoryError, PdId};

@@ -185,6 +185,53 @@ impl SendOp {
     }
 }
 
+/// How many bytes an inline send holds without a heap allocation: as many as an [`SgeList`]
+/// holds of SGEs, so that a request is no larger for them.
+pub const INLINE_BYTES: usize = INLINE_SGES * std::mem::size_of::<Sge>();
+
+/// The bytes of an inline send (`IBV_SEND_INLINE`), copied when it is posted: up to
+/// [`INLINE_BYTES`] live in the request itself, so that posting one allocates nothing.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct InlineData(SmallVec<[u8; INLINE_BYTES]>);
+
+impl InlineData {
+    /// No bytes.
+    pub fn new() -> Self {
+        InlineData(SmallVec::new())
+    }
+
+    /// Appends `bytes`.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+impl fmt::Debug for InlineData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "InlineData({} bytes)", self.0.len())
+    }
+}
+
+impl Deref for InlineData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for InlineData {
+    fn from(bytes: &[u8]) -> Self {
+        InlineData(SmallVec::from_slice(bytes))
+    }
+}
+
+impl From<Vec<u8>> for InlineData {
+    /// Keeps the vector's buffer if the bytes do not fit in place.
+    fn from(bytes: Vec<u8>) -> Self {
+        InlineData(SmallVec::from_vec(bytes))
+    }
+}
+
 /// Where the payload of a send comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
@@ -193,7 +240,7 @@ pub enum Payload {
     /// UC and UD as its last packet is built).
     Sges(SgeList),
     /// Copied when the request is posted (`IBV_SEND_INLINE`).
-    Inline(Vec<u8>),
+    Inline(InlineData),
 }
 
 impl Payload {
@@ -279,7 +326,7 @@ impl SendWr {
     /// SEND of `bytes`, copied into the request now (`IBV_SEND_INLINE`): the application may
     /// reuse its buffer at once, and no region is needed.
     pub fn send_inline(wr_id: u64, bytes: &[u8]) -> Self {
-        Self::new(wr_id, SendOp::Send, Payload::Inline(bytes.to_vec()))
+        Self::new(wr_id, SendOp::Send, Payload::Inline(bytes.into()))
     }
 
     /// RDMA WRITE of the bytes `sges` name to the start of `remote` (use
@@ -546,6 +593,23 @@ impl WorkCompletion {
 mod tests {
     use super::*;
     use crate::wire::LKey;
+
+    /// Inline bytes held in place take no more room than the SGEs a request holds in place,
+    /// so that no request is larger for them; more spill to the heap, and stay whole.
+    #[test]
+    fn inline_data_costs_a_request_no_room_and_keeps_every_byte() {
+        use std::mem::size_of;
+        // A `Payload` is as large as its largest variant, and its tag.
+        assert!(size_of::<InlineData>() <= size_of::<SgeList>());
+        let small = InlineData::from(&[7u8; INLINE_BYTES][..]);
+        assert!(!small.0.spilled());
+        let mut large = InlineData::new();
+        large.extend_from_slice(&[1; INLINE_BYTES]);
+        large.extend_from_slice(&[2; 3]);
+        assert_eq!(large.len(), INLINE_BYTES + 3);
+        assert_eq!(&large[INLINE_BYTES..], [2, 2, 2]);
+        assert_eq!(InlineData::from(vec![5; 300]).len(), 300);
+    }
 
     fn sge(addr: u64) -> Sge {
         Sge {

@@ -288,7 +288,7 @@ impl World {
                 .into(),
             )
         } else if !op.is_read_or_atomic() && input.bool() {
-            Payload::Inline(vec![input.u8(); input.below(512) as usize])
+            Payload::Inline(vec![input.u8(); input.below(512) as usize].into())
         } else {
             Payload::Sges(Self::sges(&self.a, input))
         };
