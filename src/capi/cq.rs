@@ -8,7 +8,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use libc::{c_int, c_void};
 use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
@@ -50,13 +50,20 @@ struct HeldEvents {
 #[repr(C)]
 pub(crate) struct Channel {
     pub ibv: ibv_comp_channel,
+    /// Held by `ibv_get_cq_event`'s waits too: a program may destroy the channel (once its
+    /// CQs are gone) while a thread of its waits on it, as `rdma_destroy_qp` destroys the
+    /// channels librdmacm made under a thread in `rdma_get_recv_comp`.
+    core: Arc<ChannelCore>,
+}
+
+struct ChannelCore {
     epoll: OwnedFd,
     /// Held while a CQ's pointer, read from `epoll`, is used, and while a CQ leaves `epoll`:
     /// so a CQ `ibv_destroy_cq` took out is never read through a pointer fetched before.
     taking: Mutex<()>,
 }
 
-impl Channel {
+impl ChannelCore {
     fn taking(&self) -> MutexGuard<'_, ()> {
         self.taking.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -112,8 +119,10 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 fd,
                 refcnt: 0,
             },
-            epoll,
-            taking: Mutex::new(()),
+            core: Arc::new(ChannelCore {
+                epoll,
+                taking: Mutex::new(()),
+            }),
         });
         Box::into_raw(channel).cast()
     })
@@ -193,7 +202,12 @@ pub unsafe extern "C" fn ibv_create_cq(
             let fd = cq.cq.as_raw_fd();
             // SAFETY: both descriptors are open; `event` is a valid epoll_event.
             let added = unsafe {
-                libc::epoll_ctl(ch.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event)
+                libc::epoll_ctl(
+                    ch.core.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    fd,
+                    &mut event,
+                )
             };
             if added != 0 {
                 // SAFETY: `raw` is ours alone still.
@@ -228,11 +242,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // cannot while this CQ holds it).
         if let Some(ch) = unsafe { this.ibv.channel.cast::<Channel>().as_mut() } {
             let fd = this.cq.as_raw_fd();
-            let taking = ch.taking();
+            let taking = ch.core.taking();
             // SAFETY: both descriptors are open.
             unsafe {
                 libc::epoll_ctl(
-                    ch.epoll.as_raw_fd(),
+                    ch.core.epoll.as_raw_fd(),
                     libc::EPOLL_CTL_DEL,
                     fd,
                     ptr::null_mut(),
@@ -407,11 +421,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        let fd = ch.epoll.as_raw_fd();
+        // From here on, the channel's core, not the channel (see `Channel::core`).
+        let core = Arc::clone(&ch.core);
+        let fd = core.epoll.as_raw_fd();
         // SAFETY: fcntl on our own descriptor.
         let blocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK == 0;
         loop {
-            let taking = ch.taking();
+            let taking = core.taking();
             let mut event = libc::epoll_event { events: 0, u64: 0 };
             // SAFETY: one event's room, our own descriptor; no wait, under the lock.
             let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
@@ -439,7 +455,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
                 return -1;
             }
-            if n == 0 && !blocking {
+            if !blocking {
                 set_errno(libc::EAGAIN);
                 return -1;
             }

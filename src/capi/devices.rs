@@ -764,14 +764,14 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(context) = (unsafe { Context::from_ibv(context) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: every context is a leaked `Box<Context>` (`ibv_open_device`), and the
-        // program hands it back once.
-        let context = unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) };
         context.entry.close(&context.events);
-        // Before the context is freed: a waiter translates its event under the queue's lock
-        // (`ibv_get_async_event`), and finds the queue closed from now on.
+        // Before the context is freed, or made a box again: a waiter reads the context only
+        // under the queue's lock while the queue is open (`ibv_get_async_event`), and finds
+        // it closed from now on.
         context.events.close();
-        drop(context);
+        // SAFETY: every context is a leaked `Box<Context>` (`ibv_open_device`), and the
+        // program hands it back once; no waiter reads it any more.
+        drop(unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) });
         0
     })
 }
@@ -1057,7 +1057,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 }
 
 /// `ibv_get_async_event`: the next event, waiting for it unless `async_fd` is non-blocking
-/// (then -1 with `EAGAIN`). 0, or -1.
+/// (then -1 with `EAGAIN`). 0, or -1; -1 with `EIO` once another thread closes the context.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     context: *mut ibv_context,

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -137,25 +138,36 @@ impl Events {
         Some(event)
     }
 
-    /// Waits for the next event of the ID at `id` (a synchronous ID's own), at most `limit`.
-    pub(crate) fn wait_for(&self, id: *mut rdma_cm_id, limit: Duration) -> Option<Box<Event>> {
-        self.wait_until(|e| ptr::eq(e.id, id), limit)
+    /// Waits for the next event of the ID at `id` (a synchronous ID's own), at most `limit`;
+    /// `None` at the limit, or at once when `gone` is set (the ID was destroyed).
+    pub(crate) fn wait_for(
+        &self,
+        id: *mut rdma_cm_id,
+        limit: Duration,
+        gone: &AtomicBool,
+    ) -> Option<Box<Event>> {
+        self.wait_until(|e| ptr::eq(e.id, id), limit, gone)
     }
 
-    /// Waits for the next event of a request to the listening ID at `id`, at most `limit`.
+    /// Waits for the next event of a request to the listening ID at `id`, as
+    /// [`wait_for`](Self::wait_for) does.
     pub(crate) fn wait_for_listener(
         &self,
         id: *mut rdma_cm_id,
         limit: Duration,
+        gone: &AtomicBool,
     ) -> Option<Box<Event>> {
-        self.wait_until(|e| ptr::eq(e.listen_id, id), limit)
+        self.wait_until(|e| ptr::eq(e.listen_id, id), limit, gone)
     }
 
-    /// Waits for the next event that `wanted` takes, at most `limit`.
+    /// Waits for the next event that `wanted` takes, at most `limit`, and not once `gone` is
+    /// set: a destroy sets it before it forgets the ID's events, which wakes the waiters, so
+    /// none sleeps on through it.
     fn wait_until(
         &self,
         wanted: impl Fn(&rdma_cm_event) -> bool,
         limit: Duration,
+        gone: &AtomicBool,
     ) -> Option<Box<Event>> {
         let deadline = std::time::Instant::now() + limit;
         loop {
@@ -163,6 +175,9 @@ impl Events {
                 return Some(event);
             }
             let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if gone.load(Ordering::Acquire) {
+                return None;
+            }
             let left = deadline.checked_duration_since(std::time::Instant::now())?;
             if !queue.iter().any(|e| wanted(&e.ibv)) {
                 let _ = self.arrived.wait_timeout(queue, left);
@@ -170,11 +185,35 @@ impl Events {
         }
     }
 
-    /// Drops the events of the ID at `id`, destroyed before they were taken.
+    /// Drops the events of the ID at `id`, destroyed before they were taken, and wakes the
+    /// synchronous calls that wait on the queue (see [`wait_until`](Self::wait_until)).
     pub(crate) fn forget(&self, id: *mut rdma_cm_id) {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue.retain(|e| !ptr::eq(e.ibv.id, id) && !ptr::eq(e.ibv.listen_id, id));
+        queue.retain(|e| !concerns(e, id));
+        self.arrived.notify_all();
     }
+
+    /// Takes out the events of the ID at `id`, in order: for its move to another channel
+    /// (`rdma_migrate_id`). The descriptor stays readable exactly while events are left.
+    pub(crate) fn take_all_of(&self, id: *mut rdma_cm_id) -> VecDeque<Box<Event>> {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let (theirs, others) = std::mem::take(&mut *queue)
+            .into_iter()
+            .partition(|e| concerns(e, id));
+        *queue = others;
+        if queue.is_empty() && !theirs.is_empty() {
+            let mut count = 0u64;
+            // SAFETY: our own eventfd, 8 bytes; its count is not zero, since events were
+            // queued.
+            unsafe { libc::read(self.fd.as_raw_fd(), ptr::addr_of_mut!(count).cast(), 8) };
+        }
+        theirs
+    }
+}
+
+/// Whether `event` is of the ID at `id`: its own, or a request to it.
+fn concerns(event: &Event, id: *mut rdma_cm_id) -> bool {
+    ptr::eq(event.ibv.id, id) || ptr::eq(event.ibv.listen_id, id)
 }
 
 /// An event channel: the program's `rdma_event_channel`, first.
@@ -256,9 +295,16 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         let events = Arc::clone(&channel.events);
         let fd = events.fd.as_raw_fd();
         loop {
-            // SAFETY: a queued event's ID is alive: its events are forgotten, under the
-            // queue's lock, before it is destroyed.
-            let taken = events.take(|_| true, |taken| unsafe { id::hand_out(taken.ibv.id) });
+            // SAFETY: a queued event's IDs (its own, and a request's listener) are alive: an
+            // ID's events are forgotten, under the queue's lock, before it is destroyed, on
+            // the channel it is on (a migration moves them there).
+            let taken = events.take(
+                |_| true,
+                |taken| unsafe {
+                    id::hand_out(taken.ibv.id);
+                    id::hand_out(taken.ibv.listen_id);
+                },
+            );
             if let Some(next) = taken {
                 let raw = Box::into_raw(next);
                 // SAFETY: `raw` was just made from a box; the program's out-pointer is checked.
@@ -296,9 +342,12 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         // SAFETY: every event the program holds is a leaked `Box<Event>`, whose first field
         // the pointer is, handed back once.
         let event = unsafe { Box::from_raw(event.cast::<Event>()) };
-        // SAFETY: the event's ID is allocated until this release, destroyed or not
-        // (`hand_out` counted the event when `rdma_get_cm_event` took it).
-        unsafe { id::release_event(event.ibv.id, &event.ibv) };
+        // SAFETY: the event's IDs are allocated until this release, destroyed or not
+        // (`hand_out` counted the event for each when `rdma_get_cm_event` took it).
+        unsafe {
+            id::release_event(event.ibv.id, &event.ibv);
+            id::release_event(event.ibv.listen_id, &event.ibv);
+        }
         0
     })
 }

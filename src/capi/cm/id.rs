@@ -66,13 +66,14 @@ struct Shared {
     held: Mutex<Held>,
 }
 
-/// An ID's events taken by `rdma_get_cm_event` and not yet acked, and whether the program
-/// destroyed the ID meanwhile: the last ack then frees it. librdmacm's `rdma_destroy_id`
-/// blocks until those acks instead; either way, an event a thread holds (and the program's
-/// `event->id`) never points at freed memory when another thread destroys its ID, as
-/// rping's threads may at a disconnection (the CM thread between `rdma_get_cm_event` and its
-/// ack, the main thread destroying the ID). Freeing later rather than blocking keeps a
-/// destroy made by the thread holding the event (which librdmacm would hang) from hanging.
+/// An ID's events taken by `rdma_get_cm_event` and not yet acked (its own, and requests to it
+/// if it listens), and whether the program destroyed the ID meanwhile: the last ack then
+/// frees it. librdmacm's `rdma_destroy_id` blocks until those acks instead; either way, an
+/// event a thread holds (its `id` and `listen_id`) never points at freed memory when another
+/// thread destroys its ID, as rping's threads may at a disconnection (the CM thread between
+/// `rdma_get_cm_event` and its ack, the main thread destroying the ID). Freeing later rather
+/// than blocking keeps a destroy made by the thread holding the event (which librdmacm would
+/// hang) from hanging.
 #[derive(Default)]
 struct Held {
     events: usize,
@@ -250,8 +251,9 @@ impl Id {
 
     /// The QP the program created on the ID (`rdma_create_qp`).
     fn qp(&self) -> Option<&Qp> {
-        // SAFETY: `id->qp` is null or the QP `rdma_create_qp` made, which the program
-        // destroys only through `rdma_destroy_qp` (which clears it) or before the ID.
+        // SAFETY: `id->qp` is null or the QP `rdma_create_qp` made. A program that destroys
+        // it with `ibv_destroy_qp` rather than `rdma_destroy_qp` (which clears it) calls no
+        // connection verb on the ID after, as librdmacm, which uses `id->qp` there too, asks.
         unsafe { Qp::from_ibv(self.ibv.qp) }
     }
 
@@ -266,10 +268,10 @@ impl Id {
             return 0;
         };
         // The wait holds the queue, which a destroy of the ID by another thread would free
-        // with the ID's own channel.
-        let events = Arc::clone(&own.events);
-        let Some(event) = events.wait_for(self.shared.id(), SYNC_WAIT) else {
-            set_errno(libc::ETIMEDOUT);
+        // with the ID's own channel, and ends at such a destroy.
+        let (events, shared) = (Arc::clone(&own.events), Arc::clone(&self.shared));
+        let Some(event) = events.wait_for(shared.id(), SYNC_WAIT, &shared.destroyed) else {
+            set_errno(ended_wait(&shared));
             return -1;
         };
         if event.ibv.event == success {
@@ -372,26 +374,28 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             set_errno(libc::EINVAL);
             return -1;
         }
-        // SAFETY: every ID is a leaked `Box<Id>`, handed back once.
-        let mut this = unsafe { Box::from_raw(id.cast::<Id>()) };
-        let events = this.shared.destroy();
+        let this = id.cast::<Id>();
+        // SAFETY: every ID is a leaked `Box<Id>`, destroyed once. Only these two fields are
+        // borrowed, not the whole ID, which a thread holding one of its events may read
+        // meanwhile (`hand_out`, `release_event`); it becomes a box again only to be freed.
+        let (shared, listening) =
+            unsafe { (Arc::clone(&(*this).shared), (*this).listening.take()) };
+        let events = shared.destroy();
         // The connection's end goes to the CM now (its DREQ queued), not when the ID's watcher
         // lets go of it: the program may exit right after.
-        if let Stage::Connected(conn) = &*this.stage() {
+        if let Stage::Connected(conn) = &*shared.stage.lock().unwrap_or_else(|p| p.into_inner()) {
             conn.close();
         }
-        this.shared.set(Stage::Ended);
-        if let Some(listening) = this.listening.take() {
+        shared.set(Stage::Ended);
+        if let Some(listening) = listening {
             let _ = listening.join();
         }
-        // Its events still queued go; one taken after this is counted in `held` already
+        // Its events still queued go; one taken before this is counted in `held` already
         // (`hand_out` counts under the queue's lock, which `forget` takes).
         events.forget(id);
-        let shared = Arc::clone(&this.shared);
-        let this = Box::into_raw(this);
         if shared.free_now() {
-            // SAFETY: the box leaked just above; no event of the ID's is held, and none can be
-            // taken any more, so nothing else frees it or reads it.
+            // SAFETY: no event of the ID's is held, and none can be taken any more, so
+            // nothing else frees it or reads it.
             drop(unsafe { Box::from_raw(this) });
         }
         // Otherwise the last ack frees it (`release_event`): `this` is not touched again here.
@@ -874,14 +878,13 @@ pub unsafe extern "C" fn rdma_get_request(
         return checked;
     };
     guard(-1, || loop {
-        let Some(event) = events.wait_for_listener(shared.id(), SYNC_WAIT) else {
-            set_errno(libc::ETIMEDOUT);
+        // A request taken is the program's, even if the listener is destroyed meanwhile: its
+        // ID does not depend on the listener's.
+        let Some(event) = events.wait_for_listener(shared.id(), SYNC_WAIT, &shared.destroyed)
+        else {
+            set_errno(ended_wait(&shared));
             return -1;
         };
-        if shared.destroyed.load(Ordering::Acquire) {
-            set_errno(libc::EINVAL);
-            return -1;
-        }
         if event.ibv.event != RDMA_CM_EVENT_CONNECT_REQUEST {
             continue;
         }
@@ -907,6 +910,16 @@ pub unsafe extern "C" fn rdma_get_request(
         }
         return 0;
     })
+}
+
+/// Why a synchronous wait for the ID's event ended without one: the ID was destroyed meanwhile
+/// (by another thread: `EINVAL`), or its time ran out.
+fn ended_wait(shared: &Shared) -> c_int {
+    if shared.destroyed.load(Ordering::Acquire) {
+        libc::EINVAL
+    } else {
+        libc::ETIMEDOUT
+    }
 }
 
 /// `rdma_accept`: answers the request with the ID's QP (the REP goes out; `ESTABLISHED`
@@ -1281,7 +1294,15 @@ pub unsafe extern "C" fn rdma_migrate_id(
     with_id(id, |this| {
         // SAFETY: a channel the program created and has not destroyed.
         let channel_ref = unsafe { Channel::from_ibv(channel) }.ok_or(libc::EINVAL)?;
-        *this.shared.events.lock().unwrap_or_else(|p| p.into_inner()) = channel_ref.events.clone();
+        // The events not yet taken go along, in order, before any posted from now on (posts
+        // wait on this lock): the old channel, which a destroy of the ID does not look at,
+        // keeps none that would name the ID once it is freed.
+        let mut events = this.shared.events.lock().unwrap_or_else(|p| p.into_inner());
+        let old = std::mem::replace(&mut *events, channel_ref.events.clone());
+        for event in old.take_all_of(this.shared.id()) {
+            events.post(event);
+        }
+        drop(events);
         this.ibv.channel = channel;
         this.own = None;
         Ok(0)

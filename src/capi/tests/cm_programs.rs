@@ -279,3 +279,104 @@ fn an_id_and_a_qp_freed_under_a_held_event_are_not_touched() {
         assert!(out.contains(line), "no {line:?} in:\n{out}");
     }
 }
+
+/// A synchronous server's accept loop, stopped by another thread: `rdma_get_request` blocked
+/// on a listener that `rdma_destroy_ep` destroys ends at once with -1 and `EINVAL`, and reads
+/// nothing of the freed listener (it waited out its 90 s, then read it).
+#[test]
+fn destroying_a_listener_ends_a_wait_for_its_requests() {
+    let source = r#"#include <errno.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+static struct rdma_cm_id *listener;
+static void *accept_loop(void *arg) {
+    struct rdma_cm_id *id;
+    announce_tid();
+    int ret = rdma_get_request(listener, &id);
+    printf("rdma_get_request returned %d, errno %s\n", ret,
+           ret ? (errno == EINVAL ? "EINVAL" : strerror(errno)) : "none");
+    return arg;
+}
+int main(void) {
+    struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP }, *res;
+    pthread_t thread;
+    if (rdma_getaddrinfo("127.0.3.58", "7198", &hints, &res)) { perror("rdma_getaddrinfo"); return 1; }
+    if (rdma_create_ep(&listener, res, NULL, NULL)) { perror("rdma_create_ep"); return 1; }
+    if (rdma_listen(listener, 0)) { perror("rdma_listen"); return 1; }
+    pthread_create(&thread, NULL, accept_loop, NULL);
+    if (!wait_blocked()) { fprintf(stderr, "the accept loop never blocked\n"); return 1; }
+    rdma_destroy_ep(listener);
+    pthread_join(thread, NULL);
+    rdma_freeaddrinfo(res);
+    return 0;
+}
+"#;
+    let server = common::compile_c(
+        "stopped_accept",
+        &common::with_blocked_waiter(source),
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+    );
+    let child = program("127.0.3.58", server.to_str().unwrap(), &[])
+        .spawn()
+        .unwrap();
+    let out = common::succeeded(
+        "stopped_accept",
+        &common::finish("stopped_accept", child, LIMIT),
+    );
+    assert!(
+        out.contains("rdma_get_request returned -1, errno EINVAL"),
+        "{out}"
+    );
+}
+
+/// `rdma_migrate_id` takes the ID's events not yet read along to the new channel, in order:
+/// an ADDR_RESOLVED queued on the first channel is read from the second, and the first is
+/// left with nothing that names the ID (which its destroy would then free under it).
+#[test]
+fn a_migrated_id_takes_its_waiting_events_along() {
+    let source = r#"#include <poll.h>
+#include <stdio.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+static int readable(struct rdma_event_channel *ch, int ms) {
+    struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+    return poll(&p, 1, ms) == 1;
+}
+int main(void) {
+    struct rdma_event_channel *first = rdma_create_event_channel();
+    struct rdma_event_channel *second = rdma_create_event_channel();
+    struct rdma_cm_id *id;
+    struct rdma_cm_event *event;
+    struct addrinfo *dst;
+    if (getaddrinfo("127.0.3.60", "7199", NULL, &dst)) { fprintf(stderr, "getaddrinfo\n"); return 1; }
+    if (rdma_create_id(first, &id, NULL, RDMA_PS_TCP)) { perror("rdma_create_id"); return 1; }
+    if (rdma_resolve_addr(id, NULL, dst->ai_addr, 2000)) { perror("rdma_resolve_addr"); return 1; }
+    if (!readable(first, 10000)) { fprintf(stderr, "no event on the first channel\n"); return 1; }
+    if (rdma_migrate_id(id, second)) { perror("rdma_migrate_id"); return 1; }
+    printf("first channel readable after the move: %d\n", readable(first, 0));
+    if (!readable(second, 0)) { fprintf(stderr, "the event stayed behind\n"); return 1; }
+    if (rdma_get_cm_event(second, &event)) { perror("rdma_get_cm_event"); return 1; }
+    printf("moved: %s, of the id: %d\n", rdma_event_str(event->event), event->id == id);
+    rdma_ack_cm_event(event);
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(first);
+    rdma_destroy_event_channel(second);
+    freeaddrinfo(dst);
+    return 0;
+}
+"#;
+    let mover = common::compile_c("migrate_events", source, &["-lrdmacm", "-libverbs"]);
+    let child = program("127.0.3.59", mover.to_str().unwrap(), &[])
+        .spawn()
+        .unwrap();
+    let out = common::succeeded(
+        "migrate_events",
+        &common::finish("migrate_events", child, LIMIT),
+    );
+    for line in [
+        "first channel readable after the move: 0",
+        "moved: RDMA_CM_EVENT_ADDR_RESOLVED, of the id: 1",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}

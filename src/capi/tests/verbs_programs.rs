@@ -112,6 +112,7 @@ fn closing_a_context_ends_a_wait_for_its_asynchronous_events() {
 static struct ibv_context *ctx;
 static void *watch(void *arg) {
     struct ibv_async_event event;
+    announce_tid();
     int ret = ibv_get_async_event(ctx, &event);
     printf("wait returned %d, errno %s\n", ret, ret ? (errno == EIO ? "EIO" : "other") : "none");
     return arg;
@@ -121,14 +122,18 @@ int main(void) {
     pthread_t watcher;
     if (!list || !list[0] || !(ctx = ibv_open_device(list[0]))) { perror("open"); return 1; }
     pthread_create(&watcher, NULL, watch, NULL);
-    usleep(100000); /* the watcher is in its wait, or about to be: either way it must end */
+    if (!wait_blocked()) { fprintf(stderr, "the watcher never blocked\n"); return 1; }
     if (ibv_close_device(ctx)) { perror("ibv_close_device"); return 1; }
     pthread_join(watcher, NULL);
     ibv_free_device_list(list);
     return 0;
 }
 "#;
-    let watcher = common::compile_c("async_close", source, &["-libverbs", "-lpthread"]);
+    let watcher = common::compile_c(
+        "async_close",
+        &common::with_blocked_waiter(source),
+        &["-libverbs", "-lpthread"],
+    );
     let child = program("127.0.3.12", watcher.to_str().unwrap(), &[])
         .spawn()
         .unwrap();

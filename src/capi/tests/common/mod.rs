@@ -247,6 +247,36 @@ pub fn softroce(addr: &str, args: &[&str]) -> Command {
     command
 }
 
+/// `source` with C helpers before it for a program whose thread is to block in a call while
+/// another acts on what it waits for: the blocking thread calls `announce_tid()` just before
+/// that call, and the other `wait_blocked()`, which returns 1 once the first sleeps in the
+/// kernel (state S in its `/proc` stat: it sleeps nowhere else in between), 0 after 10 s.
+pub fn with_blocked_waiter(source: &str) -> String {
+    const HELPERS: &str = r#"#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static volatile pid_t blocked_tid;
+static void announce_tid(void) { blocked_tid = (pid_t) syscall(SYS_gettid); }
+static int wait_blocked(void) {
+    for (int i = 0; i < 10000; i++, usleep(1000)) {
+        char path[64], stat[512];
+        if (!blocked_tid) continue;
+        snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int) blocked_tid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(stat, 1, sizeof stat - 1, f);
+        fclose(f);
+        stat[n] = 0;
+        char *end = strrchr(stat, ')');
+        if (end && end[1] == ' ' && end[2] == 'S') return 1;
+    }
+    return 0;
+}
+"#;
+    format!("{HELPERS}{source}")
+}
+
 /// Compiles the C program `source` with `cc`, linked with `libs` (`-ldl`, `-lrdmacm`, ...),
 /// into a directory of this test process's; panics with the compiler's message if it fails.
 /// Returns the executable.
