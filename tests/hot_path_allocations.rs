@@ -1,6 +1,6 @@
 //! The hot path allocates nothing: once two devices have carried a few thousand messages, a
-//! 64-byte RDMA WRITE, SEND (inline or not) or READ (posted, built, sent, received, landed or answered,
-//! acknowledged, completed and polled) makes no heap allocation on either side.
+//! 64-byte RDMA WRITE, SEND (inline or not) or READ (posted, built, sent, received, landed or
+//! answered, acknowledged, completed and polled) makes no heap allocation on either side.
 //!
 //! Both devices run with inline progress, so that every turn of both engines runs in the
 //! test's thread, inside its verbs calls; the allocator counts that thread's allocations only.
@@ -143,8 +143,19 @@ fn rounds(a: &End, b: &End, ids: std::ops::Range<u64>) {
 
 #[test]
 fn small_writes_sends_reads_and_inline_sends_allocate_nothing_once_warm() {
+    // The counting counts: else a zero below would prove nothing.
+    assert_eq!(
+        allocations_in(|| drop(std::hint::black_box(Box::new(7u8)))),
+        1
+    );
     let (a, b) = (end(20), end(21));
-    let options = ConnectOptions::default();
+    // An ACK timeout of about 4 s (4.096 µs x 2^20), not the default's 67 ms: a host too busy
+    // to run the test's thread for that long would retransmit, a path the warm-up may not
+    // have grown the queues of.
+    let options = ConnectOptions {
+        timeout: 20,
+        ..ConnectOptions::default()
+    };
     a.qp.connect(&b.qp.endpoint(), &options).unwrap();
     b.qp.connect(&a.qp.endpoint(), &options).unwrap();
     // Warm: every vector at the capacity the traffic needs, every pool filled.

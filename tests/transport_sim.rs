@@ -89,11 +89,7 @@ fn every_operation_without_loss() {
             },
             sge(&a, 0x50008, 8),
         ),
-        (
-            17,
-            SendOp::Send,
-            Payload::Inline(b"inline bytes".to_vec().into()),
-        ),
+        (17, SendOp::Send, Payload::Inline(b"inline bytes".into())),
         (18, SendOp::SendWithInv { rkey: inv_target }, sge(&a, 0, 5)),
     ];
     for (id, op, payload) in ops {

@@ -193,8 +193,11 @@ pub unsafe extern "C" fn ibv_create_cq(
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
         let cq = unsafe { &*raw };
-        // SAFETY: a non-null channel is one the program created and has not destroyed.
-        if let Some(ch) = unsafe { channel.cast::<Channel>().as_mut() } {
+        let ch = channel.cast::<Channel>();
+        // SAFETY: a non-null channel is one the program created and has not destroyed; only
+        // its core is borrowed, and its count written through the pointer, since another
+        // thread may be in `ibv_get_cq_event` on it.
+        if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
             let mut event = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
                 u64: raw as u64,
@@ -202,19 +205,15 @@ pub unsafe extern "C" fn ibv_create_cq(
             let fd = cq.cq.as_raw_fd();
             // SAFETY: both descriptors are open; `event` is a valid epoll_event.
             let added = unsafe {
-                libc::epoll_ctl(
-                    ch.core.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_ADD,
-                    fd,
-                    &mut event,
-                )
+                libc::epoll_ctl(core.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event)
             };
             if added != 0 {
                 // SAFETY: `raw` is ours alone still.
                 drop(unsafe { Box::from_raw(raw) });
                 return ptr::null_mut();
             }
-            ch.ibv.refcnt += 1;
+            // SAFETY: as above.
+            unsafe { (*ch).ibv.refcnt += 1 };
         }
         ctx.objects
             .lock()
@@ -238,22 +237,24 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.cqs.retain(|&at| at != cq as usize);
         }
+        let ch = this.ibv.channel.cast::<Channel>();
         // SAFETY: a non-null channel is one the program created and has not destroyed (it
-        // cannot while this CQ holds it).
-        if let Some(ch) = unsafe { this.ibv.channel.cast::<Channel>().as_mut() } {
+        // cannot while this CQ holds it); only its core is borrowed, as in `ibv_create_cq`.
+        if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
             let fd = this.cq.as_raw_fd();
-            let taking = ch.core.taking();
+            let taking = core.taking();
             // SAFETY: both descriptors are open.
             unsafe {
                 libc::epoll_ctl(
-                    ch.core.epoll.as_raw_fd(),
+                    core.epoll.as_raw_fd(),
                     libc::EPOLL_CTL_DEL,
                     fd,
                     ptr::null_mut(),
                 )
             };
             drop(taking);
-            ch.ibv.refcnt -= 1;
+            // SAFETY: as above.
+            unsafe { (*ch).ibv.refcnt -= 1 };
         }
         let free_now = {
             let mut held = this.held();
@@ -404,7 +405,9 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 }
 
 /// `ibv_get_cq_event`: the next CQ of `channel` whose armed event fired, waiting for one
-/// unless the channel's descriptor is non-blocking. 0, or -1.
+/// unless the channel's descriptor is non-blocking. 0, or -1. A wait whose channel another
+/// thread destroys (after its CQs) waits on, as a read of rdma-core's channel does, without
+/// reading the freed channel.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,

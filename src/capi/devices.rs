@@ -424,13 +424,24 @@ impl Context {
     /// A non-null `ctx` must be one `ibv_open_device` returned and `ibv_close_device` has not
     /// closed.
     pub(crate) unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
+        // SAFETY: per the contract, the pointer is to a live `Context`.
+        unsafe { Self::raw_from_ibv(ctx).as_ref() }
+    }
+
+    /// The pointer to the context behind a program's `ibv_context` pointer (null for null):
+    /// what `ibv_close_device` frees through.
+    ///
+    /// # Safety
+    ///
+    /// As for [`from_ibv`](Self::from_ibv).
+    unsafe fn raw_from_ibv(ctx: *mut ibv_context) -> *mut Context {
         if ctx.is_null() {
-            return None;
+            return ptr::null_mut();
         }
         let at = offset_of!(Context, vctx) + offset_of!(verbs_context, context);
         // SAFETY: per the contract, `ctx` is the `context` field of the `vctx` of a live
-        // `Context`, so stepping back by the field's offset gives that `Context`.
-        Some(unsafe { &*ctx.byte_sub(at).cast::<Context>() })
+        // `Context`, so stepping back by the field's offset stays inside that `Context`.
+        unsafe { ctx.byte_sub(at).cast::<Context>() }
     }
 
     /// The program's pointer to this context.
@@ -761,7 +772,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a context it opened and has not closed.
-        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+        let raw = unsafe { Context::raw_from_ibv(context) };
+        // SAFETY: as above; the reference ends before the context is freed.
+        let Some(context) = (unsafe { raw.as_ref() }) else {
             return libc::EINVAL;
         };
         context.entry.close(&context.events);
@@ -771,7 +784,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         context.events.close();
         // SAFETY: every context is a leaked `Box<Context>` (`ibv_open_device`), and the
         // program hands it back once; no waiter reads it any more.
-        drop(unsafe { Box::from_raw(ptr::from_ref(context).cast_mut()) });
+        drop(unsafe { Box::from_raw(raw) });
         0
     })
 }

@@ -69,7 +69,7 @@ unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Inline
         return None;
     }
     // Up to INLINE_BYTES in the request itself: a small inline post allocates nothing.
-    let mut bytes = InlineData::new();
+    let mut bytes = InlineData::with_capacity(total as usize);
     for sge in list {
         if sge.length == 0 {
             continue;

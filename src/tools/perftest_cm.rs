@@ -190,7 +190,7 @@ impl CmLink {
 
     /// One message (`rdma_write_data`): a signalled SEND, waited for.
     pub fn write(&self, msg: &[u8], what: &str) -> Result<()> {
-        let wr = SendWr::new(5, SendOp::Send, Payload::Inline(msg[..].into()));
+        let wr = SendWr::new(5, SendOp::Send, Payload::Inline(msg.into()));
         self.conn.post_send(wr).map_err(|error| Error::Device {
             doing: format!("Couldn't send {what}"),
             error,

@@ -123,11 +123,11 @@ fn c_str(bytes: &[u8]) -> String {
 }
 
 /// `struct rping_rdma_info` for `len` bytes at `offset` into `region`.
-fn info(region: &MemoryRegion, offset: usize, len: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(INFO_LEN);
-    bytes.extend_from_slice(&(region.iova() + offset as u64).to_be_bytes());
-    bytes.extend_from_slice(&region.rkey().0.to_be_bytes());
-    bytes.extend_from_slice(&(len as u32).to_be_bytes());
+fn info(region: &MemoryRegion, offset: usize, len: usize) -> [u8; INFO_LEN] {
+    let mut bytes = [0; INFO_LEN];
+    bytes[..8].copy_from_slice(&(region.iova() + offset as u64).to_be_bytes());
+    bytes[8..12].copy_from_slice(&region.rkey().0.to_be_bytes());
+    bytes[12..].copy_from_slice(&(len as u32).to_be_bytes());
     bytes
 }
 
@@ -332,7 +332,7 @@ fn client(o: &Options, out: &mut dyn Write) -> Result<()> {
             let wr = SendWr::new(
                 1,
                 SendOp::Send,
-                Payload::Inline(info(&r.buffers, offset, o.size).into()),
+                Payload::Inline(info(&r.buffers, offset, o.size)[..].into()),
             );
             post_send(&conn, wr)?;
             if !completions.expect_all(&[WcOpcode::Send, WcOpcode::Recv])? {

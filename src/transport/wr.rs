@@ -200,6 +200,11 @@ impl InlineData {
         InlineData(SmallVec::new())
     }
 
+    /// No bytes, with room for `len` (on the heap only past [`INLINE_BYTES`]).
+    pub fn with_capacity(len: usize) -> Self {
+        InlineData(SmallVec::with_capacity(len))
+    }
+
     /// Appends `bytes`.
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         self.0.extend_from_slice(bytes);
@@ -225,8 +230,15 @@ impl From<&[u8]> for InlineData {
     }
 }
 
+impl<const N: usize> From<&[u8; N]> for InlineData {
+    fn from(bytes: &[u8; N]) -> Self {
+        Self::from(&bytes[..])
+    }
+}
+
 impl From<Vec<u8>> for InlineData {
-    /// Keeps the vector's buffer if the bytes do not fit in place.
+    /// Keeps the vector's buffer if its capacity is larger than [`INLINE_BYTES`], and
+    /// otherwise copies the bytes in place.
     fn from(bytes: Vec<u8>) -> Self {
         InlineData(SmallVec::from_vec(bytes))
     }

@@ -185,16 +185,17 @@ impl Events {
         }
     }
 
-    /// Drops the events of the ID at `id`, destroyed before they were taken, and wakes the
+    /// Takes out the events of the ID at `id`, destroyed before they were read, and wakes the
     /// synchronous calls that wait on the queue (see [`wait_until`](Self::wait_until)).
-    pub(crate) fn forget(&self, id: *mut rdma_cm_id) {
-        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue.retain(|e| !concerns(e, id));
+    pub(crate) fn forget(&self, id: *mut rdma_cm_id) -> VecDeque<Box<Event>> {
+        let forgotten = self.take_all_of(id);
         self.arrived.notify_all();
+        forgotten
     }
 
     /// Takes out the events of the ID at `id`, in order: for its move to another channel
-    /// (`rdma_migrate_id`). The descriptor stays readable exactly while events are left.
+    /// (`rdma_migrate_id`), or its destroy. The descriptor stays readable exactly while events
+    /// are left.
     pub(crate) fn take_all_of(&self, id: *mut rdma_cm_id) -> VecDeque<Box<Event>> {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let (theirs, others) = std::mem::take(&mut *queue)

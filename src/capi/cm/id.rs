@@ -8,7 +8,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,6 +60,9 @@ struct Shared {
     /// The program's pointer to the ID, which its events carry.
     me: usize,
     events: Mutex<Arc<Events>>,
+    /// The program's channel (`id->channel`), which a listener's requests' IDs take: changed
+    /// with `events`, under its lock.
+    channel: AtomicPtr<rdma_event_channel>,
     stage: Mutex<Stage>,
     destroyed: AtomicBool,
     /// The ID's events the program holds (see [`hand_out`]).
@@ -90,6 +93,19 @@ impl Shared {
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
+        events.post(event);
+    }
+
+    /// Posts the event `make` builds for a request to this listening ID, given the ID's events
+    /// and channel (for the request's own ID), both as they are under the lock a migration
+    /// takes; unless the ID is destroyed: then `make` is not called, and the request it holds
+    /// is dropped, which refuses it.
+    fn post_request(&self, make: impl FnOnce(&Arc<Events>, *mut rdma_event_channel) -> Box<Event>) {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if self.destroyed.load(Ordering::Acquire) {
+            return;
+        }
+        let event = make(&events, self.channel.load(Ordering::Relaxed));
         events.post(event);
     }
 
@@ -172,6 +188,7 @@ impl Id {
             shared: Arc::new(Shared {
                 me: 0,
                 events: Mutex::new(events),
+                channel: AtomicPtr::new(channel),
                 stage: Mutex::new(Stage::Fresh),
                 destroyed: AtomicBool::new(false),
                 held: Mutex::default(),
@@ -261,20 +278,53 @@ impl Id {
         self.shared.stage.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// For a synchronous ID, waits for the event its call posts: 0 if it is `success`, else
-    /// -1 with `errno` from the event. 0 at once for an ID on a program's channel.
-    fn finish(&self, success: u32) -> c_int {
-        let Some(own) = &self.own else {
-            return 0;
-        };
-        // The wait holds the queue, which a destroy of the ID by another thread would free
-        // with the ID's own channel, and ends at such a destroy.
-        let (events, shared) = (Arc::clone(&own.events), Arc::clone(&self.shared));
-        let Some(event) = events.wait_for(shared.id(), SYNC_WAIT, &shared.destroyed) else {
-            set_errno(ended_wait(&shared));
+    /// For a synchronous ID, the wait for the event its call posts ([`SyncWait`]), which
+    /// [`with_id`] runs once the call lets go of the ID; 0 at once for an ID on a program's
+    /// channel.
+    fn finish(&self, success: u32) -> Outcome {
+        match &self.own {
+            None => Outcome::Now(0),
+            Some(own) => Outcome::Wait(SyncWait {
+                events: Arc::clone(&own.events),
+                shared: Arc::clone(&self.shared),
+                success,
+            }),
+        }
+    }
+}
+
+/// What a call on an ID returns: a value now, or, on a synchronous ID, what its event says.
+enum Outcome {
+    Now(c_int),
+    Wait(SyncWait),
+}
+
+impl From<c_int> for Outcome {
+    fn from(value: c_int) -> Self {
+        Outcome::Now(value)
+    }
+}
+
+/// A synchronous ID's wait for the event of its call: it holds the queue and what the ID's
+/// threads share, not the ID, which another thread may destroy meanwhile (the wait then ends).
+struct SyncWait {
+    events: Arc<Events>,
+    shared: Arc<Shared>,
+    success: u32,
+}
+
+impl SyncWait {
+    /// 0 if the event is `success`, else -1 with `errno` from the event.
+    fn end(self) -> c_int {
+        let shared = &self.shared;
+        let Some(event) = self
+            .events
+            .wait_for(shared.id(), SYNC_WAIT, &shared.destroyed)
+        else {
+            set_errno(ended_wait(shared));
             return -1;
         };
-        if event.ibv.event == success {
+        if event.ibv.event == self.success {
             return 0;
         }
         let status = event.ibv.status;
@@ -312,20 +362,30 @@ fn spawn_joinable(
 }
 
 /// Runs an exported call's body on the ID behind `id`: -1 with `EINVAL` for null, -1 with
-/// the errno `body` returns, or 0.
-fn with_id(id: *mut rdma_cm_id, body: impl FnOnce(&mut Id) -> Result<c_int, c_int>) -> c_int {
+/// the errno `body` returns, or what it returns: a value, or a synchronous ID's wait, which
+/// runs once the borrow of the ID has ended.
+fn with_id<T: Into<Outcome>>(
+    id: *mut rdma_cm_id,
+    body: impl FnOnce(&mut Id) -> Result<T, c_int>,
+) -> c_int {
     guard(-1, || {
-        // SAFETY: the program passes an ID it holds.
-        let Some(this) = (unsafe { Id::from_ibv(id) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        match body(this) {
-            Ok(value) => value,
-            Err(errno) => {
-                set_errno(errno);
-                -1
+        let outcome = {
+            // SAFETY: the program passes an ID it holds.
+            let Some(this) = (unsafe { Id::from_ibv(id) }) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            match body(this) {
+                Ok(outcome) => outcome.into(),
+                Err(errno) => {
+                    set_errno(errno);
+                    return -1;
+                }
             }
+        };
+        match outcome {
+            Outcome::Now(value) => value,
+            Outcome::Wait(wait) => wait.end(),
         }
     })
 }
@@ -391,8 +451,16 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             let _ = listening.join();
         }
         // Its events still queued go; one taken before this is counted in `held` already
-        // (`hand_out` counts under the queue's lock, which `forget` takes).
-        events.forget(id);
+        // (`hand_out` counts under the queue's lock, which `forget` takes). A request no one
+        // read goes with its ID, which refuses it (the peer hears at once, rather than at
+        // its CM's timeout).
+        for event in events.forget(id) {
+            let child = event.ibv.id;
+            if ptr::eq(event.ibv.listen_id, id) && !child.is_null() {
+                // SAFETY: a queued request's ID is alive, and the program never had it.
+                unsafe { rdma_destroy_id(child) };
+            }
+        }
         if shared.free_now() {
             // SAFETY: no event of the ID's is held, and none can be taken any more, so
             // nothing else frees it or reads it.
@@ -746,7 +814,6 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         let template = Template {
             verbs: this.ibv.verbs,
             pd: this.ibv.pd,
-            channel: this.ibv.channel,
             context: this.ibv.context,
             ps: this.ibv.ps,
             local,
@@ -771,11 +838,14 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                             qp_num: 0,
                             qkey: RDMA_UDP_QKEY,
                         };
-                        let child = template.child(&shared, peer, Request::Ud(request));
-                        let mut event =
-                            Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).ud(ud, &data);
-                        event.ibv.listen_id = shared.id();
-                        shared.post(event);
+                        shared.post_request(|events, channel| {
+                            let child =
+                                template.child((events, channel), peer, Request::Ud(request));
+                            let mut event =
+                                Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).ud(ud, &data);
+                            event.ibv.listen_id = shared.id();
+                            event
+                        });
                     }
                     Ok(None) => {}
                     Err(_) => return,
@@ -802,11 +872,14 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                             qp_num: d.peer_qpn.value(),
                         };
                         let (peer, data) = (request.peer(), request.private_data().to_vec());
-                        let child = template.child(&shared, peer, Request::Rc(request));
-                        let mut event =
-                            Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(conn, &data);
-                        event.ibv.listen_id = shared.id();
-                        shared.post(event);
+                        shared.post_request(|events, channel| {
+                            let child =
+                                template.child((events, channel), peer, Request::Rc(request));
+                            let mut event = Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0)
+                                .conn(conn, &data);
+                            event.ibv.listen_id = shared.id();
+                            event
+                        });
                     }
                     Ok(None) => {}
                     Err(_) => return,
@@ -822,7 +895,6 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
 struct Template {
     verbs: *mut ibv_context,
     pd: *mut ibv_pd,
-    channel: *mut rdma_event_channel,
     context: *mut c_void,
     ps: u32,
     local: SocketAddr,
@@ -832,14 +904,15 @@ struct Template {
 unsafe impl Send for Template {}
 
 impl Template {
-    /// A new ID for `request` from `peer`, on the listening ID's channel and device.
-    fn child(&self, listener: &Shared, peer: SocketAddr, request: Request) -> *mut rdma_cm_id {
-        let events = listener
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let raw = Id::create(events, self.channel, None, self.context, self.ps);
+    /// A new ID for `request` from `peer`, on the listening ID's device and channel (its
+    /// events and the program's pointer, from [`Shared::post_request`]).
+    fn child(
+        &self,
+        (events, channel): (&Arc<Events>, *mut rdma_event_channel),
+        peer: SocketAddr,
+        request: Request,
+    ) -> *mut rdma_cm_id {
+        let raw = Id::create(events.clone(), channel, None, self.context, self.ps);
         // SAFETY: `raw` was just made; the program does not have it until the event.
         let child = unsafe { &mut *raw };
         child.ibv.verbs = self.verbs;
@@ -947,7 +1020,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
             Request::Ud(request) => {
                 this.shared.set(Stage::Ended);
                 request.reply(&qp, &data).map_err(|e| errno_of(&e))?;
-                Ok(0)
+                Ok(Outcome::Now(0))
             }
             Request::Rc(request) => {
                 // As librdmacm's: the QP is in RTS and the REP on its way when this returns;
@@ -972,7 +1045,7 @@ fn accept_manual(
     request: Request,
     param: Option<&rdma_conn_param>,
     (options, data): (&ConnectOptions, &[u8]),
-) -> Result<c_int, c_int> {
+) -> Result<Outcome, c_int> {
     let qpn = param.map_or(0, |p| p.qp_num);
     let request = match request {
         Request::Rc(request) if qpn != 0 => request,
@@ -1006,7 +1079,7 @@ fn accept_manual(
 /// An accepted ID's connection: ESTABLISHED when the peer's RTU (or first packet) comes,
 /// then its end. The event carries no parameters, as the kernel's after an RTU (cma.c
 /// `cma_ib_handler`), which a program's test against kernel rxe showed.
-fn until_established(this: &mut Id, link: Link) -> Result<c_int, c_int> {
+fn until_established(this: &mut Id, link: Link) -> Result<Outcome, c_int> {
     this.shared.set(Stage::Connected(link.clone()));
     let shared = this.shared.clone();
     spawn(move || match link.established() {
@@ -1071,7 +1144,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     with_id(id, |this| {
         let conn = match &*this.stage() {
             Stage::Connected(conn) => conn.clone(),
-            Stage::Ended => return Ok(0),
+            Stage::Ended => return Ok(Outcome::Now(0)),
             _ => return Err(libc::EINVAL),
         };
         if let Some(qp) = this.qp() {
@@ -1285,7 +1358,8 @@ impl Id {
     }
 }
 
-/// `rdma_migrate_id`: the ID's events go to `channel` from now on.
+/// `rdma_migrate_id`: the ID's events go to `channel` from now on, those not yet read
+/// included (and, for a listener, its unread requests' IDs' events).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
@@ -1299,7 +1373,23 @@ pub unsafe extern "C" fn rdma_migrate_id(
         // keeps none that would name the ID once it is freed.
         let mut events = this.shared.events.lock().unwrap_or_else(|p| p.into_inner());
         let old = std::mem::replace(&mut *events, channel_ref.events.clone());
-        for event in old.take_all_of(this.shared.id()) {
+        this.shared.channel.store(channel, Ordering::Relaxed);
+        let me = this.shared.id();
+        for event in old.take_all_of(me) {
+            // A request not yet read moves with its ID, which no one else has yet: its
+            // events go where the listener's now do.
+            if ptr::eq(event.ibv.listen_id, me) {
+                // SAFETY: a queued request's ID is alive, and the program does not have it.
+                if let Some(child) = unsafe { Id::from_ibv(event.ibv.id) } {
+                    *child
+                        .shared
+                        .events
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = channel_ref.events.clone();
+                    child.shared.channel.store(channel, Ordering::Relaxed);
+                    child.ibv.channel = channel;
+                }
+            }
             events.post(event);
         }
         drop(events);

@@ -380,3 +380,74 @@ int main(void) {
         assert!(out.contains(line), "no {line:?} in:\n{out}");
     }
 }
+
+/// `listener_moves.c` as `mode` on 127.0.3.`host`, port 7200, and a connection to it from
+/// softroce's Rust API on 127.0.3.`host + 1` once it listens: what the program printed, and the
+/// connection's outcome.
+fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>) {
+    use softroce::transport::ConnectOptions;
+    use softroce::verbs::{Connection, Device, DeviceConfig};
+    use std::io::{BufRead, BufReader, Read};
+
+    let source = include_str!("listener_moves.c");
+    // A name of its own per test: tests run at once, each compiling into one directory.
+    let name = format!("listener_moves_{mode}");
+    let server = common::compile_c(&name, source, &["-lrdmacm", "-libverbs"]);
+    let (server_ip, client_ip) = (format!("127.0.3.{host}"), format!("127.0.3.{}", host + 1));
+    let mut child = program(
+        &server_ip,
+        server.to_str().unwrap(),
+        &[mode, &server_ip, "7200"],
+    )
+    .spawn()
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "listening\n", "the program did not listen");
+    let client = Device::open(DeviceConfig::udp(client_ip.parse().unwrap())).unwrap();
+    let (pd, cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = std::net::SocketAddr::new(server_ip.parse().unwrap(), 7200);
+    let options = ConnectOptions::default();
+    let connected = Connection::connect_timeout(qp, to, &options, &[], Duration::from_secs(20));
+    let outcome = connected.map(|connection| {
+        let _ = connection.wait_event(Duration::from_secs(5));
+    });
+    let _ = child.kill();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let _ = child.wait();
+    (first + &rest, outcome)
+}
+
+/// A listener moved to another channel with a request unread (`rdma_migrate_id`): the request
+/// and its ID come on the new channel, and so do that ID's events after (its ESTABLISHED stayed
+/// on the old channel, where the program no longer looked).
+#[test]
+fn a_listener_moved_with_a_request_unread_takes_the_requests_id_along() {
+    let (out, connected) = listener_moves("migrate", 61);
+    assert!(connected.is_ok(), "{connected:?}\n{out}");
+    for line in [
+        "request on the second channel: 1, its id there: 1",
+        "then on the second channel: RDMA_CM_EVENT_ESTABLISHED",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
+
+/// A listener destroyed with a request unread refuses it: the peer hears a REJ at once
+/// (it waited out its own timeout before, the request's ID leaked).
+#[test]
+fn a_listener_destroyed_with_a_request_unread_refuses_it() {
+    use softroce::cm::Failure;
+    use softroce::verbs::Error;
+
+    let (out, connected) = listener_moves("destroy", 63);
+    assert!(out.contains("destroyed, the request unread"), "{out}");
+    match connected {
+        Err(Error::ConnectFailed(Failure::TimedOut)) => panic!("no answer came:\n{out}"),
+        Err(Error::ConnectFailed(_)) => {}
+        other => panic!("{other:?}:\n{out}"),
+    }
+}
