@@ -387,7 +387,7 @@ int main(void) {
 fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>) {
     use softroce::transport::ConnectOptions;
     use softroce::verbs::{Connection, Device, DeviceConfig};
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufRead, BufReader};
 
     let source = include_str!("listener_moves.c");
     // A name of its own per test: tests run at once, each compiling into one directory.
@@ -401,10 +401,16 @@ fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>)
     )
     .spawn()
     .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    assert_eq!(first, "listening\n", "the program did not listen");
+    // Its lines as they come, so that a program that hangs fails the test rather than hang it.
+    let (lines, printed) = std::sync::mpsc::channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        out.lines()
+            .map_while(Result::ok)
+            .try_for_each(|l| lines.send(l))
+    });
+    let first = printed.recv_timeout(LIMIT).unwrap_or_default();
+    assert_eq!(first, "listening", "the program did not listen");
     let client = Device::open(DeviceConfig::udp(client_ip.parse().unwrap())).unwrap();
     let (pd, cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
     let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
@@ -414,11 +420,18 @@ fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>)
     let outcome = connected.map(|connection| {
         let _ = connection.wait_event(Duration::from_secs(5));
     });
+    // Up to its last line ("done"), or ten seconds.
+    let mut seen = vec![first];
+    while let Ok(line) = printed.recv_timeout(Duration::from_secs(10)) {
+        let done = line == "done";
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
     let _ = child.kill();
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
     let _ = child.wait();
-    (first + &rest, outcome)
+    (seen.join("\n"), outcome)
 }
 
 /// A listener moved to another channel with a request unread (`rdma_migrate_id`): the request

@@ -32,9 +32,9 @@ int main(int argc, char **argv) {
     if (!readable(first, 30000)) { fprintf(stderr, "no request came\n"); return 1; }
     if (!strcmp(argv[1], "destroy")) {
         rdma_destroy_id(listener);
-        printf("destroyed, the request unread\n");
+        printf("destroyed, the request unread\ndone\n");
         fflush(stdout);
-        sleep(10); /* alive while the peer hears, or not */
+        sleep(10); /* alive while the peer hears, or not: the test ends it */
         return 0;
     }
     if (rdma_migrate_id(listener, second)) { perror("rdma_migrate_id"); return 1; }
@@ -58,5 +58,6 @@ int main(int argc, char **argv) {
     rdma_destroy_qp(child);
     rdma_destroy_id(child);
     rdma_destroy_id(listener);
+    printf("done\n");
     return 0;
 }
