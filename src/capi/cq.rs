@@ -133,10 +133,15 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.as_ref() }) else {
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
             return libc::EINVAL;
         };
-        if ch.refcnt > 0 {
+        // Read under the lock its changes take (`ibv_create_cq`, `ibv_destroy_cq`).
+        let busy = {
+            let _taking = ch.core.taking();
+            ch.ibv.refcnt > 0
+        };
+        if busy {
             return libc::EBUSY;
         }
         // SAFETY: every channel is a leaked `Box<Channel>`, handed back once.
@@ -212,7 +217,8 @@ pub unsafe extern "C" fn ibv_create_cq(
                 drop(unsafe { Box::from_raw(raw) });
                 return ptr::null_mut();
             }
-            // SAFETY: as above.
+            let _taking = core.taking();
+            // SAFETY: as above; under the lock its other changes and its check take.
             unsafe { (*ch).ibv.refcnt += 1 };
         }
         ctx.objects
@@ -252,9 +258,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                     ptr::null_mut(),
                 )
             };
-            drop(taking);
-            // SAFETY: as above.
+            // SAFETY: as above; under the lock, as in `ibv_create_cq`.
             unsafe { (*ch).ibv.refcnt -= 1 };
+            drop(taking);
         }
         let free_now = {
             let mut held = this.held();

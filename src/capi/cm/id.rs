@@ -60,13 +60,24 @@ struct Shared {
     /// The program's pointer to the ID, which its events carry.
     me: usize,
     events: Mutex<Arc<Events>>,
-    /// The program's channel (`id->channel`), which a listener's requests' IDs take: changed
-    /// with `events`, under its lock.
+    /// The program's channel, which a listener's requests' IDs take (as their `id->channel`):
+    /// changed with `events`, under its lock.
     channel: AtomicPtr<rdma_event_channel>,
     stage: Mutex<Stage>,
     destroyed: AtomicBool,
     /// The ID's events the program holds (see [`hand_out`]).
     held: Mutex<Held>,
+    /// The QP `rdma_create_qp` made on the ID, while the ID holds it: for the state a
+    /// connection's event leaves it in ([`note_event`], on the thread that takes the event).
+    qp: Mutex<Option<MadeQp>>,
+}
+
+/// A QP `rdma_create_qp` made: its number, and the program's pointers to it and its context.
+#[derive(Clone, Copy)]
+struct MadeQp {
+    qpn: Qpn,
+    qp: usize,
+    context: usize,
 }
 
 /// An ID's events taken by `rdma_get_cm_event` and not yet acked (its own, and requests to it
@@ -85,7 +96,7 @@ struct Held {
 
 impl Shared {
     /// Posts `event` to the ID's channel, unless the ID is destroyed. The check and the post
-    /// are made under the channel's lock, which `rdma_destroy_id` takes to mark the ID
+    /// are made under the lock of `events`, which `rdma_destroy_id` takes to mark the ID
     /// destroyed before it forgets the ID's queued events: so no event of a freed ID is left
     /// for the program to read (its `id` would point at freed memory).
     fn post(&self, event: Box<Event>) {
@@ -155,8 +166,6 @@ pub(crate) struct Id {
     /// A synchronous listener's QP attributes (`rdma_create_ep`): each request's ID gets a QP
     /// made with them, on this PD.
     qp_attr: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
-    /// The number of the QP `rdma_create_qp` made, while the ID holds it.
-    qpn: Option<Qpn>,
     /// The CQs and completion channels `rdma_create_qp` made for a QP given none.
     made_cqs: bool,
     /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
@@ -192,10 +201,10 @@ impl Id {
                 stage: Mutex::new(Stage::Fresh),
                 destroyed: AtomicBool::new(false),
                 held: Mutex::default(),
+                qp: Mutex::new(None),
             }),
             own,
             qp_attr: None,
-            qpn: None,
             made_cqs: false,
             listening: None,
         }));
@@ -426,7 +435,8 @@ pub unsafe extern "C" fn rdma_create_id(
 }
 
 /// `rdma_destroy_id`: stops what the ID was doing (a listen, a connection: its QP is moved
-/// to ERROR and the peer sent a DREQ), and forgets its events not yet taken.
+/// to ERROR and the peer sent a DREQ), and forgets its events not yet taken; a listener's
+/// requests not yet read go with their IDs, which refuses them.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     guard(-1, || {
@@ -523,27 +533,33 @@ pub(super) unsafe fn release_event(id: *mut rdma_cm_id, event: *const rdma_cm_ev
 ///
 /// `id` is null or a live ID; `event` is the program's event of it.
 pub(super) unsafe fn note_event(id: *mut rdma_cm_id, event: *mut rdma_cm_event) {
-    // SAFETY: per the contract.
-    let Some(this) = (unsafe { Id::from_ibv(id) }) else {
+    if id.is_null() {
         return;
+    }
+    // SAFETY: per the contract. Field by field, not the whole ID, which the program may be
+    // in a call on meanwhile: the field it reads its event from, and `shared`.
+    let shared = unsafe {
+        (*id).event = event;
+        Arc::clone(&(*id.cast::<Id>()).shared)
     };
-    this.ibv.event = event;
     // SAFETY: the program's event, per the contract.
     let state = match unsafe { (*event).event } {
         RDMA_CM_EVENT_ESTABLISHED => 3,  // IBV_QPS_RTS
         RDMA_CM_EVENT_DISCONNECTED => 6, // IBV_QPS_ERR
         _ => return,
     };
-    let Some(qpn) = this.qpn else { return };
+    let Some(made) = *shared.qp.lock().unwrap_or_else(|p| p.into_inner()) else {
+        return;
+    };
     // SAFETY: an ID's context is one of librdmacm's, open for the process's life.
-    let Some(context) = (unsafe { Context::from_ibv(this.ibv.verbs) }) else {
+    let Some(context) = (unsafe { Context::from_ibv(made.context as *mut ibv_context) }) else {
         return;
     };
     let objects = context.objects.lock().unwrap_or_else(|p| p.into_inner());
-    if objects.qps.contains(&(qpn, this.ibv.qp as usize)) {
+    if objects.qps.contains(&(made.qpn, made.qp)) {
         // SAFETY: listed under this lock, the QP is live: `ibv_destroy_qp` takes it off the
         // list under the same lock before it frees it.
-        unsafe { (*this.ibv.qp).state = state };
+        unsafe { (*(made.qp as *mut ibv_qp)).state = state };
     }
 }
 
@@ -1206,7 +1222,11 @@ pub unsafe extern "C" fn rdma_create_qp(
             return Err(errno_of(&e));
         }
         this.ibv.qp = qp;
-        this.qpn = Some(made.qp.qpn());
+        *this.shared.qp.lock().unwrap_or_else(|p| p.into_inner()) = Some(MadeQp {
+            qpn: made.qp.qpn(),
+            qp: qp as usize,
+            context: this.ibv.verbs as usize,
+        });
         this.ibv.pd = pd;
         this.ibv.send_cq = attr.send_cq;
         this.ibv.recv_cq = attr.recv_cq;
@@ -1270,7 +1290,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     with_id(id, |this| {
         let qp = std::mem::replace(&mut this.ibv.qp, ptr::null_mut());
-        this.qpn = None;
+        *this.shared.qp.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if !qp.is_null() {
             // SAFETY: the QP `rdma_create_qp` made, destroyed once.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
