@@ -164,7 +164,10 @@ lab_boot() {
   # TCG, not KVM: the host's /dev/kvm (a nested/PVM hypervisor) runs a stock kernel extremely
   # slowly or not at all. The extracted ELF vmlinux boots through its PVH entry point, which
   # skips the in-guest XZ decompression (~11 s to ready instead of ~17 s under TCG).
-  ip netns exec "$LAB_NS" qemu-system-x86_64 -name "$name" \
+  # Not -daemonize, which sends QEMU's own messages (e.g. a virtio device's "broken" reason) to
+  # /dev/null: a session of its own, its output in NAME.qemu.log.
+  rm -f "$LAB_RUN/$name.pid"
+  setsid -f ip netns exec "$LAB_NS" qemu-system-x86_64 -name "$name" \
     -accel tcg -cpu max -m "$LAB_MEM_MB" -smp 1 -machine q35 \
     -nodefaults -display none -no-reboot \
     -kernel "$LAB_KERNEL" -initrd "$LAB_INITRD" \
@@ -174,8 +177,10 @@ lab_boot() {
     -monitor "unix:$LAB_RUN/$name.mon,server=on,wait=off" \
     -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=n0,mac=$mac" \
-    -pidfile "$LAB_RUN/$name.pid" -daemonize 9>&- \
+    -pidfile "$LAB_RUN/$name.pid" </dev/null >"$LAB_RUN/$name.qemu.log" 2>&1 9>&- \
     || die "qemu failed to start $name"
+  for _ in $(seq 1 100); do [ -s "$LAB_RUN/$name.pid" ] && break; sleep 0.1; done
+  [ -s "$LAB_RUN/$name.pid" ] || { cat "$LAB_RUN/$name.qemu.log" >&2; die "qemu failed to start $name"; }
   log "started $name ($ip) qemu pid $(cat "$LAB_RUN/$name.pid")"
 }
 
@@ -188,12 +193,40 @@ lab_wait_ready() {
     if grep -qa "RXEVM FAILED" "$LAB_RUN/$name.console" 2>/dev/null; then
       tail -40 "$LAB_RUN/$name.console" >&2; die "$name: guest init failed (see above)"
     fi
-    _alive "$pid" || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: qemu died"; }
+    _alive "$pid" || { tail -40 "$LAB_RUN/$name.console" "$LAB_RUN/$name.qemu.log" >&2; die "$name: qemu died"; }
     [ "$(date +%s)" -lt "$deadline" ] || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: not ready after ${to}s"; }
     sleep 0.2
   done
   gexec "$name" 20 'echo ok' >/dev/null || die "$name: command server on TCP 5000 does not answer"
   log "$name ready after $(awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}') s"
+}
+
+# guest_nic_state GUEST: what QEMU's monitor says of GUEST's virtio NIC and of its transmit
+# queue (output.0, queue 1): whether the device is "broken" (QEMU gave up on it after a
+# malformed request) and how far the guest and the device got in the ring.
+guest_nic_state() {
+  "$LAB_PY" - "$LAB_RUN/$1.mon" <<'EOF'
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+def reply():
+    out = b""
+    while not out.endswith(b"(qemu) "):
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    # the monitor echoes each command with terminal escapes: keep only its answer
+    return "\n".join(l for l in out.decode(errors="replace").splitlines()
+                     if "\x1b" not in l and not l.startswith("(qemu)"))
+reply()
+dev = "/machine/peripheral-anon/device[0]/virtio-backend"
+for cmd in ("info virtio-status " + dev, "info virtio-queue-status " + dev + " 1"):
+    s.sendall(cmd.encode() + b"\n")
+    print("(qemu) " + cmd)
+    print(reply())
+EOF
 }
 
 # gexec GUEST TIMEOUT SCRIPT: run a shell script in a guest (vmA/vmB or an IP), print its combined
@@ -476,8 +509,8 @@ run_pair() {
 # ---------------------------------------------------------------------------------------------
 # cleanup
 
-# _alive PID: the process exists and is not a zombie (a killed daemonized qemu is a zombie until
-# init reaps it, and kill -0 still succeeds on it).
+# _alive PID: the process exists and is not a zombie (a killed qemu, started detached, is a
+# zombie until init reaps it, and kill -0 still succeeds on it).
 _alive() {
   local st
   st=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
