@@ -29,7 +29,9 @@
 //! - on one CPU, where every wake-up of the thread stops the application, its sleeps that
 //!   only wait for the application to go quiet end on the kernel's tick ([`COARSE_SLACK`])
 //!   rather than on a timer interrupt of their own: it takes over within a few milliseconds
-//!   instead of one;
+//!   instead of one. And it takes over outright, sleeping on the socket, while the datagrams
+//!   its turns find are mostly ones an application that spins elsewhere left ([`Spinner`]):
+//!   there, looks that chase them cost that application more than a wake-up per datagram;
 //! - the engine thread takes over at once when the application says it is about to wait
 //!   where no turn runs ([`Watchers`]): a future that is pending on a CQ or a CM channel, or a
 //!   CQ armed for its descriptor (`req_notify`, `ibv_req_notify_cq`), which a completion
@@ -115,6 +117,48 @@ const LEFT_BEHIND_GAPS: u32 = 4;
 /// 1.2-1.3 ms. (Where the one CPU idles without a tick, the sleep runs its whole slack.)
 const COARSE_SLACK: Duration = Duration::from_millis(5);
 
+/// On one CPU, the hybrid thread's tally of the datagrams its turns found: left behind by an
+/// application quiet for [`Spinner::QUIET`] or more, or not. While the first outnumber the
+/// second by [`Spinner::SURE`], the application spins elsewhere (on its memory, for a peer's
+/// WRITE, as `ib_write_lat` does), and the thread takes over as the engine thread of
+/// [`Progress::Thread`] would, sleeping on the socket. There, looks that chase the datagrams
+/// cost the spinning application a wake-up each and find each WRITE a look's period late: in
+/// the lab's guests, `ib_write_lat` took 505-570 µs a message that way, 280-295 µs with the
+/// takeover (as with the engine thread alone); the other latency rows stayed where they were,
+/// the bandwidth rows within their spread (the README has the runs).
+/// `ib_write_lat` has one of each kind a round trip (its peer's WRITE, and its own WRITE's ACK,
+/// which comes while it polls its send CQ), which keeps the tally where it is; an application
+/// that polls has the thread find its datagrams as it takes them, which brings it down. (On
+/// several CPUs the spinning application and the engine's thread do not take turns on one, and
+/// the looks are cheap: 15-50 µs on loopback, against 25 µs with the engine thread alone.)
+#[derive(Debug, Default)]
+struct Spinner(u32);
+
+impl Spinner {
+    /// How far the datagrams left behind must outnumber the others.
+    const SURE: u32 = 2;
+
+    /// How long the application must have called nothing for datagrams found to count as left
+    /// behind: longer than [`LOOK_IN_MIN`], so that a poller preempted for a moment (on one
+    /// CPU, by the thread itself or the kernel's network processing) is not taken for a
+    /// spinner. Without this and the tally (a takeover at the first datagram left behind),
+    /// `ib_write_bw`'s 64 KiB messages came out about 14% slower in the guests; with both,
+    /// within the spread of the runs.
+    const QUIET: Duration = Duration::from_micros(100);
+
+    fn found(&mut self, left_behind: bool) {
+        self.0 = if left_behind {
+            (self.0 + 1).min(2 * Self::SURE)
+        } else {
+            self.0.saturating_sub(1)
+        };
+    }
+
+    fn sure(&self) -> bool {
+        self.0 >= Self::SURE
+    }
+}
+
 /// The timer slack of every other sleep of a hybrid thread. Linux lets a sleep overrun by
 /// 50 µs by default, more than the shortest look-in: 1 µs keeps the looks where they are
 /// meant to be.
@@ -135,7 +179,8 @@ pub enum Progress {
     /// Both, the default: the application's CQ waits and polls run the engine when they can, and a
     /// thread of its own runs it once the application has waited or polled for nothing for about a
     /// millisecond (a few where the process has one CPU), or at once when the application awaits a
-    /// future of the device's or arms a CQ's descriptor. Small-message latency close to inline
+    /// future of the device's or arms a CQ's descriptor; on one CPU, also while the application
+    /// spins on its memory for a peer's WRITEs rather than calling. Small-message latency close to inline
     /// progress, with a peer still answered while the application is busy elsewhere. A post runs no
     /// turn: the next wait or poll sends it, or the thread (within about a millisecond, a few on
     /// one CPU, if the application announced no wait). A device of several engines runs each on its
@@ -419,9 +464,11 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut look_in = HANDBACK;
     // Not chasing datagrams the application left: the looks are as far apart as they go.
     let unhurried = |look_in: Duration| look_in >= HANDBACK;
+    // On one CPU: how sure the thread is that the application spins elsewhere.
+    let mut spinner = Spinner::default();
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
-        if shared.app_active(quiet) && !doorbell.posted.load(SeqCst) {
+        if !spinner.sure() && shared.app_active(quiet) && !doorbell.posted.load(SeqCst) {
             // Waiting for the application to go quiet, unless chasing datagrams it left.
             slack.set(unhurried(look_in));
             thread::park_timeout(look_in.min(HANDBACK - quiet));
@@ -433,7 +480,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
         // application may have gone quiet), and before the look, which the application may
         // answer at once.
         let quiet = shared.app_quiet_for();
-        let app_active = shared.app_active(quiet);
+        let app_active = !spinner.sure() && shared.app_active(quiet);
         match shared.try_take() {
             // While the application is active, a look: no sleeping in the socket, which the
             // application would have to interrupt.
@@ -458,6 +505,15 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 } else {
                     (look_in * 2).min(HANDBACK)
                 };
+                if slack.one_cpu() && engine.found_work() {
+                    // After a turn that slept: how quiet the application was as they came.
+                    let quiet = if wait.is_none() {
+                        shared.app_quiet_for()
+                    } else {
+                        quiet
+                    };
+                    spinner.found(quiet >= Spinner::QUIET && shared.left_behind(quiet));
+                }
             }
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
@@ -481,6 +537,11 @@ struct Slack {
 }
 
 impl Slack {
+    /// Whether the process has one CPU.
+    fn one_cpu(&self) -> bool {
+        self.waiting_for_quiet == COARSE_SLACK
+    }
+
     fn new() -> Slack {
         let one_cpu = thread::available_parallelism().is_ok_and(|cpus| cpus.get() == 1);
         Slack {
@@ -864,6 +925,44 @@ mod tests {
         shared.note_app_turn_at(us(4_000 + 50_000));
         assert!(!shared.left_behind(Duration::from_micros(60)));
         assert!(shared.left_behind(Duration::from_micros(150)));
+    }
+
+    /// The tally of [`Spinner`]: `ib_write_lat`'s round trips (its peer's WRITE left behind,
+    /// its own WRITE's ACK taken as it polls) keep the thread taking over once two WRITEs
+    /// have been found left behind; a poller's datagrams end it; and one datagram left behind
+    /// among a poller's does not start it.
+    #[test]
+    fn the_thread_takes_over_for_a_spinner_not_for_a_poller() {
+        let mut spinner = Spinner::default();
+        spinner.found(true);
+        assert!(!spinner.sure(), "one WRITE left behind is not enough");
+        spinner.found(false);
+        spinner.found(true);
+        assert!(
+            !spinner.sure(),
+            "one WRITE, its ACK, one WRITE: still one ahead"
+        );
+        spinner.found(true);
+        assert!(spinner.sure());
+        for _ in 0..100 {
+            spinner.found(false);
+            spinner.found(true);
+            assert!(spinner.sure(), "ib_write_lat's round trips keep it");
+        }
+        spinner.found(false);
+        spinner.found(false);
+        spinner.found(false);
+        assert!(!spinner.sure(), "a poller's datagrams end it at once");
+        for _ in 0..100 {
+            spinner.found(false);
+            spinner.found(false);
+            spinner.found(false);
+            spinner.found(true);
+            assert!(
+                !spinner.sure(),
+                "a poller preempted now and then is no spinner"
+            );
+        }
     }
 
     /// On one CPU, a hybrid thread that stands aside while the application is active waits
