@@ -117,22 +117,28 @@ const LEFT_BEHIND_GAPS: u32 = 4;
 /// 1.2-1.3 ms. (Where the one CPU idles without a tick, the sleep runs its whole slack.)
 const COARSE_SLACK: Duration = Duration::from_millis(5);
 
-/// On one CPU, the hybrid thread's tally of the datagrams its turns found: left behind by an
-/// application quiet for [`Spinner::QUIET`] or more, or not. While the first outnumber the
-/// second by [`Spinner::SURE`], the application spins elsewhere (on its memory, for a peer's
-/// WRITE, as `ib_write_lat` does), and the thread takes over as the engine thread of
-/// [`Progress::Thread`] would, sleeping on the socket. There, looks that chase the datagrams
-/// cost the spinning application a wake-up each and find each WRITE a look's period late: in
-/// the lab's guests, `ib_write_lat` took 505-570 µs a message that way, 280-295 µs with the
-/// takeover (as with the engine thread alone); the other latency rows stayed where they were,
-/// the bandwidth rows within their spread (the README has the runs).
-/// `ib_write_lat` has one of each kind a round trip (its peer's WRITE, and its own WRITE's ACK,
-/// which comes while it polls its send CQ), which keeps the tally where it is; an application
-/// that polls has the thread find its datagrams as it takes them, which brings it down. (On
-/// several CPUs the spinning application and the engine's thread do not take turns on one, and
-/// the looks are cheap: 15-50 µs on loopback, against 25 µs with the engine thread alone.)
+/// On one CPU, the hybrid thread's tally of the datagrams its turns find while the application
+/// keeps calling: left behind by an application quiet for [`Spinner::QUIET`] or more, or not.
+/// Once the first lead by [`Spinner::SURE`], the application spins elsewhere (on its memory,
+/// for a peer's WRITE, as `ib_write_lat` does), and the thread takes over as the engine thread
+/// of [`Progress::Thread`] would, sleeping on the socket, until the others have caught up (the
+/// tally is back at 0) or an application thread has had to take the engine from it (a wait, a
+/// command: it runs turns itself). There, looks that chase the datagrams cost the spinning
+/// application a wake-up each and find each WRITE a look's period late: in the lab's guests,
+/// `ib_write_lat` took 496-613 µs a message that way, 352-370 µs with the takeover; the other
+/// rows stayed within their spread (the README has the runs). `ib_write_lat` has one of each kind a
+/// round trip (its peer's WRITE, and its own WRITE's ACK, which comes while it polls its send
+/// CQ), which keeps the takeover; an application that polls has the thread find its datagrams
+/// as it takes them, which ends it. (On several CPUs the spinning application and the engine's
+/// thread do not take turns on one, and the looks are cheap: 15-50 µs on loopback, against
+/// 25 µs with the engine thread alone.)
 #[derive(Debug, Default)]
-struct Spinner(u32);
+struct Spinner {
+    /// Datagrams left behind less the others, from 0 to twice [`Spinner::SURE`].
+    tally: u32,
+    /// Taking over: since the tally reached `SURE`, and until it falls back to 0.
+    sure: bool,
+}
 
 impl Spinner {
     /// How far the datagrams left behind must outnumber the others.
@@ -141,21 +147,27 @@ impl Spinner {
     /// How long the application must have called nothing for datagrams found to count as left
     /// behind: longer than [`LOOK_IN_MIN`], so that a poller preempted for a moment (on one
     /// CPU, by the thread itself or the kernel's network processing) is not taken for a
-    /// spinner. Without this and the tally (a takeover at the first datagram left behind),
-    /// `ib_write_bw`'s 64 KiB messages came out about 14% slower in the guests; with both,
-    /// within the spread of the runs.
+    /// spinner. Measured at the datagrams' arrival (the turn's end would add the turn's own
+    /// time, during which, on one CPU, the application cannot call): that gave `ib_write_lat`
+    /// 273-295 µs in the guests, but took `ib_write_bw`'s long turns of 64 KiB messages for a
+    /// spinner's, about 15% of their bandwidth.
     const QUIET: Duration = Duration::from_micros(100);
 
     fn found(&mut self, left_behind: bool) {
-        self.0 = if left_behind {
-            (self.0 + 1).min(2 * Self::SURE)
+        self.tally = if left_behind {
+            (self.tally + 1).min(2 * Self::SURE)
         } else {
-            self.0.saturating_sub(1)
+            self.tally.saturating_sub(1)
         };
+        if self.tally >= Self::SURE {
+            self.sure = true;
+        } else if self.tally == 0 {
+            self.sure = false;
+        }
     }
 
     fn sure(&self) -> bool {
-        self.0 >= Self::SURE
+        self.sure
     }
 }
 
@@ -196,11 +208,12 @@ pub(super) trait Turn: Send {
     /// once the engine has stopped.
     fn turn(&mut self, wait: Option<Duration>) -> bool;
 
-    /// Whether the last turn received datagrams. The hybrid thread looks in more often while
-    /// its looks find datagrams the application's calls left. Posted requests do not count:
-    /// an application that is still posting would have its requests taken a few at a time,
-    /// in more and shorter trains.
-    fn found_work(&self) -> bool;
+    /// Whether the last turn received datagrams: when it began to handle them (after its wait
+    /// for the socket, if any). The hybrid thread looks in more often while its looks find
+    /// datagrams the application's calls left. Posted requests do not count: an application
+    /// that is still posting would have its requests taken a few at a time, in more and
+    /// shorter trains.
+    fn found_work(&self) -> Option<Instant>;
 
     /// After a panic in a turn (a bug): stops the engine without trusting its state to flush
     /// anything. The device's error says the engine panicked ([`EnginePanicked`]); the CQs'
@@ -246,6 +259,10 @@ pub(super) struct Shared {
     /// no one else takes it meanwhile (try_lock could otherwise overtake them for ever, and
     /// sleep on the socket with the interruption already spent).
     queued: AtomicUsize,
+    /// An application thread had to take the engine from its holder (a wait, a command):
+    /// it runs turns itself, so it is not spinning elsewhere (see [`Spinner`]). Cleared by the
+    /// hybrid thread.
+    app_took: AtomicBool,
     /// The device is shutting down: the hybrid thread ends.
     stopping: AtomicBool,
     /// The application's waits where no turn runs: while there are any, the hybrid thread
@@ -262,6 +279,7 @@ impl Shared {
             app_gap: AtomicU64::new(0),
             app_waits: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
+            app_took: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             watchers: Arc::new(Watchers::default()),
         })
@@ -337,8 +355,13 @@ impl Shared {
 
     /// How long since the application last ran or asked for a turn.
     fn app_quiet_for(&self) -> Duration {
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        Duration::from_nanos(now.saturating_sub(self.app_turn.load(SeqCst)))
+        self.app_quiet_at(Instant::now())
+    }
+
+    /// How long the application had been quiet at `at`.
+    fn app_quiet_at(&self, at: Instant) -> Duration {
+        let at = at.saturating_duration_since(self.epoch).as_nanos() as u64;
+        Duration::from_nanos(at.saturating_sub(self.app_turn.load(SeqCst)))
     }
 }
 
@@ -458,7 +481,9 @@ fn name_for_kernel(name: &str) {
 /// its CQ costs the thread a look a millisecond (one a tick, on one CPU), and one that spins
 /// elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs
 /// typical on loopback, against 25 µs with the engine thread alone on 2 cores and 4 ms on one,
-/// where the spinning program starves it).
+/// where the spinning program starves it). On one CPU, once the datagrams its turns find show
+/// such an application ([`Spinner`]), the thread takes over instead of looking, as if the
+/// application were quiet.
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut slack = Slack::new();
     let mut look_in = HANDBACK;
@@ -480,7 +505,10 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
         // application may have gone quiet), and before the look, which the application may
         // answer at once.
         let quiet = shared.app_quiet_for();
-        let app_active = !spinner.sure() && shared.app_active(quiet);
+        // Only what the thread finds while the application keeps calling tells a spinner
+        // from a poller: not what comes while it is quiet or waits where no turn runs.
+        let app_calls = shared.app_active(quiet);
+        let app_active = !spinner.sure() && app_calls;
         match shared.try_take() {
             // While the application is active, a look: no sleeping in the socket, which the
             // application would have to interrupt.
@@ -499,19 +527,18 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 // Datagrams found while the application calls often are ones its next call would
                 // have taken: only an application that has called nothing for a while
                 // (it spins elsewhere) brings the looks closer.
-                let left_behind = engine.found_work() && shared.left_behind(quiet);
+                let found = engine.found_work();
+                let left_behind = found.is_some() && shared.left_behind(quiet);
                 look_in = if left_behind {
                     (look_in / 2).max(LOOK_IN_MIN)
                 } else {
                     (look_in * 2).min(HANDBACK)
                 };
-                if slack.one_cpu() && engine.found_work() {
-                    // After a turn that slept: how quiet the application was as they came.
-                    let quiet = if wait.is_none() {
-                        shared.app_quiet_for()
-                    } else {
-                        quiet
-                    };
+                if shared.app_took.swap(false, Relaxed) {
+                    spinner = Spinner::default();
+                } else if let Some(at) = found.filter(|_| slack.one_cpu() && app_calls) {
+                    // How quiet the application was as they came, after a turn that slept.
+                    let quiet = shared.app_quiet_at(at);
                     spinner.found(quiet >= Spinner::QUIET && shared.left_behind(quiet));
                 }
             }
@@ -692,7 +719,12 @@ impl EngineHandle {
                     return Ok(Driven::Busy)
                 }
                 // The holder may be asleep on the socket: interrupt it rather than wait it out.
-                Patience::Always | Patience::UnlessWaiting => shared.take(|| self.waker.wake()),
+                Patience::Always | Patience::UnlessWaiting => {
+                    if hybrid {
+                        shared.app_took.store(true, Relaxed);
+                    }
+                    shared.take(|| self.waker.wake())
+                }
             },
         };
         let mut engine = taken.map_err(|()| self.gone())?;
@@ -779,8 +811,8 @@ mod tests {
             true
         }
 
-        fn found_work(&self) -> bool {
-            false
+        fn found_work(&self) -> Option<Instant> {
+            None
         }
 
         fn abandon(&mut self) {}
@@ -927,10 +959,11 @@ mod tests {
         assert!(shared.left_behind(Duration::from_micros(150)));
     }
 
-    /// The tally of [`Spinner`]: `ib_write_lat`'s round trips (its peer's WRITE left behind,
-    /// its own WRITE's ACK taken as it polls) keep the thread taking over once two WRITEs
-    /// have been found left behind; a poller's datagrams end it; and one datagram left behind
-    /// among a poller's does not start it.
+    /// The tally of [`Spinner`]: two WRITEs left behind start the takeover, one does not;
+    /// `ib_write_lat`'s round trips (its peer's WRITE left behind, its own WRITE's ACK taken
+    /// as it polls) keep it at every step; a poller's datagrams end it once they have caught
+    /// up; and a poller preempted now and then (one datagram left behind among its own) does
+    /// not start it.
     #[test]
     fn the_thread_takes_over_for_a_spinner_not_for_a_poller() {
         let mut spinner = Spinner::default();
@@ -946,15 +979,21 @@ mod tests {
         assert!(spinner.sure());
         for _ in 0..100 {
             spinner.found(false);
+            assert!(spinner.sure(), "an ACK does not end it");
             spinner.found(true);
             assert!(spinner.sure(), "ib_write_lat's round trips keep it");
         }
-        spinner.found(false);
-        spinner.found(false);
-        spinner.found(false);
-        assert!(!spinner.sure(), "a poller's datagrams end it at once");
+        // From the most the tally holds: as many of a poller's datagrams end it.
         for _ in 0..100 {
+            spinner.found(true);
+        }
+        for _ in 1..2 * Spinner::SURE {
             spinner.found(false);
+            assert!(spinner.sure(), "ended before the others caught up");
+        }
+        spinner.found(false);
+        assert!(!spinner.sure(), "a poller's datagrams end it");
+        for _ in 0..100 {
             spinner.found(false);
             spinner.found(false);
             spinner.found(true);

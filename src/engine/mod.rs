@@ -321,8 +321,9 @@ struct Engine<B: Backend> {
     /// is edge-triggered and the last receive read until there was nothing: a turn run by a
     /// post or an application's poll then costs one system call (the poll) rather than two.
     unread: bool,
-    /// The last turn received datagrams (see [`Turn::found_work`]).
-    found_work: bool,
+    /// When the last turn, having received datagrams, began to handle them (see
+    /// [`Turn::found_work`]).
+    found_work: Option<Instant>,
     /// How long after the last turn that moved packets the turns poll instead of sleeping
     /// (see [`Engine::busy_polling`]).
     busy_poll: Duration,
@@ -432,7 +433,7 @@ pub(crate) fn start<B: Backend>(
         looking: Vec::new(),
         backlog: false,
         unread: true,
-        found_work: false,
+        found_work: None,
         busy_poll,
         moved_packets_at: None,
         stopped: false,
@@ -458,7 +459,7 @@ impl<B: Backend> Turn for Engine<B> {
         !self.stopped && self.step_or_stop(wait)
     }
 
-    fn found_work(&self) -> bool {
+    fn found_work(&self) -> Option<Instant> {
         self.found_work
     }
 
@@ -575,7 +576,7 @@ impl<B: Backend> Engine<B> {
         // have handed over more, or packets may be waiting to be sent: then the next turn must
         // not sleep.
         self.backlog = received == RECEIVE_BUDGET || handed == RECEIVE_BUDGET;
-        self.found_work = received > 0 || handed > 0;
+        self.found_work = (received > 0 || handed > 0).then(|| self.start + now);
         if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
             self.endpoint.handle_timeout(now);
         }
@@ -585,7 +586,7 @@ impl<B: Backend> Engine<B> {
         }
         let (sent, more_to_send) = self.transmit()?;
         self.backlog |= more_to_send;
-        if self.found_work || sent > 0 {
+        if self.found_work.is_some() || sent > 0 {
             self.moved_packets_at = Some(now);
         }
         if !more_to_send {

@@ -187,13 +187,14 @@ lab_boot() {
 # lab_wait_ready NAME TIMEOUT: wait for "RXEVM READY" on the console and for the command server.
 lab_wait_ready() {
   local name=$1 to=${2:-120} t0 pid deadline
-  t0=$(cat "$LAB_RUN/$name.t0"); pid=$(cat "$LAB_RUN/$name.pid")
+  # (QEMU removes its pid file as it exits: a guest already gone has none)
+  t0=$(cat "$LAB_RUN/$name.t0"); pid=$(cat "$LAB_RUN/$name.pid" 2>/dev/null || true)
   deadline=$(( $(date +%s) + to ))
   while ! grep -qa "RXEVM READY" "$LAB_RUN/$name.console" 2>/dev/null; do
     if grep -qa "RXEVM FAILED" "$LAB_RUN/$name.console" 2>/dev/null; then
       tail -40 "$LAB_RUN/$name.console" >&2; die "$name: guest init failed (see above)"
     fi
-    _alive "$pid" || { tail -40 "$LAB_RUN/$name.console" "$LAB_RUN/$name.qemu.log" >&2; die "$name: qemu died"; }
+    { [ -n "$pid" ] && _alive "$pid"; } || { tail -40 "$LAB_RUN/$name.console" "$LAB_RUN/$name.qemu.log" >&2; die "$name: qemu died"; }
     [ "$(date +%s)" -lt "$deadline" ] || { tail -40 "$LAB_RUN/$name.console" >&2; die "$name: not ready after ${to}s"; }
     sleep 0.2
   done

@@ -186,21 +186,28 @@ mark_consoles() {
 # the watchdog fires only once the transmit ring is full, which a quiet guest may take minutes
 # to reach (CI on a3f07f8: the NIC stopped in matrix:write-lat:server:loss, the watchdog spoke
 # four minutes and six failed cases later).
-# A guest whose kernel crashed is not one of these: that may be rxe's answer to what softroce
-# sent, a finding the case's failure must show rather than a second attempt hide.
+# A guest whose kernel crashed is not one of these, and neither guest is then: that may be
+# rxe's answer to what softroce sent, a finding the case's failure must show rather than a
+# second attempt hide.
+KERNEL_CRASH='Kernel panic|Oops|general protection fault|kernel BUG at|BUG: (unable to handle|kernel NULL)'
 guests_unwell() {
-  local g what="" console
+  local g what="" crashed=0
   for g in vmA vmB; do
-    console=$(tail -c +"$(( ${CONSOLE_MARK[$g]:-0} + 1 ))" "$LAB_RUN/$g.console" 2>/dev/null || true)
-    if grep -qaE 'Kernel panic|BUG:|Oops|general protection fault' <<<"$console"; then
+    if console_since_mark "$g" | grep -qaE "$KERNEL_CRASH"; then
       log "$g's kernel crashed during the case (its console, $LAB_RUN/$g.console)"
-    elif grep -qaE 'NETDEV WATCHDOG|TX timeout on queue' <<<"$console"; then
+      crashed=1
+    elif console_since_mark "$g" | grep -qaE 'NETDEV WATCHDOG|TX timeout on queue'; then
       what+="${what:+, }$g's virtual NIC stopped transmitting (its console: transmit queue timed out)"
     elif ! gexec "$g" 10 true >/dev/null 2>&1; then
       what+="${what:+, }$g does not answer its command server"
     fi
   done
-  echo "$what"
+  [ "$crashed" = 1 ] || echo "$what"
+}
+
+# console_since_mark GUEST: what GUEST's console gained since mark_consoles.
+console_since_mark() {
+  tail -c +"$(( ${CONSOLE_MARK[$1]:-0} + 1 ))" "$LAB_RUN/$1.console" 2>/dev/null || true
 }
 
 # reboot_guests PREFIX: both guests stopped and booted again, as at the start; their consoles so
