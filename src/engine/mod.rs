@@ -316,10 +316,10 @@ struct Engine<B: Backend> {
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
-    /// The socket may hold datagrams not yet read: it was readable at the last poll, or the
-    /// last receive stopped at its budget. Otherwise a turn does not ask it, since readiness
-    /// is edge-triggered and the last receive read until there was nothing: a turn run by a
-    /// post or an application's poll then costs one system call (the poll) rather than two.
+    /// The socket may hold datagrams not yet read: it was readable at the last sleep, the
+    /// last receive stopped at its budget, or this turn does not sleep (and so asks the
+    /// socket instead of epoll). Otherwise a turn does not ask it, since readiness is
+    /// edge-triggered and the last receive read until there was nothing.
     unread: bool,
     /// When the last turn, having received datagrams, began to handle them (see
     /// [`Turn::found_work`]).
@@ -502,7 +502,7 @@ impl<B: Backend> Engine<B> {
     /// then runs the commands, takes the posted work requests, receives, fires the timers,
     /// transmits and hands out completions. False once the engine has shut down.
     fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
-        let mut timeout = if self.backlog || self.busy_polling() {
+        let timeout = if self.backlog || self.busy_polling() {
             Some(Duration::ZERO)
         } else {
             let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
@@ -517,22 +517,16 @@ impl<B: Backend> Engine<B> {
                 (d, c) => d.or(c),
             }
         };
-        let sleeps = timeout != Some(Duration::ZERO);
-        if sleeps {
-            self.doorbell.asleep.store(true, SeqCst);
-            if self.doorbell.posted.load(SeqCst) {
-                timeout = Some(Duration::ZERO);
-            }
-        }
-        let polled = self.poll.poll(&mut self.readiness, timeout);
-        if sleeps {
-            self.doorbell.asleep.store(false, SeqCst);
-        }
-        self.unread |= self.readiness.iter().any(|event| event.token() == SOCKET);
-        match polled {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        if timeout == Some(Duration::ZERO) {
+            // A turn that does not sleep asks the socket itself rather than epoll first: an
+            // empty look is one system call either way, and an arrival costs a `recvmsg` and
+            // the one that finds the socket empty, not an `epoll_wait` as well. On one
+            // emulated CPU, where each system call is dear, that is a tenth of a ping-pong's
+            // calls. The readiness this leaves in epoll's list does not end the next sleep:
+            // epoll asks the socket again before it reports it, and it is empty by then.
+            self.unread = true;
+        } else {
+            self.sleep(timeout)?;
         }
         // Another engine of the device stopped on its own, with the device's error: this one
         // flushes its QPs and stops too.
@@ -603,6 +597,23 @@ impl<B: Backend> Engine<B> {
         }
         self.completions();
         Ok(true)
+    }
+
+    /// Waits for the socket or the waker up to `timeout` (`None`: no limit), or not at all if a
+    /// request was posted before the doorbell heard that the engine sleeps.
+    fn sleep(&mut self, mut timeout: Option<Duration>) -> io::Result<()> {
+        self.doorbell.asleep.store(true, SeqCst);
+        if self.doorbell.posted.load(SeqCst) {
+            timeout = Some(Duration::ZERO);
+        }
+        let polled = self.poll.poll(&mut self.readiness, timeout);
+        self.doorbell.asleep.store(false, SeqCst);
+        self.unread |= self.readiness.iter().any(|event| event.token() == SOCKET);
+        match polled {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs the queued commands; false once shutdown is asked for.
