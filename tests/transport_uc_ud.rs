@@ -23,7 +23,7 @@ use softroce::transport::{
 };
 use softroce::wire::{
     BthRepr, ExtHeader, ExtHeaders, IcrcStatus, IpRepr, Opcode, PKey, PacketRepr, Position, Psn,
-    QKey, Qpn, RnrTimer, RocePacket,
+    QKey, Qpn, RKey, RnrTimer, RocePacket,
 };
 
 const IOVA: u64 = 0x10_0000;
@@ -1247,4 +1247,61 @@ fn a_batch_with_a_refused_request_completes_in_posting_order() {
         ]
     );
     assert_eq!(drain(&mut sim, 1, b.cq).len(), 2);
+}
+
+/// IBTA 11.6.3.1 (Last WQE Reached), rxe_resp.c `flush_recv_queue`: a QP that takes its
+/// receive requests from an SRQ and goes to ERROR says so once, after the completions of what
+/// it held, whether a modify took it there or an error did. A QP with a receive queue of its own says nothing, and a modify is no error: it
+/// raises no QP fatal event.
+#[test]
+fn a_qp_on_an_srq_in_error_says_it_takes_no_more_of_its_requests() {
+    let to_error = QpAttr {
+        state: Some(QpState::Error),
+        ..Default::default()
+    };
+    let events = |sim: &mut Sim, n: usize| -> Vec<AsyncEvent> {
+        std::iter::from_fn(|| sim.nodes[n].poll_event()).collect()
+    };
+
+    // By a modify, twice: one event.
+    let mut sim = Sim::new(2, seed(29), Faults::default());
+    let ([_, b], [qa, qb], srq) = pair(&mut sim, QpType::Rc, true);
+    let srq = srq.unwrap();
+    for id in 0..2 {
+        post_recv(&mut sim, 1, qb, Some(srq), recv(id, &b, 0, 64));
+    }
+    let now = sim.now;
+    sim.nodes[1].modify_qp(now, qb, &to_error).unwrap();
+    sim.nodes[1].modify_qp(now, qb, &to_error).unwrap();
+    assert_eq!(
+        events(&mut sim, 1),
+        [AsyncEvent::QpLastWqeReached { qpn: qb }]
+    );
+    sim.nodes[0].modify_qp(now, qa, &to_error).unwrap();
+    assert_eq!(
+        events(&mut sim, 0),
+        [],
+        "no SRQ, no event; a modify, no fatal"
+    );
+
+    // By an error: a WRITE whose rkey node 1 does not know breaks the QP.
+    let mut sim = Sim::new(2, seed(30), Faults::default());
+    let ([a, b], [qa, qb], srq) = pair(&mut sim, QpType::Rc, true);
+    post_recv(&mut sim, 1, qb, srq, recv(0, &b, 0, 64));
+    let bad_rkey = SendOp::Write {
+        remote_addr: IOVA,
+        rkey: RKey(b.mr.rkey().0 ^ 0x100),
+    };
+    post_send(&mut sim, 0, qa, send(1, bad_rkey, &a, 0, 8));
+    sim.run_idle(LIMIT);
+    assert_eq!(sim.nodes[1].qp_state(qb), Some(QpState::Error));
+    let said = events(&mut sim, 1);
+    assert_eq!(
+        said[said.len() - 2..],
+        [
+            AsyncEvent::QpFatal { qpn: qb },
+            AsyncEvent::QpLastWqeReached { qpn: qb }
+        ],
+        "{said:?}"
+    );
 }

@@ -665,6 +665,7 @@ pub const IBV_EVENT_CQ_ERR: c_uint = 0;
 pub const IBV_EVENT_QP_FATAL: c_uint = 1;
 pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
 pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_uint = 16;
 
 pub const IBV_PORT_ACTIVE: c_uint = 4;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;

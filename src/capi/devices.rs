@@ -484,6 +484,7 @@ impl Context {
             AsyncEvent::QpFatal { qpn } => (qp(qpn)?, IBV_EVENT_QP_FATAL),
             AsyncEvent::QpAccessError { qpn } => (qp(qpn)?, IBV_EVENT_QP_ACCESS_ERR),
             AsyncEvent::CqOverrun { cq, .. } => (cq::find(&objects.cqs, cq)?, IBV_EVENT_CQ_ERR),
+            AsyncEvent::QpLastWqeReached { qpn } => (qp(qpn)?, IBV_EVENT_QP_LAST_WQE_REACHED),
             AsyncEvent::SrqLimitReached { srq } => (
                 qp::find_srq(&objects.srqs, srq)?,
                 IBV_EVENT_SRQ_LIMIT_REACHED,

@@ -777,7 +777,7 @@ impl Endpoint {
             for qpn in qpns {
                 let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
                 if let Some(qp) = qp {
-                    qp.enter_error(&mut ctx);
+                    qp.fail(&mut ctx);
                 }
             }
         }

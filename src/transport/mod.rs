@@ -113,6 +113,15 @@ pub enum AsyncEvent {
         /// The SRQ.
         srq: SrqId,
     },
+    /// A QP that takes its receive requests from an SRQ went to the error state, by a modify
+    /// or an error: it takes no more of them, and the completions of those it held are
+    /// already on its CQ. An application drains the CQ and may then destroy the QP (IBTA
+    /// 11.6.3.1, Last WQE Reached; rxe_resp.c `flush_recv_queue`). SPDK's NVMe-oF target,
+    /// for one, waits for it before it destroys a QP of its SRQ.
+    QpLastWqeReached {
+        /// The QP.
+        qpn: Qpn,
+    },
 }
 
 /// Why a verb was refused.
@@ -432,14 +441,31 @@ impl Qp {
         }
     }
 
-    /// Moves to the error state: every outstanding request completes with WR_FLUSH_ERR.
+    /// Moves to the error state on an error the QP met (a request that failed for good, a
+    /// peer's request it must refuse, a CQ that overran): [`AsyncEvent::QpFatal`], then as
+    /// [`enter_error`](Self::enter_error).
+    pub fn fail(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Error {
+            return;
+        }
+        ctx.events.push_back(AsyncEvent::QpFatal { qpn: self.qpn });
+        self.enter_error(ctx);
+    }
+
+    /// Moves to the error state: every outstanding request completes with WR_FLUSH_ERR, and
+    /// a QP on an SRQ says that it takes no more of the SRQ's requests. A modify to ERROR
+    /// comes here without [`AsyncEvent::QpFatal`], which reports errors, not requests (rxe's
+    /// `rxe_qp_error` raises none either).
     pub fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
         if self.state == QpState::Error {
             return;
         }
         self.state = QpState::Error;
-        ctx.events.push_back(AsyncEvent::QpFatal { qpn: self.qpn });
         self.flush(ctx);
+        if self.srq.is_some() {
+            ctx.events
+                .push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn });
+        }
     }
 
     /// UC and UD: a send completed in error stops the send queue only (IBTA 10.3.1, the SQE

@@ -901,7 +901,7 @@ impl Qp {
         }
         self.complete_in_order(ctx);
         if self.qp_type == QpType::Rc {
-            self.enter_error(ctx);
+            self.fail(ctx);
         } else {
             self.enter_sq_error(ctx);
         }

@@ -997,6 +997,6 @@ impl Qp {
             ctx.events
                 .push_back(AsyncEvent::QpAccessError { qpn: self.qpn });
         }
-        self.enter_error(ctx);
+        self.fail(ctx);
     }
 }

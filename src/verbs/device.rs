@@ -549,7 +549,8 @@ impl Device {
         Ok(sum)
     }
 
-    /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun).
+    /// The next asynchronous event, if any (QP fatal, access errors, CQ overrun, an SRQ's limit,
+    /// the last request a QP in error took from its SRQ).
     pub fn poll_event(&self) -> Option<AsyncEvent> {
         let mut engines = self.inner.engines.iter();
         engines.find_map(|engine| engine.events.try_recv().ok())

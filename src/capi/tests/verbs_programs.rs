@@ -209,3 +209,56 @@ int main(void) {
         assert!(out.contains(line), "no {line:?} in:\n{out}");
     }
 }
+
+/// A QP on an SRQ moved to ERROR raises `IBV_EVENT_QP_LAST_WQE_REACHED` for that QP, and no
+/// other event (a modify is not an error): what SPDK's NVMe-oF target waits for before it
+/// destroys a QP of its SRQ (IBTA 11.6.3.1; rxe_resp.c `flush_recv_queue`).
+#[test]
+fn a_qp_on_an_srq_moved_to_error_raises_last_wqe_reached() {
+    let source = r#"#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <infiniband/verbs.h>
+int main(void) {
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_context *ctx;
+    if (!list || !list[0] || !(ctx = ibv_open_device(list[0]))) { perror("open"); return 1; }
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+    struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 4, .max_sge = 1 } };
+    struct ibv_srq *srq = pd ? ibv_create_srq(pd, &srq_init) : NULL;
+    struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq,
+        .qp_type = IBV_QPT_RC, .cap = { .max_send_wr = 1, .max_send_sge = 1 } };
+    struct ibv_qp *qp = cq && srq ? ibv_create_qp(pd, &init) : NULL;
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+        .qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
+    if (!qp || ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+            | IBV_QP_ACCESS_FLAGS)) { perror("qp"); return 1; }
+    attr.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(qp, &attr, IBV_QP_STATE)) { perror("to error"); return 1; }
+    struct ibv_async_event event;
+    if (ibv_get_async_event(ctx, &event)) { perror("ibv_get_async_event"); return 1; }
+    printf("last wqe reached: %d, for the qp: %d\n",
+           event.event_type == IBV_EVENT_QP_LAST_WQE_REACHED, event.element.qp == qp);
+    ibv_ack_async_event(&event);
+    fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
+    int more = ibv_get_async_event(ctx, &event);
+    printf("no other event: %d\n", more == -1 && errno == EAGAIN);
+    if (ibv_destroy_qp(qp) || ibv_destroy_srq(srq) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd)) {
+        perror("destroy"); return 1;
+    }
+    ibv_close_device(ctx);
+    ibv_free_device_list(list);
+    return 0;
+}
+"#;
+    let program_path = common::compile_c("last_wqe_reached", source, &["-libverbs"]);
+    let child = program("127.0.3.61", program_path.to_str().unwrap(), &[])
+        .spawn()
+        .unwrap();
+    let output = finish("last_wqe_reached", child, LIMIT);
+    let out = succeeded("last_wqe_reached", &output);
+    for line in ["last wqe reached: 1, for the qp: 1", "no other event: 1"] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
