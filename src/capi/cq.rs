@@ -17,6 +17,7 @@ use softroce::wire::Qpn;
 
 use crate::abi::*;
 use crate::devices::Context;
+use crate::held::HeldEvents;
 use crate::{guard, set_errno, unsupported};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
@@ -31,19 +32,10 @@ pub(crate) struct Cq {
     pub cq: CompletionQueue,
     /// The UD QPs that complete here: their receive completions say a GRH leads the buffer.
     pub ud_qps: RwLock<Vec<Qpn>>,
-    /// Its completion events the program holds (see [`HeldEvents`]).
-    held: Mutex<HeldEvents>,
-}
-
-/// A CQ's completion events `ibv_get_cq_event` handed out and `ibv_ack_cq_events` has not
-/// acknowledged, and whether the program destroyed the CQ meanwhile: the acknowledgement that
-/// brings them to none then frees it. rdma-core's `ibv_destroy_cq` blocks until they are
-/// acknowledged instead (ibv_get_cq_event(3)); either way a thread that got the CQ from its
-/// channel may still poll, re-arm and acknowledge it while another thread destroys it.
-#[derive(Default)]
-struct HeldEvents {
-    unacked: u32,
-    destroyed: bool,
+    /// Its completion and asynchronous events the program holds: a thread that got the CQ
+    /// from its channel may still poll, re-arm and acknowledge it while another thread
+    /// destroys it.
+    pub held: HeldEvents,
 }
 
 /// A completion channel: the program's `ibv_comp_channel`, first.
@@ -78,10 +70,6 @@ impl Cq {
     pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
         // SAFETY: per the contract, `cq` is the first field of a live `Cq`.
         unsafe { cq.cast::<Cq>().as_ref() }
-    }
-
-    fn held(&self) -> MutexGuard<'_, HeldEvents> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -193,7 +181,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             },
             cq,
             ud_qps: RwLock::new(Vec::new()),
-            held: Mutex::default(),
+            held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
@@ -262,17 +250,12 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             unsafe { (*ch).ibv.refcnt -= 1 };
             drop(taking);
         }
-        let free_now = {
-            let mut held = this.held();
-            held.destroyed = true;
-            held.unacked == 0
-        };
-        if free_now {
+        if this.held.destroy() {
             // SAFETY: every CQ is a leaked `Box<Cq>`, handed back once; no event of it is held,
             // and its channel hands out no more.
             drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
         }
-        // Otherwise the acknowledgement of its last event frees it (`HeldEvents`).
+        // Otherwise the acknowledgement of its last event frees it (`held`).
         0
     })
 }
@@ -449,9 +432,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                     // Another thread took this event first.
                     continue;
                 }
-                let mut held = this.held();
-                held.unacked = held.unacked.saturating_add(1);
-                drop(held);
+                this.held.hand_out();
                 drop(taking);
                 // SAFETY: the program's out-pointers, checked above.
                 unsafe {
@@ -486,7 +467,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     guard((), || {
         // SAFETY: the program passes a CQ it created and has not destroyed, or destroyed with
-        // events unacknowledged (then it is still allocated: `HeldEvents`); it acknowledges
+        // events unacknowledged (then it is still allocated: `Cq::held`); it acknowledges
         // from one thread at a time, as rdma-core asks of it (the field is the program's).
         let Some(ibv) = (unsafe { cq.as_mut() }) else {
             return;
@@ -494,12 +475,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         ibv.comp_events_completed = ibv.comp_events_completed.wrapping_add(nevents);
         // SAFETY: as above.
         let this = unsafe { &*cq.cast::<Cq>() };
-        let free_now = {
-            let mut held = this.held();
-            held.unacked = held.unacked.saturating_sub(nevents);
-            held.destroyed && held.unacked == 0
-        };
-        if free_now {
+        if this.held.ack(nevents) {
             // SAFETY: the CQ was destroyed and its last event is acknowledged:
             // `ibv_destroy_cq` left the box for this to free.
             drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });

@@ -28,6 +28,7 @@ use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
 use crate::config::{self, Addresses};
+use crate::held::HeldEvents;
 use crate::{cq, guard, memory, post, qp, set_errno};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
@@ -490,8 +491,15 @@ impl Context {
                 IBV_EVENT_SRQ_LIMIT_REACHED,
             ),
         };
+        let element = element as *mut c_void;
+        if let Some(named) = Named::of(event_type) {
+            // SAFETY: found among the live objects of the kind the event names, under the lock
+            // their destroys take to put them out of reach: not freed meanwhile, and after
+            // this, not before the event's acknowledgement.
+            unsafe { named.held(element) }.hand_out();
+        }
         Some(ibv_async_event {
-            element: element as *mut c_void,
+            element,
             event_type,
         })
     }
@@ -1126,9 +1134,86 @@ pub unsafe extern "C" fn ibv_get_async_event(
     })
 }
 
-/// `ibv_ack_async_event`: nothing to release; softroce's events hold no references.
+/// The kind of object an asynchronous event names.
+#[derive(Clone, Copy)]
+enum Named {
+    Qp,
+    Cq,
+    Srq,
+}
+
+impl Named {
+    /// What an event of `event_type` names; `None` for a type softroce does not raise.
+    fn of(event_type: c_uint) -> Option<Named> {
+        match event_type {
+            IBV_EVENT_QP_FATAL | IBV_EVENT_QP_ACCESS_ERR | IBV_EVENT_QP_LAST_WQE_REACHED => {
+                Some(Named::Qp)
+            }
+            IBV_EVENT_CQ_ERR => Some(Named::Cq),
+            IBV_EVENT_SRQ_LIMIT_REACHED => Some(Named::Srq),
+            _ => None,
+        }
+    }
+
+    /// What keeps `element` allocated while the program holds its events ([`crate::held`]).
+    ///
+    /// # Safety
+    ///
+    /// `element` is an object of this kind, allocated: live, or destroyed with events held.
+    unsafe fn held<'a>(self, element: *mut c_void) -> &'a HeldEvents {
+        // SAFETY: per the contract, a live allocation of this kind's type.
+        unsafe {
+            match self {
+                Named::Qp => &(*element.cast::<qp::Qp>()).held,
+                Named::Cq => &(*element.cast::<cq::Cq>()).held,
+                Named::Srq => &(*element.cast::<qp::Srq>()).held,
+            }
+        }
+    }
+
+    /// Frees `element`.
+    ///
+    /// # Safety
+    ///
+    /// `element` is a leaked box of this kind's type that its destroy left to be freed here.
+    unsafe fn free(self, element: *mut c_void) {
+        // SAFETY: per the contract.
+        unsafe {
+            match self {
+                Named::Qp => drop(Box::from_raw(element.cast::<qp::Qp>())),
+                Named::Cq => drop(Box::from_raw(element.cast::<cq::Cq>())),
+                Named::Srq => drop(Box::from_raw(element.cast::<qp::Srq>())),
+            }
+        }
+    }
+}
+
+/// `ibv_ack_async_event`: frees the object the event names if the program destroyed it
+/// meanwhile and this was its last event held ([`crate::held`]). rdma-core's
+/// `events_completed` counters are not kept: they serve its destroys' waits, which softroce's
+/// do not need.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    guard((), || {
+        // SAFETY: the program passes an event `ibv_get_async_event` gave it, once.
+        let Some(&ibv_async_event {
+            element,
+            event_type,
+        }) = (unsafe { event.as_ref() })
+        else {
+            return;
+        };
+        let Some(named) = Named::of(event_type).filter(|_| !element.is_null()) else {
+            return;
+        };
+        // SAFETY: the event holds its object allocated until this acknowledgement.
+        if unsafe { named.held(element) }.ack(1) {
+            // SAFETY: the program destroyed the object and this was its last event held: its
+            // destroy left the box for this to free.
+            unsafe { named.free(element) };
+        }
+    })
+}
 
 /// `ibv_fork_init`: softroce pins no pages, so a child after `fork` changes nothing a peer
 /// reaches; 0.

@@ -29,6 +29,7 @@ mod cm;
 mod config;
 mod cq;
 mod devices;
+mod held;
 mod memory;
 mod post;
 mod provider;

@@ -21,6 +21,7 @@ use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
 use crate::abi::*;
 use crate::cq::Cq;
 use crate::devices::Context;
+use crate::held::HeldEvents;
 use crate::memory::{access, Pd};
 use crate::post::{MAX_INLINE, MAX_SGE};
 use crate::{errno_of, guard, set_errno, unsupported};
@@ -41,6 +42,9 @@ pub(crate) struct Qp {
     pub sq_sig_all: bool,
     /// The capacities it was created with, for `ibv_query_qp`.
     cap: ibv_qp_cap,
+    /// Its asynchronous events the program holds: it stays allocated, and its engine QP with
+    /// it, until they are acknowledged, as rdma-core's `ibv_destroy_qp` waits for them.
+    pub held: HeldEvents,
 }
 
 /// A shared receive queue: the program's `ibv_srq`, first.
@@ -49,6 +53,8 @@ pub(crate) struct Srq {
     pub ibv: ibv_srq,
     pub srq: SharedReceiveQueue,
     attr: ibv_srq_attr,
+    /// Its asynchronous events the program holds (as [`Qp::held`]).
+    pub held: HeldEvents,
 }
 
 /// An address handle: the program's `ibv_ah`, first.
@@ -385,6 +391,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             qp,
             sq_sig_all: init.sq_sig_all != 0,
             cap: *cap,
+            held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: the PD's context is open while the PD lives.
@@ -518,8 +525,12 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     .retain(|&q| q != qpn);
             }
         }
-        // SAFETY: every QP is a leaked `Box<Qp>`, handed back once.
-        drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+        if this.held.destroy() {
+            // SAFETY: every QP is a leaked `Box<Qp>`, handed back once; no event of it is held,
+            // and none names it any more (it is out of the context's list).
+            drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+        }
+        // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
     })
 }
@@ -578,6 +589,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             },
             srq,
             attr: init.attr,
+            held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: the PD's context is open while the PD lives.
@@ -653,8 +665,12 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.srqs.retain(|&at| at != srq as usize);
         }
-        // SAFETY: every SRQ is a leaked `Box<Srq>`, handed back once.
-        drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+        // SAFETY: every SRQ is a leaked `Box<Srq>` the program has not destroyed.
+        if unsafe { &*srq.cast::<Srq>() }.held.destroy() {
+            // SAFETY: handed back once; no event of it is held, and none names it any more.
+            drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+        }
+        // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
     })
 }

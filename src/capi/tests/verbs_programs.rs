@@ -212,7 +212,10 @@ int main(void) {
 
 /// A QP on an SRQ moved to ERROR raises `IBV_EVENT_QP_LAST_WQE_REACHED` for that QP, and no
 /// other event (a modify is not an error): what SPDK's NVMe-oF target waits for before it
-/// destroys a QP of its SRQ (IBTA 11.6.3.1; rxe_resp.c `flush_recv_queue`).
+/// destroys a QP of its SRQ (IBTA 11.6.3.1; rxe_resp.c `flush_recv_queue`). The QP, destroyed
+/// while the event is held, stays readable until the event's acknowledgement (rdma-core's
+/// `ibv_destroy_qp` waits for it); `MALLOC_PERTURB_`, without glibc's per-thread cache, makes
+/// freed memory read as its byte.
 #[test]
 fn a_qp_on_an_srq_moved_to_error_raises_last_wqe_reached() {
     let source = r#"#include <errno.h>
@@ -227,8 +230,9 @@ int main(void) {
     struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
     struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 4, .max_sge = 1 } };
     struct ibv_srq *srq = pd ? ibv_create_srq(pd, &srq_init) : NULL;
-    struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .srq = srq,
-        .qp_type = IBV_QPT_RC, .cap = { .max_send_wr = 1, .max_send_sge = 1 } };
+    static int marker;
+    struct ibv_qp_init_attr init = { .qp_context = &marker, .send_cq = cq, .recv_cq = cq,
+        .srq = srq, .qp_type = IBV_QPT_RC, .cap = { .max_send_wr = 1, .max_send_sge = 1 } };
     struct ibv_qp *qp = cq && srq ? ibv_create_qp(pd, &init) : NULL;
     struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
         .qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
@@ -240,11 +244,15 @@ int main(void) {
     if (ibv_get_async_event(ctx, &event)) { perror("ibv_get_async_event"); return 1; }
     printf("last wqe reached: %d, for the qp: %d\n",
            event.event_type == IBV_EVENT_QP_LAST_WQE_REACHED, event.element.qp == qp);
+    uint32_t qpn = qp->qp_num;
+    if (ibv_destroy_qp(qp)) { perror("ibv_destroy_qp"); return 1; }
+    printf("held qp intact: %d\n", event.element.qp->qp_num == qpn
+           && event.element.qp->qp_context == &marker && event.element.qp->srq == srq);
     ibv_ack_async_event(&event);
     fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
     int more = ibv_get_async_event(ctx, &event);
     printf("no other event: %d\n", more == -1 && errno == EAGAIN);
-    if (ibv_destroy_qp(qp) || ibv_destroy_srq(srq) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd)) {
+    if (ibv_destroy_srq(srq) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd)) {
         perror("destroy"); return 1;
     }
     ibv_close_device(ctx);
@@ -254,11 +262,17 @@ int main(void) {
 "#;
     let program_path = common::compile_c("last_wqe_reached", source, &["-libverbs"]);
     let child = program("127.0.3.61", program_path.to_str().unwrap(), &[])
+        .env("MALLOC_PERTURB_", "165")
+        .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")
         .spawn()
         .unwrap();
     let output = finish("last_wqe_reached", child, LIMIT);
     let out = succeeded("last_wqe_reached", &output);
-    for line in ["last wqe reached: 1, for the qp: 1", "no other event: 1"] {
+    for line in [
+        "last wqe reached: 1, for the qp: 1",
+        "held qp intact: 1",
+        "no other event: 1",
+    ] {
         assert!(out.contains(line), "no {line:?} in:\n{out}");
     }
 }
