@@ -794,17 +794,34 @@ mod tests {
     /// An engine that reports each turn, and, once armed, holds a turn that may sleep until
     /// told to let go, as a turn sleeping on the socket would. Before it is armed nothing is
     /// held: until the test makes its application active, the thread takes over turn after
-    /// turn, and must not be stuck in one.
+    /// turn, and must not be stuck in one. While `finds` is set, each turn finds datagrams
+    /// as it begins.
     struct Recorder {
         turns: Sender<TurnSeen>,
         armed: Arc<AtomicBool>,
         let_go: Arc<AtomicBool>,
+        finds: Arc<AtomicBool>,
+        began: Option<Instant>,
+    }
+
+    impl Recorder {
+        fn new(turns: Sender<TurnSeen>) -> Recorder {
+            Recorder {
+                turns,
+                armed: Arc::default(),
+                let_go: Arc::default(),
+                finds: Arc::default(),
+                began: None,
+            }
+        }
     }
 
     impl Turn for Recorder {
         fn turn(&mut self, wait: Option<Duration>) -> bool {
             let slack = rustix::thread::current_timer_slack().ok();
-            let _ = self.turns.send((wait, slack, Instant::now()));
+            let began = Instant::now();
+            self.began = Some(began);
+            let _ = self.turns.send((wait, slack, began));
             while wait.is_none() && self.armed.load(SeqCst) && !self.let_go.load(SeqCst) {
                 thread::sleep(Duration::from_micros(100));
             }
@@ -812,7 +829,7 @@ mod tests {
         }
 
         fn found_work(&self) -> Option<Instant> {
-            None
+            self.began.filter(|_| self.finds.load(SeqCst))
         }
 
         fn abandon(&mut self) {}
@@ -825,17 +842,16 @@ mod tests {
         thread: Option<JoinHandle<()>>,
         turns: Receiver<TurnSeen>,
         let_go: Arc<AtomicBool>,
+        finds: Arc<AtomicBool>,
     }
 
     impl ActiveHybrid {
         fn start() -> ActiveHybrid {
             let (turns, seen) = unbounded();
-            let (armed, let_go) = (Arc::new(AtomicBool::new(false)), Arc::default());
-            let engine = Recorder {
-                turns,
-                armed: armed.clone(),
-                let_go: Arc::clone(&let_go),
-            };
+            let engine = Recorder::new(turns);
+            let armed = Arc::clone(&engine.armed);
+            let let_go = Arc::clone(&engine.let_go);
+            let finds = Arc::clone(&engine.finds);
             let doorbell = Arc::new(Doorbell::new());
             let name = ThreadName {
                 full: "test".into(),
@@ -850,6 +866,7 @@ mod tests {
                 thread: Some(thread),
                 turns: seen,
                 let_go,
+                finds,
             };
             hybrid.shared.app_turn.store(u64::MAX, SeqCst);
             let active = Instant::now();
@@ -931,11 +948,7 @@ mod tests {
     #[test]
     fn datagrams_are_left_behind_by_the_applications_own_pace() {
         let (turns, _) = unbounded();
-        let shared = Shared::new(Box::new(Recorder {
-            turns,
-            armed: Arc::default(),
-            let_go: Arc::default(),
-        }));
+        let shared = Shared::new(Box::new(Recorder::new(turns)));
         let us = |n: u64| n * 1_000;
         for i in 1..=100 {
             shared.note_app_turn_at(us(i));
@@ -1022,6 +1035,49 @@ mod tests {
             hybrid.takeover_within(Duration::from_secs(10)),
             Some(Some(fine)),
             "taken over"
+        );
+    }
+
+    /// On one CPU, as a whole: the looks of a hybrid thread standing aside find datagrams at
+    /// every turn. While the application polls (its last call is always now), they are its
+    /// next call's, and the thread stays aside. Once it is still active but has called nothing
+    /// for longer than [`Spinner::QUIET`] (it spins on its memory), they were left behind, and
+    /// the thread takes over, sleeping on the socket, though the application is active, within
+    /// a few looks.
+    #[test]
+    fn on_one_cpu_the_thread_takes_over_from_an_application_that_spins_elsewhere() {
+        crate::test_support::pin_to_one_cpu();
+        let hybrid = ActiveHybrid::start();
+        hybrid.finds.store(true, SeqCst);
+        assert_eq!(
+            hybrid.takeover_within(40 * HANDBACK),
+            None,
+            "took over from an application that polls"
+        );
+        // The spinning application: its last call 200 µs ago, whenever the thread looks.
+        let spinning = Arc::new(AtomicBool::new(true));
+        let spinner = {
+            let (shared, spinning) = (Arc::clone(&hybrid.shared), Arc::clone(&spinning));
+            thread::spawn(move || {
+                while spinning.load(SeqCst) {
+                    let now = shared.epoch.elapsed().as_nanos() as u64;
+                    shared.app_turn.store(now.saturating_sub(200_000), SeqCst);
+                    thread::sleep(Duration::from_micros(20));
+                }
+            })
+        };
+        // Two looks that find datagrams left behind make it sure; a few more may have begun
+        // before the spinning did. (Without the tally, the thread would take over only when
+        // the application looks quiet for `HANDBACK`, after hundreds of looks.)
+        let mut looks = 0;
+        while let Ok((Some(_), ..)) = hybrid.turns.recv_timeout(Duration::from_secs(10)) {
+            looks += 1;
+        }
+        spinning.store(false, SeqCst);
+        spinner.join().unwrap();
+        assert!(
+            looks <= 2 * Spinner::SURE + 2,
+            "took over after {looks} looks that found datagrams left behind"
         );
     }
 }
