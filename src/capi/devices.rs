@@ -490,6 +490,8 @@ impl Context {
                 qp::find_srq(&objects.srqs, srq)?,
                 IBV_EVENT_SRQ_LIMIT_REACHED,
             ),
+            // A kind the crate may gain that this library does not report yet.
+            _ => return None,
         };
         let element = element as *mut c_void;
         if let Some(named) = Named::of(event_type) {

@@ -4,6 +4,7 @@
 //! [`QpAttr`]. RoCE addresses a peer by its GID: an address vector needs its GRH
 //! (`is_global`, the peer's GID in `grh.dgid`, `sgid_index` 0), as with rxe and ConnectX.
 
+use std::mem::ManuallyDrop;
 use std::net::{IpAddr, Ipv6Addr};
 use std::ptr;
 use std::sync::Arc;
@@ -37,13 +38,16 @@ pub(crate) const DEVICE_CAP_FLAGS: c_uint = (1 << 12) | (1 << 17) | (1 << 24) | 
 #[repr(C)]
 pub(crate) struct Qp {
     pub ibv: ibv_qp,
-    pub qp: Arc<QueuePair>,
+    /// Dropped by `ibv_destroy_qp`, which destroys the engine's QP then, though the struct
+    /// may stay for an event the program holds (`held`).
+    pub qp: ManuallyDrop<Arc<QueuePair>>,
     /// `sq_sig_all`: every send request completes, signalled or not.
     pub sq_sig_all: bool,
     /// The capacities it was created with, for `ibv_query_qp`.
     cap: ibv_qp_cap,
-    /// Its asynchronous events the program holds: it stays allocated, and its engine QP with
-    /// it, until they are acknowledged, as rdma-core's `ibv_destroy_qp` waits for them.
+    /// Its asynchronous events the program holds: the struct stays allocated until they are
+    /// acknowledged, as rdma-core's `ibv_destroy_qp` waits for them (after destroying the QP
+    /// itself, as this one's destroy does).
     pub held: HeldEvents,
 }
 
@@ -51,7 +55,8 @@ pub(crate) struct Qp {
 #[repr(C)]
 pub(crate) struct Srq {
     pub ibv: ibv_srq,
-    pub srq: SharedReceiveQueue,
+    /// Dropped by `ibv_destroy_srq` (as [`Qp::qp`]).
+    pub srq: ManuallyDrop<SharedReceiveQueue>,
     attr: ibv_srq_attr,
     /// Its asynchronous events the program holds (as [`Qp::held`]).
     pub held: HeldEvents,
@@ -388,7 +393,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                 cond: unsafe { std::mem::zeroed() },
                 events_completed: 0,
             },
-            qp,
+            qp: ManuallyDrop::new(qp),
             sq_sig_all: init.sq_sig_all != 0,
             cap: *cap,
             held: HeldEvents::default(),
@@ -525,10 +530,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     .retain(|&q| q != qpn);
             }
         }
-        if this.held.destroy() {
+        let qp = qp.cast::<Qp>();
+        // SAFETY: the program destroys a QP once and uses it no more: nothing else refers to
+        // this field (a thread holding one of its events reads its `ibv_qp`, and `held`).
+        unsafe { ManuallyDrop::drop(&mut (*qp).qp) };
+        // SAFETY: allocated until the last of its destroy and its events' acknowledgements.
+        if unsafe { &(*qp).held }.destroy() {
             // SAFETY: every QP is a leaked `Box<Qp>`, handed back once; no event of it is held,
             // and none names it any more (it is out of the context's list).
-            drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+            drop(unsafe { Box::from_raw(qp) });
         }
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
@@ -587,7 +597,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                 cond: unsafe { std::mem::zeroed() },
                 events_completed: 0,
             },
-            srq,
+            srq: ManuallyDrop::new(srq),
             attr: init.attr,
             held: HeldEvents::default(),
         });
@@ -665,10 +675,14 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.srqs.retain(|&at| at != srq as usize);
         }
-        // SAFETY: every SRQ is a leaked `Box<Srq>` the program has not destroyed.
-        if unsafe { &*srq.cast::<Srq>() }.held.destroy() {
+        let srq = srq.cast::<Srq>();
+        // SAFETY: every SRQ is a leaked `Box<Srq>` the program destroys once and uses no more:
+        // nothing else refers to this field (as in `ibv_destroy_qp`).
+        unsafe { ManuallyDrop::drop(&mut (*srq).srq) };
+        // SAFETY: allocated until the last of its destroy and its events' acknowledgements.
+        if unsafe { &(*srq).held }.destroy() {
             // SAFETY: handed back once; no event of it is held, and none names it any more.
-            drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+            drop(unsafe { Box::from_raw(srq) });
         }
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0

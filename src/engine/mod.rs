@@ -522,8 +522,10 @@ impl<B: Backend> Engine<B> {
             // empty look is one system call either way, and an arrival costs a `recvmsg` and
             // the one that finds the socket empty, not an `epoll_wait` as well. On one
             // emulated CPU, where each system call is dear, that is a tenth of a ping-pong's
-            // calls. The readiness this leaves in epoll's list does not end the next sleep:
-            // epoll asks the socket again before it reports it, and it is empty by then.
+            // calls. The socket's readiness this leaves in epoll's list does not end the next
+            // sleep: epoll asks the socket again before it reports it, and it is empty by
+            // then. A wake-up of the waker meanwhile (a command, a post, a caller taking the
+            // engine) does end it, at once: one turn more, and nothing missed.
             self.unread = true;
         } else {
             self.sleep(timeout)?;

@@ -252,8 +252,9 @@ pub trait Backend: Send + 'static {
     /// short, a failed read) included. The budget keeps a flood of arrivals, whatever they
     /// are, from starving transmission: a caller that gets `budget` back must call again
     /// before it sleeps, since readiness is edge-triggered. Otherwise it reads until the
-    /// socket has nothing more, and the engine calls it again only once [`source`] has been
-    /// readable (or in error) since.
+    /// socket has nothing more. The engine calls it in every turn that does not sleep, with
+    /// or without readiness (a read that finds nothing costs what asking epoll would), and
+    /// after a sleep only once [`source`] has been readable (or in error) since.
     ///
     /// [`source`]: Backend::source
     fn receive(

@@ -84,10 +84,12 @@ pub struct CqId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AddressHandle(u32);
 
-/// An event not tied to a work request (IBTA 11.6.3).
+/// An event not tied to a work request (IBTA 11.6.3). More kinds may come: matches need a
+/// wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AsyncEvent {
-    /// The QP went to the error state.
+    /// The QP met an error and went to the error state (a modify to ERROR raises none).
     QpFatal {
         /// The QP.
         qpn: Qpn,

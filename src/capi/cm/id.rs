@@ -781,7 +781,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             })?;
             return Ok(this.finish(RDMA_CM_EVENT_CONNECT_RESPONSE));
         };
-        let qp: Arc<QueuePair> = qp.qp.clone();
+        let qp: Arc<QueuePair> = Arc::clone(&qp.qp);
         this.shared.set(Stage::Connecting);
         spawn(
             move || match Connection::connect(qp.clone(), peer, &options, &data) {
@@ -1031,7 +1031,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
         let Some(qp) = this.qp() else {
             return accept_manual(this, request, param, (&options, &data));
         };
-        let qp: Arc<QueuePair> = qp.qp.clone();
+        let qp: Arc<QueuePair> = Arc::clone(&qp.qp);
         match request {
             Request::Ud(request) => {
                 this.shared.set(Stage::Ended);
