@@ -10,7 +10,6 @@
 use std::collections::VecDeque;
 
 use super::{CqId, WorkCompletion};
-use crate::wire::Qpn;
 
 /// A completion queue handle.
 #[derive(Debug)]
@@ -68,11 +67,6 @@ impl CompletionQueue {
     /// The oldest completion, if any.
     pub fn pop(&mut self) -> Option<WorkCompletion> {
         self.entries.pop_front()
-    }
-
-    /// Whether a completion of QP `qpn`'s is still here, not yet taken.
-    pub fn holds_for(&self, qpn: Qpn) -> bool {
-        self.entries.iter().any(|wc| wc.qp_num == qpn)
     }
 }
 

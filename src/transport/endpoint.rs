@@ -1085,30 +1085,9 @@ impl Endpoint {
         self.cqs.get_mut(cq.0 as usize)?.pop()
     }
 
-    /// `ibv_get_async_event`: the oldest event ready, if any. A QP's Last WQE Reached is ready
-    /// once its CQs hold none of its completions: those of the requests its move to ERROR
-    /// flushed are taken first, so that an application that drains its CQs at the event, and
-    /// then destroys the QP, finds them all (IBTA 11.6.3.1: the event follows the last
-    /// completion). The engine takes completions into the application's queues before events,
-    /// so there the event waits only for completions that did not fit.
+    /// `ibv_get_async_event`: the oldest event not yet taken, if any.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        let ready = self.events.iter().position(|event| match *event {
-            AsyncEvent::QpLastWqeReached { qpn } => !self.completions_held_for(qpn),
-            _ => true,
-        })?;
-        self.events.remove(ready)
-    }
-
-    /// Whether QP `qpn`'s CQs still hold a completion of its; false once it is destroyed.
-    fn completions_held_for(&self, qpn: Qpn) -> bool {
-        let Some(qp) = self.qps.get(qpn.value()) else {
-            return false;
-        };
-        [qp.send_cq, qp.recv_cq].iter().any(|cq| {
-            self.cqs
-                .get(cq.0 as usize)
-                .is_some_and(|cq| cq.holds_for(qpn))
-        })
+        self.events.pop_front()
     }
 
     /// What the endpoint has sent, received and dropped since it was created.
