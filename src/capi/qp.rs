@@ -4,7 +4,6 @@
 //! [`QpAttr`]. RoCE addresses a peer by its GID: an address vector needs its GRH
 //! (`is_global`, the peer's GID in `grh.dgid`, `sgid_index` 0), as with rxe and ConnectX.
 
-use std::mem::ManuallyDrop;
 use std::net::{IpAddr, Ipv6Addr};
 use std::ptr;
 use std::sync::Arc;
@@ -38,16 +37,17 @@ pub(crate) const DEVICE_CAP_FLAGS: c_uint = (1 << 12) | (1 << 17) | (1 << 24) | 
 #[repr(C)]
 pub(crate) struct Qp {
     pub ibv: ibv_qp,
-    /// Dropped by `ibv_destroy_qp`, which destroys the engine's QP then, though the struct
-    /// may stay for an event the program holds (`held`).
-    pub qp: ManuallyDrop<Arc<QueuePair>>,
+    pub qp: Arc<QueuePair>,
     /// `sq_sig_all`: every send request completes, signalled or not.
     pub sq_sig_all: bool,
     /// The capacities it was created with, for `ibv_query_qp`.
     cap: ibv_qp_cap,
-    /// Its asynchronous events the program holds: the struct stays allocated until they are
-    /// acknowledged, as rdma-core's `ibv_destroy_qp` waits for them (after destroying the QP
-    /// itself, as this one's destroy does).
+    /// Its asynchronous events the program holds: it stays allocated, with its engine QP,
+    /// until they are acknowledged, as rdma-core's `ibv_destroy_qp` waits for them. rdma-core
+    /// destroys the QP in the kernel before it waits, so that a verb called on it meanwhile
+    /// fails; here the QP still answers, and no call on it reads freed memory. (Dropping the
+    /// engine's handle at the destroy instead, as a review suggested, made such a call read
+    /// a dropped handle.)
     pub held: HeldEvents,
 }
 
@@ -55,8 +55,7 @@ pub(crate) struct Qp {
 #[repr(C)]
 pub(crate) struct Srq {
     pub ibv: ibv_srq,
-    /// Dropped by `ibv_destroy_srq` (as [`Qp::qp`]).
-    pub srq: ManuallyDrop<SharedReceiveQueue>,
+    pub srq: SharedReceiveQueue,
     attr: ibv_srq_attr,
     /// Its asynchronous events the program holds (as [`Qp::held`]).
     pub held: HeldEvents,
@@ -393,7 +392,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                 cond: unsafe { std::mem::zeroed() },
                 events_completed: 0,
             },
-            qp: ManuallyDrop::new(qp),
+            qp,
             sq_sig_all: init.sq_sig_all != 0,
             cap: *cap,
             held: HeldEvents::default(),
@@ -530,15 +529,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                     .retain(|&q| q != qpn);
             }
         }
-        let qp = qp.cast::<Qp>();
-        // SAFETY: the program destroys a QP once and uses it no more: nothing else refers to
-        // this field (a thread holding one of its events reads its `ibv_qp`, and `held`).
-        unsafe { ManuallyDrop::drop(&mut (*qp).qp) };
-        // SAFETY: allocated until the last of its destroy and its events' acknowledgements.
-        if unsafe { &(*qp).held }.destroy() {
+        if this.held.destroy() {
             // SAFETY: every QP is a leaked `Box<Qp>`, handed back once; no event of it is held,
             // and none names it any more (it is out of the context's list).
-            drop(unsafe { Box::from_raw(qp) });
+            drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
         }
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
@@ -597,7 +591,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                 cond: unsafe { std::mem::zeroed() },
                 events_completed: 0,
             },
-            srq: ManuallyDrop::new(srq),
+            srq,
             attr: init.attr,
             held: HeldEvents::default(),
         });
@@ -675,14 +669,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.srqs.retain(|&at| at != srq as usize);
         }
-        let srq = srq.cast::<Srq>();
-        // SAFETY: every SRQ is a leaked `Box<Srq>` the program destroys once and uses no more:
-        // nothing else refers to this field (as in `ibv_destroy_qp`).
-        unsafe { ManuallyDrop::drop(&mut (*srq).srq) };
-        // SAFETY: allocated until the last of its destroy and its events' acknowledgements.
-        if unsafe { &(*srq).held }.destroy() {
+        // SAFETY: every SRQ is a leaked `Box<Srq>` the program has not destroyed.
+        if unsafe { &*srq.cast::<Srq>() }.held.destroy() {
             // SAFETY: handed back once; no event of it is held, and none names it any more.
-            drop(unsafe { Box::from_raw(srq) });
+            drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
         }
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
