@@ -8,6 +8,8 @@
 // The fields and constants are the header's, documented there.
 #![allow(non_camel_case_types, missing_docs)]
 
+use std::sync::atomic::AtomicU32;
+
 use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t, size_t};
 
 /// `union ibv_gid`: 16 bytes, aligned as its `__be64` view is.
@@ -433,7 +435,9 @@ pub struct ibv_qp {
     pub srq: *mut ibv_srq,
     pub handle: u32,
     pub qp_num: u32,
-    pub state: c_uint,
+    /// `enum ibv_qp_state`, as the last modify or query left it: written by those calls while
+    /// other threads may read the QP (a post, the program), so an atomic of `c_uint`'s layout.
+    pub state: AtomicU32,
     pub qp_type: c_uint,
     pub mutex: pthread_mutex_t,
     pub cond: pthread_cond_t,
@@ -459,7 +463,9 @@ pub struct ibv_cq {
     pub cqe: c_int,
     pub mutex: pthread_mutex_t,
     pub cond: pthread_cond_t,
-    pub comp_events_completed: u32,
+    /// Counted by `ibv_ack_cq_events` while other threads may poll the CQ: an atomic of
+    /// `u32`'s layout.
+    pub comp_events_completed: AtomicU32,
     pub async_events_completed: u32,
 }
 

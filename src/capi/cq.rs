@@ -8,6 +8,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use libc::{c_int, c_void};
@@ -176,7 +177,7 @@ pub unsafe extern "C" fn ibv_create_cq(
                 mutex: unsafe { std::mem::zeroed() },
                 // SAFETY: as above.
                 cond: unsafe { std::mem::zeroed() },
-                comp_events_completed: 0,
+                comp_events_completed: AtomicU32::new(0),
                 async_events_completed: 0,
             },
             cq,
@@ -467,14 +468,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     guard((), || {
         // SAFETY: the program passes a CQ it created and has not destroyed, or destroyed with
-        // events unacknowledged (then it is still allocated: `Cq::held`); it acknowledges
-        // from one thread at a time, as rdma-core asks of it (the field is the program's).
-        let Some(ibv) = (unsafe { cq.as_mut() }) else {
+        // events unacknowledged (then it is still allocated: `Cq::held`). Other threads may
+        // poll it meanwhile: only shared references.
+        let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
             return;
         };
-        ibv.comp_events_completed = ibv.comp_events_completed.wrapping_add(nevents);
-        // SAFETY: as above.
-        let this = unsafe { &*cq.cast::<Cq>() };
+        this.ibv.comp_events_completed.fetch_add(nevents, Relaxed);
         if this.held.ack(nevents) {
             // SAFETY: the CQ was destroyed and its last event is acknowledged:
             // `ibv_destroy_cq` left the box for this to free.

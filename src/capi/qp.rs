@@ -6,7 +6,8 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use libc::{c_int, c_uint, c_void};
 use softroce::memory::Access;
@@ -56,7 +57,9 @@ pub(crate) struct Qp {
 pub(crate) struct Srq {
     pub ibv: ibv_srq,
     pub srq: SharedReceiveQueue,
-    attr: ibv_srq_attr,
+    /// Its size and limit as last set: `ibv_modify_srq` and `ibv_query_srq` may run in two
+    /// threads at once.
+    attr: Mutex<ibv_srq_attr>,
     /// Its asynchronous events the program holds (as [`Qp::held`]).
     pub held: HeldEvents,
 }
@@ -384,7 +387,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                 srq: init.srq,
                 handle: qpn.value(),
                 qp_num: qpn.value(),
-                state: 0,
+                state: AtomicU32::new(0),
                 qp_type: init.qp_type,
                 // SAFETY: all-zero pthread objects are their static initialisers on glibc.
                 mutex: unsafe { std::mem::zeroed() },
@@ -417,9 +420,8 @@ pub unsafe extern "C" fn ibv_modify_qp(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and its own attributes.
-        let (Some(this), Some(attr)) = (unsafe { qp.cast::<Qp>().as_mut() }, unsafe {
-            attr.as_ref()
-        }) else {
+        let (Some(this), Some(attr)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() })
+        else {
             return libc::EINVAL;
         };
         let mut wanted = match qp_attr(attr, attr_mask) {
@@ -437,7 +439,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         match this.qp.modify(&wanted) {
             Ok(()) => {
                 if let Some(state) = wanted.state {
-                    this.ibv.state = state_code(state);
+                    this.ibv.state.store(state_code(state), Relaxed);
                 }
                 0
             }
@@ -457,7 +459,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and its own structures.
         let (Some(this), Some(out), Some(init)) = (
-            unsafe { qp.cast::<Qp>().as_mut() },
+            unsafe { Qp::from_ibv(qp) },
             unsafe { attr.as_mut() },
             unsafe { init_attr.as_mut() },
         ) else {
@@ -475,7 +477,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         out.path_mtu = 3;
         out.port_num = 1;
         write_qp_attr(&now, out);
-        this.ibv.state = out.qp_state;
+        this.ibv.state.store(out.qp_state, Relaxed);
         out.cur_qp_state = out.qp_state;
         out.cap = this.cap;
         *init = ibv_qp_init_attr {
@@ -592,7 +594,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                 events_completed: 0,
             },
             srq,
-            attr: init.attr,
+            attr: Mutex::new(init.attr),
             held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
@@ -617,9 +619,8 @@ pub unsafe extern "C" fn ibv_modify_srq(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes an SRQ it created and its own attributes.
-        let (Some(this), Some(attr)) = (unsafe { srq.cast::<Srq>().as_mut() }, unsafe {
-            attr.as_ref()
-        }) else {
+        let (Some(this), Some(attr)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_ref() })
+        else {
             return libc::EINVAL;
         };
         let change = SrqModify {
@@ -628,11 +629,12 @@ pub unsafe extern "C" fn ibv_modify_srq(
         };
         match this.srq.modify(change) {
             Ok(()) => {
+                let mut kept = this.attr.lock().unwrap_or_else(|p| p.into_inner());
                 if mask & IBV_SRQ_MAX_WR != 0 {
-                    this.attr.max_wr = attr.max_wr;
+                    kept.max_wr = attr.max_wr;
                 }
                 if mask & IBV_SRQ_LIMIT != 0 {
-                    this.attr.srq_limit = attr.srq_limit;
+                    kept.srq_limit = attr.srq_limit;
                 }
                 0
             }
@@ -650,7 +652,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         else {
             return libc::EINVAL;
         };
-        *out = this.attr;
+        *out = *this.attr.lock().unwrap_or_else(|p| p.into_inner());
         0
     })
 }

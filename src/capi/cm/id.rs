@@ -559,7 +559,8 @@ pub(super) unsafe fn note_event(id: *mut rdma_cm_id, event: *mut rdma_cm_event) 
     if objects.qps.contains(&(made.qpn, made.qp)) {
         // SAFETY: listed under this lock, the QP is live: `ibv_destroy_qp` takes it off the
         // list under the same lock before it frees it.
-        unsafe { (*(made.qp as *mut ibv_qp)).state = state };
+        let qp = unsafe { &*(made.qp as *const ibv_qp) };
+        qp.state.store(state, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
