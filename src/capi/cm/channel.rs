@@ -28,14 +28,16 @@ pub(crate) const MAX_PRIVATE_DATA: usize = 256;
 pub(crate) struct Event {
     pub ibv: rdma_cm_event,
     data: [u8; MAX_PRIVATE_DATA],
+    /// What the threads of its IDs share with them, set with the IDs as the event is posted.
+    pub(super) owners: id::Owners,
 }
 
 impl Event {
-    /// An event of `kind` for the ID at `id`, with `status`, no parameters yet.
-    pub(crate) fn new(id: *mut rdma_cm_id, kind: c_uint, status: c_int) -> Box<Event> {
+    /// An event of `kind`, with `status`, for no ID yet (its post names it), no parameters yet.
+    pub(crate) fn new(kind: c_uint, status: c_int) -> Box<Event> {
         Box::new(Event {
             ibv: rdma_cm_event {
-                id,
+                id: ptr::null_mut(),
                 listen_id: ptr::null_mut(),
                 event: kind,
                 status,
@@ -44,6 +46,7 @@ impl Event {
                 param: unsafe { std::mem::zeroed() },
             },
             data: [0; MAX_PRIVATE_DATA],
+            owners: id::Owners::default(),
         })
     }
 
@@ -296,24 +299,12 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         let events = Arc::clone(&channel.events);
         let fd = events.fd.as_raw_fd();
         loop {
-            // SAFETY: a queued event's IDs (its own, and a request's listener) are alive: an
-            // ID's events are forgotten, under the queue's lock, before it is destroyed, on
-            // the channel it is on (a migration moves them there).
-            let taken = events.take(
-                |_| true,
-                |taken| unsafe {
-                    id::hand_out(taken.ibv.id);
-                    id::hand_out(taken.ibv.listen_id);
-                },
-            );
-            if let Some(next) = taken {
-                let raw = Box::into_raw(next);
-                // SAFETY: `raw` was just made from a box; the program's out-pointer is checked.
-                // The event's ID stays allocated until the event is acked (`hand_out`).
-                unsafe {
-                    id::note_event((*raw).ibv.id, ptr::addr_of_mut!((*raw).ibv));
-                    *event = ptr::addr_of_mut!((*raw).ibv);
-                }
+            // Counted under the queue's lock, which a destroy of one of the event's IDs takes
+            // to forget its events before it decides whether to free the ID.
+            if let Some(next) = events.take(|_| true, id::hand_out) {
+                id::note_event(&next);
+                // SAFETY: the program's out-pointer, checked above.
+                unsafe { *event = ptr::addr_of_mut!(Box::leak(next).ibv) };
                 return 0;
             }
             // SAFETY: fcntl on our own descriptor.
@@ -343,12 +334,9 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         // SAFETY: every event the program holds is a leaked `Box<Event>`, whose first field
         // the pointer is, handed back once.
         let event = unsafe { Box::from_raw(event.cast::<Event>()) };
-        // SAFETY: the event's IDs are allocated until this release, destroyed or not
-        // (`hand_out` counted the event for each when `rdma_get_cm_event` took it).
-        unsafe {
-            id::release_event(event.ibv.id, &event.ibv);
-            id::release_event(event.ibv.listen_id, &event.ibv);
-        }
+        // SAFETY: an event the program held, which `hand_out` counted when
+        // `rdma_get_cm_event` took it, released once.
+        unsafe { id::release(&event) };
         0
     })
 }

@@ -9,7 +9,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use libc::{c_int, c_void};
@@ -56,7 +56,7 @@ pub(super) enum Stage {
 }
 
 /// What an ID's threads share with it.
-struct Shared {
+pub(super) struct Shared {
     /// The program's pointer to the ID, which its events carry.
     me: usize,
     events: Mutex<Arc<Events>>,
@@ -95,28 +95,37 @@ struct Held {
 }
 
 impl Shared {
-    /// Posts `event` to the ID's channel, unless the ID is destroyed. The check and the post
-    /// are made under the lock of `events`, which `rdma_destroy_id` takes to mark the ID
-    /// destroyed before it forgets the ID's queued events: so no event of a freed ID is left
-    /// for the program to read (its `id` would point at freed memory).
-    fn post(&self, event: Box<Event>) {
+    /// Posts `event` to the ID's channel as the ID's, unless the ID is destroyed. The check
+    /// and the post are made under the lock of `events`, which `rdma_destroy_id` takes to mark
+    /// the ID destroyed before it forgets the ID's queued events: so no event of a freed ID is
+    /// left for the program to read (its `id` would point at freed memory).
+    fn post(self: &Arc<Self>, mut event: Box<Event>) {
         let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
+        event.ibv.id = self.id();
+        event.owners.id = Arc::downgrade(self);
         events.post(event);
     }
 
-    /// Posts the event `make` builds for a request to this listening ID, given the ID's events
-    /// and channel (for the request's own ID), both as they are under the lock a migration
-    /// takes; unless the ID is destroyed: then `make` is not called, and the request it holds
-    /// is dropped, which refuses it.
-    fn post_request(&self, make: impl FnOnce(&Arc<Events>, *mut rdma_event_channel) -> Box<Event>) {
+    /// Posts the event `make` builds for a request to this listening ID, as the event of the
+    /// request's own ID that `make` makes, given this ID's events and channel (which that ID
+    /// takes), both as they are under the lock a migration takes; unless this ID is destroyed:
+    /// then `make` is not called, and the request it holds is dropped, which refuses it.
+    fn post_request(
+        self: &Arc<Self>,
+        make: impl FnOnce(&Arc<Events>, *mut rdma_event_channel) -> (Arc<Shared>, Box<Event>),
+    ) {
         let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if self.destroyed.load(Ordering::Acquire) {
             return;
         }
-        let event = make(&events, self.channel.load(Ordering::Relaxed));
+        let (child, mut event) = make(&events, self.channel.load(Ordering::Relaxed));
+        event.ibv.id = child.id();
+        event.owners.id = Arc::downgrade(&child);
+        event.ibv.listen_id = self.id();
+        event.owners.listener = Arc::downgrade(self);
         events.post(event);
     }
 
@@ -223,7 +232,9 @@ impl Id {
     ///
     /// A non-null `id` is one librdmacm handed out (`rdma_create_id`, a connection request's
     /// event) that `rdma_destroy_id` has not freed, used by one thread at a time for the
-    /// calls that change it, as librdmacm asks.
+    /// calls that change it, as librdmacm asks. Nothing else here borrows an ID the program
+    /// has: its events' threads reach what they share with it through the events
+    /// ([`Owners`]), and the calls that change nothing read single fields.
     unsafe fn from_ibv<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
         // SAFETY: per the contract, `id` is the first field of a live `Id`.
         unsafe { id.cast::<Id>().as_mut() }
@@ -446,8 +457,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         let this = id.cast::<Id>();
         // SAFETY: every ID is a leaked `Box<Id>`, destroyed once. Only these two fields are
-        // borrowed, not the whole ID, which a thread holding one of its events may read
-        // meanwhile (`hand_out`, `release_event`); it becomes a box again only to be freed.
+        // borrowed, not the whole ID, which a thread of the program's holding one of its
+        // events may read meanwhile; it becomes a box again only to be freed.
         let (shared, listening) =
             unsafe { (Arc::clone(&(*this).shared), (*this).listening.take()) };
         let events = shared.destroy();
@@ -476,77 +487,70 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             // nothing else frees it or reads it.
             drop(unsafe { Box::from_raw(this) });
         }
-        // Otherwise the last ack frees it (`release_event`): `this` is not touched again here.
+        // Otherwise the last ack frees it (`release`): `this` is not touched again here.
         0
     })
 }
 
-/// An event of the ID at `id` goes to the program: the ID stays allocated until the event is
-/// acked ([`release_event`]), even if the program destroys it meanwhile ([`Held`]).
-///
-/// # Safety
-///
-/// `id` is null or a live ID, and the caller holds the lock of the queue the event was taken
-/// from, so `rdma_destroy_id` cannot be between its `forget` and its `free_now`.
-pub(super) unsafe fn hand_out(id: *mut rdma_cm_id) {
-    if !id.is_null() {
-        // SAFETY: per the contract, `id` is the first field of a live `Id`; only its
-        // `shared` is borrowed, which no call changes, while the program may be in a call on it.
-        unsafe { (*id.cast::<Id>()).shared.held().events += 1 };
-    }
+/// What the threads of an event's IDs share with them: its own ID's (`id`), and a request's
+/// listener's (`listen_id`). Taking and acking the event count there, not in the IDs, which
+/// the program may be changing meanwhile in a call on another thread (the call holds the ID
+/// as `&mut`, under librdmacm's rule of one such call at a time). Each is alive while the
+/// event is queued or held: an ID's queued events are forgotten before it is destroyed, and
+/// one whose events are held stays until the acks ([`Held`]).
+#[derive(Default)]
+pub(crate) struct Owners {
+    pub(super) id: Weak<Shared>,
+    pub(super) listener: Weak<Shared>,
 }
 
-/// The program acked `event`, an event of the ID at `id`: the ID forgets it as its last
-/// event, and is freed if the program destroyed it and this was the last event it held.
-///
-/// # Safety
-///
-/// `id` is null or the ID of `event`, an event [`hand_out`] counted and not yet released.
-pub(super) unsafe fn release_event(id: *mut rdma_cm_id, event: *const rdma_cm_event) {
-    if id.is_null() {
-        return;
-    }
-    // SAFETY: per the contract, the ID is allocated until this release; as in `hand_out`,
-    // only fields are borrowed: the event the program holds, and `shared`.
-    let shared = unsafe {
-        if ptr::eq((*id).event, event) {
-            (*id).event = ptr::null_mut();
+/// `event` goes to the program: each of its IDs stays allocated until it is acked
+/// ([`release`]), even if the program destroys the ID meanwhile ([`Held`]). Called under the
+/// lock of the queue the event was taken from, so that `rdma_destroy_id` cannot be between
+/// its `forget` and its `free_now`.
+pub(super) fn hand_out(event: &Event) {
+    for shared in [&event.owners.id, &event.owners.listener] {
+        if let Some(shared) = shared.upgrade() {
+            shared.held().events += 1;
         }
-        Arc::clone(&(*id.cast::<Id>()).shared)
-    };
-    if shared.acked() {
-        // SAFETY: the ID was destroyed and its last event is released: `rdma_destroy_id` left
-        // the box for this release to free, and no one else holds it.
-        drop(unsafe { Box::from_raw(id.cast::<Id>()) });
     }
 }
 
-/// Notes in the ID at `id` that the program now holds `event` (`id->event`), and in the
-/// ID's QP (`qp->state`, which programs may read) the state a connection's event says the CM
-/// left it in.
+/// The program acked `event`: each of its IDs that the program destroyed meanwhile, and held
+/// no other event of, is freed.
+///
+/// # Safety
+///
+/// `event` is one [`hand_out`] counted, released once.
+pub(super) unsafe fn release(event: &Event) {
+    let ids = [
+        (event.ibv.id, &event.owners.id),
+        (event.ibv.listen_id, &event.owners.listener),
+    ];
+    for (id, shared) in ids {
+        if shared.upgrade().is_some_and(|shared| shared.acked()) {
+            // SAFETY: the ID was destroyed and its last event is released: `rdma_destroy_id`
+            // left the box for this release to free, and no one else holds it.
+            drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+        }
+    }
+}
+
+/// Notes in the QP of `event`'s ID (`qp->state`, which programs may read) the state a
+/// connection's event says the CM left it in. `id->event` stays as it is: librdmacm sets it
+/// only for a synchronous ID's own calls.
 ///
 /// The QP is written only while it is the live QP `rdma_create_qp` made on the ID: a program
 /// may destroy it with `ibv_destroy_qp` and keep the ID (rping's client does, before its
 /// peer's DREQ arrives), and `id->qp` then points at freed memory.
-///
-/// # Safety
-///
-/// `id` is null or a live ID; `event` is the program's event of it.
-pub(super) unsafe fn note_event(id: *mut rdma_cm_id, event: *mut rdma_cm_event) {
-    if id.is_null() {
-        return;
-    }
-    // SAFETY: per the contract. Field by field, not the whole ID, which the program may be
-    // in a call on meanwhile: the field it reads its event from, and `shared`.
-    let shared = unsafe {
-        (*id).event = event;
-        Arc::clone(&(*id.cast::<Id>()).shared)
-    };
-    // SAFETY: the program's event, per the contract.
-    let state = match unsafe { (*event).event } {
+pub(super) fn note_event(event: &Event) {
+    let state = match event.ibv.event {
         RDMA_CM_EVENT_ESTABLISHED => 3,  // IBV_QPS_RTS
         RDMA_CM_EVENT_DISCONNECTED => 6, // IBV_QPS_ERR
         _ => return,
+    };
+    let Some(shared) = event.owners.id.upgrade() else {
+        return;
     };
     let Some(made) = *shared.qp.lock().unwrap_or_else(|p| p.into_inner()) else {
         return;
@@ -602,8 +606,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         }
         this.set_peer(dst);
         this.shared.set(Stage::AddrResolved);
-        this.shared
-            .post(Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+        this.shared.post(Event::new(RDMA_CM_EVENT_ADDR_RESOLVED, 0));
         Ok(this.finish(RDMA_CM_EVENT_ADDR_RESOLVED))
     })
 }
@@ -618,7 +621,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
         this.shared.set(Stage::RouteResolved);
         this.ibv.route.num_paths = 1;
         this.shared
-            .post(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+            .post(Event::new(RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
         Ok(this.finish(RDMA_CM_EVENT_ROUTE_RESOLVED))
     })
 }
@@ -676,11 +679,11 @@ fn watch(shared: Arc<Shared>, conn: Link) {
         }
     }
     shared.set(Stage::Ended);
-    shared.post(Event::new(shared.id(), RDMA_CM_EVENT_DISCONNECTED, 0));
+    shared.post(Event::new(RDMA_CM_EVENT_DISCONNECTED, 0));
 }
 
 /// The event for a connection attempt that failed with `error`.
-fn failed(id: *mut rdma_cm_id, error: &VerbsError) -> Box<Event> {
+fn failed(error: &VerbsError) -> Box<Event> {
     use softroce::cm::Failure;
     match error {
         VerbsError::ConnectFailed(Failure::Rejected {
@@ -689,18 +692,16 @@ fn failed(id: *mut rdma_cm_id, error: &VerbsError) -> Box<Event> {
         }) => {
             // SAFETY: the parameters are plain data, for which zero (null) is valid.
             let conn: rdma_conn_param = unsafe { std::mem::zeroed() };
-            Event::new(id, RDMA_CM_EVENT_REJECTED, reason.0.into()).conn(conn, private_data)
+            Event::new(RDMA_CM_EVENT_REJECTED, reason.0.into()).conn(conn, private_data)
         }
         VerbsError::ConnectFailed(Failure::TimedOut) => {
-            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+            Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
         }
         VerbsError::ConnectFailed(Failure::Unreachable) => {
-            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH)
+            Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH)
         }
-        VerbsError::Unresolved(status) => {
-            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, status.0.into())
-        }
-        _ => Event::new(id, RDMA_CM_EVENT_CONNECT_ERROR, -errno_of(error)),
+        VerbsError::Unresolved(status) => Event::new(RDMA_CM_EVENT_UNREACHABLE, status.0.into()),
+        _ => Event::new(RDMA_CM_EVENT_CONNECT_ERROR, -errno_of(error)),
     }
 }
 
@@ -740,10 +741,9 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                             qkey: found.qkey.0,
                         };
                         shared.set(Stage::Ended);
-                        Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
-                            .ud(ud, &found.private_data)
+                        Event::new(RDMA_CM_EVENT_ESTABLISHED, 0).ud(ud, &found.private_data)
                     }
-                    Err(e) => failed(shared.id(), &e),
+                    Err(e) => failed(&e),
                 };
                 shared.post(event);
             })?;
@@ -769,14 +769,14 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                     Ok(conn) => {
                         let link = Link::Manual(Arc::new(conn));
                         shared.set(Stage::Connected(link.clone()));
-                        let event = Event::new(shared.id(), RDMA_CM_EVENT_CONNECT_RESPONSE, 0)
+                        let event = Event::new(RDMA_CM_EVENT_CONNECT_RESPONSE, 0)
                             .conn(established_param(&link, &options), link.private_data());
                         shared.post(event);
                         watch(shared, link);
                     }
                     Err(e) => {
                         shared.set(Stage::Ended);
-                        shared.post(failed(shared.id(), &e));
+                        shared.post(failed(&e));
                     }
                 }
             })?;
@@ -789,7 +789,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 Ok(conn) => {
                     let link = Link::Qp(Arc::new(conn));
                     shared.set(Stage::Connected(link.clone()));
-                    let event = Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0)
+                    let event = Event::new(RDMA_CM_EVENT_ESTABLISHED, 0)
                         .conn(established_param(&link, &options), link.private_data());
                     shared.post(event);
                     watch(shared, link);
@@ -798,7 +798,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                     // As librdmacm does with a rejected or failed connection's QP.
                     let _ = qp.modify(&error_state());
                     shared.set(Stage::Ended);
-                    shared.post(failed(shared.id(), &e));
+                    shared.post(failed(&e));
                 }
             },
         )?;
@@ -858,10 +858,8 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                         shared.post_request(|events, channel| {
                             let child =
                                 template.child((events, channel), peer, Request::Ud(request));
-                            let mut event =
-                                Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0).ud(ud, &data);
-                            event.ibv.listen_id = shared.id();
-                            event
+                            let event = Event::new(RDMA_CM_EVENT_CONNECT_REQUEST, 0).ud(ud, &data);
+                            (child, event)
                         });
                     }
                     Ok(None) => {}
@@ -892,10 +890,9 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                         shared.post_request(|events, channel| {
                             let child =
                                 template.child((events, channel), peer, Request::Rc(request));
-                            let mut event = Event::new(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0)
-                                .conn(conn, &data);
-                            event.ibv.listen_id = shared.id();
-                            event
+                            let event =
+                                Event::new(RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(conn, &data);
+                            (child, event)
                         });
                     }
                     Ok(None) => {}
@@ -922,13 +919,14 @@ unsafe impl Send for Template {}
 
 impl Template {
     /// A new ID for `request` from `peer`, on the listening ID's device and channel (its
-    /// events and the program's pointer, from [`Shared::post_request`]).
+    /// events and the program's pointer, from [`Shared::post_request`]): what its threads
+    /// share with it, which knows its pointer.
     fn child(
         &self,
         (events, channel): (&Arc<Events>, *mut rdma_event_channel),
         peer: SocketAddr,
         request: Request,
-    ) -> *mut rdma_cm_id {
+    ) -> Arc<Shared> {
         let raw = Id::create(events.clone(), channel, None, self.context, self.ps);
         // SAFETY: `raw` was just made; the program does not have it until the event.
         let child = unsafe { &mut *raw };
@@ -938,7 +936,7 @@ impl Template {
         child.set_local(self.local);
         child.set_peer(peer);
         child.shared.set(Stage::Requested(request));
-        raw.cast()
+        Arc::clone(&child.shared)
     }
 }
 
@@ -1101,12 +1099,12 @@ fn until_established(this: &mut Id, link: Link) -> Result<Outcome, c_int> {
     let shared = this.shared.clone();
     spawn(move || match link.established() {
         Ok(()) => {
-            shared.post(Event::new(shared.id(), RDMA_CM_EVENT_ESTABLISHED, 0));
+            shared.post(Event::new(RDMA_CM_EVENT_ESTABLISHED, 0));
             watch(shared, link);
         }
         Err(e) => {
             shared.set(Stage::Ended);
-            shared.post(failed(shared.id(), &e));
+            shared.post(failed(&e));
         }
     })?;
     Ok(this.finish(RDMA_CM_EVENT_ESTABLISHED))
@@ -1436,19 +1434,37 @@ pub unsafe extern "C" fn rdma_set_option(
 /// `rdma_get_src_port`, in network byte order.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: the program passes an ID it holds.
-    guard(0, || {
-        unsafe { Id::from_ibv(id) }.map_or(0, |id| id.local().port().to_be())
+    // SAFETY: the program passes an ID it holds; the field is one of it.
+    guard(0, || unsafe {
+        port_of(id, |id| ptr::addr_of!((*id).route.addr.src_storage))
     })
 }
 
 /// `rdma_get_dst_port`, in network byte order.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: the program passes an ID it holds.
-    guard(0, || {
-        unsafe { Id::from_ibv(id) }.map_or(0, |id| id.peer().port().to_be())
+    // SAFETY: the program passes an ID it holds; the field is one of it.
+    guard(0, || unsafe {
+        port_of(id, |id| ptr::addr_of!((*id).route.addr.dst_storage))
     })
+}
+
+/// The port of the address that `field` finds in the ID at `id`, in network byte order; 0
+/// for a null ID. Read from the field alone, not through the whole ID: these two calls change
+/// nothing, and a program may make them while another of its threads is in a call on the ID.
+///
+/// # Safety
+///
+/// A non-null `id` is a live ID, and `field` gives the address of one of its fields.
+unsafe fn port_of(
+    id: *mut rdma_cm_id,
+    field: impl FnOnce(*mut rdma_cm_id) -> *const libc::sockaddr_storage,
+) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: per the contract; the field is plain bytes.
+    ip_of(unsafe { &*field(id) }).port().to_be()
 }
 
 /// `rdma_notify`: softroce's CM takes a QP's first packet as the RTU itself.

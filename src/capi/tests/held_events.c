@@ -39,7 +39,11 @@ int main(int argc, char **argv) {
     printf("cq context is the id: %d\n",
            id->send_cq->cq_context == id && id->recv_cq->cq_context == id);
     if (rdma_connect(id, &param)) { perror("rdma_connect"); return 1; }
-    rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+    struct rdma_cm_event *established = expect(ch, RDMA_CM_EVENT_ESTABLISHED);
+    /* librdmacm sets id->event only in a synchronous ID's own calls: taking an asynchronous
+     * ID's event writes nothing into the ID, which another thread may be in a call on. */
+    printf("asynchronous id's event unset: %d\n", id->event == NULL);
+    rdma_ack_cm_event(established);
     /* rping's client frees its QP with ibv_destroy_qp, not rdma_destroy_qp: id->qp dangles.
      * The next QP of the same size takes the same memory, in glibc, from this thread's cache. */
     struct ibv_qp *old = id->qp;
