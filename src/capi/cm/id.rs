@@ -538,7 +538,9 @@ pub(super) unsafe fn release(event: &Event) {
 
 /// Notes in the QP of `event`'s ID (`qp->state`, which programs may read) the state a
 /// connection's event says the CM left it in. `id->event` stays as it is: librdmacm sets it
-/// only for a synchronous ID's own calls.
+/// only in a synchronous ID's own calls (which softroce does not yet do: a synchronous call
+/// takes its event and drops it, so its `id->event` stays null, and its QP's `state` is not
+/// noted either).
 ///
 /// The QP is written only while it is the live QP `rdma_create_qp` made on the ID: a program
 /// may destroy it with `ibv_destroy_qp` and keep the ID (rping's client does, before its
@@ -1463,8 +1465,11 @@ unsafe fn port_of(
     if id.is_null() {
         return 0;
     }
-    // SAFETY: per the contract; the field is plain bytes.
-    ip_of(unsafe { &*field(id) }).port().to_be()
+    // SAFETY: per the contract; the field is plain bytes, copied out rather than borrowed.
+    // A call on another thread that sets it meanwhile (`rdma_bind_addr`) races with this read
+    // as it would in librdmacm.
+    let addr = unsafe { ptr::read(field(id)) };
+    ip_of(&addr).port().to_be()
 }
 
 /// `rdma_notify`: softroce's CM takes a QP's first packet as the RTU itself.
