@@ -190,6 +190,11 @@ fn every_operation_without_loss() {
     );
     assert_eq!(read_mr(&b, 0x4000, 12), b"inline bytes");
     assert_eq!(sim.nodes[0].counters().retransmitted_packets, 0);
+    // What B carried out without a completion of its own: the WRITEs without immediate data
+    // (12 and 20), the READ and the two atomics; not the SENDs, the WRITE with immediate data,
+    // nor the WRITE refused.
+    assert_eq!(sim.nodes[1].counters().remote_accesses, 5);
+    assert_eq!(sim.nodes[0].counters().remote_accesses, 0);
 }
 
 /// A reference of what the peers must end up with: the model applies each operation in order.
@@ -688,6 +693,11 @@ fn a_lost_atomic_ack_does_not_run_the_atomic_twice() {
         "the cached original value"
     );
     assert_eq!(sim.nodes[1].counters().duplicate_requests, 1);
+    assert_eq!(
+        sim.nodes[1].counters().remote_accesses,
+        1,
+        "the duplicate answered from the ring is no second access"
+    );
 }
 
 #[test]

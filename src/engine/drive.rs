@@ -25,13 +25,16 @@
 //!   requests posted that no turn has taken, datagrams no call has read), and more often, down
 //!   to [`LOOK_IN_MIN`], while its looks keep finding datagrams the application left: found
 //!   after it had been quiet for [`LEFT_BEHIND_GAPS`] of its usual gaps between calls, or
-//!   for `LOOK_IN_MIN` if that is longer;
+//!   for `LOOK_IN_MIN` if that is longer, and within [`CHASE_FOR`] of a look that found a
+//!   peer's requests so left that no completion will show it ([`Found::unseen`]: WRITEs,
+//!   READs, atomics), which an application can only be spinning on its memory for;
 //! - on one CPU, where every wake-up of the thread stops the application, its sleeps that
 //!   only wait for the application to go quiet end on the kernel's tick ([`COARSE_SLACK`])
 //!   rather than on a timer interrupt of their own: it takes over within a few milliseconds
 //!   instead of one. And it takes over outright, sleeping on the socket, while the datagrams
-//!   its turns find are mostly ones an application that spins elsewhere left ([`Spinner`]):
-//!   there, looks that chase them cost that application more than a wake-up per datagram;
+//!   its turns find are mostly a peer's requests that an application spinning elsewhere left
+//!   ([`Spinner`]): there, looks that chase them cost that application more than a wake-up
+//!   per datagram;
 //! - the engine thread takes over at once when the application says it is about to wait
 //!   where no turn runs ([`Watchers`]): a future that is pending on a CQ or a CM channel, or a
 //!   CQ armed for its descriptor (`req_notify`, `ibv_req_notify_cq`), which a completion
@@ -93,9 +96,10 @@ use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues, ThreadName};
 pub(crate) const HANDBACK: Duration = Duration::from_millis(1);
 
 /// How often, at the most, a hybrid engine's thread looks in while the application is active:
-/// when its looks keep finding datagrams that no call of the application's took
-/// (an application that spins on its memory for a peer's WRITE, as `ib_write_lat` does, calls
-/// nothing meanwhile). 10 µs gave no lower latency in an A/B on loopback.
+/// when its looks keep finding a peer's requests that no call of the application's took and
+/// no completion will show it (an application that spins on its memory for a peer's WRITE, as
+/// `ib_write_lat` does, calls nothing meanwhile; see [`Found::unseen`]). 10 µs gave no lower
+/// latency in an A/B on loopback.
 const LOOK_IN_MIN: Duration = Duration::from_micros(20);
 
 /// How many of the application's usual gaps between calls it must have been quiet for before
@@ -106,6 +110,18 @@ const LOOK_IN_MIN: Duration = Duration::from_micros(20);
 /// 4 left loopback's `ib_write_lat` where it was (37-46 µs on 2 cores, 48-52 on one each);
 /// 16 made it 72-270 µs.
 const LEFT_BEHIND_GAPS: u32 = 4;
+
+/// How long after a turn last found a peer's requests that the application left and that no
+/// completion will show it ([`Found::unseen`]) the hybrid thread's looks still come closer for
+/// whatever datagrams it leaves. An application that waits for its peer's WRITEs spins on its
+/// memory for them, and between two it polls for its own WRITE's completion: where calls are
+/// slow (the lab's emulated guests) the ACKs it leaves meanwhile keep the looks close enough
+/// to find the next WRITE while it is still active. Without them, there, each look found
+/// nothing yet, the looks drew back apart, and each WRITE waited for the application to look
+/// quiet (`ib_write_lat` 1670 – 1980 µs a message, against about 360). An application that
+/// polls for SENDs has its looks chase nothing, however slow its calls: each look that chased
+/// them cost it a preemption where the two share a CPU.
+const CHASE_FOR: Duration = Duration::from_millis(10);
 
 /// The timer slack of a hybrid thread's sleeps that only wait for the application to go
 /// quiet, when the process has one CPU: longer than the kernel's tick (4 ms at Debian's
@@ -118,7 +134,8 @@ const LEFT_BEHIND_GAPS: u32 = 4;
 const COARSE_SLACK: Duration = Duration::from_millis(5);
 
 /// On one CPU, the hybrid thread's tally of the datagrams its turns find while the application
-/// keeps calling: left behind by an application quiet for [`Spinner::QUIET`] or more, or not.
+/// keeps calling: a peer's requests that no completion will show ([`Found::unseen`]) left
+/// behind by an application quiet for [`Spinner::QUIET`] or more, or not.
 /// Once the first lead by [`Spinner::SURE`], the application spins elsewhere (on its memory,
 /// for a peer's WRITE, as `ib_write_lat` does), and the thread takes over as the engine thread
 /// of [`Progress::Thread`] would, sleeping on the socket, until the others have caught up (the
@@ -208,17 +225,33 @@ pub(super) trait Turn: Send {
     /// once the engine has stopped.
     fn turn(&mut self, wait: Option<Duration>) -> bool;
 
-    /// Whether the last turn received datagrams: when it began to handle them (after its wait
-    /// for the socket, if any). The hybrid thread looks in more often while its looks find
-    /// datagrams the application's calls left. Posted requests do not count: an application
-    /// that is still posting would have its requests taken a few at a time, in more and
-    /// shorter trains.
-    fn found_work(&self) -> Option<Instant>;
+    /// What the last turn received, if anything. The hybrid thread looks in more often while
+    /// its looks find datagrams the application's calls left, if some were requests it cannot
+    /// see ([`Found::unseen`]). Posted requests do not count: an
+    /// application that is still posting would have its requests taken a few at a time, in
+    /// more and shorter trains.
+    fn found_work(&self) -> Option<Found>;
 
     /// After a panic in a turn (a bug): stops the engine without trusting its state to flush
     /// anything. The device's error says the engine panicked ([`EnginePanicked`]); the CQs'
     /// channels close and their waiting tasks are woken, so no one waits for ever.
     fn abandon(&mut self);
+}
+
+/// The datagrams a turn received.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Found {
+    /// When the turn began to handle them (after its wait for the socket, if any).
+    pub(super) at: Instant,
+    /// Whether they carried out a peer's request that completes nothing here
+    /// ([`Counters::remote_accesses`](crate::transport::Counters::remote_accesses)): a WRITE, a
+    /// READ, an atomic. An application that waits for one spins on its memory, not in a call,
+    /// so only these, left behind, tell the hybrid thread that the application will not take
+    /// them (`ib_write_lat`'s peer's WRITEs). A poller's SENDs, ACKs and READ responses end in
+    /// its completions, which it polls for: its next call takes them, and, where the thread
+    /// and the application share one CPU, every look that chases them costs the application
+    /// a preemption.
+    pub(super) unseen: bool,
 }
 
 /// Runs a turn. A panic in it abandons the engine (see [`Turn::abandon`]) and reads as a stop:
@@ -474,29 +507,27 @@ fn name_for_kernel(name: &str) {
 /// The hybrid engine thread: runs the engine while the application leaves it alone, and
 /// looks in while it does not.
 ///
-/// While the application is active, the thread looks in every `look_in` (a turn that does not wait,
-/// if the engine is free): what the application posted and left, or datagrams it has not yet taken.
-/// A look that finds datagrams the application left (see [`Shared::left_behind`]) halves `look_in`,
-/// down to [`LOOK_IN_MIN`]; any other doubles it, up to [`HANDBACK`]. So an application that polls
-/// its CQ costs the thread a look a millisecond (one a tick, on one CPU), and one that spins
-/// elsewhere for its peer's WRITE has it taken within a few tens of µs (`ib_write_lat`: 15-50 µs
+/// While the application is active, the thread looks in now and then ([`Looks`]; a turn that
+/// does not wait, if the engine is free): what the application posted and left, or datagrams
+/// it has not yet taken. So an application that polls its CQ costs the thread a look a
+/// millisecond (one a tick, on one CPU), even where its calls are slow or it is preempted now
+/// and then, and one that spins elsewhere for its peer's WRITE has it taken within a few tens
+/// of µs (`ib_write_lat`: 15-50 µs
 /// typical on loopback, against 25 µs with the engine thread alone on 2 cores and 4 ms on one,
 /// where the spinning program starves it). On one CPU, once the datagrams its turns find show
 /// such an application ([`Spinner`]), the thread takes over instead of looking, as if the
 /// application were quiet.
 fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut slack = Slack::new();
-    let mut look_in = HANDBACK;
-    // Not chasing datagrams the application left: the looks are as far apart as they go.
-    let unhurried = |look_in: Duration| look_in >= HANDBACK;
+    let mut looks = Looks::new();
     // On one CPU: how sure the thread is that the application spins elsewhere.
     let mut spinner = Spinner::default();
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
         if !spinner.sure() && shared.app_active(quiet) && !doorbell.posted.load(SeqCst) {
             // Waiting for the application to go quiet, unless chasing datagrams it left.
-            slack.set(unhurried(look_in));
-            thread::park_timeout(look_in.min(HANDBACK - quiet));
+            slack.set(looks.unhurried());
+            thread::park_timeout(looks.every.min(HANDBACK - quiet));
             if shared.stopping.load(SeqCst) {
                 return;
             }
@@ -524,32 +555,70 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                 if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
                     return;
                 }
-                // Datagrams found while the application calls often are ones its next call would
-                // have taken: only an application that has called nothing for a while
-                // (it spins elsewhere) brings the looks closer.
                 let found = engine.found_work();
-                let left_behind = found.is_some() && shared.left_behind(quiet);
-                look_in = if left_behind {
-                    (look_in / 2).max(LOOK_IN_MIN)
-                } else {
-                    (look_in * 2).min(HANDBACK)
-                };
+                looks.after(found, shared.left_behind(quiet), Instant::now());
                 if shared.app_took.swap(false, Relaxed) {
                     spinner = Spinner::default();
-                } else if let Some(at) = found.filter(|_| slack.one_cpu() && app_calls) {
+                } else if let Some(found) = found.filter(|_| slack.one_cpu() && app_calls) {
                     // How quiet the application was as they came, after a turn that slept.
-                    let quiet = shared.app_quiet_at(at);
-                    spinner.found(quiet >= Spinner::QUIET && shared.left_behind(quiet));
+                    let quiet = shared.app_quiet_at(found.at);
+                    spinner.found(
+                        found.unseen && quiet >= Spinner::QUIET && shared.left_behind(quiet),
+                    );
                 }
             }
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
             None => {
-                slack.set(app_active && unhurried(look_in));
-                thread::park_timeout(look_in);
+                slack.set(app_active && looks.unhurried());
+                thread::park_timeout(looks.every);
             }
             Some(Err(())) => return,
         }
+    }
+}
+
+/// How far apart a hybrid thread's looks are while the application is active.
+///
+/// Datagrams a look finds while the application calls often are ones its next call would have
+/// taken: only an application that has called nothing for a while (it spins elsewhere) brings
+/// the looks closer, and only one that has lately left requests it cannot see in a completion
+/// ([`CHASE_FOR`]). Such a look halves the time to the next, down to [`LOOK_IN_MIN`]; any
+/// other doubles it, up to [`HANDBACK`].
+struct Looks {
+    every: Duration,
+    /// When a turn last found a peer's requests that the application left and cannot see.
+    unseen_left_at: Option<Instant>,
+}
+
+impl Looks {
+    fn new() -> Looks {
+        Looks {
+            every: HANDBACK,
+            unseen_left_at: None,
+        }
+    }
+
+    /// After a turn, at `now`, that found `found`, which the application left behind if `late`
+    /// (see [`Shared::left_behind`]).
+    fn after(&mut self, found: Option<Found>, late: bool, now: Instant) {
+        let left_behind = found.is_some() && late;
+        if left_behind && found.is_some_and(|f| f.unseen) {
+            self.unseen_left_at = Some(now);
+        }
+        let chasing = self
+            .unseen_left_at
+            .is_some_and(|at| now.saturating_duration_since(at) < CHASE_FOR);
+        self.every = if left_behind && chasing {
+            (self.every / 2).max(LOOK_IN_MIN)
+        } else {
+            (self.every * 2).min(HANDBACK)
+        };
+    }
+
+    /// Not chasing datagrams the application left: the looks are as far apart as they go.
+    fn unhurried(&self) -> bool {
+        self.every >= HANDBACK
     }
 }
 
@@ -795,12 +864,13 @@ mod tests {
     /// told to let go, as a turn sleeping on the socket would. Before it is armed nothing is
     /// held: until the test makes its application active, the thread takes over turn after
     /// turn, and must not be stuck in one. While `finds` is set, each turn finds datagrams
-    /// as it begins.
+    /// as it begins, requests the application cannot see among them while `unseen` is.
     struct Recorder {
         turns: Sender<TurnSeen>,
         armed: Arc<AtomicBool>,
         let_go: Arc<AtomicBool>,
         finds: Arc<AtomicBool>,
+        unseen: Arc<AtomicBool>,
         began: Option<Instant>,
     }
 
@@ -811,6 +881,7 @@ mod tests {
                 armed: Arc::default(),
                 let_go: Arc::default(),
                 finds: Arc::default(),
+                unseen: Arc::default(),
                 began: None,
             }
         }
@@ -828,8 +899,10 @@ mod tests {
             true
         }
 
-        fn found_work(&self) -> Option<Instant> {
-            self.began.filter(|_| self.finds.load(SeqCst))
+        fn found_work(&self) -> Option<Found> {
+            let at = self.began.filter(|_| self.finds.load(SeqCst))?;
+            let unseen = self.unseen.load(SeqCst);
+            Some(Found { at, unseen })
         }
 
         fn abandon(&mut self) {}
@@ -843,6 +916,7 @@ mod tests {
         turns: Receiver<TurnSeen>,
         let_go: Arc<AtomicBool>,
         finds: Arc<AtomicBool>,
+        unseen: Arc<AtomicBool>,
     }
 
     impl ActiveHybrid {
@@ -852,6 +926,7 @@ mod tests {
             let armed = Arc::clone(&engine.armed);
             let let_go = Arc::clone(&engine.let_go);
             let finds = Arc::clone(&engine.finds);
+            let unseen = Arc::clone(&engine.unseen);
             let doorbell = Arc::new(Doorbell::new());
             let name = ThreadName {
                 full: "test".into(),
@@ -867,6 +942,7 @@ mod tests {
                 turns: seen,
                 let_go,
                 finds,
+                unseen,
             };
             hybrid.shared.app_turn.store(u64::MAX, SeqCst);
             let active = Instant::now();
@@ -889,6 +965,20 @@ mod tests {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if let (None, slack, _) = self.turns.recv_timeout(left).ok()? {
                     return Some(slack);
+                }
+            }
+        }
+
+        /// How many looks the thread makes within `period`, and whether it took over meanwhile.
+        fn looks_within(&self, period: Duration) -> (usize, bool) {
+            let deadline = Instant::now() + period;
+            let mut looks = 0;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.turns.recv_timeout(left) {
+                    Ok((Some(_), ..)) => looks += 1,
+                    Ok((None, ..)) => return (looks, true),
+                    Err(_) => return (looks, false),
                 }
             }
         }
@@ -972,6 +1062,49 @@ mod tests {
         assert!(shared.left_behind(Duration::from_micros(150)));
     }
 
+    /// The looks come closer for datagrams the application left only once it has left a peer's
+    /// request it cannot see (a WRITE), and for [`CHASE_FOR`] after the last: then its ACKs
+    /// left behind count too. A poller's SENDs never bring them closer, however late.
+    #[test]
+    fn the_looks_chase_an_application_that_left_requests_it_cannot_see() {
+        let start = Instant::now();
+        let at = |us: u64| start + Duration::from_micros(us);
+        let sends = Some(Found {
+            at: start,
+            unseen: false,
+        });
+        let writes = Some(Found {
+            at: start,
+            unseen: true,
+        });
+        let mut looks = Looks::new();
+        for i in 0..10 {
+            looks.after(sends, true, at(100 * i));
+            assert_eq!(looks.every, HANDBACK, "a poller's SENDs left behind");
+        }
+        looks.after(writes, false, at(2_000));
+        assert_eq!(looks.every, HANDBACK, "a WRITE its next call takes");
+        looks.after(writes, true, at(3_000));
+        assert_eq!(looks.every, HANDBACK / 2, "a WRITE left behind");
+        looks.after(sends, true, at(3_100));
+        assert_eq!(looks.every, HANDBACK / 4, "then its ACKs left behind");
+        looks.after(None, true, at(3_200));
+        assert_eq!(looks.every, HANDBACK / 2, "a look that finds nothing");
+        looks.after(sends, false, at(3_300));
+        assert_eq!(looks.every, HANDBACK, "a look that finds its next call's");
+        for i in 0..20 {
+            looks.after(sends, true, at(3_400 + i));
+        }
+        assert_eq!(looks.every, LOOK_IN_MIN);
+        looks.after(sends, true, at(3_000) + CHASE_FOR);
+        assert_eq!(
+            looks.every,
+            2 * LOOK_IN_MIN,
+            "long after the last WRITE, SENDs are a poller's again"
+        );
+        assert!(!looks.unhurried());
+    }
+
     /// The tally of [`Spinner`]: two WRITEs left behind start the takeover, one does not;
     /// `ib_write_lat`'s round trips (its peer's WRITE left behind, its own WRITE's ACK taken
     /// as it polls) keep it at every step; a poller's datagrams end it once they have caught
@@ -1041,11 +1174,12 @@ mod tests {
     /// On one CPU, as a whole: the looks of a hybrid thread standing aside find datagrams at
     /// every turn. While the application polls (its last call is always now), they are its
     /// next call's, and the thread stays aside. Once it is still active but has called nothing
-    /// for longer than [`Spinner::QUIET`] (it spins on its memory), they were left behind, and
-    /// the thread takes over, sleeping on the socket, though the application is active, within
-    /// a few looks.
+    /// for longer than [`Spinner::QUIET`], its SENDs and ACKs (what it polls its CQs for) are
+    /// still its own: the looks do not come closer, and the thread stays aside. Only a peer's
+    /// WRITEs, left behind, show that it spins on its memory: then the thread takes over,
+    /// sleeping on the socket, though the application is active, within a few looks.
     #[test]
-    fn on_one_cpu_the_thread_takes_over_from_an_application_that_spins_elsewhere() {
+    fn on_one_cpu_the_thread_takes_over_from_an_application_that_spins_for_writes() {
         crate::test_support::pin_to_one_cpu();
         let hybrid = ActiveHybrid::start();
         hybrid.finds.store(true, SeqCst);
@@ -1054,7 +1188,7 @@ mod tests {
             None,
             "took over from an application that polls"
         );
-        // The spinning application: its last call 200 µs ago, whenever the thread looks.
+        // The quiet application: its last call 200 µs ago, whenever the thread looks.
         let spinning = Arc::new(AtomicBool::new(true));
         let spinner = {
             let (shared, spinning) = (Arc::clone(&hybrid.shared), Arc::clone(&spinning));
@@ -1066,8 +1200,20 @@ mod tests {
                 }
             })
         };
-        // Two looks that find datagrams left behind make it sure; a few more may have begun
-        // before the spinning did. (Without the tally, the thread would take over only when
+        // Its own datagrams: looks about a HANDBACK apart at the closest (on the tick, here),
+        // no takeover. Chased, they would come every LOOK_IN_MIN or so: hundreds.
+        let (looks, took_over) = hybrid.looks_within(40 * HANDBACK);
+        assert!(
+            !took_over,
+            "took over for datagrams the application polls for"
+        );
+        assert!(
+            looks <= 100,
+            "{looks} looks chased the application's own datagrams"
+        );
+        hybrid.unseen.store(true, SeqCst);
+        // Two looks that find WRITEs left behind make it sure; a few more may have begun
+        // before they came. (Without the tally, the thread would take over only when
         // the application looks quiet for `HANDBACK`, after hundreds of looks.)
         let mut looks = 0;
         while let Ok((Some(_), ..)) = hybrid.turns.recv_timeout(Duration::from_secs(10)) {

@@ -36,7 +36,7 @@ pub(crate) use cm::{CmCommand, ConnectCall};
 pub use drive::Progress;
 pub(crate) use drive::Watch;
 pub(crate) use drive::{Driven, HANDBACK};
-use drive::{Driver, Turn};
+use drive::{Driver, Found, Turn};
 use lanes::Lanes;
 pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
@@ -321,9 +321,8 @@ struct Engine<B: Backend> {
     /// socket instead of epoll). Otherwise a turn does not ask it, since readiness is
     /// edge-triggered and the last receive read until there was nothing.
     unread: bool,
-    /// When the last turn, having received datagrams, began to handle them (see
-    /// [`Turn::found_work`]).
-    found_work: Option<Instant>,
+    /// What the last turn received (see [`Turn::found_work`]).
+    found_work: Option<Found>,
     /// How long after the last turn that moved packets the turns poll instead of sleeping
     /// (see [`Engine::busy_polling`]).
     busy_poll: Duration,
@@ -459,7 +458,7 @@ impl<B: Backend> Turn for Engine<B> {
         !self.stopped && self.step_or_stop(wait)
     }
 
-    fn found_work(&self) -> Option<Instant> {
+    fn found_work(&self) -> Option<Found> {
         self.found_work
     }
 
@@ -553,6 +552,7 @@ impl<B: Backend> Engine<B> {
             self.posts();
         }
         let now = self.now();
+        let accesses = self.endpoint.counters().remote_accesses;
         let (endpoint, lanes) = (&mut self.endpoint, &mut self.lanes);
         let received = if self.unread {
             self.backend.receive(RECEIVE_BUDGET, &mut |datagram| {
@@ -572,7 +572,10 @@ impl<B: Backend> Engine<B> {
         // have handed over more, or packets may be waiting to be sent: then the next turn must
         // not sleep.
         self.backlog = received == RECEIVE_BUDGET || handed == RECEIVE_BUDGET;
-        self.found_work = (received > 0 || handed > 0).then(|| self.start + now);
+        self.found_work = (received > 0 || handed > 0).then(|| Found {
+            at: self.start + now,
+            unseen: self.endpoint.counters().remote_accesses != accesses,
+        });
         if self.endpoint.next_deadline().is_some_and(|d| d <= now) {
             self.endpoint.handle_timeout(now);
         }

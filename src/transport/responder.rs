@@ -633,6 +633,7 @@ impl Qp {
                     ctx.complete(self.recv_cq, wc);
                     self.retire_recvs(1);
                 } else {
+                    ctx.counters.remote_accesses += 1;
                     self.finish_message();
                 }
             }
@@ -665,6 +666,7 @@ impl Qp {
                 }));
                 self.remember(Resource::Read(read));
                 self.resp.epsn = psn + count;
+                ctx.counters.remote_accesses += 1;
                 Ok(())
             }
             Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
@@ -686,6 +688,7 @@ impl Qp {
                 self.finish_message();
                 self.atomic_ack(psn, original, true, ctx);
                 self.resp.epsn = psn + 1;
+                ctx.counters.remote_accesses += 1;
                 Ok(())
             }
             _ => Err(invalid_request()),
