@@ -160,6 +160,26 @@ impl Shared {
         self.me as *mut rdma_cm_id
     }
 
+    /// Makes `event`, which a synchronous call of the ID waited for, the ID's `id->event`, as
+    /// librdmacm does (the connection's parameters and private data are read there), and frees
+    /// the one it replaces. Dropped instead if the ID was destroyed meanwhile (by another
+    /// thread: the program's race, which this call then survives).
+    fn keep_sync_event(&self, event: Box<Event>) {
+        let held = self.held();
+        if held.destroyed {
+            return;
+        }
+        let id = self.id();
+        // SAFETY: the ID is live: `rdma_destroy_id` marks it destroyed under the lock held here
+        // before it frees it, or takes its `event`. The synchronous ID's calls are the program's
+        // one at a time, and this is one of them, after its borrow of the ID has ended.
+        let old =
+            unsafe { std::mem::replace(&mut (*id).event, ptr::addr_of_mut!(Box::leak(event).ibv)) };
+        drop(held);
+        // SAFETY: an event this function kept before, handed to no one else.
+        unsafe { free_sync_event(old) };
+    }
+
     fn set(&self, stage: Stage) {
         *self.stage.lock().unwrap_or_else(|p| p.into_inner()) = stage;
     }
@@ -344,10 +364,12 @@ impl SyncWait {
             set_errno(ended_wait(shared));
             return -1;
         };
-        if event.ibv.event == self.success {
+        let (kind, status) = (event.ibv.event, event.ibv.status);
+        note_event(&event);
+        shared.keep_sync_event(event);
+        if kind == self.success {
             return 0;
         }
-        let status = event.ibv.status;
         set_errno(if status < 0 {
             -status
         } else {
@@ -482,7 +504,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 unsafe { rdma_destroy_id(child) };
             }
         }
-        if shared.free_now() {
+        let free = shared.free_now();
+        // SAFETY: the ID is live until the box is dropped below, and, marked destroyed, no
+        // longer gets a synchronous event (`keep_sync_event`); an asynchronous ID's is null.
+        unsafe { free_sync_event(std::mem::replace(&mut (*id).event, ptr::null_mut())) };
+        if free {
             // SAFETY: no event of the ID's is held, and none can be taken any more, so
             // nothing else frees it or reads it.
             drop(unsafe { Box::from_raw(this) });
@@ -538,9 +564,7 @@ pub(super) unsafe fn release(event: &Event) {
 
 /// Notes in the QP of `event`'s ID (`qp->state`, which programs may read) the state a
 /// connection's event says the CM left it in. `id->event` stays as it is: librdmacm sets it
-/// only in a synchronous ID's own calls (which softroce does not yet do: a synchronous call
-/// takes its event and drops it, so its `id->event` stays null, and its QP's `state` is not
-/// noted either).
+/// only in a synchronous ID's own calls ([`Shared::keep_sync_event`]).
 ///
 /// The QP is written only while it is the live QP `rdma_create_qp` made on the ID: a program
 /// may destroy it with `ibv_destroy_qp` and keep the ID (rping's client does, before its
@@ -978,11 +1002,13 @@ pub unsafe extern "C" fn rdma_get_request(
         if event.ibv.event != RDMA_CM_EVENT_CONNECT_REQUEST {
             continue;
         }
+        let request = event.ibv.id;
         // SAFETY: the program's out-pointer, checked above.
-        unsafe { *id = event.ibv.id };
+        unsafe { *id = request };
         // SAFETY: the request's ID is new and the program's now; make it synchronous as its
-        // listener is, with a channel of its own.
-        if let Some(child) = unsafe { Id::from_ibv(event.ibv.id) } {
+        // listener is, with a channel of its own, and the request its `id->event`, as
+        // librdmacm does (its private data is read there).
+        let kept = unsafe { Id::from_ibv(request) }.map(|child| {
             if let Ok(channel) = Channel::new() {
                 *child
                     .shared
@@ -991,15 +1017,32 @@ pub unsafe extern "C" fn rdma_get_request(
                     .unwrap_or_else(|p| p.into_inner()) = channel.events.clone();
                 child.own = Some(channel);
             }
+            Arc::clone(&child.shared)
+        });
+        // Once the borrow of the ID has ended: this writes into it through its pointer.
+        if let Some(shared) = kept {
+            shared.keep_sync_event(event);
         }
         if let Some((pd, mut attr)) = qp_attr {
             // SAFETY: the listener's PD (or null) and a copy of its attributes.
-            if unsafe { rdma_create_qp(event.ibv.id, pd, &mut attr) } != 0 {
+            if unsafe { rdma_create_qp(request, pd, &mut attr) } != 0 {
                 return -1;
             }
         }
         return 0;
     })
+}
+
+/// Frees `event`, a synchronous ID's `id->event` ([`Shared::keep_sync_event`]), if not null.
+///
+/// # Safety
+///
+/// `event` is null or an event kept as an ID's `id->event` and no longer that.
+unsafe fn free_sync_event(event: *mut rdma_cm_event) {
+    if !event.is_null() {
+        // SAFETY: per the contract, a leaked `Box<Event>` whose first field `event` is.
+        drop(unsafe { Box::from_raw(event.cast::<Event>()) });
+    }
 }
 
 /// Why a synchronous wait for the ID's event ended without one: the ID was destroyed meanwhile

@@ -134,6 +134,37 @@ fn rdma_server_and_rdma_client_use_synchronous_ids() {
     assert!(client.contains("rdma_client: end 0"), "{client}");
 }
 
+/// Synchronous IDs' `id->event`, which librdmacm sets to the event each synchronous call
+/// waited for (cma.c `ucma_complete`, `rdma_get_request`): programs read the peer's private
+/// data there. softroce's synchronous calls took their event and dropped it, and `id->event`
+/// stayed null. Each side's QP is in RTS once its call returns, as the event says.
+#[test]
+fn a_synchronous_ids_event_is_the_one_its_call_waited_for() {
+    let bin = common::compile_c("sync_events", include_str!("sync_events.c"), &["-lrdmacm"]);
+    let bin = bin.to_str().unwrap();
+    let (server, client) = until_served(
+        "sync_events",
+        program("127.0.3.62", bin, &["server", "127.0.3.62", "7499"]),
+        || program("127.0.3.63", bin, &["client", "127.0.3.62", "7499"]),
+        |out| out.contains("client done"),
+        LIMIT,
+    );
+    for (out, line) in [
+        (
+            &client,
+            "client's event before connecting: RDMA_CM_EVENT_ROUTE_RESOLVED",
+        ),
+        (&client, "established event carries the server's data: 1"),
+        (&client, "client's qp state: 3"),
+        (&server, "request's event carries the client's data: 1"),
+        (&server, "server's event: RDMA_CM_EVENT_ESTABLISHED"),
+        (&server, "server's qp state: 3"),
+        (&server, "server done"),
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
+
 /// A program that connects and exits without disconnecting: `rdma_destroy_ep` leaves the
 /// connection, whose DREQ (IBTA 12.9.8.5; cma.c destroys a connected ID with
 /// `ib_send_cm_dreq`) must reach the peer although the process exits right after. The
