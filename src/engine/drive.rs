@@ -147,7 +147,9 @@ const COARSE_SLACK: Duration = Duration::from_millis(5);
 /// rows stayed within their spread (the README has the runs). `ib_write_lat` has one of each kind a
 /// round trip (its peer's WRITE, and its own WRITE's ACK, which comes while it polls its send
 /// CQ), which keeps the takeover; an application that polls has the thread find its datagrams
-/// as it takes them, which ends it. (On several CPUs the spinning application and the engine's
+/// as it takes them, which ends it (one that is also sent WRITEs, only once the datagrams for
+/// its completions outnumber the turns with WRITEs by the tally's depth: see
+/// [`Spinner::found`]). (On several CPUs the spinning application and the engine's
 /// thread do not take turns on one, and the looks are cheap: 15-50 µs on loopback, against
 /// 25 µs with the engine thread alone.)
 #[derive(Debug, Default)]
@@ -173,11 +175,14 @@ impl Spinner {
 
     /// Counts a turn's datagrams: `unseen` if they carried out requests the application cannot
     /// see, `late` if it had then been quiet for [`Spinner::QUIET`] and its own pace. Taking
-    /// over, the thread runs every turn and the application's polls run none, so a request it
-    /// cannot see is one it would never have taken, however lately it called: counted
-    /// against the quiet instead, `ib_write_lat`'s peer's WRITE, answered fast once taken
-    /// over, ended the takeover it had begun (in the lab's guests, on and off 88 times in
-    /// 1000 round trips, 382 µs a message against 269 with the engine thread).
+    /// over, the thread counts every such request for the takeover, however lately the
+    /// application called: answered by the thread, `ib_write_lat`'s peer's WRITE comes soon
+    /// after the application's last call, and counted against the takeover as not late, it
+    /// ended the takeover it had begun (in the lab's guests, on and off 88 times in 1000 round
+    /// trips, 382 µs a message against 269 with the engine thread). The price: an application
+    /// that polls its CQ while its peer also WRITEs into it stays in the takeover (the engine
+    /// thread's mode, slower for a poller on one CPU, but nothing waits) until its other
+    /// datagrams outnumber the turns with WRITEs by the tally's depth.
     fn found(&mut self, unseen: bool, late: bool) {
         let left_behind = unseen && (late || self.sure);
         self.tally = if left_behind {
@@ -977,15 +982,17 @@ mod tests {
             }
         }
 
-        /// How many looks the thread makes within `period`, or until it takes over.
-        fn looks_within(&self, period: Duration) -> usize {
+        /// How many looks the thread makes within `period`, and whether it took over meanwhile
+        /// (the looks stop there).
+        fn looks_within(&self, period: Duration) -> (usize, bool) {
             let deadline = Instant::now() + period;
             let mut looks = 0;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match self.turns.recv_timeout(left) {
                     Ok((Some(_), ..)) => looks += 1,
-                    Ok((None, ..)) | Err(_) => return looks,
+                    Ok((None, ..)) => return (looks, true),
+                    Err(_) => return (looks, false),
                 }
             }
         }
@@ -1206,7 +1213,7 @@ mod tests {
     /// sleeping on the socket, though the application is active, within a few looks.
     #[test]
     fn on_one_cpu_the_thread_takes_over_from_an_application_that_spins_for_writes() {
-        crate::test_support::pin_to_one_cpu();
+        let all_cpus = crate::test_support::pin_to_one_cpu();
         let hybrid = ActiveHybrid::start();
         hybrid.finds.store(true, SeqCst);
         assert_eq!(
@@ -1214,11 +1221,14 @@ mod tests {
             None,
             "took over from an application that polls"
         );
-        // The quiet application: its last call 200 µs ago, whenever the thread looks.
+        // The quiet application: its last call 200 µs ago, whenever the thread looks. Kept so
+        // by a helper off the one CPU, where the thread under test would starve it past
+        // HANDBACK, and the application would look quiet (which rightly ends in a takeover).
         let spinning = Arc::new(AtomicBool::new(true));
         let spinner = {
             let (shared, spinning) = (Arc::clone(&hybrid.shared), Arc::clone(&spinning));
             thread::spawn(move || {
+                crate::test_support::allow_cpus(&all_cpus);
                 while spinning.load(SeqCst) {
                     let now = shared.epoch.elapsed().as_nanos() as u64;
                     shared.app_turn.store(now.saturating_sub(200_000), SeqCst);
@@ -1226,11 +1236,13 @@ mod tests {
                 }
             })
         };
-        // Its own datagrams: looks about a HANDBACK apart at the closest (on the tick, here).
-        // Chased, they would come every LOOK_IN_MIN or so: hundreds. (That they start no
-        // takeover is `Spinner`'s test: here, a helper starved past HANDBACK on the one CPU
-        // makes the application quiet, and the thread then rightly takes over.)
-        let looks = hybrid.looks_within(40 * HANDBACK);
+        // Its own datagrams: looks about a HANDBACK apart at the closest (on the tick, here),
+        // no takeover. Chased, they would come every LOOK_IN_MIN or so: hundreds.
+        let (looks, took_over) = hybrid.looks_within(40 * HANDBACK);
+        assert!(
+            !took_over,
+            "took over for datagrams the application polls for"
+        );
         assert!(
             looks <= 100,
             "{looks} looks chased the application's own datagrams"
@@ -1240,8 +1252,12 @@ mod tests {
         // before they came. (Without the tally, the thread would take over only when
         // the application looks quiet for `HANDBACK`, after hundreds of looks.)
         let mut looks = 0;
-        while let Ok((Some(_), ..)) = hybrid.turns.recv_timeout(Duration::from_secs(10)) {
-            looks += 1;
+        while looks <= 100 {
+            match hybrid.turns.recv_timeout(Duration::from_secs(10)) {
+                Ok((Some(_), ..)) => looks += 1,
+                Ok((None, ..)) => break,
+                Err(_) => panic!("neither a look nor a takeover in 10 s"),
+            }
         }
         spinning.store(false, SeqCst);
         spinner.join().unwrap();

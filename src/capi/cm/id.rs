@@ -141,11 +141,17 @@ impl Shared {
     }
 
     /// The destroyed ID may be freed now: the program holds none of its events. Otherwise the
-    /// last ack frees it ([`Held`]).
-    fn free_now(&self) -> bool {
+    /// last ack frees it ([`Held`]). Also the ID's synchronous event, taken out of it: under
+    /// the lock that `keep_sync_event` writes it under, and before a last ack on another
+    /// thread, which takes the lock too, can free the ID.
+    fn free_now(&self) -> (bool, *mut rdma_cm_event) {
         let mut held = self.held();
         held.destroyed = true;
-        held.events == 0
+        // SAFETY: the ID is live: its box is freed only by this destroy or by the last ack,
+        // which waits for this lock and then sees it destroyed. Only this one field is
+        // written, not the whole ID borrowed.
+        let event = unsafe { std::mem::replace(&mut (*self.id()).event, ptr::null_mut()) };
+        (held.events == 0, event)
     }
 
     /// One of the ID's events was acked: whether that was the last one of an ID destroyed
@@ -164,7 +170,10 @@ impl Shared {
     /// librdmacm does (the connection's parameters and private data are read there), and frees
     /// the one it replaces. Dropped instead if the ID was destroyed meanwhile (by another
     /// thread: the program's race, which this call then survives).
-    fn keep_sync_event(&self, event: Box<Event>) {
+    fn keep_sync_event(&self, mut event: Box<Event>) {
+        // Taken by no `rdma_get_cm_event`, so counted in no ID's held events: a program that
+        // acks it itself (rsocket does, then clears `id->event`) only frees it.
+        event.owners = Owners::default();
         let held = self.held();
         if held.destroyed {
             return;
@@ -504,10 +513,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 unsafe { rdma_destroy_id(child) };
             }
         }
-        let free = shared.free_now();
-        // SAFETY: the ID is live until the box is dropped below, and, marked destroyed, no
-        // longer gets a synchronous event (`keep_sync_event`); an asynchronous ID's is null.
-        unsafe { free_sync_event(std::mem::replace(&mut (*id).event, ptr::null_mut())) };
+        let (free, sync_event) = shared.free_now();
+        // SAFETY: taken out of the ID, which, marked destroyed, gets no other one
+        // (`keep_sync_event`).
+        unsafe { free_sync_event(sync_event) };
         if free {
             // SAFETY: no event of the ID's is held, and none can be taken any more, so
             // nothing else frees it or reads it.
@@ -1458,7 +1467,11 @@ pub unsafe extern "C" fn rdma_migrate_id(
         }
         drop(events);
         this.ibv.channel = channel;
-        this.own = None;
+        if this.own.take().is_some() {
+            // No longer synchronous: its last call's event goes, as librdmacm acks it.
+            // SAFETY: an event `keep_sync_event` kept, and no longer the ID's.
+            unsafe { free_sync_event(std::mem::replace(&mut this.ibv.event, ptr::null_mut())) };
+        }
         Ok(0)
     })
 }

@@ -50,6 +50,9 @@ int main(int argc, char **argv) {
         printf("established event carries the server's data: %d\n",
                carries(id->event, RDMA_CM_EVENT_ESTABLISHED, "welcome"));
         printf("client's qp state: %d\n", (int) id->qp->state);
+        /* rsocket's raccept and rconnect ack id->event themselves and clear it. */
+        rdma_ack_cm_event(id->event);
+        id->event = NULL;
         rdma_disconnect(id);
         rdma_destroy_ep(id);
     }
