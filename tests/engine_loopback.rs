@@ -427,6 +427,105 @@ fn inline_progress_moves_data_with_no_engine_thread() {
     assert!(started.elapsed() >= Duration::from_millis(50));
 }
 
+/// A poll that hands the application a completion holds back the ACK its turn queued, so that
+/// what the application posts in answer leaves ahead of it, in the same train
+/// (`Endpoint::hold_acks`); but only on a hybrid engine, whose thread sends the ACK if the
+/// application calls nothing more (within about a millisecond, long before the peer's retry
+/// timer, 268 ms here). An inline engine, which nothing else runs, holds nothing. Each side
+/// answers a SEND three times, then takes one and calls nothing; its recording says in what
+/// order its answers and ACKs left.
+#[test]
+fn a_poll_holds_its_ack_for_the_answer_only_beside_a_thread() {
+    use softroce::capture::Capture;
+    use softroce::wire::{IpRepr, Opcode};
+
+    let cases = [
+        (Progress::Inline, "127.0.0.142", "127.0.0.143"),
+        (Progress::Hybrid, "127.0.0.144", "127.0.0.145"),
+    ];
+    for (progress, polling, sending) in cases {
+        let path = std::env::temp_dir().join(format!(
+            "softroce-{}-{progress:?}-held.pcap",
+            std::process::id()
+        ));
+        let config = DeviceConfig {
+            progress,
+            pcap: Some(path.clone()),
+            ..DeviceConfig::udp(polling.parse().unwrap())
+        };
+        let b = end_on(Device::open(config).unwrap());
+        let a = open(sending, None);
+        let options = ConnectOptions {
+            timeout: 16,
+            ..Default::default()
+        };
+        a.qp.connect(&b.qp.endpoint(), &options).unwrap();
+        b.qp.connect(&a.qp.endpoint(), &options).unwrap();
+        let send = |end: &End, k: u64| {
+            let sge = end.mr.sge(64, 8).unwrap();
+            end.qp
+                .post_send(SendWr::new(k, SendOp::Send, Payload::Sges([sge].into())))
+                .unwrap();
+        };
+        let polled = |end: &End| {
+            let mut wcs = Vec::new();
+            while end.cq.poll(&mut wcs, 1).unwrap() == 0 {}
+            assert_eq!(wcs[0].status, WcStatus::Success, "{progress:?}: {wcs:?}");
+        };
+        let waited = |end: &End| {
+            let wc = end.cq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!(wc.expect("a completion").status, WcStatus::Success);
+        };
+        for k in 0..4 {
+            b.qp.post_recv(RecvWr::new(k, b.mr.sge(0, 64).unwrap()))
+                .unwrap();
+            a.qp.post_recv(RecvWr::new(k, a.mr.sge(0, 64).unwrap()))
+                .unwrap();
+            send(&a, k);
+            polled(&b);
+            if k < 3 {
+                send(&b, k);
+                polled(&b);
+                // `a`'s SEND, and `b`'s answer.
+                waited(&a);
+                waited(&a);
+            }
+        }
+        // `b`'s application calls nothing from here.
+        waited(&a);
+        let (counters, _) = a.device.counters().unwrap();
+        assert_eq!(
+            counters.retransmitted_packets, 0,
+            "{progress:?}: a SEND went again: {counters:?}"
+        );
+        drop(b);
+        // What `b` sent, in order: answers (SENDs) and ACKs.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let b_address: std::net::Ipv4Addr = polling.parse().unwrap();
+        let sent: Vec<Opcode> = Capture::new(&bytes)
+            .unwrap()
+            .filter_map(|record| {
+                let record = record.unwrap();
+                let frame = record.frame().unwrap();
+                let from_b = matches!(frame.repr.ip, IpRepr::V4 { src, .. } if src == b_address);
+                from_b.then(|| frame.packet.bth().opcode())
+            })
+            .collect();
+        // The k-th answer went ahead of the k-th ACK (of `a`'s k-th SEND): it was held.
+        let at =
+            |opcode| -> Vec<usize> { (0..sent.len()).filter(|&i| sent[i] == opcode).collect() };
+        let (answers, acks) = (at(Opcode::RcSendOnly), at(Opcode::RcAck));
+        let answer_then_ack = answers.iter().zip(&acks).filter(|(s, a)| s < a).count();
+        if progress == Progress::Inline {
+            assert_eq!(answer_then_ack, 0, "inline: an ACK was held: {sent:?}");
+        } else {
+            // The thread may look in between a poll and the answer now and then.
+            assert!(answer_then_ack > 0, "hybrid: no ACK was held: {sent:?}");
+        }
+    }
+}
+
 /// `len` bytes that differ from one offset to the next and from one seed to another.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)

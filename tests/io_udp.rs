@@ -389,10 +389,18 @@ fn dscp_and_ecn_are_checked_and_set() {
     exchange(&mut a, &mut b, 64);
 }
 
+/// Held by each test that binds RoCEv2's port on `::1`, IPv6's only loopback address: run
+/// together (`--include-ignored`, as .ci/run does), two of them raced for it, and one failed
+/// with "address already in use".
+static IPV6_LOOPBACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// IPv6 on `::1`. A host with no IPv6 loopback fails this test, with the reason, rather than
 /// passing it unrun.
 #[test]
 fn ipv6_on_the_loopback() {
+    let _port = IPV6_LOOPBACK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // ::1 is IPv6's only loopback address: the backend talks to itself.
     let mut a = UdpBackend::bind(Ipv6Addr::LOCALHOST.into())
         .expect("this test needs an IPv6 loopback address (::1)");
@@ -418,6 +426,9 @@ fn ipv6_on_the_loopback() {
 fn zero_checksum_ipv6_datagrams_arrive() {
     use socket2::{Domain, Protocol, Socket, Type};
 
+    let _port = IPV6_LOOPBACK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut backend = UdpBackend::bind(Ipv6Addr::LOCALHOST.into())
         .expect("this test needs an IPv6 loopback address (::1)");
     let raw = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::UDP))

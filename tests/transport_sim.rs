@@ -1109,6 +1109,95 @@ fn acks_of_one_batch_are_coalesced_but_not_across_a_read_response() {
     assert_eq!(sim.nodes[1].counters().coalesced_acks, 5);
 }
 
+/// A responder may delay and coalesce its ACKs (IBTA 9.7.5.1.1). An io layer that runs a turn
+/// in an application's poll holds them back (`Endpoint::hold_acks`): nothing is given out until
+/// it releases them, and then they leave behind the request the application posted in answer;
+/// an ACK or a NAK of the same QP held or queued meanwhile takes a held one's place; and
+/// nothing is held while a packet other than a plain ACK waits, here a READ response.
+#[test]
+fn held_acks_leave_behind_the_answer_and_give_way_to_a_later_ack() {
+    let mut sim = Sim::new(2, seed(37), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    // What `b` sends, in order, as it hands it to `a`.
+    let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let log = sent.clone();
+    sim.observe = Some(Box::new(move |from, bytes| {
+        let packet = RocePacket::new_checked(bytes).unwrap();
+        if from == 1 {
+            log.borrow_mut()
+                .push((packet.bth().opcode(), packet.bth().psn()));
+        }
+    }));
+    let opcodes = |sim: &mut Sim, from: usize| {
+        sim.hand_over(from, 0, 8);
+        std::mem::take(&mut *sent.borrow_mut())
+    };
+    let psn = |k: u32| Psn::new(Options::default().psn[0] + k);
+    let send = |wr_id, side: &Side| SendWr::new(wr_id, SendOp::Send, sge(side, 0, 8));
+    for k in 0..4 {
+        post_recv(&mut sim, 1, &b, k, 64 * k, 64);
+    }
+    post_recv(&mut sim, 0, &a, 9, 0x2000, 64);
+    post_send(&mut sim, 0, &a, send(1, &a));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(sim.nodes[1].hold_acks());
+    assert_eq!(opcodes(&mut sim, 1), [], "a held ACK went out");
+    assert!(sim.nodes[1].has_transmits());
+    post_send(&mut sim, 1, &b, send(2, &b));
+    assert!(sim.nodes[1].release_held_acks());
+    let b_psn = |k: u32| Psn::new(Options::default().psn[1] + k);
+    assert_eq!(
+        opcodes(&mut sim, 1),
+        [(Opcode::RcSendOnly, b_psn(0)), (Opcode::RcAck, psn(0))]
+    );
+    // A later ACK of the QP replaces the held one, held too or not.
+    let coalesced = sim.nodes[1].counters().coalesced_acks;
+    post_send(&mut sim, 0, &a, send(3, &a));
+    // With `a`'s ACK of `b`'s SEND.
+    assert_eq!(sim.hand_over(0, 1, 8), 2);
+    assert!(sim.nodes[1].hold_acks());
+    for k in [4, 5] {
+        post_send(&mut sim, 0, &a, send(k, &a));
+        assert_eq!(sim.hand_over(0, 1, 8), 1);
+        if k == 4 {
+            assert!(sim.nodes[1].hold_acks());
+        }
+    }
+    assert!(sim.nodes[1].release_held_acks());
+    assert!(!sim.nodes[1].release_held_acks(), "released twice");
+    assert!(!sim.nodes[1].holds_acks());
+    assert_eq!(opcodes(&mut sim, 1), [(Opcode::RcAck, psn(3))]);
+    assert_eq!(sim.nodes[1].counters().coalesced_acks, coalesced + 2);
+    // A READ response waiting to be built holds nothing back.
+    let read = SendOp::Read {
+        remote_addr: IOVA + 0x1000,
+        rkey: b.mr.rkey(),
+    };
+    post_send(&mut sim, 0, &a, SendWr::new(6, read, sge(&a, 0x1000, 64)));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(!sim.nodes[1].hold_acks());
+    assert_eq!(opcodes(&mut sim, 1), [(Opcode::RcReadResponseOnly, psn(4))]);
+    // A NAK queued after a held ACK replaces it too: a NAK acknowledges every PSN before its
+    // own. Here an RNR NAK, for a SEND that finds no receive request (IBTA 9.7.5.2.8).
+    post_recv(&mut sim, 1, &b, 4, 64 * 4, 64);
+    post_send(&mut sim, 0, &a, send(7, &a));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(sim.nodes[1].hold_acks());
+    post_send(&mut sim, 0, &a, send(8, &a));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(sim.nodes[1].release_held_acks());
+    assert_eq!(
+        opcodes(&mut sim, 1),
+        [(Opcode::RcAck, psn(6))],
+        "the RNR NAK alone"
+    );
+    post_recv(&mut sim, 1, &b, 5, 64 * 5, 64);
+    // Nothing was lost: every request completes, the SEND that drew the NAK once retried.
+    sim.run_idle(LIMIT);
+    let completed = drain(&mut sim, 0, a.cq).len() + drain(&mut sim, 1, b.cq).len();
+    assert_eq!(completed, 5 + 1 + 4 + 1 + 4);
+}
+
 /// Only the packets whose acknowledgement someone waits for ask for one (BTH AckReq): in a
 /// batch of unsignalled WRITEs ending in a signalled one, the signalled one's, and one in
 /// every ACK_REQ_INTERVAL (32) packets so that the window moves. The ACK of the last covers

@@ -19,6 +19,10 @@
 //! - a post runs no turn: it rings the doorbell (waking a holder that sleeps on the socket),
 //!   and the next turn takes it, whoever runs it. A turn per post would cost a `sendmsg` per
 //!   message, where the wait that follows sends a whole batch as one;
+//! - a turn that an application's call runs and that takes no posts holds back ACKs that are
+//!   all it has to send, until a turn that takes the application's posts, for two of its
+//!   turns at the most, or the thread's turn ([`Runner::Application`]): the application
+//!   answers what the turn handed it, and the answer leaves with them;
 //! - the engine thread stands aside while the application has run or asked for a turn within
 //!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
 //!   Standing aside, it looks in every millisecond (a turn that does not wait on the socket:
@@ -236,8 +240,8 @@ pub enum Progress {
 pub(super) trait Turn: Send {
     /// Waits up to `wait` for the socket (`None`: until something happens; less if a timer is
     /// due sooner, not at all if work is waiting or while the engine busy polls), then does everything that is due. False
-    /// once the engine has stopped.
-    fn turn(&mut self, wait: Option<Duration>) -> bool;
+    /// once the engine has stopped. `by` says who runs it.
+    fn turn(&mut self, wait: Option<Duration>, by: Runner) -> bool;
 
     /// What the last turn received, if anything. The hybrid thread looks in more often while
     /// its looks find datagrams the application's calls left, if some were requests it cannot
@@ -268,11 +272,29 @@ pub(super) struct Found {
     pub(super) unseen: bool,
 }
 
+/// Who runs a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Runner {
+    /// One of the application's calls on a hybrid engine, which returns to the application
+    /// with what the turn completed: ACKs alone wait for a turn that takes its posts, so that
+    /// what the application posts in answer leaves with them
+    /// ([`Endpoint::hold_acks`](crate::transport::Endpoint::hold_acks)), or for the engine
+    /// thread's turn, or two of its turns at the most.
+    Application,
+    /// One of the application's calls on an inline engine: everything goes out at once. No
+    /// thread would send what it held, and the application may call nothing more for a
+    /// while (a server that leaves its poll loop for its peer's TCP handshake, whose peer
+    /// would retry its last SEND until it gave up).
+    Inline,
+    /// The engine's own thread: everything goes out at once.
+    Thread,
+}
+
 /// Runs a turn. A panic in it abandons the engine (see [`Turn::abandon`]) and reads as a stop:
 /// a bug costs the device, not the application's thread, and the panic's message has gone to
 /// the panic hook.
-pub(super) fn guarded_turn(engine: &mut dyn Turn, wait: Option<Duration>) -> bool {
-    match panic::catch_unwind(AssertUnwindSafe(|| engine.turn(wait))) {
+pub(super) fn guarded_turn(engine: &mut dyn Turn, wait: Option<Duration>, by: Runner) -> bool {
+    match panic::catch_unwind(AssertUnwindSafe(|| engine.turn(wait, by))) {
         Ok(running) => running,
         Err(_) => {
             engine.abandon();
@@ -566,7 +588,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                     slack.set(false);
                     None
                 };
-                if !guarded_turn(&mut **engine, shared.may_wait(wait)) {
+                if !guarded_turn(&mut **engine, shared.may_wait(wait), Runner::Thread) {
                     return;
                 }
                 let found = engine.found_work();
@@ -817,7 +839,12 @@ impl EngineHandle {
             shared
                 .app_waits
                 .store(wait_here != Some(Duration::ZERO), SeqCst);
-            let running = guarded_turn(&mut **engine, wait_here);
+            let by = if hybrid {
+                Runner::Application
+            } else {
+                Runner::Inline
+            };
+            let running = guarded_turn(&mut **engine, wait_here, by);
             shared.app_waits.store(false, SeqCst);
             if !running {
                 return Err(self.gone());
@@ -901,7 +928,7 @@ mod tests {
     }
 
     impl Turn for Recorder {
-        fn turn(&mut self, wait: Option<Duration>) -> bool {
+        fn turn(&mut self, wait: Option<Duration>, _by: Runner) -> bool {
             let slack = rustix::thread::current_timer_slack().ok();
             let began = Instant::now();
             self.began = Some(began);

@@ -36,7 +36,7 @@ pub(crate) use cm::{CmCommand, ConnectCall};
 pub use drive::Progress;
 pub(crate) use drive::Watch;
 pub(crate) use drive::{Driven, HANDBACK};
-use drive::{Driver, Found, Turn};
+use drive::{Driver, Found, Runner, Turn};
 use lanes::Lanes;
 pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
@@ -59,6 +59,13 @@ const RECEIVE_BUDGET: usize = 64;
 /// Packets sent per turn of the loop, so that a long READ response does not keep the engine
 /// from receiving.
 const TRANSMIT_BUDGET: usize = 256;
+/// How many of the application's turns that take no posts an ACK may be held back for
+/// ([`Endpoint::hold_acks`](crate::transport::Endpoint::hold_acks)): it goes out at the next
+/// turn that takes the application's posts, or the engine thread's, or this many turns
+/// later. Two, for a program that polls two CQs before it answers (perftest polls its send
+/// CQ, then its receive CQ). With holds of one turn, the second poll released the ACK ahead
+/// of the answer.
+const HOLD_ACKS_TURNS: u8 = 2;
 /// Async events kept for the application before the oldest are dropped.
 const EVENT_QUEUE: usize = 256;
 
@@ -328,6 +335,8 @@ struct Engine<B: Backend> {
     busy_poll: Duration,
     /// When a turn last received or sent packets; `None` before the first.
     moved_packets_at: Option<Duration>,
+    /// The application's turns that the ACKs held back have waited ([`HOLD_ACKS_TURNS`]).
+    held_turns: u8,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
     failure: Failure,
@@ -435,6 +444,7 @@ pub(crate) fn start<B: Backend>(
         found_work: None,
         busy_poll,
         moved_packets_at: None,
+        held_turns: 0,
         stopped: false,
         failure,
         unreachable: Vec::new(),
@@ -454,8 +464,8 @@ pub(crate) fn start<B: Backend>(
 }
 
 impl<B: Backend> Turn for Engine<B> {
-    fn turn(&mut self, wait: Option<Duration>) -> bool {
-        !self.stopped && self.step_or_stop(wait)
+    fn turn(&mut self, wait: Option<Duration>, by: Runner) -> bool {
+        !self.stopped && self.step_or_stop(wait, by)
     }
 
     fn found_work(&self) -> Option<Found> {
@@ -476,13 +486,13 @@ impl<B: Backend> Engine<B> {
     }
 
     fn run(mut self) {
-        while drive::guarded_turn(&mut self, None) {}
+        while drive::guarded_turn(&mut self, None, Runner::Thread) {}
     }
 
     /// A turn; false once the engine has stopped. A dead socket stops it here: every QP is
     /// flushed, the completions delivered, and the error kept for the application's calls.
-    fn step_or_stop(&mut self, cap: Option<Duration>) -> bool {
-        match self.step(cap) {
+    fn step_or_stop(&mut self, cap: Option<Duration>, by: Runner) -> bool {
+        match self.step(cap, by) {
             Ok(running) => running,
             Err(error) => {
                 tracing::error!(%error, address = %self.backend.local_addr(),
@@ -499,8 +509,10 @@ impl<B: Backend> Engine<B> {
     /// One turn: waits for the socket up to `cap` (`None`: no cap), less if a timer is due
     /// sooner, not at all if work is waiting or while it busy polls ([`Engine::busy_polling`]);
     /// then runs the commands, takes the posted work requests, receives, fires the timers,
-    /// transmits and hands out completions. False once the engine has shut down.
-    fn step(&mut self, cap: Option<Duration>) -> io::Result<bool> {
+    /// transmits and hands out completions. False once the engine has shut down. Run `by` the
+    /// application and taking no posts, it holds its ACKs back if they are all it has to send
+    /// ([`Runner::Application`]).
+    fn step(&mut self, cap: Option<Duration>, by: Runner) -> io::Result<bool> {
         let timeout = if self.backlog || self.busy_polling() {
             Some(Duration::ZERO)
         } else {
@@ -543,12 +555,13 @@ impl<B: Backend> Engine<B> {
             if let Some(cm) = &mut self.cm {
                 cm.pump(now, &mut self.endpoint);
             }
-            let _ = self.transmit();
+            let _ = self.transmit(false);
             self.shut_down();
             self.stopped = true;
             return Ok(false);
         }
-        if self.doorbell.posted.swap(false, SeqCst) || !self.posts_left.is_empty() {
+        let posted = self.doorbell.posted.swap(false, SeqCst) || !self.posts_left.is_empty();
+        if posted {
             self.posts();
         }
         let now = self.now();
@@ -583,7 +596,9 @@ impl<B: Backend> Engine<B> {
         if let Some(cm) = &mut self.cm {
             cm.pump(now, &mut self.endpoint);
         }
-        let (sent, more_to_send) = self.transmit()?;
+        // The application answers what this turn hands it in its next calls: its ACKs wait for
+        // the turn that takes the answer, unless this one took posts.
+        let (sent, more_to_send) = self.transmit(by == Runner::Application && !posted)?;
         self.backlog |= more_to_send;
         if self.found_work.is_some() || sent > 0 {
             self.moved_packets_at = Some(now);
@@ -848,8 +863,21 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sends what the core has queued, up to [`TRANSMIT_BUDGET`] packets: how many it sent,
-    /// and whether more are queued.
-    fn transmit(&mut self) -> io::Result<(usize, bool)> {
+    /// and whether more are queued. Asked to `hold`, it holds the ACKs back if they are all it
+    /// has to send, for [`HOLD_ACKS_TURNS`] turns at the most; otherwise it sends those held
+    /// behind what it queued.
+    fn transmit(&mut self, hold: bool) -> io::Result<(usize, bool)> {
+        if !hold || self.held_turns >= HOLD_ACKS_TURNS {
+            self.endpoint.release_held_acks();
+            self.held_turns = 0;
+        } else {
+            self.endpoint.hold_acks();
+            self.held_turns = if self.endpoint.holds_acks() {
+                self.held_turns + 1
+            } else {
+                0
+            };
+        }
         let mut sent = 0;
         while sent < TRANSMIT_BUDGET {
             // Each packet is built once, where the backend sends it from.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashSet;
+use smallvec::SmallVec;
 
 use super::cq::{self, CompletionQueue};
 use super::outgoing::{Queued, Revoked, UnreliableSend};
@@ -89,6 +90,8 @@ pub struct Endpoint {
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
     out: VecDeque<Queued>,
+    /// Plain ACKs held back from `out` until the next turn ([`Endpoint::hold_acks`]).
+    held_acks: VecDeque<Queued>,
     /// Buffers of copied payloads, reused.
     pool: Vec<Vec<u8>>,
     /// The latest time seen, for work done while the io layer drains transmits.
@@ -159,6 +162,7 @@ impl Endpoint {
             due: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
+            held_acks: VecDeque::new(),
             pool: Vec::new(),
             last_now: Duration::ZERO,
             events: VecDeque::new(),
@@ -1036,6 +1040,71 @@ impl Endpoint {
         self.err_overrun_qps(now);
     }
 
+    /// Holds back every packet queued, if all are plain ACKs (no NAK, no atomic ACK) and no
+    /// READ response waits to be built: [`poll_transmit_into`] gives none of them until
+    /// [`release_held_acks`] queues them again. ACKs held already stay held, but for those of
+    /// the QPs whose newer ACKs this holds (an ACK acknowledges every PSN up to its own, IBTA
+    /// 9.7.5.1.1). Returns whether it held any.
+    ///
+    /// For an io layer that runs a turn inside an application's call and then hands the
+    /// application what the turn completed: the requests a peer's SENDs and WRITEs answer come
+    /// in the application's next calls, and with the ACKs held until then they leave first.
+    /// A ping-pong's reply then waits for no ACK's system call (in the lab's emulated guests,
+    /// a `sendmsg` of about 15 µs, once each way). A responder may delay and coalesce its ACKs
+    /// (IBTA 9.7.5.1.1); the requester's ACK timeout is milliseconds or more. The io layer
+    /// bounds how long it holds them.
+    ///
+    /// [`poll_transmit_into`]: Self::poll_transmit_into
+    /// [`release_held_acks`]: Self::release_held_acks
+    pub fn hold_acks(&mut self) -> bool {
+        if self.out.is_empty()
+            || !self.out.iter().all(super::is_plain_ack)
+            || self.candidates().any(|qp| qp.resp.has_pending_responses())
+        {
+            return false;
+        }
+        self.drop_superseded_held_acks();
+        self.held_acks.append(&mut self.out);
+        true
+    }
+
+    /// Whether ACKs are held back ([`hold_acks`](Self::hold_acks)).
+    pub fn holds_acks(&self) -> bool {
+        !self.held_acks.is_empty()
+    }
+
+    /// Queues the ACKs [`hold_acks`](Self::hold_acks) held behind what was queued since,
+    /// except those that a later response of the same QP queued since replaces: an ACK, a NAK
+    /// or an atomic ACK acknowledges every PSN before its own as well. Returns whether any
+    /// were held.
+    pub fn release_held_acks(&mut self) -> bool {
+        if self.held_acks.is_empty() {
+            return false;
+        }
+        self.drop_superseded_held_acks();
+        self.out.append(&mut self.held_acks);
+        true
+    }
+
+    /// Drops the held ACKs of the QPs that have a later acknowledgement (an ACK, a NAK, an
+    /// atomic ACK) among the last `COALESCE_WINDOW` packets of `out`, counted as coalesced. Past
+    /// the window a held ACK goes anyway, which a requester takes for the stale ACK it is: the
+    /// window bounds the work where many QPs hold ACKs at once.
+    fn drop_superseded_held_acks(&mut self) {
+        if self.held_acks.is_empty() {
+            return;
+        }
+        let recent = self.out.iter().rev().take(super::COALESCE_WINDOW);
+        let later: SmallVec<[(IpAddr, Qpn); super::COALESCE_WINDOW]> = recent
+            .filter(|queued| matches!(queued.repr.bth.opcode, Opcode::RcAck | Opcode::RcAtomicAck))
+            .map(|queued| (queued.dst, queued.repr.bth.dest_qp))
+            .collect();
+        let before = self.held_acks.len();
+        self.held_acks
+            .retain(|held| !later.contains(&(held.dst, held.repr.bth.dest_qp)));
+        self.counters.coalesced_acks += (before - self.held_acks.len()) as u64;
+    }
+
     /// The next packet to send, in a `Vec` of its own: [`poll_transmit_into`] for callers
     /// that keep packets, such as tests and the simulator. Allocates each time.
     ///
@@ -1069,7 +1138,8 @@ impl Endpoint {
         }
     }
 
-    /// Whether `poll_transmit` has more to give: packets queued or READ responses to build.
+    /// Whether `poll_transmit` has more to give: packets queued or READ responses to build, or
+    /// ACKs held ([`Endpoint::hold_acks`]).
     pub fn has_transmits(&self) -> bool {
         let pending = self.candidates().any(|qp| qp.resp.has_pending_responses());
         debug_assert_eq!(
@@ -1077,7 +1147,7 @@ impl Endpoint {
             self.qps.values().any(|qp| qp.resp.has_pending_responses()),
             "a QP with responses to build is missing from the active set"
         );
-        !self.out.is_empty() || pending
+        !self.out.is_empty() || !self.held_acks.is_empty() || pending
     }
 
     /// `ibv_poll_cq` for one entry: the oldest completion on `cq`, if any.
