@@ -390,8 +390,7 @@ fn dscp_and_ecn_are_checked_and_set() {
 }
 
 /// Held by each test that binds RoCEv2's port on `::1`, IPv6's only loopback address: run
-/// together (`--include-ignored`, as .ci/run does), two of them raced for it, and one failed
-/// with "address already in use".
+/// together, two of them raced for it, and one failed with "address already in use".
 static IPV6_LOOPBACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// IPv6 on `::1`. A host with no IPv6 loopback fails this test, with the reason, rather than
@@ -490,6 +489,11 @@ fn ecn_is_sent_and_the_traffic_class_read() {
         (v4(13), v4(14)),
         (Ipv6Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()),
     ] {
+        let _port = a_addr.is_ipv6().then(|| {
+            IPV6_LOOPBACK
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        });
         let mut a = UdpBackend::bind(a_addr).unwrap();
         let mut b = if a_addr == b_addr {
             None

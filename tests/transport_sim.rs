@@ -1113,7 +1113,8 @@ fn acks_of_one_batch_are_coalesced_but_not_across_a_read_response() {
 /// in an application's poll holds them back (`Endpoint::hold_acks`): nothing is given out until
 /// it releases them, and then they leave behind the request the application posted in answer;
 /// an ACK or a NAK of the same QP held or queued meanwhile takes a held one's place; and
-/// nothing is held while a packet other than a plain ACK waits, here a READ response.
+/// nothing is held while a packet other than a plain ACK waits (a READ response, a NAK), the
+/// ACKs held already going behind it.
 #[test]
 fn held_acks_leave_behind_the_answer_and_give_way_to_a_later_ack() {
     let mut sim = Sim::new(2, seed(37), Faults::default());
@@ -1185,7 +1186,9 @@ fn held_acks_leave_behind_the_answer_and_give_way_to_a_later_ack() {
     assert!(sim.nodes[1].hold_acks());
     post_send(&mut sim, 0, &a, send(8, &a));
     assert_eq!(sim.hand_over(0, 1, 8), 1);
-    assert!(sim.nodes[1].release_held_acks());
+    // A NAK is no ACK to hold: the held ACK goes behind it, or rather gives way to it.
+    assert!(!sim.nodes[1].hold_acks());
+    assert!(!sim.nodes[1].holds_acks());
     assert_eq!(
         opcodes(&mut sim, 1),
         [(Opcode::RcAck, psn(6))],

@@ -598,7 +598,9 @@ impl<B: Backend> Engine<B> {
         }
         // The application answers what this turn hands it in its next calls: its ACKs wait for
         // the turn that takes the answer, unless this one took posts.
-        let (sent, more_to_send) = self.transmit(by == Runner::Application && !posted)?;
+        // A flush waits for everything queued, held ACKs included.
+        let hold = by == Runner::Application && !posted && self.flushes.is_empty();
+        let (sent, more_to_send) = self.transmit(hold)?;
         self.backlog |= more_to_send;
         if self.found_work.is_some() || sent > 0 {
             self.moved_packets_at = Some(now);
@@ -864,8 +866,8 @@ impl<B: Backend> Engine<B> {
 
     /// Sends what the core has queued, up to [`TRANSMIT_BUDGET`] packets: how many it sent,
     /// and whether more are queued. Asked to `hold`, it holds the ACKs back if they are all it
-    /// has to send, for [`HOLD_ACKS_TURNS`] turns at the most; otherwise it sends those held
-    /// behind what it queued.
+    /// has to send, for [`HOLD_ACKS_TURNS`] turns at the most; otherwise, or if it has other
+    /// packets to send, it sends those held behind what it queued.
     fn transmit(&mut self, hold: bool) -> io::Result<(usize, bool)> {
         if !hold || self.held_turns >= HOLD_ACKS_TURNS {
             self.endpoint.release_held_acks();

@@ -90,7 +90,7 @@ pub struct Endpoint {
     /// Draws QP numbers; seeded from the endpoint's seed, so the simulator stays repeatable.
     rng: ChaCha20Rng,
     out: VecDeque<Queued>,
-    /// Plain ACKs held back from `out` until the next turn ([`Endpoint::hold_acks`]).
+    /// Plain ACKs held back from `out` until released ([`Endpoint::hold_acks`]).
     held_acks: VecDeque<Queued>,
     /// Buffers of copied payloads, reused.
     pool: Vec<Vec<u8>>,
@@ -1044,7 +1044,10 @@ impl Endpoint {
     /// READ response waits to be built: [`poll_transmit_into`] gives none of them until
     /// [`release_held_acks`] queues them again. ACKs held already stay held, but for those of
     /// the QPs whose newer ACKs this holds (an ACK acknowledges every PSN up to its own, IBTA
-    /// 9.7.5.1.1). Returns whether it held any.
+    /// 9.7.5.1.1). If other packets are queued, it holds nothing and queues the held ACKs
+    /// behind them, as `release_held_acks` does: they would not leave alone, and a response of
+    /// their QP among those packets must not be overtaken by a stale ACK. Returns whether it
+    /// held any.
     ///
     /// For an io layer that runs a turn inside an application's call and then hands the
     /// application what the turn completed: the requests a peer's SENDs and WRITEs answer come
@@ -1057,10 +1060,13 @@ impl Endpoint {
     /// [`poll_transmit_into`]: Self::poll_transmit_into
     /// [`release_held_acks`]: Self::release_held_acks
     pub fn hold_acks(&mut self) -> bool {
-        if self.out.is_empty()
-            || !self.out.iter().all(super::is_plain_ack)
+        if self.out.is_empty() {
+            return false;
+        }
+        if !self.out.iter().all(super::is_plain_ack)
             || self.candidates().any(|qp| qp.resp.has_pending_responses())
         {
+            self.release_held_acks();
             return false;
         }
         self.drop_superseded_held_acks();
@@ -1086,8 +1092,9 @@ impl Endpoint {
         true
     }
 
-    /// Drops the held ACKs of the QPs that have a later acknowledgement (an ACK, a NAK, an
-    /// atomic ACK) among the last `COALESCE_WINDOW` packets of `out`, counted as coalesced. Past
+    /// Drops the held ACKs of the QPs that have an acknowledgement (an ACK, a NAK, an atomic
+    /// ACK) of the same PSN or a later one among the last `COALESCE_WINDOW` packets of `out`,
+    /// counted as coalesced. A duplicate's answer, of an earlier PSN, replaces nothing. Past
     /// the window a held ACK goes anyway, which a requester takes for the stale ACK it is: the
     /// window bounds the work where many QPs hold ACKs at once.
     fn drop_superseded_held_acks(&mut self) {
@@ -1095,13 +1102,17 @@ impl Endpoint {
             return;
         }
         let recent = self.out.iter().rev().take(super::COALESCE_WINDOW);
-        let later: SmallVec<[(IpAddr, Qpn); super::COALESCE_WINDOW]> = recent
+        let later: SmallVec<[(IpAddr, Qpn, Psn); super::COALESCE_WINDOW]> = recent
             .filter(|queued| matches!(queued.repr.bth.opcode, Opcode::RcAck | Opcode::RcAtomicAck))
-            .map(|queued| (queued.dst, queued.repr.bth.dest_qp))
+            .map(|queued| (queued.dst, queued.repr.bth.dest_qp, queued.repr.bth.psn))
             .collect();
         let before = self.held_acks.len();
-        self.held_acks
-            .retain(|held| !later.contains(&(held.dst, held.repr.bth.dest_qp)));
+        self.held_acks.retain(|held| {
+            let bth = &held.repr.bth;
+            !later.iter().any(|&(dst, qp, psn)| {
+                dst == held.dst && qp == bth.dest_qp && !psn.is_before(bth.psn)
+            })
+        });
         self.counters.coalesced_acks += (before - self.held_acks.len()) as u64;
     }
 
@@ -1138,8 +1149,9 @@ impl Endpoint {
         }
     }
 
-    /// Whether `poll_transmit` has more to give: packets queued or READ responses to build, or
-    /// ACKs held ([`Endpoint::hold_acks`]).
+    /// Whether packets wait to be sent: queued or READ responses to build, which
+    /// `poll_transmit` gives, or ACKs held ([`Endpoint::hold_acks`]), which it gives once
+    /// released.
     pub fn has_transmits(&self) -> bool {
         let pending = self.candidates().any(|qp| qp.resp.has_pending_responses());
         debug_assert_eq!(
