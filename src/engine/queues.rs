@@ -234,19 +234,22 @@ impl Completions {
         mut each: impl FnMut(WorkCompletion),
     ) -> Option<usize> {
         let mut taken = 0;
+        // Filled and emptied in place: a batch collected in the lock's block and returned
+        // from it was copied whole, all POLL_BATCH slots, on the way out and again into its
+        // iterator.
+        let mut batch: SmallVec<[WorkCompletion; POLL_BATCH]> = SmallVec::new();
         while taken < max && self.len.load(SeqCst) > 0 {
-            let batch: SmallVec<[WorkCompletion; POLL_BATCH]> = {
+            {
                 let mut queue = locked(&self.queue);
                 let n = (max - taken).min(POLL_BATCH).min(queue.len());
-                let batch = queue.drain(..n).collect();
+                batch.extend(queue.drain(..n));
                 self.len.store(queue.len(), SeqCst);
-                batch
-            };
+            }
             if batch.is_empty() {
                 break;
             }
             taken += batch.len();
-            batch.into_iter().for_each(&mut each);
+            batch.drain(..).for_each(&mut each);
         }
         if taken == 0 && self.stopped() {
             return None;

@@ -1102,10 +1102,15 @@ impl Endpoint {
             return;
         }
         let recent = self.out.iter().rev().take(super::COALESCE_WINDOW);
-        let later: SmallVec<[(IpAddr, Qpn, Psn); super::COALESCE_WINDOW]> = recent
-            .filter(|queued| matches!(queued.repr.bth.opcode, Opcode::RcAck | Opcode::RcAtomicAck))
-            .map(|queued| (queued.dst, queued.repr.bth.dest_qp, queued.repr.bth.psn))
-            .collect();
+        // Filled in place: a collected one was returned, and copied whole, window and all.
+        let mut later: SmallVec<[(IpAddr, Qpn, Psn); super::COALESCE_WINDOW]> = SmallVec::new();
+        later.extend(
+            recent
+                .filter(|queued| {
+                    matches!(queued.repr.bth.opcode, Opcode::RcAck | Opcode::RcAtomicAck)
+                })
+                .map(|queued| (queued.dst, queued.repr.bth.dest_qp, queued.repr.bth.psn)),
+        );
         let before = self.held_acks.len();
         self.held_acks.retain(|held| {
             let bth = &held.repr.bth;
