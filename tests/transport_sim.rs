@@ -1201,6 +1201,109 @@ fn held_acks_leave_behind_the_answer_and_give_way_to_a_later_ack() {
     assert_eq!(completed, 5 + 1 + 4 + 1 + 4);
 }
 
+/// Which acknowledgements replace a held ACK (`Endpoint::hold_acks`): only one of the same QP
+/// for the same PSN or a later one, among the last COALESCE_WINDOW (64) packets queued. An ACK
+/// acknowledges every PSN up to its own (IBTA 9.7.5.1.1), so an earlier one does not: the answer
+/// to a duplicate atomic, its first result for its own PSN (9.7.5.1.3), goes out and the held
+/// ACK of the later SEND behind it. And an ACK further back than the window is not looked for:
+/// the held one then goes too, stale but harmless, and the work stays bounded.
+#[test]
+fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
+    let mut sim = Sim::new(2, seed(38), Faults::default());
+    let [a, b] = connect(&mut sim, Options::default());
+    let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let fetch_add = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let (log, request) = (sent.clone(), fetch_add.clone());
+    sim.observe = Some(Box::new(move |from, bytes| {
+        let packet = RocePacket::new_checked(bytes).unwrap();
+        let opcode = packet.bth().opcode();
+        if from == 1 {
+            log.borrow_mut().push((opcode, packet.bth().psn()));
+        } else if opcode == Opcode::RcFetchAdd {
+            *request.borrow_mut() = Some(bytes.to_vec());
+        }
+    }));
+    // Everything `b` has queued, handed to `a`, as (opcode, PSN).
+    let b_sent = |sim: &mut Sim| {
+        sim.hand_over(1, 0, 200);
+        std::mem::take(&mut *sent.borrow_mut())
+    };
+    let psn = |k: u32| Psn::new(Options::default().psn[0] + k);
+    let send = |wr_id| SendWr::new(wr_id, SendOp::Send, sge(&a, 0, 8));
+    for k in 0..5 {
+        post_recv(&mut sim, 1, &b, k, 64 * k, 64);
+    }
+    let add = SendOp::FetchAdd {
+        remote_addr: IOVA + 0x8000,
+        rkey: b.mr.rkey(),
+        add: 1,
+    };
+    post_send(&mut sim, 0, &a, SendWr::new(1, add, sge(&a, 0x100, 8)));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert_eq!(b_sent(&mut sim), [(Opcode::RcAtomicAck, psn(0))]);
+    post_send(&mut sim, 0, &a, send(2));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(sim.nodes[1].hold_acks());
+    // The FetchAdd again, as a requester that lost its answer sends it.
+    let duplicate = fetch_add
+        .borrow_mut()
+        .take()
+        .expect("the FetchAdd was sent");
+    sim.deliver_now(0, 1, duplicate);
+    assert!(!sim.nodes[1].hold_acks(), "an atomic ACK was held");
+    assert_eq!(
+        b_sent(&mut sim),
+        [(Opcode::RcAtomicAck, psn(0)), (Opcode::RcAck, psn(1))],
+        "the duplicate's answer replaced the held ACK of a later PSN"
+    );
+    // An ACK of the QP queued behind the held one, then `writes` WRITEs of `b`'s own.
+    let write = |wr_id| {
+        let op = SendOp::Write {
+            remote_addr: IOVA + 0x1000,
+            rkey: a.mr.rkey(),
+        };
+        let mut wr = SendWr::new(wr_id, op, sge(&b, 0x1000, 8));
+        wr.signaled = false;
+        wr
+    };
+    let b_psn = |k: u32| Psn::new(Options::default().psn[1] + k);
+    let mut wr_id = 10;
+    let mut b_writes = 0;
+    for (k, writes, replaced) in [(2, 63u32, true), (4, 64, false)] {
+        let coalesced = sim.nodes[1].counters().coalesced_acks;
+        // Posted one at a time, so that each asks for its ACK.
+        post_send(&mut sim, 0, &a, send(wr_id));
+        assert_eq!(sim.hand_over(0, 1, 8), 1);
+        assert!(sim.nodes[1].hold_acks());
+        post_send(&mut sim, 0, &a, send(wr_id + 1));
+        assert_eq!(sim.hand_over(0, 1, 8), 1);
+        wr_id += 2;
+        let now = sim.now;
+        sim.nodes[1].post_send_batch(now, b.qpn, (0..writes).map(|i| write(1000 + u64::from(i))));
+        assert!(sim.nodes[1].release_held_acks());
+        let mut expected = vec![(Opcode::RcAck, psn(k + 1))];
+        expected.extend((0..writes).map(|i| (Opcode::RcWriteOnly, b_psn(b_writes + i))));
+        if !replaced {
+            expected.push((Opcode::RcAck, psn(k)));
+        }
+        b_writes += writes;
+        assert_eq!(b_sent(&mut sim), expected, "{writes} WRITEs");
+        let coalesced_now = sim.nodes[1].counters().coalesced_acks;
+        assert_eq!(
+            coalesced_now - coalesced,
+            u64::from(replaced),
+            "{writes} WRITEs"
+        );
+        // `a`'s ACK of the WRITEs.
+        assert_eq!(sim.hand_over(0, 1, 8), 1);
+    }
+    // Nothing was lost: every request completes.
+    sim.run_idle(LIMIT);
+    let completed = drain(&mut sim, 0, a.cq);
+    assert_eq!(completed.len(), 1 + 1 + 4);
+    assert!(completed.iter().all(|wc| wc.status == WcStatus::Success));
+}
+
 /// Only the packets whose acknowledgement someone waits for ask for one (BTH AckReq): in a
 /// batch of unsignalled WRITEs ending in a signalled one, the signalled one's, and one in
 /// every ACK_REQ_INTERVAL (32) packets so that the window moves. The ACK of the last covers
