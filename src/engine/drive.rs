@@ -706,11 +706,18 @@ impl EngineHandle {
     /// not run a turn of its own there: a turn per post would cost a send per message, where
     /// the next wait sends a batch as one.
     pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
-        if !queues.listed.swap(true, SeqCst) {
+        // Each flag is read before it is written. While the engine is busy they stay as the
+        // first post since its last look left them, and reading a cache line that the engine's
+        // core shares costs little; a write (a swap, a store) takes the line from that core, at
+        // every post. (A set flag read here is one the engine has not yet cleared: it clears
+        // `listed` before it takes the QP's posts, and `posted` before it takes any.)
+        if !queues.listed.load(SeqCst) && !queues.listed.swap(true, SeqCst) {
             // Unbounded, but a QP is on it at most once: as long as the device has QPs.
             self.doorbell.list(queues.qpn);
         }
-        self.doorbell.posted.store(true, SeqCst);
+        if !self.doorbell.posted.load(SeqCst) {
+            self.doorbell.posted.store(true, SeqCst);
+        }
         match &self.driver {
             Driver::Thread(_) | Driver::Shared(_, Some(_)) => self.wake_if_asleep(),
             Driver::Shared(_, None) => self.help(),
@@ -792,7 +799,7 @@ impl EngineHandle {
     }
 
     fn wake_if_asleep(&self) -> Result<(), EngineGone> {
-        if self.doorbell.asleep.swap(false, SeqCst) {
+        if self.doorbell.asleep.load(SeqCst) && self.doorbell.asleep.swap(false, SeqCst) {
             self.waker.wake().map_err(|_| self.gone())?;
         }
         Ok(())
