@@ -1205,21 +1205,23 @@ fn held_acks_leave_behind_the_answer_and_give_way_to_a_later_ack() {
 /// for the same PSN or a later one, among the last COALESCE_WINDOW (64) packets queued. An ACK
 /// acknowledges every PSN up to its own (IBTA 9.7.5.1.1), so an earlier one does not: the answer
 /// to a duplicate atomic, its first result for its own PSN (9.7.5.1.3), goes out and the held
-/// ACK of the later SEND behind it. And an ACK further back than the window is not looked for:
-/// the held one then goes too, stale but harmless, and the work stays bounded.
+/// ACK of the later SEND behind it. The answer to a duplicate SEND, an ACK of the last PSN
+/// received, the held ACK's own, does replace it. And an ACK further back than the window is
+/// not looked for: the held one then goes too, stale but harmless, and the work stays bounded.
 #[test]
 fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
     let mut sim = Sim::new(2, seed(38), Faults::default());
     let [a, b] = connect(&mut sim, Options::default());
     let sent = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let fetch_add = std::rc::Rc::new(std::cell::RefCell::new(None));
-    let (log, request) = (sent.clone(), fetch_add.clone());
+    // `a`'s last request, to be sent again as a duplicate.
+    let last_request = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let (log, request) = (sent.clone(), last_request.clone());
     sim.observe = Some(Box::new(move |from, bytes| {
         let packet = RocePacket::new_checked(bytes).unwrap();
         let opcode = packet.bth().opcode();
         if from == 1 {
             log.borrow_mut().push((opcode, packet.bth().psn()));
-        } else if opcode == Opcode::RcFetchAdd {
+        } else if opcode != Opcode::RcAck {
             *request.borrow_mut() = Some(bytes.to_vec());
         }
     }));
@@ -1230,7 +1232,7 @@ fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
     };
     let psn = |k: u32| Psn::new(Options::default().psn[0] + k);
     let send = |wr_id| SendWr::new(wr_id, SendOp::Send, sge(&a, 0, 8));
-    for k in 0..5 {
+    for k in 0..6 {
         post_recv(&mut sim, 1, &b, k, 64 * k, 64);
     }
     let add = SendOp::FetchAdd {
@@ -1240,16 +1242,16 @@ fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
     };
     post_send(&mut sim, 0, &a, SendWr::new(1, add, sge(&a, 0x100, 8)));
     assert_eq!(sim.hand_over(0, 1, 8), 1);
+    let fetch_add = last_request
+        .borrow_mut()
+        .take()
+        .expect("the FetchAdd was sent");
     assert_eq!(b_sent(&mut sim), [(Opcode::RcAtomicAck, psn(0))]);
     post_send(&mut sim, 0, &a, send(2));
     assert_eq!(sim.hand_over(0, 1, 8), 1);
     assert!(sim.nodes[1].hold_acks());
     // The FetchAdd again, as a requester that lost its answer sends it.
-    let duplicate = fetch_add
-        .borrow_mut()
-        .take()
-        .expect("the FetchAdd was sent");
-    sim.deliver_now(0, 1, duplicate);
+    sim.deliver_now(0, 1, fetch_add);
     assert!(!sim.nodes[1].hold_acks(), "an atomic ACK was held");
     assert_eq!(
         b_sent(&mut sim),
@@ -1297,10 +1299,22 @@ fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
         // `a`'s ACK of the WRITEs.
         assert_eq!(sim.hand_over(0, 1, 8), 1);
     }
-    // Nothing was lost: every request completes.
+    // A duplicate SEND is answered with an ACK of the last PSN received (9.7.5.1.3), the held
+    // ACK's own: it replaces it.
+    post_send(&mut sim, 0, &a, send(wr_id));
+    assert_eq!(sim.hand_over(0, 1, 8), 1);
+    assert!(sim.nodes[1].hold_acks());
+    let coalesced = sim.nodes[1].counters().coalesced_acks;
+    let duplicate = last_request.borrow_mut().take().expect("the SEND was sent");
+    sim.deliver_now(0, 1, duplicate);
+    assert!(sim.nodes[1].hold_acks());
+    assert!(sim.nodes[1].release_held_acks());
+    assert_eq!(b_sent(&mut sim), [(Opcode::RcAck, psn(6))]);
+    assert_eq!(sim.nodes[1].counters().coalesced_acks, coalesced + 1);
+    // Nothing was lost: every request of `a` completes (`b`'s WRITEs are unsignalled).
     sim.run_idle(LIMIT);
     let completed = drain(&mut sim, 0, a.cq);
-    assert_eq!(completed.len(), 1 + 1 + 4);
+    assert_eq!(completed.len(), 1 + 1 + 4 + 1);
     assert!(completed.iter().all(|wc| wc.status == WcStatus::Success));
 }
 

@@ -709,8 +709,11 @@ impl EngineHandle {
         // Each flag is read before it is written. While the engine is busy they stay as the
         // first post since its last look left them, and reading a cache line that the engine's
         // core shares costs little; a write (a swap, a store) takes the line from that core, at
-        // every post. (A set flag read here is one the engine has not yet cleared: it clears
-        // `listed` before it takes the QP's posts, and `posted` before it takes any.)
+        // every post. A set flag read here is one whose clearing comes later in the flags'
+        // single order, and the engine clears `listed` before it locks the QP's posting queue
+        // to take it, and `posted` before it locks `ready`: had the take locked either before
+        // this post pushed there, the clearing would happen-before this read, which would then
+        // not see the flag set. So the take that follows the clearing sees this request.
         if !queues.listed.load(SeqCst) && !queues.listed.swap(true, SeqCst) {
             // Unbounded, but a QP is on it at most once: as long as the device has QPs.
             self.doorbell.list(queues.qpn);

@@ -147,9 +147,11 @@ pub(crate) enum Command {
 /// write) and the thread a trip through the scheduler, and an engine that is running takes
 /// every posted request at its next turn anyway.
 ///
-/// A poster sets `posted`, then wakes the engine if `asleep` was set; the engine sets `asleep`,
-/// then looks at `posted` before it sleeps. Both are sequentially consistent, so one of the two
-/// sees the other's store: either the engine does not sleep, or the poster wakes it.
+/// A poster sets `posted` (or finds it set by a poster before it, which did what follows), then
+/// wakes the engine if `asleep` is set; the engine sets `asleep`, then looks at `posted` before
+/// it sleeps. Both are sequentially consistent, so one of the two sees the other's store:
+/// either the engine does not sleep, or a poster wakes it. Each flag is read before it is
+/// written (`EngineHandle::ring`), so that posts to a busy engine write none.
 ///
 /// A QP posted to is put on `ready` once until the engine takes it off, so that a turn looks
 /// only at the QPs posted to, not at every QP of the device: the poster sets the QP's `listed`

@@ -42,7 +42,8 @@
 //! coefficients are zero. (The table of the 65,536 unshifted contributions one might build is the
 //! identity, so there is none.) Those 16 zero coefficients are the check. `z^-(8n+32)` is looked
 //! up in two 256-entry tables computed at compile time (`n` below 2^16), so a solve costs the CRC
-//! pass a plain check makes and two multiplications modulo `P` (one under 256 bytes), with no
+//! pass a plain check makes and two multiplications modulo `P` (one when under 256 bytes follow the ID field: RoCE packets up
+//! to 237 bytes), with no
 //! allocation and no state: 144 ns against 116 ns for the plain check of a 4 KiB packet, and
 //! 29 ns for an ACK (`cargo bench --bench wire`).
 //!
@@ -411,7 +412,7 @@ pub fn solve_ipv4_id(src: SocketAddrV4, dst: SocketAddrV4, packet: &[u8]) -> Opt
     let after_id = IPV4_AFTER_ID + UDP_HEADER + covered.len();
     // An IPv4 datagram is under 64 KiB, so the two tables cover every n.
     let low = multmodp(syndrome, UNSHIFT_LOW[after_id & 0xff]);
-    // Packets up to about 200 bytes (ACKs, small messages) need only the low table:
+    // RoCE packets up to 237 bytes (ACKs, small messages) need only the low table:
     // UNSHIFT_HIGH[0] is 1, so one of the two multiplications is saved.
     let id = match after_id >> 8 {
         0 => low,
@@ -465,14 +466,20 @@ mod tests {
         }
     }
 
-    /// `a · b mod P` a term at a time: what the nibble-wise `multmodp` must equal.
+    /// `a · b mod P` a term at a time, sharing nothing with the code under test but `POLY`:
+    /// what the nibble-wise `multmodp` must equal.
     fn multmodp_by_terms(a: u32, b: u32) -> u32 {
         let (mut product, mut b) = (0, b);
         for k in 0..32 {
             if a >> (31 - k) & 1 == 1 {
                 product ^= b;
             }
-            b = times_z(b);
+            // b · z: the z^31 term, bit 0, overflows into z^32 = POLY.
+            let overflows = b & 1 == 1;
+            b >>= 1;
+            if overflows {
+                b ^= POLY;
+            }
         }
         product
     }
