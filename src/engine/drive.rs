@@ -715,7 +715,8 @@ impl EngineHandle {
         // this post pushed there, the clearing would happen-before this read, which would then
         // not see the flag set. So the take that follows the clearing sees this request.
         if !queues.listed.load(SeqCst) && !queues.listed.swap(true, SeqCst) {
-            // Unbounded, but a QP is on it at most once: as long as the device has QPs.
+            // Unbounded, but a QP is on it once until a turn takes it (twice at most, when a
+            // turn retaking requests left over clears its flag meanwhile): bounded by the QPs.
             self.doorbell.list(queues.qpn);
         }
         if !self.doorbell.posted.load(SeqCst) {
