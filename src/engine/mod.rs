@@ -41,7 +41,7 @@ use lanes::Lanes;
 pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
 use queues::QpPosts;
-pub(crate) use queues::{Completions, PostQueue, QpQueues};
+pub(crate) use queues::{CompletionRing, Completions, PostQueue, QpQueues};
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
@@ -100,11 +100,11 @@ pub(crate) enum Command {
     ReleaseMr(LKey, RKey),
     AllocMw(PdId, MwType, Reply<Result<RKey, MemoryError>>),
     DeallocMw(RKey, Reply<Result<(), MemoryError>>),
-    /// A CQ whose completions go to `completions`, which the CQs of the device's other engines
-    /// share.
+    /// A CQ whose completions go to this engine's ring of the application's CQ, which the
+    /// CQs of the device's other engines deliver to by rings of their own.
     CreateCq {
         capacity: usize,
-        completions: Arc<Completions>,
+        completions: CompletionRing,
         notify: Arc<CqNotify>,
         reply: Reply<CqId>,
     },
@@ -283,12 +283,13 @@ impl EngineHandle {
 /// Where a CQ's completions go to the application, and how to tell the application it has
 /// news. Dropping it lets go of the queue (the CQ was destroyed here, or the engine stopped).
 struct CqChannel {
-    completions: Arc<Completions>,
+    completions: CompletionRing,
     notify: Arc<CqNotify>,
 }
 
 impl Drop for CqChannel {
     fn drop(&mut self) {
+        // Before the descriptor's waiters wake, so that their poll finds the device gone.
         self.completions.let_go();
         self.notify.closed();
     }
@@ -938,7 +939,7 @@ impl<B: Backend> Engine<B> {
     /// Hands completions and events to the application, as far as its channels have room.
     fn completions(&mut self) {
         let endpoint = &mut self.endpoint;
-        for (index, channel) in self.cqs.iter().enumerate() {
+        for (index, channel) in self.cqs.iter_mut().enumerate() {
             let Some(CqChannel {
                 completions,
                 notify,

@@ -7,17 +7,19 @@
 //! vector (what a provider's send-queue spinlock and WQE write are to `ibv_post_send`); the
 //! engine takes everything a QP's queue holds at once, by swapping that vector with an empty
 //! one of its own, and moves each request once more, into the core's queue. A completion is
-//! moved once into the CQ's queue, under one lock per CQ per turn, and once out of it by the
-//! poll; a poll of an empty CQ reads one counter and takes no lock.
+//! written once into a ring that its engine alone writes, without a lock, and read once by a
+//! poll, under a lock that only the polls take: the engine never waits for a poll, nor a poll
+//! for the engine. A poll of an empty CQ takes that lock and reads each ring's tail.
 //!
-//! Neither allocates per request. Both keep the capacity their vectors grew to, so a QP or CQ
+//! Neither allocates per request. A post queue keeps the capacity its vector grew to, so a QP
 //! costs memory only once it is used, and only as much as its deepest backlog: the channels
-//! these replace reserved their whole depth at creation, which 1000 idle QPs paid in full.
-//! Their depths are held elsewhere: posts by the QP's slots ([`crate::transport::QueueSlots`],
-//! taken before a push), completions by the CQ's capacity, checked under the lock here.
+//! these replaced reserved their whole depth at creation, which 1000 idle QPs paid in full. A
+//! CQ's ring reserves its capacity at creation, as a NIC's CQ is a ring of its size, and its
+//! memory is touched as completions are first written there. The depths are held elsewhere:
+//! posts by the QP's slots ([`crate::transport::QueueSlots`], taken before a push),
+//! completions by each ring's capacity.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -152,138 +154,135 @@ impl Drop for QpPosts {
 /// included.
 const POLL_BATCH: usize = 16;
 
-/// A CQ's completions on their way from its engines to the application's polls.
+/// A CQ's completions on their way from its engines to the application's polls: one ring
+/// per engine, which that engine alone writes ([`CompletionRing`]) and the polls read.
+///
+/// The engine takes no lock to deliver. It writes completions into free slots and publishes
+/// them with one store of the ring's tail a turn; a poll reads them from their slots and frees
+/// them with one store of the head. The polls take a lock among themselves (the application
+/// may poll one CQ from several threads, as libibverbs allows) which the engine never takes,
+/// except to wake a thread blocked in [`pop_within`](Completions::pop_within).
+///
+/// A ring holds up to the CQ's capacity: with several engines, each may fill its own, as each
+/// engine's core has a CQ of that capacity behind it. A ring reserves its slots at creation
+/// and touches none until a completion is written there.
 #[derive(Debug)]
 pub(crate) struct Completions {
-    queue: Mutex<VecDeque<WorkCompletion>>,
-    /// How many wait in `queue`, written under its lock: a poll that finds none takes no lock.
-    len: AtomicUsize,
-    capacity: usize,
-    /// The engines that deliver here and have not let go: at none, the device has stopped,
-    /// and a poll says so once the queue is empty.
-    engines: AtomicUsize,
-    /// Threads blocked in `take_within`: a delivery signals `arrived` only if there are any.
+    polls: Mutex<Rings>,
+    /// Threads blocked in `pop_within`: a delivery wakes `arrived` only if there are any.
     sleepers: AtomicUsize,
     arrived: Condvar,
 }
 
+/// The polls' ends of the rings.
+#[derive(Debug)]
+struct Rings {
+    rings: Vec<rtrb::Consumer<WorkCompletion>>,
+    /// The ring a poll reads first: each in turn, so that one busy engine does not keep a
+    /// poll of few entries from another's completions.
+    next: usize,
+}
+
+/// An engine's end of a CQ's completions. Dropping it lets go: once every engine has, the
+/// polls, after the last completion, learn that the device has stopped.
+#[derive(Debug)]
+pub(crate) struct CompletionRing {
+    /// `None` only in `drop`, which lets go of the ring before it wakes the sleepers.
+    ring: Option<rtrb::Producer<WorkCompletion>>,
+    completions: Arc<Completions>,
+}
+
 impl Completions {
-    /// A queue of up to `capacity` completions, delivered to by `engines` engines.
-    pub(crate) fn new(capacity: usize, engines: usize) -> Arc<Completions> {
-        Arc::new(Completions {
-            queue: Mutex::new(VecDeque::new()),
-            len: AtomicUsize::new(0),
-            capacity: capacity.max(1),
-            engines: AtomicUsize::new(engines),
+    /// A CQ's queue of up to `capacity` completions from each of `engines` engines, and the
+    /// engines' ends, one each.
+    pub(crate) fn new(capacity: usize, engines: usize) -> (Arc<Completions>, Vec<CompletionRing>) {
+        let (producers, consumers): (Vec<_>, Vec<_>) = (0..engines)
+            .map(|_| rtrb::RingBuffer::new(capacity.max(1)))
+            .unzip();
+        let completions = Arc::new(Completions {
+            polls: Mutex::new(Rings {
+                rings: consumers,
+                next: 0,
+            }),
             sleepers: AtomicUsize::new(0),
             arrived: Condvar::new(),
-        })
-    }
-
-    /// The engine's delivery: completions from `next` while the queue has room, each shown to
-    /// `each` as it goes in; how many went in. `next` is not called once the queue is full,
-    /// so the core keeps what does not fit (and overruns its own CQ if that fills too).
-    pub(super) fn deliver(
-        &self,
-        mut next: impl FnMut() -> Option<WorkCompletion>,
-        mut each: impl FnMut(&WorkCompletion),
-    ) -> usize {
-        let delivered = {
-            let mut queue = locked(&self.queue);
-            let before = queue.len();
-            while queue.len() < self.capacity {
-                let Some(wc) = next() else { break };
-                each(&wc);
-                queue.push_back(wc);
-            }
-            self.len.store(queue.len(), SeqCst);
-            queue.len() - before
-        };
-        // A sleeper counts itself under the lock before it waits: one that began waiting
-        // before this delivery took the lock is counted here.
-        if delivered > 0 && self.sleepers.load(SeqCst) > 0 {
-            self.arrived.notify_all();
-        }
-        delivered
-    }
-
-    /// An engine lets go (its device stopped, or the CQ was destroyed on it): once all have,
-    /// the application's polls, after the last completion, learn that the device is gone, and
-    /// sleepers wake to learn it now.
-    pub(super) fn let_go(&self) {
-        // Under the lock: a waiter that read the count before this is asleep on `arrived`
-        // already when the notification comes.
-        let queue = locked(&self.queue);
-        self.engines.fetch_sub(1, SeqCst);
-        drop(queue);
-        self.arrived.notify_all();
+        });
+        let ends = producers
+            .into_iter()
+            .map(|ring| CompletionRing {
+                ring: Some(ring),
+                completions: Arc::clone(&completions),
+            })
+            .collect();
+        (completions, ends)
     }
 
     /// Whether the engines have all let go and every completion has been taken: the device
-    /// has stopped, for good. Read in this order: an engine's last delivery comes before its
-    /// letting go, so a `len` read after seeing none left is not stale.
+    /// has stopped, for good.
     pub(crate) fn stopped(&self) -> bool {
-        self.engines.load(SeqCst) == 0 && self.len.load(SeqCst) == 0
+        locked(&self.polls).stopped()
     }
 
-    /// Up to `max` completions, oldest first, each handed to `each`; how many. `None` if there
-    /// were none because the engines have all let go.
+    /// Up to `max` completions, oldest first per engine, each handed to `each`; how many.
+    /// `None` if there were none because the engines have all let go.
     pub(crate) fn take_each(
         &self,
         max: usize,
         mut each: impl FnMut(WorkCompletion),
     ) -> Option<usize> {
         let mut taken = 0;
-        // Filled and emptied in place: a batch collected in the lock's block and returned
-        // from it was copied whole, all POLL_BATCH slots, on the way out and again into its
-        // iterator.
+        // Filled and emptied in place: a batch returned from the lock's block would be copied
+        // whole, all POLL_BATCH slots, on the way out and again into its iterator.
         let mut batch: SmallVec<[WorkCompletion; POLL_BATCH]> = SmallVec::new();
-        while taken < max && self.len.load(SeqCst) > 0 {
+        let mut stopped = false;
+        while taken < max {
+            let want = (max - taken).min(POLL_BATCH);
             {
-                let mut queue = locked(&self.queue);
-                let n = (max - taken).min(POLL_BATCH).min(queue.len());
-                batch.extend(queue.drain(..n));
-                self.len.store(queue.len(), SeqCst);
+                let mut rings = locked(&self.polls);
+                rings.take_into(&mut batch, want);
+                if batch.is_empty() {
+                    stopped = taken == 0 && rings.stopped();
+                    break;
+                }
             }
-            if batch.is_empty() {
+            let got = batch.len();
+            taken += got;
+            batch.drain(..).for_each(&mut each);
+            if got < want {
+                // The rings held no more: what came since is the next poll's.
                 break;
             }
-            taken += batch.len();
-            batch.drain(..).for_each(&mut each);
         }
-        if taken == 0 && self.stopped() {
-            return None;
-        }
-        Some(taken)
+        (!stopped).then_some(taken)
     }
 
-    /// The oldest completion, if one waits.
+    /// The oldest completion of an engine, if one waits.
     pub(crate) fn try_pop(&self) -> Option<WorkCompletion> {
-        if self.len.load(SeqCst) == 0 {
-            return None;
-        }
-        self.pop(&mut locked(&self.queue))
+        locked(&self.polls).pop()
     }
 
-    /// The oldest completion, waiting up to `timeout` for one; `None` at the timeout or once
-    /// the engines have all let go ([`stopped`](Self::stopped) tells which).
+    /// An engine's oldest completion, waiting up to `timeout` for one; `None` at the timeout
+    /// or once the engines have all let go ([`stopped`](Self::stopped) tells which).
     pub(crate) fn pop_within(&self, timeout: Duration) -> Option<WorkCompletion> {
         // A timeout past the clock's range (`Duration::MAX`) waits as long as it takes.
         let deadline = Instant::now().checked_add(timeout);
-        let mut queue = locked(&self.queue);
+        let mut rings = locked(&self.polls);
         loop {
-            if let Some(wc) = self.pop(&mut queue) {
-                return Some(wc);
-            }
+            // Counted before the rings are read: a delivery that the read below misses reads
+            // the count after its own publication (the fences), finds this sleeper, and takes
+            // the lock to wake it, which it can do only once this thread waits.
+            self.sleepers.fetch_add(1, SeqCst);
+            fence(SeqCst);
+            let wc = rings.pop();
             let left = deadline.map_or(Duration::MAX, |deadline| {
                 deadline.saturating_duration_since(Instant::now())
             });
-            if self.engines.load(SeqCst) == 0 || left.is_zero() {
-                return None;
+            if wc.is_some() || rings.all_let_go() || left.is_zero() {
+                self.sleepers.fetch_sub(1, SeqCst);
+                return wc;
             }
-            self.sleepers.fetch_add(1, SeqCst);
-            queue = match self.arrived.wait_timeout(queue, left) {
-                Ok((queue, _)) => queue,
+            rings = match self.arrived.wait_timeout(rings, left) {
+                Ok((rings, _)) => rings,
                 Err(poisoned) => poisoned.into_inner().0,
             };
             self.sleepers.fetch_sub(1, SeqCst);
@@ -292,19 +291,128 @@ impl Completions {
 
     /// Whether a completion waits.
     pub(crate) fn has_mail(&self) -> bool {
-        self.len.load(SeqCst) > 0
+        locked(&self.polls)
+            .rings
+            .iter()
+            .any(|ring| !ring.is_empty())
     }
 
-    fn pop(&self, queue: &mut VecDeque<WorkCompletion>) -> Option<WorkCompletion> {
-        let wc = queue.pop_front();
-        self.len.store(queue.len(), SeqCst);
+    /// Wakes the threads blocked in `pop_within`, if any. Called after a publication (of a
+    /// completion, or of an engine letting go), which the fence orders before the count's
+    /// read.
+    fn wake_sleepers(&self) {
+        fence(SeqCst);
+        if self.sleepers.load(SeqCst) > 0 {
+            // A sleeper holds the lock from before it counts itself until it waits.
+            drop(locked(&self.polls));
+            self.arrived.notify_all();
+        }
+    }
+}
+
+impl Rings {
+    /// Moves up to `max` completions into `batch`, reading the rings from `next` on.
+    fn take_into(&mut self, batch: &mut SmallVec<[WorkCompletion; POLL_BATCH]>, max: usize) {
+        let (before, from) = self.rings.split_at_mut(self.next);
+        for ring in from.iter_mut().chain(before) {
+            let n = ring.slots().min(max - batch.len());
+            if n == 0 {
+                continue;
+            }
+            if let Ok(chunk) = ring.read_chunk(n) {
+                chunk.into_iter().for_each(|wc| batch.push(wc));
+            }
+        }
+        self.turn();
+    }
+
+    fn pop(&mut self) -> Option<WorkCompletion> {
+        let (before, from) = self.rings.split_at_mut(self.next);
+        let wc = from
+            .iter_mut()
+            .chain(before)
+            .find_map(|ring| ring.pop().ok());
+        self.turn();
         wc
+    }
+
+    /// The next poll reads the next ring first.
+    fn turn(&mut self) {
+        self.next += 1;
+        if self.next == self.rings.len() {
+            self.next = 0;
+        }
+    }
+    /// Whether every engine has let go of its ring. A ring's last completion is published
+    /// before its engine lets go, so rings found empty after this are empty for good.
+    fn all_let_go(&self) -> bool {
+        self.rings.iter().all(rtrb::Consumer::is_abandoned)
+    }
+
+    fn stopped(&self) -> bool {
+        self.all_let_go() && self.rings.iter().all(rtrb::Consumer::is_empty)
+    }
+}
+
+impl CompletionRing {
+    /// The engine's delivery: completions from `next` while its ring has room, each shown to
+    /// `each` as it goes in; how many went in. `next` is not called once the ring is full, so
+    /// the core keeps what does not fit (and overruns its own CQ if that fills too).
+    pub(super) fn deliver(
+        &mut self,
+        mut next: impl FnMut() -> Option<WorkCompletion>,
+        mut each: impl FnMut(&WorkCompletion),
+    ) -> usize {
+        let Some(ring) = self.ring.as_mut() else {
+            return 0;
+        };
+        // Most turns have nothing for most CQs: the core is asked before a chunk is taken,
+        // whose commit, even of nothing, would store the ring's tail.
+        let room = ring.slots();
+        if room == 0 {
+            return 0;
+        }
+        let Some(first) = next() else {
+            return 0;
+        };
+        each(&first);
+        let chunk = ring
+            .write_chunk_uninit(room)
+            .expect("a ring's free slots only grow between its producer's looks");
+        let delivered =
+            chunk.fill_from_iter(std::iter::once(first).chain(std::iter::from_fn(|| {
+                let wc = next()?;
+                each(&wc);
+                Some(wc)
+            })));
+        if delivered > 0 {
+            self.completions.wake_sleepers();
+        }
+        delivered
+    }
+
+    /// Lets go of the ring (the CQ was destroyed on this engine, or the engine stopped): once
+    /// every engine has, the polls, after the last completion, learn that the device is gone,
+    /// and sleepers wake to learn it now.
+    pub(super) fn let_go(&mut self) {
+        // Dropping the producer marks the ring let go, before the sleepers wake to look.
+        if self.ring.take().is_some() {
+            self.completions.wake_sleepers();
+        }
+    }
+}
+
+impl Drop for CompletionRing {
+    fn drop(&mut self) {
+        self.let_go();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::thread;
+
+    use std::collections::VecDeque;
 
     use super::*;
     use crate::transport::{SgeList, WcOpcode, WcStatus};
@@ -349,31 +457,36 @@ mod tests {
         assert!(queues.recv.push(RecvWr::new(2, SgeList::new())).is_err());
     }
 
+    /// Delivers the completions numbered `ids` through `ring`; how many went in.
+    fn deliver(ring: &mut CompletionRing, ids: impl IntoIterator<Item = u64>) -> usize {
+        let mut next = ids.into_iter().map(wc);
+        ring.deliver(|| next.next(), |_| {})
+    }
+
     #[test]
     fn delivery_stops_at_the_capacity_and_leaves_the_rest_with_the_core() {
-        let completions = Completions::new(3, 1);
+        let (completions, mut rings) = Completions::new(3, 1);
         let mut core: VecDeque<_> = (0..5).map(wc).collect();
         let mut shown = 0;
-        assert_eq!(completions.deliver(|| core.pop_front(), |_| shown += 1), 3);
+        assert_eq!(rings[0].deliver(|| core.pop_front(), |_| shown += 1), 3);
         assert_eq!(
             (shown, core.len()),
             (3, 2),
             "the core keeps what did not fit"
         );
         assert_eq!(ids(&completions, 2), Some(vec![0, 1]));
-        assert_eq!(completions.deliver(|| core.pop_front(), |_| {}), 2);
+        assert_eq!(rings[0].deliver(|| core.pop_front(), |_| {}), 2);
         assert_eq!(ids(&completions, 10), Some(vec![2, 3, 4]));
         assert_eq!(ids(&completions, 10), Some(vec![]));
     }
 
     #[test]
     fn a_poll_learns_the_device_stopped_only_after_the_last_completion() {
-        let completions = Completions::new(64, 2);
-        let mut next = (0..40).map(wc);
-        completions.deliver(|| next.next(), |_| {});
-        completions.let_go();
+        let (completions, mut rings) = Completions::new(64, 2);
+        deliver(&mut rings[0], 0..40);
+        drop(rings.remove(0));
         assert!(!completions.stopped(), "one engine still delivers");
-        completions.let_go();
+        drop(rings);
         assert!(!completions.stopped(), "completions wait");
         assert_eq!(ids(&completions, 100).map(|v| v.len()), Some(40));
         assert!(completions.stopped());
@@ -382,10 +495,26 @@ mod tests {
     }
 
     #[test]
+    fn each_engines_ring_is_read_in_turn_and_in_its_own_order() {
+        let (completions, mut rings) = Completions::new(64, 2);
+        deliver(&mut rings[0], 0..40);
+        deliver(&mut rings[1], 100..102);
+        // A poll of one entry at a time still reaches the second engine's completions.
+        let first_two: Vec<_> = (0..2)
+            .filter_map(|_| completions.try_pop())
+            .map(|wc| wc.wr_id)
+            .collect();
+        assert_eq!(first_two, [0, 100]);
+        let rest = ids(&completions, 100).unwrap();
+        assert_eq!(rest.len(), 40);
+        let (low, high): (Vec<_>, Vec<_>) = rest.into_iter().partition(|&id| id < 100);
+        assert_eq!((low, high), ((1..40).collect(), vec![101]));
+    }
+
+    #[test]
     fn a_poll_may_poll_the_same_cq_from_its_closure() {
-        let completions = Completions::new(64, 1);
-        let mut next = (0..4).map(wc);
-        completions.deliver(|| next.next(), |_| {});
+        let (completions, mut rings) = Completions::new(64, 1);
+        deliver(&mut rings[0], 0..4);
         let mut inner = Vec::new();
         let taken = completions.take_each(1, |_| {
             completions.take_each(10, |wc| inner.push(wc.wr_id));
@@ -395,20 +524,63 @@ mod tests {
 
     #[test]
     fn a_blocked_wait_wakes_at_a_delivery_and_at_the_stop() {
-        let completions = Completions::new(8, 1);
+        let (completions, mut rings) = Completions::new(8, 1);
+        let mut ring = rings.pop().unwrap();
         thread::scope(|s| {
             let waiter = s.spawn(|| completions.pop_within(Duration::from_secs(30)));
             // Delivered whether the waiter sleeps already or not yet.
             thread::sleep(Duration::from_millis(20));
-            let mut one = Some(wc(9));
-            completions.deliver(|| one.take(), |_| {});
+            deliver(&mut ring, [9]);
             assert_eq!(waiter.join().unwrap().map(|wc| wc.wr_id), Some(9));
             // No deadline at all: only the stop ends this wait.
             let waiter = s.spawn(|| completions.pop_within(Duration::MAX));
             thread::sleep(Duration::from_millis(20));
-            completions.let_go();
+            drop(ring);
             assert!(waiter.join().unwrap().is_none());
             assert!(completions.stopped());
         });
+    }
+
+    /// The engines write while threads poll and wait: every completion arrives once, each
+    /// engine's in its order, and the wait ends when the engines let go, not at its deadline.
+    #[test]
+    fn engines_and_pollers_at_once_lose_and_repeat_nothing() {
+        const EACH: u64 = 20_000;
+        let (completions, rings) = Completions::new(32, 2);
+        let taken = thread::scope(|s| {
+            for (engine, mut ring) in rings.into_iter().enumerate() {
+                s.spawn(move || {
+                    let base = engine as u64 * EACH;
+                    let mut next = base;
+                    while next < base + EACH {
+                        next += deliver(&mut ring, next..base + EACH) as u64;
+                    }
+                });
+            }
+            let poller = s.spawn(|| {
+                let mut ids = Vec::new();
+                while completions.take_each(7, |wc| ids.push(wc.wr_id)).is_some() {}
+                ids
+            });
+            let waiter = s.spawn(|| {
+                let mut ids = Vec::new();
+                while let Some(wc) = completions.pop_within(Duration::from_secs(60)) {
+                    ids.push(wc.wr_id);
+                }
+                assert!(completions.stopped(), "the wait ended at its deadline");
+                ids
+            });
+            [poller.join().unwrap(), waiter.join().unwrap()]
+        });
+        assert!(completions.stopped());
+        for ids in &taken {
+            for engine in 0..2 {
+                let own: Vec<_> = ids.iter().filter(|&&id| id / EACH == engine).collect();
+                assert!(own.is_sorted(), "an engine's completions in its order");
+            }
+        }
+        let mut all: Vec<_> = taken.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..2 * EACH).collect::<Vec<_>>());
     }
 }

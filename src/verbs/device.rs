@@ -458,23 +458,24 @@ impl Device {
 
     /// A completion queue holding up to `capacity` completions.
     ///
-    /// On a device of several engines, each engine has a CQ of this capacity, and all of them
-    /// deliver to the one queue the application polls: a CQ overruns when an engine's own is
-    /// full as well as the queue.
+    /// On a device of several engines, each engine has a CQ of this capacity and a ring of
+    /// this capacity into the queue the application polls: a CQ overruns when an engine's own
+    /// CQ is full as well as its ring. Such a CQ may so hold more than `capacity`, as a NIC's
+    /// may hold more than `ibv_create_cq` asked for.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
         let notify = Arc::new(CqNotify::new(self.engine().watchers().cloned())?);
-        let completions = Completions::new(capacity, self.engines());
+        let (completions, rings) = Completions::new(capacity, self.engines());
         let mut inner = CqInner {
             device: self.clone(),
             ids: Vec::with_capacity(self.engines()),
-            completions: Arc::clone(&completions),
+            completions,
             notify,
         };
-        for engine in self.inner.engines.iter() {
+        for (engine, ring) in self.inner.engines.iter().zip(rings) {
             // Dropping `inner` on an error destroys those created.
             let id = engine.call(|reply| Command::CreateCq {
                 capacity,
-                completions: Arc::clone(&completions),
+                completions: ring,
                 notify: Arc::clone(&inner.notify),
                 reply,
             })?;
