@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use softroce::prelude::*;
+use softroce::verbs::MAX_CQ_CAPACITY;
 
 #[cfg(feature = "serde")]
 fn endpoint() -> QpEndpoint {
@@ -203,6 +204,25 @@ fn requests_that_cannot_go_are_refused_at_the_call() {
         cq.wait(Duration::from_millis(50)).unwrap().is_none(),
         "nothing else completes"
     );
+}
+
+/// A CQ is a ring per engine of its capacity, reserved at creation: past the limit the device
+/// reports (`ibv_query_device`'s `max_cqe`), creation is refused with the limit, not
+/// attempted.
+#[test]
+fn a_cq_past_the_devices_limit_is_refused_at_creation() {
+    let device = Device::open(DeviceConfig::udp("127.0.0.51".parse().unwrap())).unwrap();
+    for capacity in [MAX_CQ_CAPACITY + 1, usize::MAX] {
+        match device.create_cq(capacity) {
+            Err(Error::Verbs(refused)) => {
+                assert!(refused.to_string().contains("MAX_CQ_CAPACITY"), "{refused}")
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+    device
+        .create_cq(MAX_CQ_CAPACITY)
+        .expect("the limit itself is allowed");
 }
 
 /// `max_send_wr` and `max_recv_wr` are exact: the QP holds that many outstanding requests and

@@ -23,8 +23,8 @@ use crate::{guard, set_errno, unsupported};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
 pub(crate) const MAX_CQ: c_int = 1 << 20;
-/// Entries a CQ holds at most.
-pub(crate) const MAX_CQE: c_int = 1 << 22;
+/// Entries a CQ holds at most: the library's limit.
+pub(crate) const MAX_CQE: c_int = softroce::verbs::MAX_CQ_CAPACITY as c_int;
 
 /// A completion queue: the program's `ibv_cq`, first.
 #[repr(C)]

@@ -85,6 +85,10 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 /// a CPU for any traffic at all, and a thread that sleeps costs less.
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 
+/// The most completions a CQ may be created to hold ([`Device::create_cq`]), as
+/// `ibv_query_device` reports it (`max_cqe`).
+pub const MAX_CQ_CAPACITY: usize = 1 << 22;
+
 /// How a device is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -462,7 +466,15 @@ impl Device {
     /// this capacity into the queue the application polls: a CQ overruns when an engine's own
     /// CQ is full as well as its ring. Such a CQ may so hold more than `capacity`, as a NIC's
     /// may hold more than `ibv_create_cq` asked for.
+    ///
+    /// A capacity above [`MAX_CQ_CAPACITY`] is refused: each engine's ring of the CQ reserves
+    /// its capacity at creation, and its memory is touched as the ring goes round.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue> {
+        if capacity > MAX_CQ_CAPACITY {
+            return Err(Error::Verbs(VerbsError::InvalidRequest(
+                "a CQ holds at most MAX_CQ_CAPACITY (4194304) completions, ibv_query_device's max_cqe",
+            )));
+        }
         let notify = Arc::new(CqNotify::new(self.engine().watchers().cloned())?);
         let (completions, rings) = Completions::new(capacity, self.engines());
         let mut inner = CqInner {

@@ -61,6 +61,7 @@ pub(crate) use device::random_psn;
 pub use device::{
     AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR,
     C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL, MAX_BUSY_POLL,
+    MAX_CQ_CAPACITY,
 };
 
 /// What went wrong with a verb.
