@@ -10,11 +10,11 @@
 //! The application talks to it through crossbeam channels for commands (create, modify,
 //! register), each with a one-shot reply channel, and wakes it with a mio [`Waker`]. Posted work
 //! requests and completions do not go through channels (`queues`): a QP's posts land in a
-//! queue the engine takes whole at its next turn, and a CQ's completions in a queue the
-//! application polls or waits on. Every queue is bounded: posts by the QP's depths (its slots,
-//! taken before a post), the core's queues by the sizes the application chose, a CQ's queue by
-//! its capacity; a completion that finds it full waits in the core's completion queue, whose
-//! overflow raises a CQ overrun event.
+//! queue the engine takes whole at its next turn, and a CQ's completions in the engine's ring
+//! of the CQ, which the application polls or waits on. Every queue is bounded: posts by the
+//! QP's depths (its slots, taken before a post), the core's queues by the sizes the
+//! application chose, each ring of a CQ by its capacity; a completion that finds its ring full
+//! waits in the core's completion queue, whose overflow raises a CQ overrun event.
 
 mod cm;
 mod drive;
