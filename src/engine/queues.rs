@@ -10,7 +10,7 @@
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
 //! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
 //! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ
-//! takes that lock and reads each ring's tail.
+//! takes no lock: it reads each ring's tally of completions published and taken.
 //!
 //! Neither allocates per request. A post queue keeps the capacity its vector grew to, so a QP
 //! costs memory only once it is used, and only as much as its deepest backlog: the channels
@@ -20,7 +20,10 @@
 //! posts by the QP's slots ([`crate::transport::QueueSlots`], taken before a push),
 //! completions by each ring's capacity.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    Ordering::SeqCst,
+};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -162,7 +165,8 @@ const POLL_BATCH: usize = 16;
 /// them with one store of the ring's tail a turn; a poll reads them from their slots and frees
 /// them with one store of the head. The polls take a lock among themselves (the application
 /// may poll one CQ from several threads, as libibverbs allows) which the engine never takes,
-/// except to wake a thread blocked in [`pop_within`](Completions::pop_within).
+/// except to wake a thread blocked in [`pop_within`](Completions::pop_within). A poll that
+/// finds every ring's [`Tally`] even takes no lock: programs spin on empty polls.
 ///
 /// A ring holds up to the CQ's capacity: with several engines, each may fill its own, as each
 /// engine's core has a CQ of that capacity behind it. A ring reserves its slots at creation
@@ -170,9 +174,41 @@ const POLL_BATCH: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Completions {
     polls: Mutex<Rings>,
+    /// Each ring's counts, in the rings' order.
+    tallies: Box<[Tally]>,
+    /// The engines that have not let go: at none, and no completion left, the device has
+    /// stopped.
+    live: AtomicUsize,
     /// Threads blocked in `pop_within`: a delivery wakes `arrived` only if there are any.
     sleepers: AtomicUsize,
     arrived: Condvar,
+}
+
+/// How many completions one ring has had published and taken, each written by its one side
+/// alone (the engine; a poll under the lock) and read by the polls without the lock, apart,
+/// so that the engine's store does not take the line the polls write.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Tally {
+    published: AtomicUsize,
+    taken: Padded,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicUsize);
+
+impl Tally {
+    /// Whether all it had published has been taken, as far as this thread has seen: a ring
+    /// found even may have had more published since, which the next poll sees.
+    fn even(&self) -> bool {
+        self.published.load(Acquire) == self.taken.0.load(Acquire)
+    }
+
+    /// Adds `n` to a count that only the caller writes.
+    fn add(count: &AtomicUsize, n: usize) {
+        count.store(count.load(Relaxed).wrapping_add(n), Release);
+    }
 }
 
 /// The polls' ends of the rings.
@@ -191,6 +227,8 @@ pub(crate) struct CompletionRing {
     /// `None` once the engine has let go ([`let_go`](Self::let_go)).
     ring: Option<rtrb::Producer<WorkCompletion>>,
     completions: Arc<Completions>,
+    /// Its index among the CQ's rings and tallies.
+    index: usize,
 }
 
 impl Completions {
@@ -205,23 +243,34 @@ impl Completions {
                 rings: consumers,
                 next: 0,
             }),
+            tallies: (0..engines).map(|_| Tally::default()).collect(),
+            live: AtomicUsize::new(engines),
             sleepers: AtomicUsize::new(0),
             arrived: Condvar::new(),
         });
         let ends = producers
             .into_iter()
-            .map(|ring| CompletionRing {
+            .enumerate()
+            .map(|(index, ring)| CompletionRing {
                 ring: Some(ring),
                 completions: Arc::clone(&completions),
+                index,
             })
             .collect();
         (completions, ends)
     }
 
     /// Whether the engines have all let go and every completion has been taken: the device
-    /// has stopped, for good.
+    /// has stopped, for good. Read in this order: an engine publishes its last completions
+    /// before it lets go, so the tallies read after seeing none live are final, but for
+    /// another poll's taking, which can only make this say "not yet" once more.
     pub(crate) fn stopped(&self) -> bool {
-        locked(&self.polls).stopped()
+        self.live.load(SeqCst) == 0 && self.looks_empty()
+    }
+
+    /// Whether every ring's tally is even: no lock, a few loads.
+    fn looks_empty(&self) -> bool {
+        self.tallies.iter().all(Tally::even)
     }
 
     /// Up to `max` completions, oldest first per engine, each handed to `each`; how many.
@@ -235,14 +284,17 @@ impl Completions {
         // Filled and emptied in place: a batch returned from the lock's block would be copied
         // whole, all POLL_BATCH slots, on the way out and again into its iterator.
         let mut batch: SmallVec<[WorkCompletion; POLL_BATCH]> = SmallVec::new();
+        if self.looks_empty() {
+            return (!self.stopped()).then_some(0);
+        }
         let mut stopped = false;
         while taken < max {
             let want = (max - taken).min(POLL_BATCH);
             {
                 let mut rings = locked(&self.polls);
-                rings.take_into(&mut batch, want);
+                rings.take_into(&self.tallies, &mut batch, want);
                 if batch.is_empty() {
-                    stopped = taken == 0 && rings.stopped();
+                    stopped = taken == 0 && self.stopped();
                     break;
                 }
             }
@@ -259,7 +311,10 @@ impl Completions {
 
     /// The oldest completion of an engine, if one waits.
     pub(crate) fn try_pop(&self) -> Option<WorkCompletion> {
-        locked(&self.polls).pop()
+        if self.looks_empty() {
+            return None;
+        }
+        locked(&self.polls).pop(&self.tallies)
     }
 
     /// An engine's oldest completion, waiting up to `timeout` for one; `None` at the timeout
@@ -277,8 +332,8 @@ impl Completions {
             // Whether the engines have let go, read before the rings: a ring found empty after
             // its engine let go is empty for good, but one read before may since have had the
             // engine's last completions published, and then its letting go.
-            let gone = rings.all_let_go();
-            let wc = rings.pop();
+            let gone = self.live.load(SeqCst) == 0;
+            let wc = rings.pop(&self.tallies);
             let left = deadline.map_or(Duration::MAX, |deadline| {
                 deadline.saturating_duration_since(Instant::now())
             });
@@ -296,10 +351,7 @@ impl Completions {
 
     /// Whether a completion waits.
     pub(crate) fn has_mail(&self) -> bool {
-        locked(&self.polls)
-            .rings
-            .iter()
-            .any(|ring| !ring.is_empty())
+        !self.looks_empty()
     }
 
     /// Wakes the threads blocked in `pop_within`, if any. Called after a publication (of a
@@ -317,28 +369,34 @@ impl Completions {
 
 impl Rings {
     /// Moves up to `max` completions into `batch`, reading the rings from `next` on.
-    fn take_into(&mut self, batch: &mut SmallVec<[WorkCompletion; POLL_BATCH]>, max: usize) {
-        let (before, from) = self.rings.split_at_mut(self.next);
-        for ring in from.iter_mut().chain(before) {
+    fn take_into(
+        &mut self,
+        tallies: &[Tally],
+        batch: &mut SmallVec<[WorkCompletion; POLL_BATCH]>,
+        max: usize,
+    ) {
+        for i in (self.next..self.rings.len()).chain(0..self.next) {
+            let ring = &mut self.rings[i];
             let n = ring.slots().min(max - batch.len());
             if n == 0 {
                 continue;
             }
             if let Ok(chunk) = ring.read_chunk(n) {
                 chunk.into_iter().for_each(|wc| batch.push(wc));
+                Tally::add(&tallies[i].taken.0, n);
             }
         }
         self.turn();
     }
 
-    fn pop(&mut self) -> Option<WorkCompletion> {
-        let (before, from) = self.rings.split_at_mut(self.next);
-        let wc = from
-            .iter_mut()
-            .chain(before)
-            .find_map(|ring| ring.pop().ok());
+    fn pop(&mut self, tallies: &[Tally]) -> Option<WorkCompletion> {
+        let found = (self.next..self.rings.len())
+            .chain(0..self.next)
+            .find_map(|i| Some((i, self.rings[i].pop().ok()?)));
         self.turn();
-        wc
+        let (i, wc) = found?;
+        Tally::add(&tallies[i].taken.0, 1);
+        Some(wc)
     }
 
     /// The next poll reads the next ring first.
@@ -347,15 +405,6 @@ impl Rings {
         if self.next == self.rings.len() {
             self.next = 0;
         }
-    }
-    /// Whether every engine has let go of its ring. A ring's last completion is published
-    /// before its engine lets go, so rings found empty after this are empty for good.
-    fn all_let_go(&self) -> bool {
-        self.rings.iter().all(rtrb::Consumer::is_abandoned)
-    }
-
-    fn stopped(&self) -> bool {
-        self.all_let_go() && self.rings.iter().all(rtrb::Consumer::is_empty)
     }
 }
 
@@ -390,9 +439,8 @@ impl CompletionRing {
                 each(&wc);
                 Some(wc)
             })));
-        if delivered > 0 {
-            self.completions.wake_sleepers();
-        }
+        Tally::add(&self.completions.tallies[self.index].published, delivered);
+        self.completions.wake_sleepers();
         delivered
     }
 
@@ -400,8 +448,9 @@ impl CompletionRing {
     /// every engine has, the polls, after the last completion, learn that the device is gone,
     /// and sleepers wake to learn it now.
     pub(super) fn let_go(&mut self) {
-        // Dropping the producer marks the ring let go, before the sleepers wake to look.
         if self.ring.take().is_some() {
+            // After its last publication, which a poll that sees none live then sees.
+            self.completions.live.fetch_sub(1, SeqCst);
             self.completions.wake_sleepers();
         }
     }
@@ -514,6 +563,30 @@ mod tests {
         let next_two = [ids(&completions, 1), ids(&completions, 1)];
         assert_eq!(next_two, [Some(vec![1]), Some(vec![101])]);
         assert_eq!(ids(&completions, 100), Some((2..40).collect()));
+    }
+
+    /// Programs spin on empty polls: one must not take the polls' lock, which a poll of
+    /// another thread may hold, nor make the engine's wake-up wait for it.
+    #[test]
+    fn a_poll_of_an_empty_cq_takes_no_lock() {
+        let (completions, mut rings) = Completions::new(8, 2);
+        deliver(&mut rings[1], [1]);
+        assert_eq!(ids(&completions, 4), Some(vec![1]));
+        let held = locked(&completions.polls);
+        let (done, finished) = std::sync::mpsc::channel();
+        thread::scope(|s| {
+            s.spawn(|| {
+                let found = (
+                    completions.take_each(4, drop),
+                    completions.try_pop(),
+                    completions.has_mail(),
+                );
+                done.send(found).unwrap();
+            });
+            let found = finished.recv_timeout(Duration::from_secs(10));
+            drop(held);
+            assert_eq!(found.unwrap(), (Some(0), None, false));
+        });
     }
 
     #[test]
