@@ -10,7 +10,8 @@
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
 //! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
 //! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ
-//! takes no lock: it reads each ring's tally of completions published and taken.
+//! takes no lock: it reads each ring's tally of completions published and taken. A blocked
+//! wait holds the lock while it looks.
 //!
 //! Neither allocates per request. A post queue keeps the capacity its vector grew to, so a QP
 //! costs memory only once it is used, and only as much as its deepest backlog: the channels
@@ -200,7 +201,9 @@ struct Padded(AtomicUsize);
 
 impl Tally {
     /// Whether all it had published has been taken, as far as this thread has seen: a ring
-    /// found even may have had more published since, which the next poll sees.
+    /// found even may have had more published since, which the next poll sees; one found
+    /// uneven may be empty (its engine committed and has not counted yet, or another poll's
+    /// count is not seen yet), which the poll's look under the lock settles.
     fn even(&self) -> bool {
         self.published.load(Acquire) == self.taken.0.load(Acquire)
     }
@@ -349,7 +352,7 @@ impl Completions {
         }
     }
 
-    /// Whether a completion waits.
+    /// Whether a completion waits; for a moment after a take, perhaps yes when none does.
     pub(crate) fn has_mail(&self) -> bool {
         !self.looks_empty()
     }
@@ -572,21 +575,32 @@ mod tests {
         let (completions, mut rings) = Completions::new(8, 2);
         deliver(&mut rings[1], [1]);
         assert_eq!(ids(&completions, 4), Some(vec![1]));
-        let held = locked(&completions.polls);
-        let (done, finished) = std::sync::mpsc::channel();
-        thread::scope(|s| {
-            s.spawn(|| {
-                let found = (
-                    completions.take_each(4, drop),
-                    completions.try_pop(),
-                    completions.has_mail(),
-                );
-                done.send(found).unwrap();
-            });
-            let found = finished.recv_timeout(Duration::from_secs(10));
-            drop(held);
-            assert_eq!(found.unwrap(), (Some(0), None, false));
-        });
+        // What the polls find with the lock held elsewhere: the engines live, then let go.
+        let look = || {
+            let held = locked(&completions.polls);
+            let (done, finished) = std::sync::mpsc::channel();
+            thread::scope(|s| {
+                s.spawn(|| {
+                    let found = (
+                        completions.take_each(4, drop),
+                        completions.try_pop().map(|wc| wc.wr_id),
+                        completions.has_mail(),
+                        completions.stopped(),
+                    );
+                    done.send(found).unwrap();
+                });
+                let found = finished.recv_timeout(Duration::from_secs(10));
+                drop(held);
+                found.expect("a poll waited for the lock")
+            })
+        };
+        assert_eq!(look(), (Some(0), None, false, false));
+        drop(rings);
+        assert_eq!(
+            look(),
+            (None, None, false, true),
+            "the stop, without the lock too"
+        );
     }
 
     #[test]
