@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::transport::{RecvWr, SendWr, WorkCompletion};
+use crate::transport::{Line, RecvWr, SendWr, WorkCompletion};
 use crate::wire::Qpn;
 
 /// Takes `lock` whatever a panic left behind: nothing below panics while holding one (a
@@ -186,18 +186,13 @@ pub(crate) struct Completions {
 }
 
 /// How many completions one ring has had published and taken, each written by its one side
-/// alone (the engine; a poll under the lock) and read by the polls without the lock, apart,
-/// so that the engine's store does not take the line the polls write.
+/// alone (the engine; a poll under the lock) and read by the polls without the lock, each on
+/// a line of its own.
 #[derive(Debug, Default)]
-#[repr(align(128))]
 struct Tally {
-    published: AtomicUsize,
-    taken: Padded,
+    published: Line,
+    taken: Line,
 }
-
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded(AtomicUsize);
 
 impl Tally {
     /// Whether all it had published has been taken, as far as this thread has seen: a ring
@@ -205,7 +200,7 @@ impl Tally {
     /// uneven may be empty (its engine committed and has not counted yet, or another poll's
     /// count is not seen yet), which the poll's look under the lock settles.
     fn even(&self) -> bool {
-        self.published.load(Acquire) == self.taken.0.load(Acquire)
+        self.published.0.load(Acquire) == self.taken.0.load(Acquire)
     }
 
     /// Adds `n` to a count that only the caller writes.
@@ -378,7 +373,7 @@ impl Rings {
         batch: &mut SmallVec<[WorkCompletion; POLL_BATCH]>,
         max: usize,
     ) {
-        for i in (self.next..self.rings.len()).chain(0..self.next) {
+        for i in self.order() {
             let ring = &mut self.rings[i];
             let n = ring.slots().min(max - batch.len());
             if n == 0 {
@@ -389,25 +384,22 @@ impl Rings {
                 Tally::add(&tallies[i].taken.0, n);
             }
         }
-        self.turn();
     }
 
     fn pop(&mut self, tallies: &[Tally]) -> Option<WorkCompletion> {
-        let found = (self.next..self.rings.len())
-            .chain(0..self.next)
-            .find_map(|i| Some((i, self.rings[i].pop().ok()?)));
-        self.turn();
-        let (i, wc) = found?;
+        let (i, wc) = self
+            .order()
+            .find_map(|i| Some((i, self.rings[i].pop().ok()?)))?;
         Tally::add(&tallies[i].taken.0, 1);
         Some(wc)
     }
 
-    /// The next poll reads the next ring first.
-    fn turn(&mut self) {
-        self.next += 1;
-        if self.next == self.rings.len() {
-            self.next = 0;
-        }
+    /// The rings' indices in the order this poll reads them, from `next` on; the next poll
+    /// starts one further.
+    fn order(&mut self) -> impl Iterator<Item = usize> {
+        let (start, count) = (self.next, self.rings.len());
+        self.next = if start + 1 >= count { 0 } else { start + 1 };
+        (start..count).chain(0..start)
     }
 }
 
@@ -442,7 +434,7 @@ impl CompletionRing {
                 each(&wc);
                 Some(wc)
             })));
-        Tally::add(&self.completions.tallies[self.index].published, delivered);
+        Tally::add(&self.completions.tallies[self.index].published.0, delivered);
         self.completions.wake_sleepers();
         delivered
     }

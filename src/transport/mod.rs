@@ -50,6 +50,7 @@ pub use qp::{
     ModifyError, PathMtu, QpAttr, QpEndpoint, QpSettings, QpState, QpType, MAX_RD_ATOMIC,
 };
 pub use requester::MAX_UNACKED_PSNS;
+pub(crate) use slots::Line;
 pub use slots::QueueSlots;
 pub use srq::{SrqAttr, SrqId, SrqModify};
 pub use wr::{

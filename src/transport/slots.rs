@@ -9,12 +9,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A counter on a cache line of its own: each is written by one side only (posts by the
-/// application's threads, retirements by the engine), so that neither side's writes evict the
-/// other's line, and the other side only reads it.
+/// A counter on a cache line of its own: each is written by one side only (here posts by the
+/// application's threads, retirements by the engine; a CQ ring's tally in `engine::queues`),
+/// so that neither side's writes evict the other's line, and the other side only reads it.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Line(AtomicUsize);
+pub(crate) struct Line(pub(crate) AtomicUsize);
 
 /// One queue's counts: requests posted and requests retired, both only growing (wrapping), so
 /// that what is outstanding is their difference.
