@@ -405,6 +405,7 @@ fn uc_rdma_write_with_immediate_and_silently_dropped_bad_messages() {
         (7, WcOpcode::RecvRdmaWithImm, 3000, Some(0xfeed_f00d))
     );
     assert_eq!((wc.src_qp, wc.src_addr), (Some(qa), Some(addr(0))));
+    assert!(!wc.grh, "only UD receives carry a GRH");
     assert_eq!(read_mr(&b, 0x1_0000, 3000), data);
 
     // A bad rkey and a range past the region: rxe_resp.c check_rkey fails, and UC, having no
@@ -674,8 +675,21 @@ fn ud_q_key_rules() {
         // UD is not connected: the sender is whoever the DETH and the IP header say.
         assert_eq!((wc.src_qp, wc.src_addr), (Some(qa), Some(addr(0))));
         assert_eq!(wc.byte_len, GRH_LEN as u32 + 64);
+        // The flag verbs call IBV_WC_GRH: the buffer starts with the GRH.
+        assert!(wc.grh);
     }
     assert_eq!(sim.nodes[1].counters().qkey_violations, 1);
+    // The receive the dropped message did not take is flushed without a GRH, as rxe's
+    // `flush_recv_wqe` leaves the flags empty.
+    let error = QpAttr {
+        state: Some(QpState::Error),
+        ..Default::default()
+    };
+    let now = sim.now;
+    sim.nodes[1].modify_qp(now, qb, &error).unwrap();
+    let flushed = drain(&mut sim, 1, b.cq);
+    assert_eq!(statuses(&flushed), [(2, WcStatus::WrFlushErr)]);
+    assert!(!flushed[0].grh);
 }
 
 #[test]

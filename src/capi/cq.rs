@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::{c_int, c_void};
 use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
@@ -31,8 +31,6 @@ pub(crate) const MAX_CQE: c_int = softroce::verbs::MAX_CQ_CAPACITY as c_int;
 pub(crate) struct Cq {
     pub ibv: ibv_cq,
     pub cq: CompletionQueue,
-    /// The UD QPs that complete here: their receive completions say a GRH leads the buffer.
-    pub ud_qps: RwLock<Vec<Qpn>>,
     /// Its completion and asynchronous events the program holds: a thread that got the CQ
     /// from its channel may still poll, re-arm and acknowledge it while another thread
     /// destroys it.
@@ -181,7 +179,6 @@ pub unsafe extern "C" fn ibv_create_cq(
                 async_events_completed: 0,
             },
             cq,
-            ud_qps: RwLock::new(Vec::new()),
             held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
@@ -299,41 +296,35 @@ fn opcode_code(opcode: WcOpcode) -> u32 {
     }
 }
 
-impl Cq {
-    /// The program's `ibv_wc` for `wc`.
-    fn ibv_wc(&self, wc: WorkCompletion) -> ibv_wc {
-        let mut flags = 0;
-        let mut imm = 0;
-        if let Some(data) = wc.imm_data {
-            flags |= IBV_WC_WITH_IMM;
-            imm = data.to_be();
-        }
-        if let Some(rkey) = wc.invalidated_rkey {
-            flags |= IBV_WC_WITH_INV;
-            imm = rkey.0;
-        }
-        let receive = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-        if receive {
-            let ud = self.ud_qps.read().unwrap_or_else(|p| p.into_inner());
-            if ud.contains(&wc.qp_num) {
-                flags |= IBV_WC_GRH;
-            }
-        }
-        ibv_wc {
-            wr_id: wc.wr_id,
-            status: status_code(wc.status),
-            opcode: opcode_code(wc.opcode),
-            vendor_err: 0,
-            byte_len: wc.byte_len,
-            imm_data: imm,
-            qp_num: wc.qp_num.value(),
-            src_qp: wc.src_qp.map_or(0, Qpn::value),
-            wc_flags: flags,
-            pkey_index: 0,
-            slid: 0,
-            sl: 0,
-            dlid_path_bits: 0,
-        }
+/// The program's `ibv_wc` for `wc`.
+fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
+    let mut flags = 0;
+    let mut imm = 0;
+    if let Some(data) = wc.imm_data {
+        flags |= IBV_WC_WITH_IMM;
+        imm = data.to_be();
+    }
+    if let Some(rkey) = wc.invalidated_rkey {
+        flags |= IBV_WC_WITH_INV;
+        imm = rkey.0;
+    }
+    if wc.grh {
+        flags |= IBV_WC_GRH;
+    }
+    ibv_wc {
+        wr_id: wc.wr_id,
+        status: status_code(wc.status),
+        opcode: opcode_code(wc.opcode),
+        vendor_err: 0,
+        byte_len: wc.byte_len,
+        imm_data: imm,
+        qp_num: wc.qp_num.value(),
+        src_qp: wc.src_qp.map_or(0, Qpn::value),
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
     }
 }
 
@@ -359,7 +350,7 @@ pub(crate) unsafe extern "C" fn poll_cq(
         let polled = this.cq.poll_each(num_entries as usize, |completion| {
             // SAFETY: the program's array holds `num_entries` entries, and `poll_each` hands
             // at most that many.
-            unsafe { wc.add(n).write(this.ibv_wc(completion)) };
+            unsafe { wc.add(n).write(ibv_wc(completion)) };
             n += 1;
         });
         match polled {

@@ -369,14 +369,6 @@ pub unsafe extern "C" fn ibv_create_qp(
         cap.max_recv_sge = MAX_SGE as u32;
         cap.max_inline_data = MAX_INLINE;
         let qpn = qp.qpn();
-        if qp_type == QpType::Ud {
-            for cq in [send_cq, recv_cq] {
-                cq.ud_qps
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(qpn);
-            }
-        }
         let boxed = Box::new(Qp {
             ibv: ibv_qp {
                 context: owner.ibv.context,
@@ -521,15 +513,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.qps.retain(|&(q, _)| q != qpn);
-        }
-        for cq in [this.ibv.send_cq, this.ibv.recv_cq] {
-            // SAFETY: the QP's CQs outlive it.
-            if let Some(cq) = unsafe { Cq::from_ibv(cq) } {
-                cq.ud_qps
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|&q| q != qpn);
-            }
         }
         if this.held.destroy() {
             // SAFETY: every QP is a leaked `Box<Qp>`, handed back once; no event of it is held,

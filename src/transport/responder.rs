@@ -546,6 +546,7 @@ impl Qp {
                 let mut wc =
                     WorkCompletion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
                 wc.byte_len = received as u32;
+                wc.grh = self.qp_type == QpType::Ud;
                 wc.imm_data = repr.ext.immdt.map(|i| i.data);
                 wc.solicited = repr.bth.solicited;
                 if let Some(ieth) = repr.ext.ieth {

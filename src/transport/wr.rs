@@ -582,6 +582,10 @@ pub struct WorkCompletion {
     pub src_qp: Option<Qpn>,
     /// The sender's IP address, on receive completions.
     pub src_addr: Option<IpAddr>,
+    /// A UD receive that succeeded: the buffer's first 40 bytes hold the GRH (verbs'
+    /// `IBV_WC_GRH`). Flushed receives carry no GRH, as with rxe (rxe_resp.c
+    /// `flush_recv_wqe` leaves the flags empty).
+    pub grh: bool,
 }
 
 impl WorkCompletion {
@@ -597,6 +601,7 @@ impl WorkCompletion {
             solicited: false,
             src_qp: None,
             src_addr: None,
+            grh: false,
         }
     }
 }
