@@ -526,6 +526,266 @@ fn a_poll_holds_its_ack_for_the_answer_only_beside_a_thread() {
     }
 }
 
+/// What a [`Logged`] backend saw, in order: each turn's end (its flush), each packet received
+/// and each one sent, with the thread that ran the turn; and the test's own marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A turn ended: `by_app` if one of the application's calls ran it.
+    TurnEnd {
+        by_app: bool,
+    },
+    Received {
+        opcode: u8,
+        psn: u32,
+    },
+    Sent {
+        opcode: u8,
+        psn: u32,
+    },
+    /// The test is about to call [`Device::flush`].
+    FlushCalled,
+}
+
+/// A test hook: a UDP backend that logs what the engine's turns receive and send, and which
+/// turn, the application's or the engine thread's, ends where (every turn ends with one flush).
+struct Logged {
+    inner: UdpBackend,
+    log: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    app: std::thread::ThreadId,
+}
+
+/// A packet's BTH opcode and PSN.
+fn opcode_and_psn(packet: &[u8]) -> (u8, u32) {
+    let psn = u32::from_be_bytes(packet[8..12].try_into().unwrap()) & 0x00ff_ffff;
+    (packet[0], psn)
+}
+
+impl Backend for Logged {
+    fn local_addr(&self) -> IpAddr {
+        self.inner.local_addr()
+    }
+    fn room(&mut self) -> io::Result<&mut [u8]> {
+        self.inner.room()
+    }
+    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
+        let sealed = self.inner.commit(dst, len)?;
+        if !sealed.is_empty() {
+            let (opcode, psn) = opcode_and_psn(sealed);
+            self.log.lock().unwrap().push(Seen::Sent { opcode, psn });
+        }
+        Ok(sealed)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        let by_app = std::thread::current().id() == self.app;
+        self.log.lock().unwrap().push(Seen::TurnEnd { by_app });
+        self.inner.flush()
+    }
+    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
+        self.inner.drain_unreachable(each)
+    }
+    fn receive(
+        &mut self,
+        budget: usize,
+        deliver: &mut dyn FnMut(Datagram<'_>),
+    ) -> io::Result<usize> {
+        let log = &self.log;
+        self.inner.receive(budget, &mut |datagram| {
+            let (opcode, psn) = opcode_and_psn(datagram.packet);
+            log.lock().unwrap().push(Seen::Received { opcode, psn });
+            deliver(datagram)
+        })
+    }
+    fn source(&mut self) -> &mut dyn mio::event::Source {
+        self.inner.source()
+    }
+    fn counters(&self) -> IoCounters {
+        self.inner.counters()
+    }
+}
+
+/// A hybrid device at `address` whose backend logs into the returned log, the calling
+/// thread being the application's, connected to a device with its engine thread at `peer`.
+fn logged_beside_thread(
+    address: &str,
+    peer: &str,
+) -> (End, End, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>) {
+    let log = std::sync::Arc::default();
+    let backend = Logged {
+        inner: UdpBackend::bind(address.parse().unwrap()).unwrap(),
+        log: std::sync::Arc::clone(&log),
+        app: std::thread::current().id(),
+    };
+    let config = DeviceConfig {
+        progress: Progress::Hybrid,
+        ..DeviceConfig::udp(address.parse().unwrap())
+    };
+    let logged = end_on(Device::with_backend(backend, &config).unwrap());
+    let peer = open(peer, None);
+    connect(&logged, &peer);
+    (logged, peer, log)
+}
+
+/// The turns of a log, each with what it received and sent (and the test's marks made before
+/// it began), and whether the application ran it.
+fn turns(log: &[Seen]) -> Vec<(bool, Vec<Seen>)> {
+    let mut turns = Vec::new();
+    let mut this = Vec::new();
+    for &seen in log {
+        match seen {
+            Seen::TurnEnd { by_app } => turns.push((by_app, std::mem::take(&mut this))),
+            packet => this.push(packet),
+        }
+    }
+    turns
+}
+
+/// The application's turns hold a plain ACK back for two turns at the most
+/// (`engine::HOLD_ACKS_TURNS`): a turn that receives a SEND and hands the application its
+/// completion holds the ACK, the next holds it still, and the one after sends it, whether or
+/// not the application posted anything. An application that polls on without answering (as
+/// perftest polls its send CQ, then its receive CQ) must not keep its peer waiting for the
+/// ACK until its own thread takes over. Each SEND here waits for the last one's ACK; the
+/// receiving application polls without pause and never posts. Where the engine thread ran a
+/// turn in between, it sent everything, and the case tells nothing: it is left out.
+#[test]
+fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
+    use softroce::wire::Opcode;
+
+    let (polling, sending, log) = logged_beside_thread("127.0.0.146", "127.0.0.147");
+    let sends = 40u64;
+    for k in 0..sends {
+        polling
+            .qp
+            .post_recv(RecvWr::new(k, polling.mr.sge(0, 64).unwrap()))
+            .unwrap();
+    }
+    let poller = std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 0..sends {
+                sending
+                    .qp
+                    .post_send(SendWr::send(k, sending.mr.sge(0, 8).unwrap()))
+                    .unwrap();
+                let wc = sending.cq.wait(Duration::from_secs(10)).unwrap();
+                assert_eq!(wc.expect("the SEND completes").status, WcStatus::Success);
+            }
+        });
+        // The polling application: its calls run the turns, and it posts nothing.
+        let mut received = 0;
+        let mut wcs = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while received < sends && std::time::Instant::now() < deadline {
+            wcs.clear();
+            received += polling.cq.poll(&mut wcs, 4).unwrap() as u64;
+        }
+        // A few turns more, for the last ACK.
+        for _ in 0..8 {
+            polling.cq.poll(&mut wcs, 4).unwrap();
+        }
+        received
+    });
+    assert_eq!(poller, sends, "every SEND was received");
+    let turns = turns(&log.lock().unwrap());
+    let (send_only, ack) = (Opcode::RcSendOnly.value(), Opcode::RcAck.value());
+    let mut checked = 0;
+    for (i, (by_app, seen)) in turns.iter().enumerate() {
+        for &packet in seen {
+            let Seen::Received { opcode, psn } = packet else {
+                continue;
+            };
+            if opcode != send_only || !by_app {
+                continue;
+            }
+            // The turn that first sent an ACK of this PSN or a later one.
+            let acked_in = turns[i..].iter().position(|(_, seen)| {
+                seen.iter().any(|&p| {
+                    matches!(p, Seen::Sent { opcode, psn: acked } if opcode == ack && acked >= psn)
+                })
+            });
+            let Some(acked_in) = acked_in else {
+                panic!("the SEND of PSN {psn} was never acknowledged: {turns:?}");
+            };
+            let by_app_alone = turns[i..].iter().take(3).all(|(by_app, _)| *by_app);
+            if turns.len() > i + 2 && by_app_alone {
+                assert_eq!(
+                    acked_in,
+                    2,
+                    "the ACK of PSN {psn} went {acked_in} turns after the SEND: {:?}",
+                    &turns[i..(i + 4).min(turns.len())]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no SEND was received and acknowledged by the application's turns alone"
+    );
+}
+
+/// [`Device::flush`] waits for everything queued, held ACKs too: the turn that takes the
+/// flush sends an ACK the poll's turn just before it held for the answer, rather than hold it
+/// a turn more, so that a program that flushes and exits leaves its peer nothing to retry.
+/// Where the engine thread ran either turn, the case tells nothing: it is left out.
+#[test]
+fn a_flush_sends_the_acks_a_poll_held_in_its_first_turn() {
+    use softroce::wire::Opcode;
+
+    let (polling, sending, log) = logged_beside_thread("127.0.0.148", "127.0.0.149");
+    for k in 0..40u64 {
+        polling
+            .qp
+            .post_recv(RecvWr::new(k, polling.mr.sge(0, 64).unwrap()))
+            .unwrap();
+        sending
+            .qp
+            .post_send(SendWr::send(k, sending.mr.sge(0, 8).unwrap()))
+            .unwrap();
+        let mut wcs = Vec::new();
+        while polling.cq.poll(&mut wcs, 1).unwrap() == 0 {}
+        assert_eq!(wcs[0].status, WcStatus::Success);
+        log.lock().unwrap().push(Seen::FlushCalled);
+        assert!(polling.device.flush(Duration::from_secs(10)).unwrap());
+        let wc = sending.cq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!(wc.expect("the SEND completes").status, WcStatus::Success);
+    }
+    let turns = turns(&log.lock().unwrap());
+    let (send_only, ack) = (Opcode::RcSendOnly.value(), Opcode::RcAck.value());
+    let mut checked = 0;
+    for (j, (by_app, seen)) in turns.iter().enumerate().skip(1) {
+        if !seen.contains(&Seen::FlushCalled) || !by_app {
+            continue;
+        }
+        let (polled_by_app, polled) = &turns[j - 1];
+        let received = polled.iter().find_map(|&p| match p {
+            Seen::Received { opcode, psn } if opcode == send_only => Some(psn),
+            _ => None,
+        });
+        let Some(psn) = received.filter(|_| *polled_by_app) else {
+            continue;
+        };
+        let acks = |turn: &[Seen]| {
+            turn.iter().any(
+                |&p| matches!(p, Seen::Sent { opcode, psn: acked } if opcode == ack && acked >= psn),
+            )
+        };
+        // A poll whose turn took posts (the next receive) held nothing.
+        if acks(polled) {
+            continue;
+        }
+        assert!(
+            acks(seen),
+            "the flush's turn did not acknowledge PSN {psn}: {:?}",
+            &turns[j - 1..(j + 2).min(turns.len())]
+        );
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "no flush came right after the application's turn that took its SEND"
+    );
+}
+
 /// `len` bytes that differ from one offset to the next and from one seed to another.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
