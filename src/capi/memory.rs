@@ -7,7 +7,9 @@
 //! the wait is bounded, as rxe bounds its own, and past it the call answers `EBUSY` (the keys
 //! stay stopped, and the call may be made again).
 
+use std::cell::UnsafeCell;
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, c_uint, c_void, size_t};
@@ -60,7 +62,10 @@ pub(crate) struct Mr {
 /// A memory window: the program's `ibv_mw`, first.
 #[repr(C)]
 pub(crate) struct Mw {
-    pub ibv: ibv_mw,
+    /// In a cell: `ibv_bind_mw` writes the new rkey into it while another thread may hold the
+    /// same window (posting a bind of it, or binding it too), which a `&mut Mw` would alias.
+    /// The cell has the layout of the struct it holds.
+    pub ibv: UnsafeCell<ibv_mw>,
     pub window: MemoryWindow,
 }
 
@@ -287,13 +292,13 @@ pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> 
         match owner.pd.alloc_mw(kind) {
             Ok(window) => {
                 let mw = Box::new(Mw {
-                    ibv: ibv_mw {
+                    ibv: UnsafeCell::new(ibv_mw {
                         context: owner.ibv.context,
                         pd,
                         rkey: window.rkey().0,
                         handle: window.rkey().0,
                         type_,
-                    },
+                    }),
                     window,
                 });
                 Box::into_raw(mw).cast()
@@ -329,7 +334,7 @@ pub(crate) unsafe extern "C" fn ibv_bind_mw(
         // SAFETY: the program passes objects it created and has not destroyed.
         let (Some(qp), Some(mw), Some(bind)) = (
             unsafe { Qp::from_ibv(qp) },
-            unsafe { mw.cast::<Mw>().as_mut() },
+            unsafe { mw.cast::<Mw>().as_ref() },
             unsafe { bind.as_ref() },
         ) else {
             return libc::EINVAL;
@@ -354,7 +359,12 @@ pub(crate) unsafe extern "C" fn ibv_bind_mw(
             rights,
         ) {
             Ok(()) => {
-                mw.ibv.rkey = mw.window.rkey().0;
+                // SAFETY: the field lies in the cell, so no reference to it exists, and it is a
+                // live, aligned `u32` for as long as `mw` is. Stored atomically: two threads
+                // may bind one window at once. The program reads it (`mw->rkey`) after the
+                // call, as rdma-core's providers write it.
+                let rkey = unsafe { AtomicU32::from_ptr(ptr::addr_of_mut!((*mw.ibv.get()).rkey)) };
+                rkey.store(mw.window.rkey().0, Relaxed);
                 0
             }
             Err(e) => crate::errno_of(&e),

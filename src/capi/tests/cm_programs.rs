@@ -506,3 +506,89 @@ fn a_listener_destroyed_with_a_request_unread_refuses_it() {
         other => panic!("{other:?}:\n{out}"),
     }
 }
+
+/// Memory windows from C: a type 1 window from `ibv_alloc_mw`, bound over 512 bytes of the
+/// program's region by `ibv_bind_mw`, which leaves the new rkey in `mw->rkey` and completes
+/// with `IBV_WC_BIND_MW`. A READ through it returns the program's bytes; one that runs past the
+/// window's end is refused (remote access error), though the region goes on.
+#[test]
+fn a_window_bound_by_ibv_bind_mw_serves_reads_within_its_range() {
+    use softroce::memory::Access;
+    use softroce::transport::{ConnectOptions, Payload, RecvWr, SendOp, SendWr, WcStatus};
+    use softroce::verbs::{Device, DeviceConfig};
+    use softroce::wire::RKey;
+
+    let server = Device::open(DeviceConfig::udp("127.0.3.70".parse().unwrap())).unwrap();
+    let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(8).unwrap());
+    let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let listener = server.listen(7201).unwrap();
+    let client = common::compile_c(
+        "memory_windows",
+        include_str!("memory_windows.c"),
+        &["-lrdmacm", "-libverbs"],
+    );
+    let served = std::thread::spawn(move || {
+        let request = listener
+            .next_request(Duration::from_secs(30))
+            .unwrap()
+            .expect("the program's REQ");
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        let connection = request.accept(qp, &ConnectOptions::default(), &[]).unwrap();
+        // The program's SEND waits out RNR NAKs until this is posted (rnr_retry_count 7).
+        connection
+            .qp()
+            .post_recv(RecvWr::new(1, mr.sge(0, 64).unwrap()))
+            .unwrap();
+        connection.established().unwrap();
+        let next = || {
+            cq.wait(Duration::from_secs(10))
+                .unwrap()
+                .expect("a completion")
+        };
+        let told = next();
+        assert_eq!(
+            (told.wr_id, told.status, told.byte_len),
+            (1, WcStatus::Success, 12)
+        );
+        let mut window_at = [0u8; 12];
+        mr.read(0, &mut window_at).unwrap();
+        let addr = u64::from_ne_bytes(window_at[..8].try_into().unwrap());
+        let rkey = RKey(u32::from_ne_bytes(window_at[8..].try_into().unwrap()));
+        let read = |wr_id, remote_addr, len| {
+            let op = SendOp::Read { remote_addr, rkey };
+            let sge = mr.sge(1024, len).unwrap();
+            connection
+                .qp()
+                .post_send(SendWr::new(wr_id, op, Payload::Sges([sge].into())))
+                .unwrap();
+            next()
+        };
+        let within = read(2, addr, 512);
+        assert_eq!(within.status, WcStatus::Success, "{within:?}");
+        let mut got = vec![0u8; 512];
+        mr.read(1024, &mut got).unwrap();
+        let expected: Vec<u8> = (1024..1536u32).map(|i| (i * 7 + 3) as u8).collect();
+        assert_eq!(got, expected, "the window's bytes");
+        // The region goes on past the window; the window does not.
+        let past = read(3, addr + 504, 16);
+        assert_eq!(past.status, WcStatus::RemAccessErr, "{past:?}");
+        connection.disconnect().unwrap();
+    });
+    let mut run = program(
+        "127.0.3.71",
+        client.to_str().unwrap(),
+        &["127.0.3.70", "7201"],
+    );
+    let output = common::finish("memory_windows", run.spawn().unwrap(), LIMIT);
+    served.join().unwrap();
+    let out = common::succeeded("memory_windows", &output);
+    for line in [
+        "window type 1: 1",
+        "rkey changed by the bind: 1",
+        "bind completion: wr_id 7 status 0 opcode 1",
+        "send completion: wr_id 8 status 0",
+        "done",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
