@@ -645,8 +645,8 @@ fn turns(log: &[Seen]) -> Vec<(bool, Vec<Seen>)> {
 /// not the application posted anything. An application that polls on without answering (as
 /// perftest polls its send CQ, then its receive CQ) must not keep its peer waiting for the
 /// ACK until its own thread takes over. Each SEND here waits for the last one's ACK; the
-/// receiving application polls without pause and never posts. Where the engine thread ran a
-/// turn in between, it sent everything, and the case tells nothing: it is left out.
+/// receiving application polls without pause and posts nothing once the SENDs begin. Where the
+/// engine thread ran a turn in between, it sent everything, by that turn at the latest.
 #[test]
 fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
     use softroce::wire::Opcode;
@@ -659,6 +659,8 @@ fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
             .post_recv(RecvWr::new(k, polling.mr.sge(0, 64).unwrap()))
             .unwrap();
     }
+    // A turn that takes posts holds nothing: let one take these before any SEND can come.
+    assert!(polling.device.flush(Duration::from_secs(5)).unwrap());
     let poller = std::thread::scope(|s| {
         s.spawn(|| {
             for k in 0..sends {
@@ -705,6 +707,13 @@ fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
             let Some(acked_in) = acked_in else {
                 panic!("the SEND of PSN {psn} was never acknowledged: {turns:?}");
             };
+            // A turn of the engine thread sends everything held: the ACK goes by then.
+            if let Some(thread_turn) = turns[i..].iter().position(|(by_app, _)| !by_app) {
+                assert!(
+                    acked_in <= thread_turn,
+                    "the ACK of PSN {psn} outlived the engine thread's turn {thread_turn}"
+                );
+            }
             let by_app_alone = turns[i..].iter().take(3).all(|(by_app, _)| *by_app);
             if turns.len() > i + 2 && by_app_alone {
                 assert_eq!(
