@@ -13,19 +13,31 @@ use softroce::verbs::{
     CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, ProtectionDomain, QueuePair,
 };
 
-/// A test hook: a UDP backend that drops each sent packet with probability 1/`every`, drawn
-/// from a seeded generator. Not every `every`th: go-back-N's answer to a retry can be a multiple
-/// of that many packets long, and then the one packet awaited is dropped every time, until the
-/// retries run out (tests/transport_sim.rs,
-/// periodic_loss_in_step_with_go_back_n_exhausts_the_retries).
-struct Lossy {
+/// A test hook: a UDP backend that may drop sent packets and may log what the engine's turns
+/// do.
+///
+/// - `loss`: drops each sent packet with probability 1/`every`, drawn from a seeded
+///   generator (xorshift64 state). Not every `every`th: go-back-N's answer to a retry can be a
+///   multiple of that many packets long, and then the one packet awaited is dropped every time,
+///   until the retries run out (tests/transport_sim.rs,
+///   periodic_loss_in_step_with_go_back_n_exhausts_the_retries).
+/// - `log`: logs each packet received and sent, and each turn's end (every turn ends with one
+///   flush) with whether the application's thread (`app`) ran it.
+struct Hooked {
     inner: UdpBackend,
-    every: u64,
-    /// xorshift64 state.
-    state: u64,
+    loss: Option<(u64, u64)>,
+    log: Option<(Log, std::thread::ThreadId)>,
 }
 
-impl Backend for Lossy {
+type Log = std::sync::Arc<std::sync::Mutex<Vec<Seen>>>;
+
+/// A packet's BTH opcode and PSN.
+fn opcode_and_psn(packet: &[u8]) -> (u8, u32) {
+    let psn = u32::from_be_bytes(packet[8..12].try_into().unwrap()) & 0x00ff_ffff;
+    (packet[0], psn)
+}
+
+impl Backend for Hooked {
     fn local_addr(&self) -> IpAddr {
         self.inner.local_addr()
     }
@@ -33,15 +45,26 @@ impl Backend for Lossy {
         self.inner.room()
     }
     fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        if self.state % self.every == 0 {
-            return Ok(&[]);
+        if let Some((every, state)) = &mut self.loss {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            if *state % *every == 0 {
+                return Ok(&[]);
+            }
         }
-        self.inner.commit(dst, len)
+        let sealed = self.inner.commit(dst, len)?;
+        if let (false, Some((log, _))) = (sealed.is_empty(), &self.log) {
+            let (opcode, psn) = opcode_and_psn(sealed);
+            log.lock().unwrap().push(Seen::Sent { opcode, psn });
+        }
+        Ok(sealed)
     }
     fn flush(&mut self) -> io::Result<()> {
+        if let Some((log, app)) = &self.log {
+            let by_app = std::thread::current().id() == *app;
+            log.lock().unwrap().push(Seen::TurnEnd { by_app });
+        }
         self.inner.flush()
     }
     fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
@@ -52,7 +75,14 @@ impl Backend for Lossy {
         budget: usize,
         deliver: &mut dyn FnMut(Datagram<'_>),
     ) -> io::Result<usize> {
-        self.inner.receive(budget, deliver)
+        let Some((log, _)) = &self.log else {
+            return self.inner.receive(budget, deliver);
+        };
+        self.inner.receive(budget, &mut |datagram| {
+            let (opcode, psn) = opcode_and_psn(datagram.packet);
+            log.lock().unwrap().push(Seen::Received { opcode, psn });
+            deliver(datagram)
+        })
     }
     fn source(&mut self) -> &mut dyn mio::event::Source {
         self.inner.source()
@@ -83,10 +113,10 @@ fn open(address: &str, loss_every: Option<u64>) -> End {
     let backend_address = backend.local_addr();
     let device = match loss_every {
         Some(every) => Device::with_backend(
-            Lossy {
+            Hooked {
                 inner: backend,
-                every,
-                state: 0x9e37_79b9_7f4a_7c15,
+                loss: Some((every, 0x9e37_79b9_7f4a_7c15)),
+                log: None,
             },
             &seeded(backend_address, 1),
         ),
@@ -526,7 +556,7 @@ fn a_poll_holds_its_ack_for_the_answer_only_beside_a_thread() {
     }
 }
 
-/// What a [`Logged`] backend saw, in order: each turn's end (its flush), each packet received
+/// What a [`Hooked`] backend's log holds, in order: each turn's end (its flush), each packet received
 /// and each one sent, with the thread that ran the turn; and the test's own marks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seen {
@@ -546,74 +576,14 @@ enum Seen {
     FlushCalled,
 }
 
-/// A test hook: a UDP backend that logs what the engine's turns receive and send, and which
-/// turn, the application's or the engine thread's, ends where (every turn ends with one flush).
-struct Logged {
-    inner: UdpBackend,
-    log: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
-    app: std::thread::ThreadId,
-}
-
-/// A packet's BTH opcode and PSN.
-fn opcode_and_psn(packet: &[u8]) -> (u8, u32) {
-    let psn = u32::from_be_bytes(packet[8..12].try_into().unwrap()) & 0x00ff_ffff;
-    (packet[0], psn)
-}
-
-impl Backend for Logged {
-    fn local_addr(&self) -> IpAddr {
-        self.inner.local_addr()
-    }
-    fn room(&mut self) -> io::Result<&mut [u8]> {
-        self.inner.room()
-    }
-    fn commit(&mut self, dst: IpAddr, len: usize) -> io::Result<&[u8]> {
-        let sealed = self.inner.commit(dst, len)?;
-        if !sealed.is_empty() {
-            let (opcode, psn) = opcode_and_psn(sealed);
-            self.log.lock().unwrap().push(Seen::Sent { opcode, psn });
-        }
-        Ok(sealed)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        let by_app = std::thread::current().id() == self.app;
-        self.log.lock().unwrap().push(Seen::TurnEnd { by_app });
-        self.inner.flush()
-    }
-    fn drain_unreachable(&mut self, each: &mut dyn FnMut(IpAddr)) {
-        self.inner.drain_unreachable(each)
-    }
-    fn receive(
-        &mut self,
-        budget: usize,
-        deliver: &mut dyn FnMut(Datagram<'_>),
-    ) -> io::Result<usize> {
-        let log = &self.log;
-        self.inner.receive(budget, &mut |datagram| {
-            let (opcode, psn) = opcode_and_psn(datagram.packet);
-            log.lock().unwrap().push(Seen::Received { opcode, psn });
-            deliver(datagram)
-        })
-    }
-    fn source(&mut self) -> &mut dyn mio::event::Source {
-        self.inner.source()
-    }
-    fn counters(&self) -> IoCounters {
-        self.inner.counters()
-    }
-}
-
 /// A hybrid device at `address` whose backend logs into the returned log, the calling
 /// thread being the application's, connected to a device with its engine thread at `peer`.
-fn logged_beside_thread(
-    address: &str,
-    peer: &str,
-) -> (End, End, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>) {
+fn logged_beside_thread(address: &str, peer: &str) -> (End, End, Log) {
     let log = std::sync::Arc::default();
-    let backend = Logged {
+    let backend = Hooked {
         inner: UdpBackend::bind(address.parse().unwrap()).unwrap(),
-        log: std::sync::Arc::clone(&log),
-        app: std::thread::current().id(),
+        loss: None,
+        log: Some((std::sync::Arc::clone(&log), std::thread::current().id())),
     };
     let config = DeviceConfig {
         progress: Progress::Hybrid,
