@@ -9,6 +9,22 @@ use common::{program, until_served};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// The Rust API's side of a test against a C program: the next REQ on `listener`, accepted
+/// with a fresh RC QP on `pd` and `cq`, with default options and no private data.
+fn accept_next(
+    listener: &softroce::verbs::Listener,
+    pd: &softroce::verbs::ProtectionDomain,
+    cq: &softroce::verbs::CompletionQueue,
+) -> softroce::verbs::Connection {
+    let request = listener
+        .next_request(Duration::from_secs(30))
+        .unwrap()
+        .expect("the program's REQ");
+    let qp = pd.create_qp().send_cq(cq).recv_cq(cq).build().unwrap();
+    let options = softroce::transport::ConnectOptions::default();
+    request.accept(qp, &options, &[]).unwrap()
+}
+
 /// rping: RDMA READs and WRITEs over a connection from `rdma_connect`, each verified (`-V`);
 /// the client disconnects, and both sides must see it through their flushed work.
 #[test]
@@ -173,7 +189,6 @@ fn a_synchronous_ids_event_is_the_one_its_call_waited_for() {
 /// later. The peer is softroce's Rust API, which reports the end.
 #[test]
 fn a_program_that_exits_connected_still_sends_its_dreq() {
-    use softroce::transport::ConnectOptions;
     use softroce::verbs::{ConnectionEvent, Device, DeviceConfig};
 
     let server = Device::open(DeviceConfig::udp("127.0.3.50".parse().unwrap())).unwrap();
@@ -199,14 +214,7 @@ int main(void) {
 "#,
         &["-lrdmacm", "-libverbs"],
     );
-    let accepted = std::thread::spawn(move || {
-        let request = listener
-            .next_request(Duration::from_secs(30))
-            .unwrap()
-            .expect("the client's REQ");
-        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
-        request.accept(qp, &ConnectOptions::default(), &[]).unwrap()
-    });
+    let accepted = std::thread::spawn(move || accept_next(&listener, &pd, &cq));
     let mut run = program("127.0.3.51", client.to_str().unwrap(), &[]);
     run.env("SOFTROCE_PROGRESS", "inline");
     let output = common::finish("the client", run.spawn().unwrap(), LIMIT);
@@ -261,7 +269,6 @@ fn a_program_that_moves_its_own_qp_connects_with_init_qp_attr_and_establish() {
 /// another may be in a call that holds the ID as `&mut`.
 #[test]
 fn an_id_and_a_qp_freed_under_a_held_event_are_not_touched() {
-    use softroce::transport::ConnectOptions;
     use softroce::verbs::{Device, DeviceConfig};
 
     let server = Device::open(DeviceConfig::udp("127.0.3.56".parse().unwrap())).unwrap();
@@ -275,12 +282,7 @@ fn an_id_and_a_qp_freed_under_a_held_event_are_not_touched() {
     // Each run's server accepts, and disconnects once the connection is established.
     let served = std::thread::spawn(move || {
         for _ in 0..2 {
-            let request = listener
-                .next_request(Duration::from_secs(30))
-                .unwrap()
-                .expect("the client's REQ");
-            let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
-            let connection = request.accept(qp, &ConnectOptions::default(), &[]).unwrap();
+            let connection = accept_next(&listener, &pd, &cq);
             connection.established().unwrap();
             connection.disconnect().unwrap();
         }
@@ -420,7 +422,6 @@ int main(void) {
 /// softroce's Rust API on 127.0.3.`host + 1` once it listens: what the program printed, and the
 /// connection's outcome.
 fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>) {
-    use softroce::transport::ConnectOptions;
     use softroce::verbs::{Connection, Device, DeviceConfig};
     use std::io::{BufRead, BufReader};
 
@@ -450,7 +451,7 @@ fn listener_moves(mode: &str, host: u8) -> (String, softroce::verbs::Result<()>)
     let (pd, cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
     let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
     let to = std::net::SocketAddr::new(server_ip.parse().unwrap(), 7200);
-    let options = ConnectOptions::default();
+    let options = softroce::transport::ConnectOptions::default();
     let connected = Connection::connect_timeout(qp, to, &options, &[], Duration::from_secs(20));
     let outcome = connected.map(|connection| {
         let _ = connection.wait_event(Duration::from_secs(5));
@@ -514,7 +515,7 @@ fn a_listener_destroyed_with_a_request_unread_refuses_it() {
 #[test]
 fn a_window_bound_by_ibv_bind_mw_serves_reads_within_its_range() {
     use softroce::memory::Access;
-    use softroce::transport::{ConnectOptions, Payload, RecvWr, SendOp, SendWr, WcStatus};
+    use softroce::transport::{Payload, RecvWr, SendOp, SendWr, WcStatus};
     use softroce::verbs::{Device, DeviceConfig};
     use softroce::wire::RKey;
 
@@ -528,12 +529,7 @@ fn a_window_bound_by_ibv_bind_mw_serves_reads_within_its_range() {
         &["-lrdmacm", "-libverbs"],
     );
     let served = std::thread::spawn(move || {
-        let request = listener
-            .next_request(Duration::from_secs(30))
-            .unwrap()
-            .expect("the program's REQ");
-        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
-        let connection = request.accept(qp, &ConnectOptions::default(), &[]).unwrap();
+        let connection = accept_next(&listener, &pd, &cq);
         // The program's SEND waits out RNR NAKs until this is posted (rnr_retry_count 7).
         connection
             .qp()
