@@ -576,9 +576,9 @@ enum Seen {
     FlushCalled,
 }
 
-/// A hybrid device at `address` whose backend logs into the returned log, the calling
+/// A device of `progress` at `address` whose backend logs into the returned log, the calling
 /// thread being the application's, connected to a device with its engine thread at `peer`.
-fn logged_beside_thread(address: &str, peer: &str) -> (End, End, Log) {
+fn logged_beside_thread(address: &str, peer: &str, progress: Progress) -> (End, End, Log) {
     let log = std::sync::Arc::default();
     let backend = Hooked {
         inner: UdpBackend::bind(address.parse().unwrap()).unwrap(),
@@ -586,7 +586,7 @@ fn logged_beside_thread(address: &str, peer: &str) -> (End, End, Log) {
         log: Some((std::sync::Arc::clone(&log), std::thread::current().id())),
     };
     let config = DeviceConfig {
-        progress: Progress::Hybrid,
+        progress,
         ..DeviceConfig::udp(address.parse().unwrap())
     };
     let logged = end_on(Device::with_backend(backend, &config).unwrap());
@@ -621,7 +621,8 @@ fn turns(log: &[Seen]) -> Vec<(bool, Vec<Seen>)> {
 fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
     use softroce::wire::Opcode;
 
-    let (polling, sending, log) = logged_beside_thread("127.0.0.146", "127.0.0.147");
+    let (polling, sending, log) =
+        logged_beside_thread("127.0.0.146", "127.0.0.147", Progress::Hybrid);
     let sends = 40u64;
     for k in 0..sends {
         polling
@@ -710,7 +711,8 @@ fn an_ack_held_for_the_answer_goes_out_in_the_second_turn_after_without_one() {
 fn a_flush_sends_the_acks_a_poll_held_in_its_first_turn() {
     use softroce::wire::Opcode;
 
-    let (polling, sending, log) = logged_beside_thread("127.0.0.148", "127.0.0.149");
+    let (polling, sending, log) =
+        logged_beside_thread("127.0.0.148", "127.0.0.149", Progress::Hybrid);
     for k in 0..40u64 {
         polling
             .qp
@@ -763,6 +765,59 @@ fn a_flush_sends_the_acks_a_poll_held_in_its_first_turn() {
         checked > 0,
         "no flush came right after the application's turn that took its SEND"
     );
+}
+
+/// A poll that finds completions waiting, with nothing posted since the last turn, hands them
+/// out without a turn of its own (`EngineHandle::help_poll`), three polls in a row at the
+/// most: perftest's latency tests take a SEND's completion and a receive's in two polls, both
+/// delivered by the first one's turn, and the second poll's turn was a `recvmsg` that found
+/// nothing, on the exchange's critical path. Inline progress, so that every turn is one of
+/// the application's calls and is logged as such.
+#[test]
+fn polls_that_find_completions_waiting_run_no_turn_three_times_in_a_row() {
+    let (polling, sending, log) =
+        logged_beside_thread("127.0.0.150", "127.0.0.151", Progress::Inline);
+    for k in 0..8u64 {
+        let sge = polling.mr.sge(64 * k as usize, 64).unwrap();
+        polling.qp.post_recv(RecvWr::new(k, sge)).unwrap();
+    }
+    for k in 0..8u64 {
+        let sge = sending.mr.sge(0, 8).unwrap();
+        sending.qp.post_send(SendWr::send(k, sge)).unwrap();
+    }
+    // The eight SENDs wait in the polling device's socket: it runs only in its calls.
+    std::thread::sleep(Duration::from_millis(200));
+    let turns = || {
+        let log = log.lock().unwrap();
+        log.iter()
+            .filter(|seen| matches!(seen, Seen::TurnEnd { .. }))
+            .count()
+    };
+    let mut wcs = Vec::new();
+    let mut poll = || {
+        wcs.clear();
+        let polled = polling.cq.poll(&mut wcs, 1).unwrap();
+        assert_eq!(
+            wcs.iter().map(|wc| wc.status).collect::<Vec<_>>(),
+            [WcStatus::Success]
+        );
+        polled
+    };
+    let first = turns();
+    // The CQ is empty: the poll runs a turn, which takes the eight SENDs.
+    assert_eq!(poll(), 1);
+    assert_eq!(turns(), first + 1, "the first poll ran one turn");
+    for n in 0..3 {
+        assert_eq!(poll(), 1);
+        assert_eq!(turns(), first + 1, "poll {n} after it ran a turn");
+    }
+    // Three in a row went without: this one runs a turn, though completions wait.
+    assert_eq!(poll(), 1);
+    assert_eq!(turns(), first + 2, "the fifth poll ran no turn");
+    for _ in 0..3 {
+        assert_eq!(poll(), 1);
+    }
+    assert_eq!(turns(), first + 2);
 }
 
 /// `len` bytes that differ from one offset to the next and from one seed to another.

@@ -152,6 +152,47 @@ fn a_connect_to_a_silent_peer_gives_up_at_its_timeout() {
     );
 }
 
+/// The CM's timers run while nothing arrives: an idle engine does not look at its
+/// connections' timers every turn, only at the deadline its last look found, so a REQ to a
+/// peer that answers nothing must still be sent again at each request period. The client's
+/// application waits in its connect meanwhile, and its engine's thread sleeps until that
+/// deadline. A request period of about 100 ms (a response time of 4.096 µs × 2^14 and twice a
+/// packet life time of 2^12) in a wait of 450 ms: two to four retransmissions.
+#[test]
+fn an_unanswered_req_is_sent_again_at_each_request_period_with_no_traffic() {
+    let mut silent_config = DeviceConfig::udp("127.0.6.35".parse().unwrap());
+    silent_config.progress = softroce::verbs::Progress::Inline;
+    let silent = Device::open(silent_config).unwrap();
+    let _listener = silent.listen(7179).unwrap();
+    let mut config = DeviceConfig::udp("127.0.6.36".parse().unwrap());
+    config.cm = CmConfig {
+        response_timeout: 14,
+        packet_life_time: 12,
+        ..CmConfig::default()
+    };
+    let period = config.cm.request_period();
+    let client = Device::open(config).unwrap();
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let waited = Duration::from_millis(450);
+    let tried = Connection::connect_timeout(
+        qp,
+        "127.0.6.35:7179".parse().unwrap(),
+        &ConnectOptions::default(),
+        &[],
+        waited,
+    );
+    assert!(tried.is_err(), "the silent peer answered: {tried:?}");
+    let (counters, _) = client.cm_counters().unwrap();
+    let expected = (waited.as_millis() / period.as_millis()) as u64;
+    assert!(
+        (2..=expected).contains(&counters.retransmissions),
+        "{} retransmissions of the REQ in {waited:?}, a period of {period:?}",
+        counters.retransmissions
+    );
+}
+
 /// A connect to an address where no RoCE device listens fails fast: the kernel answers the REQ
 /// with an ICMP port unreachable (on loopback at once), which ends the attempt with
 /// `Unreachable` while its REQ is unanswered, as it ends a TCP connect, instead of after a

@@ -115,6 +115,14 @@ pub(super) struct CmRouter {
     lingering: Vec<(Duration, Sender<bool>)>,
     /// Draws RDMA-CM source ports, as the kernel picks an ephemeral port for each ID.
     next_port: u16,
+    /// The agent's next deadline as the last pump left it. Between pumps only a datagram
+    /// (a MAD on QP1, or the first packet on a QP waiting for its RTU) or that deadline can
+    /// give the agent work: commands and ICMP reports pump on the spot.
+    deadline: Option<Duration>,
+    /// Whether the engine sees every QP's packets ([`pump_if_due`](Self::pump_if_due)): not
+    /// on a device of several engines, where a QP of another engine may hear from its peer
+    /// first.
+    sees_all_qps: bool,
 }
 
 /// RDMA-CM's source ports: Linux's default ephemeral range, 32768 to 60999.
@@ -126,7 +134,7 @@ impl CmRouter {
         now: Duration,
         (seed, config): (u64, CmConfig),
         iova: u64,
-        app_qps: Box<dyn AppQps>,
+        (app_qps, sees_all_qps): (Box<dyn AppQps>, bool),
     ) -> Result<Self, CmError> {
         let agent =
             Agent::new(ep, now, seed ^ 0xc3c3_5a5a_0f0f_9696, config, iova)?.with_app_qps(app_qps);
@@ -137,11 +145,13 @@ impl CmRouter {
             sidr: HashMap::new(),
             lingering: Vec::new(),
             next_port: PORTS.start + (seed % u64::from(PORTS.end - PORTS.start)) as u16,
+            deadline: Some(now),
+            sees_all_qps,
         })
     }
 
     pub(super) fn next_deadline(&self) -> Option<Duration> {
-        self.agent.next_deadline()
+        self.deadline
     }
 
     /// What the CM holds of the endpoint's resources.
@@ -322,6 +332,7 @@ impl CmRouter {
             // The refusals go out now, not at the next turn.
             self.agent.pump(now, ep);
         }
+        self.deadline = self.agent.next_deadline();
         if self.lingering.is_empty() {
             return;
         }
@@ -337,6 +348,19 @@ impl CmRouter {
                 }
                 waiting
             });
+        }
+    }
+
+    /// [`pump`](Self::pump), at a turn that received datagrams (`received`), reached the
+    /// agent's deadline, or waits for disconnects to settle; not at an idle turn, where it
+    /// would find nothing to do at the cost of a look at every connection's timer.
+    pub(super) fn pump_if_due(&mut self, now: Duration, ep: &mut Endpoint, received: bool) {
+        let due = received
+            || !self.sees_all_qps
+            || !self.lingering.is_empty()
+            || self.deadline.is_some_and(|deadline| deadline <= now);
+        if due {
+            self.pump(now, ep);
         }
     }
 

@@ -15,7 +15,8 @@
 //!   (once its busy polling, if any, is over), and
 //!   interrupts the engine thread's sleep to take the engine if it must;
 //! - a CQ poll runs a turn only if the engine is free, and otherwise leaves the work to whoever
-//!   holds it, so it never waits;
+//!   holds it, so it never waits; a poll that finds completions waiting and nothing posted
+//!   since runs none, three polls in a row at the most ([`EngineHandle::help_poll`]);
 //! - a post runs no turn: it rings the doorbell (waking a holder that sleeps on the socket),
 //!   and the next turn takes it, whoever runs it. A turn per post would cost a `sendmsg` per
 //!   message, where the wait that follows sends a whole batch as one;
@@ -85,7 +86,7 @@
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{
-    fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
 };
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::{self, JoinHandle, Thread};
@@ -334,6 +335,9 @@ pub(super) struct Shared {
     app_took: AtomicBool,
     /// The device is shutting down: the hybrid thread ends.
     stopping: AtomicBool,
+    /// Polls that handed out waiting completions without a turn since an application's call
+    /// last ran one ([`EngineHandle::help_poll`]).
+    skipped_polls: AtomicU32,
     /// The application's waits where no turn runs: while there are any, the hybrid thread
     /// runs the engine.
     watchers: Arc<Watchers>,
@@ -350,6 +354,7 @@ impl Shared {
             queued: AtomicUsize::new(0),
             app_took: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            skipped_polls: AtomicU32::new(0),
             watchers: Arc::new(Watchers::default()),
         })
     }
@@ -476,6 +481,12 @@ impl Drop for Watch {
 /// the posts wait for the next turn of whoever runs one, and the caller gets back to its
 /// channel.
 const RECHECKS: usize = 4;
+
+/// How many polls in a row may hand out completions already waiting without running a turn
+/// ([`EngineHandle::help_poll`]): a program that drains a full CQ one completion per poll
+/// still has the engine run at every fourth, so the socket and the timers wait no longer than
+/// three of its polls.
+const SKIPPED_POLLS: u32 = 3;
 
 /// What a caller does when it finds the engine held.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -736,6 +747,31 @@ impl EngineHandle {
         }
     }
 
+    /// For a poll of a CQ: [`help`](Self::help), unless `waiting` (the CQ already holds
+    /// completions for the poll to hand out), nothing was posted since the last turn, and
+    /// fewer than [`SKIPPED_POLLS`] polls in a row have gone without one. A program that
+    /// takes its completions one poll at a time (perftest's latency tests take a SEND's and a
+    /// receive's, each in a poll of its own) then pays for one turn, which its first poll runs
+    /// and which delivers them all, not one per completion: on the critical path of a
+    /// ping-pong, a turn costs a `recvmsg` that finds the socket empty, and the turn's own
+    /// bookkeeping. A program that posts between its polls has every poll after a post run
+    /// a turn, as before, which takes what it posted.
+    pub fn help_poll(&self, waiting: bool) -> Result<(), EngineGone> {
+        if let Driver::Shared(shared, thread) = &self.driver {
+            if waiting
+                && !self.doorbell.posted.load(SeqCst)
+                && shared.skipped_polls.fetch_add(1, Relaxed) < SKIPPED_POLLS
+            {
+                if thread.is_some() {
+                    // The application is still calling: the hybrid thread stays aside.
+                    shared.note_app_turn();
+                }
+                return Ok(());
+            }
+        }
+        self.help()
+    }
+
     /// Runs a turn if that costs no waiting: inline, always (no one else will); hybrid, if
     /// the engine is free, and otherwise wakes its holder if it sleeps; with the engine
     /// thread, nothing.
@@ -857,6 +893,7 @@ impl EngineHandle {
             };
             let running = guarded_turn(&mut **engine, wait_here, by);
             shared.app_waits.store(false, SeqCst);
+            shared.skipped_polls.store(0, Relaxed);
             if !running {
                 return Err(self.gone());
             }

@@ -415,12 +415,13 @@ pub(crate) fn start<B: Backend>(
         } else {
             Box::new(lanes.app_qps())
         };
+        let sees_all_qps = lane.count() == 1;
         let router = cm::CmRouter::new(
             &mut endpoint,
             Duration::ZERO,
             (seed, cm_config),
             first_iova,
-            app_qps,
+            (app_qps, sees_all_qps),
         );
         Some(router.map_err(|e| io::Error::other(format!("the device's CM: {e}")))?)
     } else {
@@ -516,7 +517,9 @@ impl<B: Backend> Engine<B> {
     /// application and taking no posts, it holds its ACKs back if they are all it has to send
     /// ([`Runner::Application`]).
     fn step(&mut self, cap: Option<Duration>, by: Runner) -> io::Result<bool> {
-        let timeout = if self.backlog || self.busy_polling() {
+        // A turn that may not sleep (a poll's) reads no deadline: the timers run below either
+        // way, and the reading is a turn's fixed cost.
+        let timeout = if self.backlog || cap == Some(Duration::ZERO) || self.busy_polling() {
             Some(Duration::ZERO)
         } else {
             let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
@@ -597,7 +600,7 @@ impl<B: Backend> Engine<B> {
         }
         // The CM takes what QP1 received and what its timers say, before the packets go out.
         if let Some(cm) = &mut self.cm {
-            cm.pump(now, &mut self.endpoint);
+            cm.pump_if_due(now, &mut self.endpoint, received > 0 || handed > 0);
         }
         // The application answers what this turn hands it in its next calls: its ACKs wait for
         // the turn that takes the answer, unless this one took posts.

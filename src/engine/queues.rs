@@ -271,6 +271,12 @@ impl Completions {
         self.tallies.iter().all(Tally::even)
     }
 
+    /// Whether completions wait for a poll, as far as this thread has seen (a ring's tally is
+    /// uneven): no lock.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.looks_empty()
+    }
+
     /// Up to `max` completions, oldest first per engine, each handed to `each`; how many.
     /// `None` if there were none because the engines have all let go.
     pub(crate) fn take_each(

@@ -914,7 +914,7 @@ impl CompletionQueue {
     pub fn poll_each(&self, max: usize, each: impl FnMut(WorkCompletion)) -> Result<usize> {
         let engine = self.inner.device.engine();
         // An engine that has stopped has no completions to add: the queue says the rest.
-        let _ = engine.help();
+        let _ = engine.help_poll(self.inner.completions.waiting());
         self.inner
             .completions
             .take_each(max, each)

@@ -70,6 +70,19 @@ impl<T: AsRef<[u8]>> Bth<T> {
         self.bytes()[field::FLAGS] & TVER_MASK
     }
 
+    /// Refuses a TVer other than 0, the only version (IBTA 9.2): receivers drop the packet.
+    pub fn check_tver(&self) -> Result<()> {
+        match self.tver() {
+            0 => Ok(()),
+            tver => Err(Error::Field {
+                layer: Layer::Bth,
+                field: "tver",
+                found: tver.into(),
+                expected: "0",
+            }),
+        }
+    }
+
     /// The partition key (bytes 2 and 3).
     pub fn pkey(&self) -> PKey {
         PKey(u16_at(self.bytes(), field::PKEY))
@@ -191,14 +204,7 @@ impl BthRepr {
     /// Reads a BTH, refusing a transport header version other than 0: IBTA 9.6.1.1 has the
     /// receiver silently drop a packet whose TVer it does not support.
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<Self> {
-        if bth.tver() != 0 {
-            return Err(Error::Field {
-                layer: Layer::Bth,
-                field: "tver",
-                found: bth.tver().into(),
-                expected: "0",
-            });
-        }
+        bth.check_tver()?;
         Ok(BthRepr {
             opcode: bth.opcode(),
             solicited: bth.solicited(),

@@ -79,6 +79,11 @@ pub enum ExtHeader {
 }
 
 impl ExtHeader {
+    /// The header's bit in a set of headers ([`OpcodeInfo::header_set`]).
+    pub const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+
     /// The header's length on the wire.
     pub const fn wire_len(self) -> usize {
         match self {
@@ -125,12 +130,30 @@ pub struct OpcodeInfo {
     /// The sum of `headers`' lengths, summed when the table is built: every packet built or
     /// parsed asks for it.
     ext_len: usize,
+    /// `headers` as a set of [`ExtHeader::bit`]s, also built with the table: a packet built
+    /// is checked against it in one comparison.
+    header_set: u8,
 }
 
 impl OpcodeInfo {
     /// The total length of the extension headers.
     pub const fn ext_len(&self) -> usize {
         self.ext_len
+    }
+
+    /// `headers` as a set of [`ExtHeader::bit`]s.
+    pub const fn header_set(&self) -> u8 {
+        self.header_set
+    }
+
+    const fn set_of(headers: &[ExtHeader]) -> u8 {
+        let mut set = 0;
+        let mut i = 0;
+        while i < headers.len() {
+            set |= headers[i].bit();
+            i += 1;
+        }
+        set
     }
 
     const fn sum_len(headers: &[ExtHeader]) -> usize {
@@ -196,6 +219,7 @@ macro_rules! opcode_table {
                             payload: $payload,
                             position: Position::$pos,
                             ext_len: OpcodeInfo::sum_len(headers),
+                            header_set: OpcodeInfo::set_of(headers),
                         }
                     }),)*
                     _ => None,
