@@ -157,7 +157,7 @@ fn a_connect_to_a_silent_peer_gives_up_at_its_timeout() {
 /// peer that answers nothing must still be sent again at each request period. The client's
 /// application waits in its connect meanwhile, and its engine's thread sleeps until that
 /// deadline. A request period of about 100 ms (a response time of 4.096 µs × 2^14 and twice a
-/// packet life time of 2^12) in a wait of 450 ms: two to four retransmissions.
+/// packet life time of 2^12) in a wait of 450 ms: two, and no more than the time passed allows.
 #[test]
 fn an_unanswered_req_is_sent_again_at_each_request_period_with_no_traffic() {
     let mut silent_config = DeviceConfig::udp("127.0.6.35".parse().unwrap());
@@ -176,6 +176,7 @@ fn an_unanswered_req_is_sent_again_at_each_request_period_with_no_traffic() {
     let cq = client.create_cq(4).unwrap();
     let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
     let waited = Duration::from_millis(450);
+    let began = Instant::now();
     let tried = Connection::connect_timeout(
         qp,
         "127.0.6.35:7179".parse().unwrap(),
@@ -185,7 +186,8 @@ fn an_unanswered_req_is_sent_again_at_each_request_period_with_no_traffic() {
     );
     assert!(tried.is_err(), "the silent peer answered: {tried:?}");
     let (counters, _) = client.cm_counters().unwrap();
-    let expected = (waited.as_millis() / period.as_millis()) as u64;
+    // Bounded by the time that really passed: a loaded machine may end the wait late.
+    let expected = (began.elapsed().as_millis() / period.as_millis()) as u64;
     assert!(
         (2..=expected).contains(&counters.retransmissions),
         "{} retransmissions of the REQ in {waited:?}, a period of {period:?}",

@@ -485,7 +485,8 @@ const RECHECKS: usize = 4;
 /// How many polls in a row may hand out completions already waiting without running a turn
 /// ([`EngineHandle::help_poll`]): a program that drains a full CQ one completion per poll
 /// still has the engine run at every fourth, so the socket and the timers wait no longer than
-/// three of its polls.
+/// three of its polls. An ACK held for the answer (`HOLD_ACKS_TURNS` turns) then waits up to
+/// that many polls more, until the program posts or the hybrid thread takes over.
 const SKIPPED_POLLS: u32 = 3;
 
 /// What a caller does when it finds the engine held.
