@@ -672,9 +672,13 @@ impl Endpoint {
             let ud_dest = self.resolve_ud(qpn, &wr);
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             let Some(qp) = qp else { return };
-            if let Err(_refused) =
-                ud_dest.and_then(|ud_dest| qp.enqueue_send(wr, ud_dest, &mut ctx))
-            {
+            // (A match, not a closure that would take `wr` with it: the request is moved once
+            // more for each.)
+            let queued = match ud_dest {
+                Ok(ud_dest) => qp.enqueue_send(wr, ud_dest, &mut ctx).is_ok(),
+                Err(_) => false,
+            };
+            if !queued {
                 qp.pump(&mut ctx);
                 qp.refuse(wr_id, op, &mut ctx);
             }
