@@ -49,6 +49,11 @@ perf_one() {
   guest_wait_tcp_listen vmB 18515 30 || { echo "'$scmd' does not listen in vmB" >&2; guest_wait_bg vmB perf 1 >&2; return 1; }
   out=$(gexec vmA 120 "$ccmd") || rc=$?
   guest_wait_bg vmB perf 30 >/dev/null || rc=$((rc ? rc : 1))
+  # Each run's whole report, kept beside the table: a figure that looks wrong (CI on 4c9fd0d
+  # printed softroce's ib_send_bw at 0.00 MB/s once, not seen again in 17 runs) can then be
+  # read in what the program printed around it.
+  printf '%s\n%s\nexit %s\n' "$ccmd" "$out" "$rc" \
+    >"$LAB_RUN/perf-$stack-$prog-$size-${progress//-/default}.out" 2>/dev/null || true
   if [ "$col" = - ]; then
     # "1000 iters in 0.62 seconds = 620.00 usec/iter"
     fig=$(awk '$2 == "iters" && $NF == "usec/iter" { print $(NF - 1); exit }' <<<"$out")
