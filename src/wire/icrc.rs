@@ -121,8 +121,9 @@ impl IcrcStatus {
 /// solving the received ID alone was 6% of the 64 B x8 bench's samples.
 const FIRST_UPDATE: usize = 192;
 
-/// A hasher in its initial state. `Hasher::new` asks the CPU for its features each time (some
-/// 36 instructions, a tenth of a 64-byte packet's ICRC); a clone of one made once does not.
+/// A hasher in its initial state. `Hasher::new` goes through std's cached CPU feature checks
+/// each time (some 36 instructions, a tenth of a 64-byte packet's ICRC); a clone of one made
+/// once does not.
 fn fresh_hasher() -> Hasher {
     static INITIAL: OnceLock<Hasher> = OnceLock::new();
     INITIAL.get_or_init(Hasher::new).clone()

@@ -111,7 +111,8 @@ lab_wait_ready vmB 180
 stage_done "network + boot of 2 guests" "$t0"
 
 declare -a RES_NAME=() RES_STATUS=() RES_SECS=() RETRIED=()
-# How many times a case runs at the most while each attempt ends with a guest's NIC stopped.
+# How many times a case runs at the most while each attempt ends with a guest unwell (its NIC
+# stalled, or it stopped answering its command server).
 STALL_ATTEMPTS=3
 FAILED=0
 # run_case NAME TIMEOUT CMD...: run one case as its own process (group) under a hard timeout.
@@ -295,7 +296,7 @@ for i in "${!STAGE_NAMES[@]}"; do
   printf '  stage %-40s %7s s\n' "${STAGE_NAMES[$i]}" "${STAGE_SECS[$i]}"
 done
 for i in "${!RETRIED[@]}"; do
-  echo "  ran again, the guests booted again after a guest's NIC stopped: ${RETRIED[$i]}"
+  echo "  ran again, the guests booted again after a guest was unwell: ${RETRIED[$i]}"
 done
 T_TOTAL=$(elapsed "$T_START")
 printf '  %-46s %7s s\n' "total (before teardown)" "$T_TOTAL"
