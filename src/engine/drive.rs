@@ -1290,6 +1290,26 @@ mod tests {
     #[test]
     fn on_one_cpu_the_thread_takes_over_from_an_application_that_spins_for_writes() {
         let all_cpus = crate::test_support::pin_to_one_cpu();
+        // A run whose helper (below) was held off its CPU long enough for the application to
+        // look quiet for HANDBACK tells nothing: the thread then rightly takes over. Such a
+        // run is made again, three times at the most (a loaded machine running the other
+        // tests beside this one did hold it off, once in CI on 35a313c).
+        for _ in 0..3 {
+            if spinner_scenario(&all_cpus) == Scenario::Told {
+                return;
+            }
+        }
+        panic!("the helper that keeps the application active was late in three runs");
+    }
+
+    /// Whether a run of [`spinner_scenario`] could tell anything.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Scenario {
+        Told,
+        HelperLate,
+    }
+
+    fn spinner_scenario(all_cpus: &rustix::thread::CpuSet) -> Scenario {
         let hybrid = ActiveHybrid::start();
         hybrid.finds.store(true, SeqCst);
         assert_eq!(
@@ -1300,25 +1320,46 @@ mod tests {
         // The quiet application: its last call 200 µs ago, whenever the thread looks. Kept so
         // by a helper off the one CPU, where the thread under test would starve it past
         // HANDBACK, and the application would look quiet (which rightly ends in a takeover).
+        // The helper records its longest gap between two stores, the last one (up to its
+        // stop) included.
         let spinning = Arc::new(AtomicBool::new(true));
+        let longest_gap = Arc::new(AtomicU64::new(0));
         let spinner = {
             let (shared, spinning) = (Arc::clone(&hybrid.shared), Arc::clone(&spinning));
+            let (longest_gap, all_cpus) = (Arc::clone(&longest_gap), *all_cpus);
             thread::spawn(move || {
                 crate::test_support::allow_cpus(&all_cpus);
-                while spinning.load(SeqCst) {
+                let mut last: Option<u64> = None;
+                loop {
                     let now = shared.epoch.elapsed().as_nanos() as u64;
+                    if let Some(last) = last {
+                        longest_gap.fetch_max(now - last, SeqCst);
+                    }
+                    if !spinning.load(SeqCst) {
+                        break;
+                    }
                     shared.app_turn.store(now.saturating_sub(200_000), SeqCst);
+                    last = Some(now);
                     thread::sleep(Duration::from_micros(20));
                 }
             })
         };
+        let stop = |spinner: JoinHandle<()>| {
+            spinning.store(false, SeqCst);
+            spinner.join().unwrap();
+        };
         // Its own datagrams: looks about a HANDBACK apart at the closest (on the tick, here),
         // no takeover. Chased, they would come every LOOK_IN_MIN or so: hundreds.
         let (looks, took_over) = hybrid.looks_within(40 * HANDBACK);
-        assert!(
-            !took_over,
-            "took over for datagrams the application polls for"
-        );
+        if took_over {
+            stop(spinner);
+            let quiet_at_most =
+                Duration::from_nanos(longest_gap.load(SeqCst)) + Duration::from_micros(200);
+            if quiet_at_most >= HANDBACK {
+                return Scenario::HelperLate;
+            }
+            panic!("took over for datagrams the application polls for");
+        }
         assert!(
             looks <= 100,
             "{looks} looks chased the application's own datagrams"
@@ -1335,11 +1376,11 @@ mod tests {
                 Err(_) => panic!("neither a look nor a takeover in 10 s"),
             }
         }
-        spinning.store(false, SeqCst);
-        spinner.join().unwrap();
+        stop(spinner);
         assert!(
             looks <= 2 * Spinner::SURE + 2,
             "took over after {looks} looks that found datagrams left behind"
         );
+        Scenario::Told
     }
 }
