@@ -68,6 +68,11 @@ impl CompletionQueue {
     pub fn pop(&mut self) -> Option<WorkCompletion> {
         self.entries.pop_front()
     }
+
+    /// Whether no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// The CQs a QP completes into, when one of them has overrun.

@@ -2,6 +2,7 @@
 //! io layer drives (packets in, timers, packets out, completions and events). The types and the
 //! per-turn context its queue pairs share are the module's (`transport/mod.rs`).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::IpAddr;
@@ -84,6 +85,10 @@ pub struct Endpoint {
     active: FxHashSet<Qpn>,
     /// QPs handled since `active` was last brought up to date ([`Endpoint::settle`]).
     touched: Vec<Qpn>,
+    /// The [`Summary`] of `active` and `touched` from the last look, `None` once a QP has been
+    /// handled since: a turn that handles no QP (most of a poll loop's, or a busy poll's) asks
+    /// for its next deadline and for responses to build without walking the set.
+    summary: Cell<Option<Summary>>,
     /// The QPs a timeout or `poll_transmit` works on, kept for its capacity: no allocation a
     /// turn.
     due: Vec<Qpn>,
@@ -100,6 +105,14 @@ pub struct Endpoint {
     counters: Counters,
     /// CQs that overran, whose QPs are yet to be put in error.
     overrun: Vec<CqId>,
+}
+
+/// The active QPs' earliest timer, and whether any has responses to build
+/// ([`Endpoint::summary`]).
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    deadline: Option<Duration>,
+    responding: bool,
 }
 
 impl fmt::Debug for Endpoint {
@@ -120,6 +133,8 @@ macro_rules! qp_and_ctx {
             $self.settle();
         }
         $self.touched.push($qpn);
+        // The QP may change below: its timer, its responses.
+        $self.summary.set(None);
         let qp = $self.qps.get_mut($qpn.value());
         let ctx = Ctx {
             now: $now,
@@ -159,6 +174,7 @@ impl Endpoint {
             qps: KeyedTable::new(24),
             active: FxHashSet::default(),
             touched: Vec::new(),
+            summary: Cell::new(None),
             due: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(config.seed ^ 0x9b0f_5a1e_c7d3_2e11),
             out: VecDeque::new(),
@@ -933,13 +949,39 @@ impl Endpoint {
 
     /// The earliest time `handle_timeout` has work to do.
     pub fn next_deadline(&self) -> Option<Duration> {
-        let next = self.candidates().filter_map(|qp| qp.deadline()).min();
+        let next = self.summary().deadline;
         debug_assert_eq!(
             next,
             self.qps.values().filter_map(|qp| qp.deadline()).min(),
             "a QP with a timer is missing from the active set"
         );
         next
+    }
+
+    /// The earliest timer and whether responses wait to be built, among the
+    /// [`candidates`](Self::candidates): kept from the last look until a QP is handled (only
+    /// `qp_and_ctx!` lends a QP out to change, and it forgets the summary), since nothing else
+    /// changes them. Bringing `active` up to date ([`settle`](Self::settle)) changes neither:
+    /// it drops only QPs with no timer and no responses.
+    fn summary(&self) -> Summary {
+        if let Some(summary) = self.summary.get() {
+            return summary;
+        }
+        let summary = self.candidates().fold(
+            Summary {
+                deadline: None,
+                responding: false,
+            },
+            |summary, qp| Summary {
+                deadline: match (summary.deadline, qp.deadline()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+                responding: summary.responding || qp.resp.has_pending_responses(),
+            },
+        );
+        self.summary.set(Some(summary));
+        summary
     }
 
     /// The QPs that may have a timer armed or responses to build: the active ones, and those
@@ -1067,9 +1109,7 @@ impl Endpoint {
         if self.out.is_empty() {
             return false;
         }
-        if !self.out.iter().all(super::is_plain_ack)
-            || self.candidates().any(|qp| qp.resp.has_pending_responses())
-        {
+        if !self.out.iter().all(super::is_plain_ack) || self.summary().responding {
             self.release_held_acks();
             return false;
         }
@@ -1141,6 +1181,9 @@ impl Endpoint {
         if self.out.is_empty() {
             let now = self.last_now;
             self.settle();
+            if !self.summary().responding {
+                return;
+            }
             let mut responding = std::mem::take(&mut self.due);
             responding.clear();
             responding.extend(self.active.iter().copied().filter(|qpn| {
@@ -1162,7 +1205,7 @@ impl Endpoint {
     /// `poll_transmit` gives, or ACKs held ([`Endpoint::hold_acks`]), which it gives once
     /// released.
     pub fn has_transmits(&self) -> bool {
-        let pending = self.candidates().any(|qp| qp.resp.has_pending_responses());
+        let pending = self.summary().responding;
         debug_assert_eq!(
             pending,
             self.qps.values().any(|qp| qp.resp.has_pending_responses()),
@@ -1174,6 +1217,12 @@ impl Endpoint {
     /// `ibv_poll_cq` for one entry: the oldest completion on `cq`, if any.
     pub fn poll_cq(&mut self, cq: CqId) -> Option<WorkCompletion> {
         self.cqs.get_mut(cq.0 as usize)?.pop()
+    }
+
+    /// Whether `cq` holds a completion for [`poll_cq`](Self::poll_cq): a look that takes
+    /// nothing.
+    pub fn has_completions(&self, cq: CqId) -> bool {
+        self.cqs.get(cq.0 as usize).is_some_and(|q| !q.is_empty())
     }
 
     /// `ibv_get_async_event`: the oldest event not yet taken, if any.
