@@ -973,10 +973,7 @@ impl Endpoint {
                 responding: false,
             },
             |summary, qp| Summary {
-                deadline: match (summary.deadline, qp.deadline()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                },
+                deadline: super::earliest(summary.deadline, qp.deadline()),
                 responding: summary.responding || qp.resp.has_pending_responses(),
             },
         );

@@ -341,6 +341,14 @@ impl Ctx<'_> {
     }
 }
 
+/// The earlier of two optional deadlines; `None` only if both are.
+pub(crate) fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// One queue pair.
 pub(crate) struct Qp {
     /// Its number, in every BTH sent to it.
@@ -393,10 +401,7 @@ impl Qp {
 
     /// When its timers (retry, RNR wait) or its pacer next want it.
     fn deadline(&self) -> Option<Duration> {
-        match (self.req.deadline(), self.cc.deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(self.req.deadline(), self.cc.deadline())
     }
 
     /// The path MTU; for UD, whose modify takes none, the port's (rxe_req.c `get_mtu`), which

@@ -105,10 +105,7 @@ impl Requester {
 
     /// When the retry timer or the RNR wait ends, whichever comes first.
     pub fn deadline(&self) -> Option<Duration> {
-        match (self.retry_timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        super::earliest(self.retry_timer, self.rnr_until)
     }
 
     fn outstanding(&self) -> bool {
