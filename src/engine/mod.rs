@@ -566,11 +566,12 @@ impl<B: Backend> Engine<B> {
             self.stopped = true;
             return Ok(false);
         }
+        // One reading of the clock for the whole turn: its posts, what it receives, its timers.
+        let now = self.now();
         let posted = self.doorbell.posted.swap(false, SeqCst) || !self.posts_left.is_empty();
         if posted {
-            self.posts();
+            self.posts(now);
         }
-        let now = self.now();
         let accesses = self.endpoint.counters().remote_accesses;
         let (endpoint, lanes) = (&mut self.endpoint, &mut self.lanes);
         let received = if self.unread {
@@ -620,7 +621,7 @@ impl<B: Backend> Engine<B> {
         // Requests that found their queue full may fit now that this turn's ACKs have
         // completed others: take them now, or a turn that sleeps would leave them waiting.
         if !self.posts_left.is_empty() {
-            self.posts();
+            self.posts(now);
             self.backlog |= self.endpoint.has_transmits();
         }
         self.completions();
@@ -810,9 +811,8 @@ impl<B: Backend> Engine<B> {
     /// Moves posted work requests into the core, as far as its queues have room (the QP's
     /// slots keep posts within its depths, so they all fit unless the core still holds
     /// requests a modify will flush). A request the core refuses completes with
-    /// LOC_QP_OP_ERR, since `post_send` has already returned.
-    fn posts(&mut self) {
-        let now = self.now();
+    /// LOC_QP_OP_ERR, since `post_send` has already returned. `now` is the turn's time.
+    fn posts(&mut self, now: Duration) {
         let endpoint = &mut self.endpoint;
         // Both lists keep their capacity from turn to turn: no allocation here.
         let mut look_at = std::mem::take(&mut self.looking);
@@ -838,7 +838,7 @@ impl<B: Backend> Engine<B> {
             // with LOC_QP_OP_ERR in its place.
             posts.send.take_into(&mut posts.sends);
             let room = endpoint.send_queue_room(qpn).min(posts.sends.len());
-            endpoint.post_send_batch(now, qpn, posts.sends.drain(..room));
+            endpoint.post_checked_send_batch(now, qpn, posts.sends.drain(..room));
             if !posts.sends.is_empty() || !posts.recvs.is_empty() {
                 self.posts_left.push(qpn);
             }

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::cq::{self, CompletionQueue};
 use super::outgoing::{Queued, Revoked, UnreliableSend};
-use super::requester::Requester;
+use super::requester::{Requester, SendChecks};
 use super::responder::Responder;
 use super::srq::SharedRq;
 use super::{
@@ -129,13 +129,17 @@ impl fmt::Debug for Endpoint {
 macro_rules! qp_and_ctx {
     ($self:ident, $qpn:expr, $now:expr) => {{
         $self.last_now = $self.last_now.max($now);
-        if $self.touched.len() >= MAX_TOUCHED {
-            $self.settle();
+        let qpn: Qpn = $qpn;
+        // A QP handled twice in a row (a batch's posts, a train's packets) is noted once.
+        if $self.touched.last() != Some(&qpn) {
+            if $self.touched.len() >= MAX_TOUCHED {
+                $self.settle();
+            }
+            $self.touched.push(qpn);
         }
-        $self.touched.push($qpn);
         // The QP may change below: its timer, its responses.
         $self.summary.set(None);
-        let qp = $self.qps.get_mut($qpn.value());
+        let qp = $self.qps.get_mut(qpn.value());
         let ctx = Ctx {
             now: $now,
             memory: &$self.memory,
@@ -683,6 +687,29 @@ impl Endpoint {
     /// last packet of a batch of unsignalled requests, not of each). A request the QP refuses
     /// completes with LOC_QP_OP_ERR in its place: what was queued before it is sent first.
     pub fn post_send_batch(&mut self, now: Duration, qpn: Qpn, wrs: impl Iterator<Item = SendWr>) {
+        self.queue_send_batch(now, qpn, wrs, SendChecks::Run);
+    }
+
+    /// [`post_send_batch`](Self::post_send_batch) of requests that were checked against the
+    /// QP's type when they were posted ([`SendWr::check`], which `QueuePair::post_send` runs
+    /// at the call): the engine's, from its posting queues, which hold no others. The state,
+    /// the depth and a UD destination are still checked here, where they are known.
+    pub(crate) fn post_checked_send_batch(
+        &mut self,
+        now: Duration,
+        qpn: Qpn,
+        wrs: impl Iterator<Item = SendWr>,
+    ) {
+        self.queue_send_batch(now, qpn, wrs, SendChecks::DoneAtPost);
+    }
+
+    fn queue_send_batch(
+        &mut self,
+        now: Duration,
+        qpn: Qpn,
+        wrs: impl Iterator<Item = SendWr>,
+        checks: SendChecks,
+    ) {
         for wr in wrs {
             let (wr_id, op) = (wr.wr_id, wr.op);
             let ud_dest = self.resolve_ud(qpn, &wr);
@@ -691,7 +718,7 @@ impl Endpoint {
             // (A match, not a closure that would take `wr` with it: the request is moved once
             // more for each.)
             let queued = match ud_dest {
-                Ok(ud_dest) => qp.enqueue_send(wr, ud_dest, &mut ctx).is_ok(),
+                Ok(ud_dest) => qp.enqueue_send(wr, ud_dest, checks, &mut ctx).is_ok(),
                 Err(_) => false,
             };
             if !queued {
