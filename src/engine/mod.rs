@@ -838,7 +838,7 @@ impl<B: Backend> Engine<B> {
             // with LOC_QP_OP_ERR in its place.
             posts.send.take_into(&mut posts.sends);
             let room = endpoint.send_queue_room(qpn).min(posts.sends.len());
-            endpoint.post_checked_send_batch(now, qpn, posts.sends.drain(..room));
+            endpoint.post_checked_send_batch(now, qpn, &mut posts.sends, room);
             if !posts.sends.is_empty() || !posts.recvs.is_empty() {
                 self.posts_left.push(qpn);
             }

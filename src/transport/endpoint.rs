@@ -694,13 +694,26 @@ impl Endpoint {
     /// QP's type when they were posted ([`SendWr::check`], which `QueuePair::post_send` runs
     /// at the call): the engine's, from its posting queues, which hold no others. The state,
     /// the depth and a UD destination are still checked here, where they are known.
+    ///
+    /// Takes the first `n` requests of `wrs`. When the QP takes them all as they are (the
+    /// usual case), they move into its send queue in one pass.
     pub(crate) fn post_checked_send_batch(
         &mut self,
         now: Duration,
         qpn: Qpn,
-        wrs: impl Iterator<Item = SendWr>,
+        wrs: &mut Vec<SendWr>,
+        n: usize,
     ) {
-        self.queue_send_batch(now, qpn, wrs, SendChecks::DoneAtPost);
+        if n == wrs.len() {
+            let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
+            let Some(qp) = qp else { return };
+            if qp.queue_all_checked(wrs) {
+                qp.pump(&mut ctx);
+                self.err_overrun_qps(now);
+                return;
+            }
+        }
+        self.queue_send_batch(now, qpn, wrs.drain(..n), SendChecks::DoneAtPost);
     }
 
     fn queue_send_batch(
@@ -1319,7 +1332,8 @@ impl fmt::Display for Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{on_transport, operation};
+    use crate::transport::{connect_steps, on_transport, operation, Payload, QpEndpoint, SendOp};
+    use crate::wire::QKey;
     use std::net::Ipv4Addr;
 
     fn endpoint() -> (Endpoint, QpInit) {
@@ -1338,6 +1352,83 @@ mod tests {
             max_recv_wr: 4,
         };
         (ep, init)
+    }
+
+    /// What a batch of send requests gives when the engine posts it: the packets sent, and
+    /// the completions, signalled WRITEs among unsignalled ones of one to three packets, to an
+    /// RC QP in `state` (RTS, or Error, where they flush).
+    fn post_writes(whole: bool, state: QpState) -> (Vec<Vec<u8>>, Vec<WorkCompletion>) {
+        let (mut ep, init) = endpoint();
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            send_cq: ep.create_cq(8),
+            max_send_wr: 8,
+            ..init
+        };
+        let qpn = ep.create_qp(init).unwrap();
+        let mr = ep
+            .reg_mr(init.pd, 0x1000, 8192, Access::LOCAL_WRITE)
+            .unwrap();
+        let remote = QpEndpoint {
+            addr: Ipv4Addr::new(10, 0, 0, 2).into(),
+            qpn: Qpn::new(0x42),
+            psn: Psn::new(7),
+            mtu: PathMtu::Mtu1024,
+            qkey: QKey(0),
+        };
+        let now = Duration::ZERO;
+        for step in connect_steps(QpType::Rc, &remote, Psn::new(100), &Default::default()) {
+            ep.modify_qp(now, qpn, &step).unwrap();
+        }
+        if state != QpState::Rts {
+            let attr = QpAttr {
+                state: Some(state),
+                ..Default::default()
+            };
+            ep.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let mut wrs: Vec<SendWr> = (0..6u64)
+            .map(|i| {
+                let op = SendOp::Write {
+                    remote_addr: 0x9000 + 4096 * i,
+                    rkey: RKey(0x77),
+                };
+                let sge = mr.sge(0, 700 * (i as usize % 3 + 1)).unwrap();
+                let mut wr = SendWr::new(i, op, Payload::Sges(sge.into()));
+                wr.signaled = i % 2 == 1;
+                wr
+            })
+            .collect();
+        if whole {
+            let n = wrs.len();
+            ep.post_checked_send_batch(now, qpn, &mut wrs, n);
+        } else {
+            ep.queue_send_batch(now, qpn, wrs.drain(..), SendChecks::DoneAtPost);
+        }
+        assert!(wrs.is_empty(), "every request is taken");
+        let mut buf = vec![0; MAX_PACKET_LEN];
+        let mut packets = Vec::new();
+        while let Some((_, len)) = ep.poll_transmit_into(&mut buf) {
+            packets.push(buf[..len].to_vec());
+        }
+        let completions = std::iter::from_fn(|| ep.poll_cq(init.send_cq)).collect();
+        (packets, completions)
+    }
+
+    /// The engine's batch taken whole, in one pass (`Qp::queue_all_checked`), sends and
+    /// completes exactly what the request-at-a-time path does, and where the QP does not
+    /// send (Error: every request flushes) the whole batch takes that path.
+    #[test]
+    fn a_batch_taken_whole_gives_what_it_gives_taken_a_request_at_a_time() {
+        let (packets, completions) = post_writes(true, QpState::Rts);
+        assert_eq!(packets.len(), 12, "1, 2 and 3 packets, twice");
+        assert!(completions.is_empty(), "RC completes at the ACK");
+        assert_eq!((packets, completions), post_writes(false, QpState::Rts));
+        let (packets, flushed) = post_writes(true, QpState::Error);
+        assert!(packets.is_empty());
+        assert_eq!(flushed.len(), 6, "a flush reports every request");
+        assert!(flushed.iter().all(|wc| wc.status == WcStatus::WrFlushErr));
+        assert_eq!((packets, flushed), post_writes(false, QpState::Error));
     }
 
     #[test]
