@@ -1320,8 +1320,8 @@ fn a_held_ack_gives_way_only_to_a_later_ack_within_the_window() {
 
 /// Only the packets whose acknowledgement someone waits for ask for one (BTH AckReq): in a
 /// batch of WRITEs, the batch's last packet, and one in every ACK_REQ_INTERVAL (32) packets
-/// so that the window moves. A signalled WRITE inside the batch does not ask: the next ACK,
-/// a few packets later in the same run, covers every PSN before its own (IBTA 9.7.5.1.1), so
+/// so that the window moves. A signalled WRITE inside the batch (PSN 110) does not ask: the
+/// next ACK, of PSN 131 in the same run, covers every PSN before its own (IBTA 9.7.5.1.1), so
 /// it completes with it.
 #[test]
 fn in_a_batch_only_its_end_and_every_32nd_packet_ask_for_an_ack() {

@@ -684,7 +684,7 @@ impl Endpoint {
 
     /// [`post_send`](Self::post_send) of several requests: all are queued before any is sent,
     /// so that a batch goes out as one run and only what waits for it asks for an ACK (the
-    /// last packet of a batch of unsignalled requests, not of each). A request the QP refuses
+    /// last packet of the batch and one in 32, not each request's last). A request the QP refuses
     /// completes with LOC_QP_OP_ERR in its place: what was queued before it is sent first.
     pub fn post_send_batch(&mut self, now: Duration, qpn: Qpn, wrs: impl Iterator<Item = SendWr>) {
         self.queue_send_batch(now, qpn, wrs, SendChecks::Run);
@@ -692,8 +692,9 @@ impl Endpoint {
 
     /// [`post_send_batch`](Self::post_send_batch) of requests that were checked against the
     /// QP's type when they were posted ([`SendWr::check`], which `QueuePair::post_send` runs
-    /// at the call): the engine's, from its posting queues, which hold no others. The state,
-    /// the depth and a UD destination are still checked here, where they are known.
+    /// at the call, with the UD destination's presence): the engine's, from its posting
+    /// queues, which hold no others. The state, the depth and the UD destination's address
+    /// handle are still checked here, where they are known.
     ///
     /// Takes the first `n` requests of `wrs`. When the QP takes them all as they are (the
     /// usual case), they move into its send queue in one pass.
@@ -1332,7 +1333,9 @@ impl fmt::Display for Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{connect_steps, on_transport, operation, Payload, QpEndpoint, SendOp};
+    use crate::transport::{
+        connect_steps, on_transport, operation, AddressHandle, Payload, QpEndpoint, SendOp, UdDest,
+    };
     use crate::wire::QKey;
     use std::net::Ipv4Addr;
 
@@ -1354,10 +1357,16 @@ mod tests {
         (ep, init)
     }
 
-    /// What a batch of send requests gives when the engine posts it: the packets sent, and
-    /// the completions, signalled WRITEs among unsignalled ones of one to three packets, to an
-    /// RC QP in `state` (RTS, or Error, where they flush).
-    fn post_writes(whole: bool, state: QpState) -> (Vec<Vec<u8>>, Vec<WorkCompletion>) {
+    /// What a batch of six WRITEs, of one to three packets each, gives when the engine posts
+    /// it to an RC QP in `state` (RTS, or Error, where they flush): the packets sent, and the
+    /// completions. With `stray`, the fourth names a UD destination, which a connected QP
+    /// refuses. `whole` takes the engine's path, and checks that the one-pass path takes the
+    /// batch exactly when it should; otherwise the batch goes a request at a time.
+    fn post_writes(
+        whole: bool,
+        state: QpState,
+        stray: bool,
+    ) -> (Vec<Vec<u8>>, Vec<WorkCompletion>) {
         let (mut ep, init) = endpoint();
         let init = QpInit {
             qp_type: QpType::Rc,
@@ -1396,10 +1405,26 @@ mod tests {
                 let sge = mr.sge(0, 700 * (i as usize % 3 + 1)).unwrap();
                 let mut wr = SendWr::new(i, op, Payload::Sges(sge.into()));
                 wr.signaled = i % 2 == 1;
+                wr.ud = (stray && i == 3).then_some(UdDest {
+                    ah: AddressHandle(0),
+                    remote_qpn: Qpn::new(0x43),
+                    remote_qkey: QKey(0),
+                });
                 wr
             })
             .collect();
         if whole {
+            // The one-pass path takes the batch in RTS, and declines it in Error or with a
+            // stray destination.
+            let qp = ep.qps.get_mut(qpn.value()).unwrap();
+            let mut batch = wrs.clone();
+            let one_pass = state == QpState::Rts && !stray;
+            assert_eq!(qp.queue_all_checked(&mut batch), one_pass);
+            if one_pass {
+                assert!(batch.is_empty());
+                // Taken into the send queue above; the engine's call then pumps it.
+                wrs.clear();
+            }
             let n = wrs.len();
             ep.post_checked_send_batch(now, qpn, &mut wrs, n);
         } else {
@@ -1416,19 +1441,35 @@ mod tests {
     }
 
     /// The engine's batch taken whole, in one pass (`Qp::queue_all_checked`), sends and
-    /// completes exactly what the request-at-a-time path does, and where the QP does not
-    /// send (Error: every request flushes) the whole batch takes that path.
+    /// completes exactly what the request-at-a-time path does. Where the QP does not send
+    /// (Error: every request flushes), or a request names a UD destination on a connected QP
+    /// (refused in its place, the others sent), the whole batch takes that path.
     #[test]
     fn a_batch_taken_whole_gives_what_it_gives_taken_a_request_at_a_time() {
-        let (packets, completions) = post_writes(true, QpState::Rts);
+        let (packets, completions) = post_writes(true, QpState::Rts, false);
         assert_eq!(packets.len(), 12, "1, 2 and 3 packets, twice");
         assert!(completions.is_empty(), "RC completes at the ACK");
-        assert_eq!((packets, completions), post_writes(false, QpState::Rts));
-        let (packets, flushed) = post_writes(true, QpState::Error);
+        assert_eq!(
+            (packets, completions),
+            post_writes(false, QpState::Rts, false)
+        );
+        let (packets, flushed) = post_writes(true, QpState::Error, false);
         assert!(packets.is_empty());
         assert_eq!(flushed.len(), 6, "a flush reports every request");
         assert!(flushed.iter().all(|wc| wc.status == WcStatus::WrFlushErr));
-        assert_eq!((packets, flushed), post_writes(false, QpState::Error));
+        assert_eq!(
+            (packets, flushed),
+            post_writes(false, QpState::Error, false)
+        );
+        let (packets, refused) = post_writes(true, QpState::Rts, true);
+        assert_eq!(
+            packets.len(),
+            11,
+            "all but the refused request's one packet"
+        );
+        let refused_ids: Vec<_> = refused.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        assert_eq!(refused_ids, [(3, WcStatus::LocQpOpErr)]);
+        assert_eq!((packets, refused), post_writes(false, QpState::Rts, true));
     }
 
     #[test]

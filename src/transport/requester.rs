@@ -244,7 +244,7 @@ impl Qp {
     /// Checks and queues a send request, without sending: `pump` sends what a batch queued.
     /// One flushed at once gives its slot back; one refused keeps it, for the caller to give
     /// back or to [`refuse`](Self::refuse) it.
-    // Inlined, with `check_and_queue`, into `Endpoint::post_send_batch`'s loop: a request then
+    // Inlined, with `check_and_queue`, into `Endpoint::queue_send_batch`'s loop: a request then
     // moves from the posting queue into the send queue with fewer copies on the way (20
     // instructions a 64-byte WRITE fewer, callgrind).
     #[inline]
@@ -327,13 +327,18 @@ impl Qp {
 
     /// Queues every request of `wrs`, which their posts checked against this QP's type
     /// ([`SendChecks::DoneAtPost`]), leaving `wrs` empty, if the QP sends (RTS or SQD), has
-    /// room for them all, and none needs a UD destination: what `check_and_queue` would do
-    /// with each, in one pass that moves each request once, from `wrs` into the send queue
-    /// (the request-at-a-time path moves it three times). False, with nothing taken,
-    /// otherwise.
+    /// room for them all, is not UD and none names a UD destination: what `check_and_queue`
+    /// would do with each, in one pass that moves each request once, from `wrs` into the
+    /// send queue (the request-at-a-time path moves it three times). False, with nothing
+    /// taken, otherwise: the request-at-a-time path then refuses what it must (a destination
+    /// on a connected QP, which the post refuses at the call too, completes with
+    /// LOC_QP_OP_ERR in its place).
     pub(crate) fn queue_all_checked(&mut self, wrs: &mut Vec<SendWr>) -> bool {
         let sends = matches!(self.state, QpState::Rts | QpState::Sqd);
-        if !sends || self.qp_type == QpType::Ud || self.req.sq.len() + wrs.len() > self.max_send_wr
+        if !sends
+            || self.qp_type == QpType::Ud
+            || self.req.sq.len() + wrs.len() > self.max_send_wr
+            || wrs.iter().any(|wr| wr.ud.is_some())
         {
             return false;
         }
@@ -493,8 +498,10 @@ impl Qp {
     /// moves, and the last a pump sends ([`pump`]), so that every request of a run completes
     /// without a retry timeout. A signalled message inside a run does not ask: the run's next
     /// ACK, at most 31 packets later, covers it. Asking there made the responder build and
-    /// coalesce an ACK for every message of a stream of signalled WRITEs (3% of the 64-byte
-    /// WRITE bench's instructions). rxe asks on the last packet of every message and every 64
+    /// coalesce an ACK for every message of a stream of signalled WRITEs (2.6% of the 64-byte
+    /// WRITE bench's instructions). Under loss it costs something: if a run's last packet is
+    /// lost, a signalled message earlier in it completes at the retransmission (after the
+    /// retry timeout) rather than at an ACK of its own. rxe asks on the last packet of every message and every 64
     /// packets (rxe_req.c); ConnectX, from its traffic, on the last of every signalled one.
     ///
     /// [`pump`]: Self::pump
