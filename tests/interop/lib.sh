@@ -321,24 +321,29 @@ $GUEST_TC qdisc del dev ifb0 root 2>/dev/null; true" >/dev/null || return 1
   done
 }
 
-# guest_netem GUEST LOSS [SPARE_ACKS]: LOSS % random loss, as on a lossy wire, of the RoCE
+# guest_netem GUEST LOSS [SPARE]: LOSS % random loss, as on a lossy wire, of the RoCE
 # packets (UDP port 4791) GUEST sends and of those it receives. Outgoing: a prio qdisc on eth0
 # whose band 1:3 is netem, with u32 filters that put only RoCE into it (as fixtures.sh does), so
 # the TCP of the command server and of the tools' exchanges is never lost. Incoming: eth0's
 # ingress redirects RoCE to ifb0, whose root qdisc is the same netem. netem, not a tc drop
 # action, on the way out: a drop there is reported to the sender (NET_XMIT_DROP), and rxe then
 # sends the packet again at once (rxe_net.c rxe_send returns -EAGAIN, rxe_req.c retries), while
-# netem's loss is silent. SPARE_ACKS: "out" or "in" keeps the ACKs (BTH opcode 0x11, at offset 28
-# of an IPv4 packet without options) that GUEST sends or receives off the lossy path.
+# netem's loss is silent. SPARE: "out" or "in" keeps the ACKs (BTH opcode 0x11, at offset 28
+# of an IPv4 packet without options) that GUEST sends or receives off the lossy path;
+# "dreq-out" the CM DREQs it sends.
 # lab_guest_reset removes all of it.
 guest_netem() {
   local g=$1 loss=$2 spare=${3:-} tc=$GUEST_TC ack="match ip dport 4791 0xffff match u8 0x11 0xff at 28"
   local out_ack="" in_ack=""
+  # A CM DREQ (MAD attribute 0x0015) to QP1: BTH at 28, DETH at 40, the MAD's attribute ID at
+  # 64 of an IPv4 datagram without options.
+  local dreq="match ip dport 4791 0xffff match u16 0x0015 0xffff at 64"
   case $spare in
     out) out_ack="$tc filter add dev eth0 parent 1: protocol ip prio 1 u32 $ack flowid 1:2";;
     in) in_ack="$tc filter add dev eth0 parent ffff: protocol ip prio 1 u32 $ack action pass";;
+    dreq-out) out_ack="$tc filter add dev eth0 parent 1: protocol ip prio 1 u32 $dreq flowid 1:2";;
     "") ;;
-    *) echo "guest_netem: SPARE_ACKS is out or in, not '$spare'"; return 1;;
+    *) echo "guest_netem: SPARE is out, in or dreq-out, not '$spare'"; return 1;;
   esac
   gexec "$g" 15 "set -e
 $tc qdisc add dev eth0 root handle 1: prio
@@ -352,7 +357,7 @@ $tc qdisc add dev eth0 handle ffff: ingress
 $in_ack
 $tc filter add dev eth0 parent ffff: protocol ip prio 2 u32 match ip dport 4791 0xffff action mirred egress redirect dev ifb0
 $tc filter add dev eth0 parent ffff: protocol ipv6 prio 3 u32 match ip6 dport 4791 0xffff action mirred egress redirect dev ifb0
-echo \"$g: netem loss $loss% on RoCE out of eth0 and into it (via ifb0)${spare:+, ACKs $spare spared}\""
+echo \"$g: netem loss $loss% on RoCE out of eth0 and into it (via ifb0)${spare:+, spared: $spare}\""
 }
 
 # guest_netem_stats GUEST: "OUT_SENT OUT_DROPPED IN_SENT IN_DROPPED", the packets GUEST's two
