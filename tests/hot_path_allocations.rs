@@ -96,6 +96,21 @@ fn end(host: u8) -> End {
     }
 }
 
+/// Two ends, on hosts `a` and `b`, connected to each other.
+fn connected(a: u8, b: u8) -> (End, End) {
+    let (a, b) = (end(a), end(b));
+    // An ACK timeout of about 4 s (4.096 µs x 2^20), not the default's 67 ms: a host too busy
+    // to run the test's thread for that long would retransmit, a path the warm-up may not
+    // have grown the queues of.
+    let options = ConnectOptions {
+        timeout: 20,
+        ..ConnectOptions::default()
+    };
+    a.qp.connect(&b.qp.endpoint(), &options).unwrap();
+    b.qp.connect(&a.qp.endpoint(), &options).unwrap();
+    (a, b)
+}
+
 /// Posts `wr` (of ID `wr_id`) from `a` to `b`, and turns both engines (by polling their
 /// CQs) until it completes, and at `b`, if it is a SEND, until its receive does.
 fn carry(a: &End, b: &End, wr_id: u64, wr: SendWr) {
@@ -148,18 +163,61 @@ fn small_writes_sends_reads_and_inline_sends_allocate_nothing_once_warm() {
         allocations_in(|| drop(std::hint::black_box(Box::new(7u8)))),
         1
     );
-    let (a, b) = (end(20), end(21));
-    // An ACK timeout of about 4 s (4.096 µs x 2^20), not the default's 67 ms: a host too busy
-    // to run the test's thread for that long would retransmit, a path the warm-up may not
-    // have grown the queues of.
-    let options = ConnectOptions {
-        timeout: 20,
-        ..ConnectOptions::default()
-    };
-    a.qp.connect(&b.qp.endpoint(), &options).unwrap();
-    b.qp.connect(&a.qp.endpoint(), &options).unwrap();
+    let (a, b) = connected(20, 21);
     // Warm: every vector at the capacity the traffic needs, every pool filled.
     rounds(&a, &b, 0..8_000);
     let allocations = allocations_in(|| rounds(&a, &b, 8_000..40_000));
+    assert_eq!(allocations, 0, "allocations in 32,000 requests");
+}
+
+/// 64-byte WRITEs and SENDs in turn from `a` to `b`, each posted on its own with up to 32 in
+/// flight, each SEND's receive posted on its own just before it: with inline progress each
+/// post's turn takes a batch of one request into the send or receive queue, so that dozens of
+/// batches are in flight at once and one ACK retires many of them.
+fn stream(a: &End, b: &End, ids: std::ops::Range<u64>) {
+    let (mut posted, mut done, mut received) = (ids.start, ids.start, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done < ids.end {
+        while posted < ids.end && posted - done < 32 {
+            let sge = a.mr.sge(0, 64).unwrap();
+            let wr = if posted % 2 == 0 {
+                SendWr::write(posted, sge, b.mr.remote())
+            } else {
+                b.qp.post_recv(RecvWr::new(posted, b.mr.sge(0, 64).unwrap()))
+                    .unwrap();
+                SendWr::send(posted, sge)
+            };
+            a.qp.post_send(wr).unwrap();
+            posted += 1;
+        }
+        b.cq.poll_each(32, |wc| {
+            assert_eq!(
+                (wc.wr_id, wc.status),
+                (ids.start + 2 * received + 1, WcStatus::Success)
+            );
+            received += 1;
+        })
+        .unwrap();
+        a.cq.poll_each(32, |wc| {
+            assert_eq!((wc.wr_id, wc.status), (done, WcStatus::Success));
+            done += 1;
+        })
+        .unwrap();
+        assert!(Instant::now() < deadline, "the stream stalled at {done}");
+    }
+    while received < (ids.end - ids.start) / 2 {
+        b.cq.poll_each(32, |_| received += 1).unwrap();
+        assert!(Instant::now() < deadline, "receives stalled at {received}");
+    }
+}
+
+/// Requests posted one at a time, many in flight: the batches the send and receive queues take
+/// each request in are emptied as their heads pass them and serve the next posts, so once warm
+/// the stream allocates nothing (issue 24: no allocation per request).
+#[test]
+fn a_stream_of_single_posts_with_many_in_flight_allocates_nothing_once_warm() {
+    let (a, b) = connected(22, 23);
+    stream(&a, &b, 0..8_000);
+    let allocations = allocations_in(|| stream(&a, &b, 8_000..40_000));
     assert_eq!(allocations, 0, "allocations in 32,000 requests");
 }

@@ -828,10 +828,13 @@ impl<B: Backend> Engine<B> {
             posts.listed.store(false, SeqCst);
             posts.recv.take_into(&mut posts.recvs);
             let room = endpoint.recv_queue_room(qpn).min(posts.recvs.len());
-            for wr in posts.recvs.drain(..room) {
-                let wr_id = wr.wr_id;
-                if endpoint.post_recv(qpn, wr).is_err() {
-                    refused(endpoint, qpn, wr_id, WcOpcode::Recv);
+            // Taken as they lie when the QP takes them all (the usual case), else one at a time.
+            if !endpoint.take_recv_batch(qpn, &mut posts.recvs, room) {
+                for wr in posts.recvs.drain(..room) {
+                    let wr_id = wr.wr_id;
+                    if endpoint.post_recv(qpn, wr).is_err() {
+                        refused(endpoint, qpn, wr_id, WcOpcode::Recv);
+                    }
                 }
             }
             // One batch: queued first, then sent as one run; a request refused completes

@@ -6,7 +6,11 @@
 //! Neither is a channel. A post is one uncontended lock and one move of the request into a
 //! vector (what a provider's send-queue spinlock and WQE write are to `ibv_post_send`); the
 //! engine takes everything a QP's queue holds at once, by swapping that vector with an empty
-//! one of its own, and moves each request once more, into the core's queue. A completion is
+//! one of its own. That vector then goes whole to the core, which reads its requests where the
+//! posts wrote them until they complete (`transport::work_queue`), and gives back an emptied
+//! one; a batch the core cannot take whole (a UD QP's sends, a QP in a state that refuses or
+//! flushes, or without room for it all) is moved into it a request at a time, or refused
+//! there. An SRQ's receives are posted by a command, not through these queues. A completion is
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
 //! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
 //! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ

@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 use super::cq::{self, CompletionQueue};
 use super::outgoing::{Queued, Revoked, UnreliableSend};
 use super::requester::{Requester, SendChecks};
+use super::responder::RecvQueue;
 use super::responder::Responder;
 use super::srq::SharedRq;
 use super::{
@@ -399,7 +400,7 @@ impl Endpoint {
                 recv_cq: init.recv_cq,
                 max_send_wr: init.max_send_wr,
                 max_recv_wr: init.max_recv_wr,
-                rq: VecDeque::new(),
+                rq: RecvQueue::default(),
                 srq,
                 req: Requester::default(),
                 resp: Responder::default(),
@@ -697,7 +698,8 @@ impl Endpoint {
     /// handle are still checked here, where they are known.
     ///
     /// Takes the first `n` requests of `wrs`. When the QP takes them all as they are (the
-    /// usual case), they move into its send queue in one pass.
+    /// usual case), the vector itself becomes part of its send queue, and `wrs` an emptied
+    /// one: the requests are read where the posts wrote them.
     pub(crate) fn post_checked_send_batch(
         &mut self,
         now: Duration,
@@ -793,6 +795,26 @@ impl Endpoint {
         posted
     }
 
+    /// Takes the receive requests of `wrs`, which the engine's posting queue filled, as they
+    /// lie: `wrs` becomes part of the QP's receive queue and is traded for an emptied vector.
+    /// Only for the first `n` of them being all of `wrs`, on a QP with a queue of its own (no
+    /// SRQ), in a state that queues receives (neither RESET nor ERROR): false, with nothing
+    /// taken, otherwise, for [`post_recv`](Self::post_recv) to take them one at a time. The
+    /// caller keeps `n` within the queue's room (`recv_queue_room`).
+    pub(crate) fn take_recv_batch(&mut self, qpn: Qpn, wrs: &mut Vec<RecvWr>, n: usize) -> bool {
+        let Some(qp) = self.qps.get_mut(qpn.value()) else {
+            return false;
+        };
+        let takes = n == wrs.len()
+            && qp.srq.is_none()
+            && !matches!(qp.state, QpState::Reset | QpState::Error)
+            && qp.rq.len() + n <= qp.max_recv_wr;
+        if takes {
+            qp.rq.take_batch(wrs, |_, at| at);
+        }
+        takes
+    }
+
     /// [`post_recv`](Self::post_recv)'s checks and queueing.
     fn queue_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wr: RecvWr) -> Result<(), VerbsError> {
         let qpn = qp.qpn;
@@ -813,7 +835,7 @@ impl Endpoint {
         if qp.rq.len() >= qp.max_recv_wr {
             return Err(VerbsError::QueueFull);
         }
-        qp.rq.push_back(wr);
+        qp.rq.push(wr, |_, at| at);
         Ok(())
     }
 

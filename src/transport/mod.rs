@@ -30,6 +30,7 @@ mod requester;
 mod responder;
 mod slots;
 mod srq;
+mod work_queue;
 mod wr;
 
 use std::collections::VecDeque;
@@ -65,6 +66,7 @@ use cq::{CompletionQueue, Pushed};
 use outgoing::{Queued, Source};
 use requester::Requester;
 use responder::Responder;
+use responder::{Recv, RecvQueue};
 use srq::SharedRq;
 
 /// A packet for the io layer to frame and send. Its last four bytes are the ICRC, left zero:
@@ -370,7 +372,7 @@ pub(crate) struct Qp {
     /// The most receive requests its own queue holds at once.
     pub max_recv_wr: usize,
     /// Its receive queue, oldest first; empty when it takes from an SRQ.
-    pub rq: VecDeque<RecvWr>,
+    rq: RecvQueue,
     /// The SRQ it takes receive requests from, if any.
     pub srq: Option<SrqId>,
     /// The send side: segmentation, retries and send completions.
@@ -442,11 +444,23 @@ impl Qp {
         }
     }
 
-    fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWr> {
+    /// The receive request for the next message: its own queue's head stays there until the
+    /// message completes ([`recv_done`](Self::recv_done)); one from an SRQ is taken from it.
+    fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<Recv> {
         match self.srq {
-            Some(id) => ctx.srqs[id.0 as usize].take(id, ctx.events),
-            None => self.rq.pop_front(),
+            Some(id) => ctx.srqs[id.0 as usize]
+                .take(id, ctx.events)
+                .map(Recv::Shared),
+            None => (!self.rq.is_empty()).then_some(Recv::Head),
         }
+    }
+
+    /// The message that `recv` took completed: its own queue's head leaves the queue.
+    fn recv_done(&mut self, recv: Recv) {
+        if let Recv::Head = recv {
+            self.rq.retire_front(1, self.max_recv_wr);
+        }
+        self.retire_recvs(1);
     }
 
     /// Moves to the error state on an error the QP met (a request that failed for good, a
@@ -500,12 +514,15 @@ impl Qp {
             .retain(|queued| !queued.payload.is_read_response_of(qpn));
         ctx.drop_unbuilt(qpn);
         let half_received = self.resp.reset();
+        let queued = (0..self.rq.len()).map(|idx| self.rq.wr(idx));
         let mut receives = 0;
-        for wr in half_received.into_iter().chain(self.rq.drain(..)) {
+        for wr in half_received.iter().chain(queued) {
             let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
             receives += 1;
         }
+        // A flush is no stream: the queue's batches are freed, not kept.
+        self.rq.retire_front(self.rq.len(), 0);
         self.retire_recvs(receives);
     }
 }

@@ -6,11 +6,11 @@
 //!
 //! Facts from IBTA 9.7 and the kernel's rxe_req.c / rxe_comp.c; the code is our own.
 
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use super::outgoing::{Source, UnreliableSend};
+use super::work_queue::{Place, Placed, WorkQueue};
 use super::wr::{Payload, SendOp, SendWr, Sge, SgeList, WcStatus, WorkCompletion};
 use super::{on_transport, CqId};
 use super::{Ctx, Qp, QpSettings, QpState, QpType, VerbsError};
@@ -41,10 +41,9 @@ pub(crate) enum SendChecks {
     DoneAtPost,
 }
 
-/// A send work request and where it stands.
+/// What the requester keeps about a request of the queue.
 #[derive(Debug)]
 struct SendWqe {
-    wr: SendWr,
     /// UD: the address handle's destination.
     ud_dest: Option<IpAddr>,
     /// Set when its first packet is sent.
@@ -52,31 +51,25 @@ struct SendWqe {
     /// The PSNs the message takes: its packets, or for a READ its response packets.
     npsn: u32,
     started: bool,
+    /// A READ or an atomic: answered with data, and limited by `max_rd_atomic`.
+    read_or_atomic: bool,
+    /// A bind or local invalidate, which sends nothing.
+    local: bool,
+    /// The request's fence flag (`SendWr::fence`).
+    fence: bool,
     /// Its final status, once known; completions are still reported in posting order.
     done: Option<WcStatus>,
+    /// Where the request lies in the send queue.
+    place: Place,
+}
+
+impl Placed for SendWqe {
+    fn place(&self) -> Place {
+        self.place
+    }
 }
 
 impl SendWqe {
-    /// `wr`, queued and not yet started, on a path of MTU `mtu`.
-    #[inline(always)]
-    fn queued(wr: SendWr, ud_dest: Option<IpAddr>, mtu: usize) -> SendWqe {
-        let npsn = if wr.op.is_local() {
-            0
-        } else if wr.op.is_atomic() {
-            1
-        } else {
-            wr.payload.len().div_ceil(mtu as u64).max(1) as u32
-        };
-        SendWqe {
-            wr,
-            ud_dest,
-            first_psn: Psn::new(0),
-            npsn,
-            started: false,
-            done: None,
-        }
-    }
-
     fn contains(&self, psn: Psn) -> bool {
         self.started && {
             let k = psn - self.first_psn;
@@ -90,10 +83,36 @@ impl SendWqe {
     }
 }
 
+/// The state of `wr`, queued at `place` and not yet started, on a path of MTU `mtu`.
+#[inline(always)]
+fn queued(wr: &SendWr, ud_dest: Option<IpAddr>, mtu: usize, place: Place) -> SendWqe {
+    let npsn = if wr.op.is_local() {
+        0
+    } else if wr.op.is_atomic() {
+        1
+    } else {
+        wr.payload.len().div_ceil(mtu as u64).max(1) as u32
+    };
+    SendWqe {
+        ud_dest,
+        first_psn: Psn::new(0),
+        npsn,
+        started: false,
+        read_or_atomic: wr.op.is_read_or_atomic(),
+        local: wr.op.is_local(),
+        fence: wr.fence,
+        done: None,
+        place,
+    }
+}
+
+/// A QP's send queue: its requests where the posts wrote them, and their states.
+type SendQueue = WorkQueue<SendWr, SendWqe>;
+
 /// The requester half of a QP.
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
-    sq: VecDeque<SendWqe>,
+    sq: SendQueue,
     /// The next packet to send is packet `send_psn - first_psn` of `sq[send_idx]`.
     send_idx: usize,
     send_psn: Psn,
@@ -144,15 +163,18 @@ impl Requester {
     /// Every request left completes with WR_FLUSH_ERR, in order; returns how many there were.
     pub fn flush(&mut self, qpn: Qpn, cq: CqId, ctx: &mut Ctx<'_>) -> usize {
         let flushed = self.sq.len();
-        for wqe in self.sq.drain(..) {
+        for idx in 0..flushed {
+            let (wqe, wr) = self.sq.entry(idx);
             let status = wqe.done.unwrap_or(WcStatus::WrFlushErr);
-            if wqe.wr.signaled || status != WcStatus::Success {
+            if wr.signaled || status != WcStatus::Success {
                 ctx.complete(
                     cq,
-                    WorkCompletion::new(wqe.wr.wr_id, status, wqe.wr.op.wc_opcode(), qpn),
+                    WorkCompletion::new(wr.wr_id, status, wr.op.wc_opcode(), qpn),
                 );
             }
         }
+        // A flush is no stream: its batches are freed, not kept.
+        self.sq.retire_front(flushed, 0);
         self.send_idx = 0;
         self.retry_timer = None;
         self.rnr_until = None;
@@ -272,14 +294,15 @@ impl Qp {
             && self.req.sq.len() < self.max_send_wr
             && self.req.sq.iter().any(|w| w.done.is_none());
         if waits {
-            self.req.sq.push_back(SendWqe {
-                wr: SendWr::new(wr_id, op, Payload::Sges(SgeList::new())),
-                ud_dest: None,
-                first_psn: self.req.send_psn,
-                npsn: 0,
-                started: false,
-                done: Some(WcStatus::LocQpOpErr),
-            });
+            let placeholder = SendWr::new(wr_id, op, Payload::Sges(SgeList::new()));
+            let mtu = self.mtu();
+            let wqe = self
+                .req
+                .sq
+                .push(placeholder, |wr, at| queued(wr, None, mtu, at));
+            wqe.first_psn = self.req.send_psn;
+            wqe.npsn = 0;
+            wqe.done = Some(WcStatus::LocQpOpErr);
         } else {
             self.retire_sends(1);
             let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, op.wc_opcode(), self.qpn);
@@ -320,17 +343,18 @@ impl Qp {
         if self.req.sq.len() >= self.max_send_wr {
             return Err(VerbsError::QueueFull);
         }
-        let wqe = SendWqe::queued(wr, ud_dest, self.mtu());
-        self.req.sq.push_back(wqe);
+        let mtu = self.mtu();
+        self.req.sq.push(wr, |wr, at| queued(wr, ud_dest, mtu, at));
         Ok(())
     }
 
     /// Queues every request of `wrs`, which their posts checked against this QP's type
     /// ([`SendChecks::DoneAtPost`]), leaving `wrs` empty, if the QP sends (RTS or SQD), has
     /// room for them all, is not UD and none names a UD destination: what `check_and_queue`
-    /// would do with each, in one pass that moves each request once, from `wrs` into the
-    /// send queue (the request-at-a-time path moves it three times). False, with nothing
-    /// taken, otherwise: the request-at-a-time path then refuses what it must (a destination
+    /// would do with each, taking the vector itself: the requests stay where the posts wrote
+    /// them, and `wrs` is traded for an emptied batch of the send queue (the
+    /// request-at-a-time path moves each request three times). False, with nothing taken,
+    /// otherwise: the request-at-a-time path then refuses what it must (a destination
     /// on a connected QP, which the post refuses at the call too, completes with
     /// LOC_QP_OP_ERR in its place).
     pub(crate) fn queue_all_checked(&mut self, wrs: &mut Vec<SendWr>) -> bool {
@@ -342,15 +366,14 @@ impl Qp {
         {
             return false;
         }
+        debug_assert!(
+            wrs.iter().all(|wr| wr.check(self.qp_type).is_ok()),
+            "a request from a posting queue that its post did not check"
+        );
         let mtu = self.mtu();
-        let qp_type = self.qp_type;
-        self.req.sq.extend(wrs.drain(..).map(|wr| {
-            debug_assert!(
-                wr.check(qp_type).is_ok(),
-                "a request from a posting queue that its post did not check"
-            );
-            SendWqe::queued(wr, None, mtu)
-        }));
+        self.req
+            .sq
+            .take_batch(wrs, |wr, at| queued(wr, None, mtu, at));
         true
     }
 
@@ -388,14 +411,23 @@ impl Qp {
                 break;
             }
             let idx = self.req.send_idx;
-            if self.req.sq[idx].done.is_some() && !self.req.sq[idx].started {
+            // The request's own fields, not the request: it is read only to build a packet.
+            let SendWqe {
+                done,
+                started,
+                local,
+                fence,
+                read_or_atomic,
+                ..
+            } = self.req.sq[idx];
+            if done.is_some() && !started {
                 // A refusal waiting its turn to complete (`refuse`): nothing to send.
                 self.req.send_idx += 1;
                 continue;
             }
-            if self.req.sq[idx].wr.op.is_local() {
+            if local {
                 // Executed once, when first reached; a go-back passes over it.
-                if self.req.sq[idx].done.is_none() {
+                if done.is_none() {
                     let status = self.local_op(idx, ctx);
                     let wqe = &mut self.req.sq[idx];
                     wqe.started = true;
@@ -414,12 +446,10 @@ impl Qp {
                 self.cc.hold(&ctx.congestion.rp);
                 break;
             }
-            if !self.req.sq[idx].started {
-                let op = self.req.sq[idx].wr.op;
+            if !started {
                 // Only a fenced request, a READ or an atomic waits for the READs and atomics
                 // ahead of it: the others (a stream of WRITEs or SENDs) do not count them.
-                let fence = self.req.sq[idx].wr.fence;
-                if fence || op.is_read_or_atomic() {
+                if fence || read_or_atomic {
                     let limit = if fence {
                         1
                     } else {
@@ -430,7 +460,7 @@ impl Qp {
                         .sq
                         .iter()
                         .take(idx)
-                        .filter(|w| w.wr.op.is_read_or_atomic() && w.done.is_none())
+                        .filter(|w| w.read_or_atomic && w.done.is_none())
                         .take(limit)
                         .count();
                     if in_flight >= limit {
@@ -450,7 +480,7 @@ impl Qp {
             self.cc.rate.sent(&ctx.congestion.rp, ctx.now, bytes);
             let wqe = &mut self.req.sq[idx];
             let k = (psn - wqe.first_psn) as u32;
-            if wqe.wr.op.is_read_or_atomic() || k + 1 == wqe.npsn {
+            if wqe.read_or_atomic || k + 1 == wqe.npsn {
                 self.req.send_psn = wqe.first_psn + wqe.npsn;
                 self.req.send_idx += 1;
             } else {
@@ -477,7 +507,7 @@ impl Qp {
     /// Runs the bind or local invalidate of `sq[idx]` against memory, through this QP.
     fn local_op(&self, idx: usize, ctx: &mut Ctx<'_>) -> WcStatus {
         let me = (self.pd, self.qpn);
-        match self.req.sq[idx].wr.op {
+        match self.req.sq.wr(idx).op {
             SendOp::BindMw(bind) => {
                 let bound = ctx.memory.write().bind_mw(&bind, me);
                 bound.map_or(WcStatus::MwBindErr, |()| WcStatus::Success)
@@ -491,7 +521,7 @@ impl Qp {
         }
     }
 
-    /// Whether the next packet, of `sq[idx]`, asks for an ACK (BTH AckReq). An ACK
+    /// Whether the next packet, of `wqe`, asks for an ACK (BTH AckReq). An ACK
     /// acknowledges every PSN before its own (IBTA 9.7.5.1.1), so only the packets whose
     /// acknowledgement someone waits for ask: the last of a fenced message, a READ or atomic
     /// request (answered in any case), one in every ACK_REQ_INTERVAL, so that the window
@@ -505,9 +535,8 @@ impl Qp {
     /// packets (rxe_req.c); ConnectX, from its traffic, on the last of every signalled one.
     ///
     /// [`pump`]: Self::pump
-    fn asks_for_ack(&self, idx: usize, last: bool) -> bool {
-        let wr = &self.req.sq[idx].wr;
-        wr.op.is_read_or_atomic() || (last && wr.fence) || self.req.unasked + 1 >= ACK_REQ_INTERVAL
+    fn asks_for_ack(&self, wqe: &SendWqe, last: bool) -> bool {
+        wqe.read_or_atomic || (last && wqe.fence) || self.req.unasked + 1 >= ACK_REQ_INTERVAL
     }
 
     /// The Q_Key a UD send carries: QP1 always sends its own (rxe_req.c), and a work request's
@@ -526,15 +555,15 @@ impl Qp {
     /// from `psn` on, so that a READ resumes in the middle of its response stream.
     fn send_packet(&mut self, idx: usize, psn: Psn, ctx: &mut Ctx<'_>) -> Result<(), WcStatus> {
         let mtu = self.mtu();
-        let wqe = &self.req.sq[idx];
+        let (wqe, wr) = self.req.sq.entry(idx);
         let k = (psn - wqe.first_psn) as u32;
-        let len = wqe.wr.payload.len() as usize;
+        let len = wr.payload.len() as usize;
         if self.qp_type == QpType::Ud && len > mtu {
             // C10-93.1.1 asks for no packet; rxe then reports success, softroce says why not.
             return Err(WcStatus::LocLenErr);
         }
-        let op = wqe.wr.op;
-        let pos = if op.is_read_or_atomic() {
+        let op = wr.op;
+        let pos = if wqe.read_or_atomic {
             Position::Only
         } else {
             position(k, wqe.npsn)
@@ -544,10 +573,10 @@ impl Qp {
         let opcode = on_transport(opcode, self.qp_type);
         let mut bth = BthRepr::new(opcode, self.settings.dest_qpn, psn);
         bth.pkey = self.settings.pkey;
-        bth.solicited = last && wqe.wr.solicited;
-        bth.ack_req = self.qp_type == QpType::Rc && self.asks_for_ack(idx, last);
+        bth.solicited = last && wr.solicited;
+        bth.ack_req = self.qp_type == QpType::Rc && self.asks_for_ack(wqe, last);
         let mut ext = ExtHeaders::default();
-        let dst = match wqe.wr.ud {
+        let dst = match wr.ud {
             Some(ud) => {
                 bth.dest_qp = ud.remote_qpn;
                 ext.deth = Some(DethRepr {
@@ -630,8 +659,7 @@ impl Qp {
             SendOp::BindMw(_) | SendOp::LocalInv { .. } => return Err(WcStatus::LocQpOpErr),
         }
         let pd = self.pd;
-        let payload = &self.req.sq[idx].wr.payload;
-        let source = match payload {
+        let source = match &wr.payload {
             Payload::Inline(bytes) => {
                 Source::copied(&bytes[offset..offset + payload_len], ctx.pool)
             }
@@ -758,7 +786,7 @@ impl Qp {
             return;
         };
         let wqe = &self.req.sq[idx];
-        if wqe.wr.op.is_atomic() != atomic || !wqe.wr.op.is_read_or_atomic() {
+        if self.req.sq.wr(idx).op.is_atomic() != atomic || !wqe.read_or_atomic {
             ctx.counters.dropped_unexpected += 1;
             return;
         }
@@ -785,7 +813,8 @@ impl Qp {
         let wqe = &self.req.sq[idx];
         let k = (psn - wqe.first_psn) as u32;
         let mtu = self.mtu();
-        let total = wqe.wr.payload.len() as usize;
+        let wr = self.req.sq.wr(idx);
+        let total = wr.payload.len() as usize;
         // Only the length is checked, not the position: a resumed READ is a new request whose
         // responses start again at FIRST, and a late response of the first request may still
         // arrive. Both carry the same bytes for the same PSN, since a resumed READ moves its
@@ -800,7 +829,7 @@ impl Qp {
             self.fail_wqe(idx, WcStatus::LocLenErr, ctx);
             return;
         }
-        let Payload::Sges(sges) = &wqe.wr.payload else {
+        let Payload::Sges(sges) = &wr.payload else {
             return;
         };
         // Bound first, so that the table's guard is gone before the arms run.
@@ -834,12 +863,12 @@ impl Qp {
             }
             if psn.is_before(wqe.last_psn()) {
                 // Acknowledged in the middle of a multi-packet SEND or WRITE.
-                if !wqe.wr.op.is_read_or_atomic() {
+                if !wqe.read_or_atomic {
                     una = psn + 1;
                 }
                 break;
             }
-            if wqe.wr.op.is_read_or_atomic() {
+            if wqe.read_or_atomic {
                 lost_response = true;
                 break;
             }
@@ -1007,16 +1036,16 @@ impl Qp {
     fn complete_in_order(&mut self, ctx: &mut Ctx<'_>) {
         // Read where they lie, then dropped there: a request is not moved out to be reported.
         let mut finished = 0;
-        while let Some(wqe) = self.req.sq.get(finished) {
+        while finished < self.req.sq.len() {
+            let (wqe, wr) = self.req.sq.entry(finished);
             let Some(status) = wqe.done else { break };
             finished += 1;
-            if wqe.wr.signaled || status != WcStatus::Success {
-                let mut wc =
-                    WorkCompletion::new(wqe.wr.wr_id, status, wqe.wr.op.wc_opcode(), self.qpn);
+            if wr.signaled || status != WcStatus::Success {
+                let mut wc = WorkCompletion::new(wr.wr_id, status, wr.op.wc_opcode(), self.qpn);
                 // ibv_poll_cq(3): the send queue reports a length for READs and atomics (an
                 // atomic's 8 bytes, as rxe_comp.c `make_send_cqe` does).
-                if wqe.wr.op.is_read_or_atomic() {
-                    wc.byte_len = wqe.wr.payload.len() as u32;
+                if wqe.read_or_atomic {
+                    wc.byte_len = wr.payload.len() as u32;
                 }
                 ctx.complete(self.send_cq, wc);
             }
@@ -1024,7 +1053,7 @@ impl Qp {
         if finished == 0 {
             return;
         }
-        self.req.sq.drain(..finished);
+        self.req.sq.retire_front(finished, self.max_send_wr);
         self.req.send_idx = self.req.send_idx.saturating_sub(finished);
         // One give-back for all that an ACK completed: the slots' line is shared with the
         // application's thread.

@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 
 use super::outgoing::{RemoteRead, Source};
 use super::requester::scatter;
+use super::work_queue::{Place, WorkQueue};
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{operation, AsyncEvent, Ctx, Datagram, Qp, QpState, QpType, GRH_LEN};
 use crate::memory::{Access, MemoryError, MemoryTable, Span};
@@ -42,7 +43,7 @@ use crate::wire::{
 #[derive(Debug)]
 enum InMessage {
     Send {
-        wr: RecvWr,
+        recv: Recv,
         received: usize,
     },
     /// The RETH stays with the message: each packet's part is checked again as it lands.
@@ -51,6 +52,29 @@ enum InMessage {
         received: usize,
     },
 }
+
+/// The receive request a message lands in.
+#[derive(Debug)]
+pub(super) enum Recv {
+    /// The head of the QP's own receive queue, read where its post wrote it; it leaves the
+    /// queue when the message completes.
+    Head,
+    /// One taken from the QP's SRQ, which other QPs share.
+    Shared(RecvWr),
+}
+
+impl Recv {
+    /// The request, given the QP's own receive queue.
+    fn wr<'a>(&'a self, rq: &'a RecvQueue) -> &'a RecvWr {
+        match self {
+            Recv::Head => rq.wr(0),
+            Recv::Shared(wr) => wr,
+        }
+    }
+}
+
+/// A QP's own receive queue: its requests where the posts wrote them, consumed in order.
+pub(super) type RecvQueue = WorkQueue<RecvWr, Place>;
 
 /// The responder half of a QP.
 #[derive(Debug, Default)]
@@ -208,10 +232,15 @@ impl Responder {
 
     /// Forgets everything: the message in progress, the expected PSN and MSN, the responder
     /// resources and the responses not yet sent (RESET and ERROR, IBTA 10.3.1). Returns the
-    /// receive request of a message half received, if it had taken one.
+    /// receive request of a message half received if it took one from an SRQ; one of the QP's
+    /// own queue is still that queue's head, and flushed with it.
     pub fn reset(&mut self) -> Option<RecvWr> {
         match std::mem::take(self).message {
-            Some(InMessage::Send { wr, .. }) => Some(wr),
+            Some(InMessage::Send {
+                recv: Recv::Shared(wr),
+                ..
+            }) => Some(wr),
+            // One from the QP's own queue is still its head, flushed with the queue.
             _ => None,
         }
     }
@@ -454,14 +483,14 @@ impl Qp {
     fn drop_message(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
         ctx.counters.dropped_messages += 1;
         self.resp.dropping = self.qp_type == QpType::Uc;
-        let Some(InMessage::Send { wr, .. }) = self.resp.message.take() else {
-            return;
-        };
-        if self.srq.is_some() {
+        // One from the QP's own queue stays its head, for the next message.
+        if let Some(InMessage::Send {
+            recv: Recv::Shared(wr),
+            ..
+        }) = self.resp.message.take()
+        {
             let wc = WorkCompletion::new(wr.wr_id, status, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
-        } else {
-            self.rq.push_front(wr);
         }
     }
 
@@ -516,12 +545,13 @@ impl Qp {
         }
         if is_send(op) {
             if !continues {
-                let wr = self.take_recv(ctx).expect("checked above");
-                self.resp.message = Some(InMessage::Send { wr, received: 0 });
+                let recv = self.take_recv(ctx).expect("checked above");
+                self.resp.message = Some(InMessage::Send { recv, received: 0 });
             }
-            let Some(InMessage::Send { wr, received }) = &mut self.resp.message else {
+            let Some(InMessage::Send { recv, received }) = &mut self.resp.message else {
                 unreachable!("a SEND continues a SEND")
             };
+            let wr = recv.wr(&self.rq);
             if self.qp_type == QpType::Ud {
                 // The buffer starts with the 40 bytes verbs reserve for the GRH (see
                 // `datagram`); they count in the completion's byte_len.
@@ -540,11 +570,12 @@ impl Qp {
                 Err(_) => return Err(local_memory()),
             }
             if matches!(pos, Position::Last | Position::Only) {
-                let Some(InMessage::Send { wr, received }) = self.resp.message.take() else {
+                let Some(InMessage::Send { recv, received }) = self.resp.message.take() else {
                     unreachable!()
                 };
+                let wr_id = recv.wr(&self.rq).wr_id;
                 let mut wc =
-                    WorkCompletion::new(wr.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+                    WorkCompletion::new(wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
                 wc.byte_len = received as u32;
                 wc.grh = self.qp_type == QpType::Ud;
                 wc.imm_data = repr.ext.immdt.map(|i| i.data);
@@ -555,7 +586,7 @@ impl Qp {
                     // NAK invalid request and stays as it was.
                     let me = (self.pd, self.qpn);
                     if ctx.memory.write().invalidate(ieth.rkey, me, true).is_err() {
-                        self.resp.message = Some(InMessage::Send { wr, received });
+                        self.resp.message = Some(InMessage::Send { recv, received });
                         return Err(invalid_request());
                     }
                     wc.invalidated_rkey = Some(ieth.rkey);
@@ -564,7 +595,7 @@ impl Qp {
                 wc.src_addr = Some(datagram.src);
                 self.finish_message();
                 ctx.complete(self.recv_cq, wc);
-                self.retire_recvs(1);
+                self.recv_done(recv);
             }
             self.advance(repr, ctx);
             return Ok(());
@@ -618,9 +649,9 @@ impl Qp {
                     return Err(invalid_request());
                 }
                 if let Some(imm) = repr.ext.immdt {
-                    let wr = self.take_recv(ctx).expect("checked above");
+                    let recv = self.take_recv(ctx).expect("checked above");
                     let mut wc = WorkCompletion::new(
-                        wr.wr_id,
+                        recv.wr(&self.rq).wr_id,
                         WcStatus::Success,
                         WcOpcode::RecvRdmaWithImm,
                         self.qpn,
@@ -632,7 +663,7 @@ impl Qp {
                     wc.src_addr = Some(datagram.src);
                     self.finish_message();
                     ctx.complete(self.recv_cq, wc);
-                    self.retire_recvs(1);
+                    self.recv_done(recv);
                 } else {
                     ctx.counters.remote_accesses += 1;
                     self.finish_message();
@@ -981,10 +1012,11 @@ impl Qp {
     /// for earlier READs and atomics are dropped with it. The requester then sees the NAK
     /// acknowledge those requests without their data, and its QP fails in turn.
     fn fail_request(&mut self, psn: Psn, failure: Failure, ctx: &mut Ctx<'_>) {
-        if let Some(InMessage::Send { wr, .. }) = self.resp.message.take() {
-            let wc = WorkCompletion::new(wr.wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
+        if let Some(InMessage::Send { recv, .. }) = self.resp.message.take() {
+            let wr_id = recv.wr(&self.rq).wr_id;
+            let wc = WorkCompletion::new(wr_id, failure.recv_status, WcOpcode::Recv, self.qpn);
             ctx.complete(self.recv_cq, wc);
-            self.retire_recvs(1);
+            self.recv_done(recv);
         }
         self.nak_and_fail(psn, &failure, ctx);
     }
