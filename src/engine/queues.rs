@@ -8,9 +8,8 @@
 //! engine takes everything a QP's queue holds at once, by swapping that vector with an empty
 //! one of its own. That vector then goes whole to the core, which reads its requests where the
 //! posts wrote them until they complete (`transport::work_queue`), and gives back an emptied
-//! one; a batch the core cannot take whole (a UD QP's sends, a QP in a state that refuses or
-//! flushes, or without room for it all) is moved into it a request at a time, or refused
-//! there. An SRQ's receives are posted by a command, not through these queues. A completion is
+//! one; a batch the core cannot take whole (a QP in a state that refuses or flushes, or
+//! without room for it all) is moved into it a request at a time, or refused there. An SRQ's receives are posted by a command, not through these queues. A completion is
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
 //! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
 //! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ

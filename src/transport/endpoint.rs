@@ -710,7 +710,8 @@ impl Endpoint {
         if n == wrs.len() {
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             let Some(qp) = qp else { return };
-            if qp.queue_all_checked(wrs) {
+            let (ahs, pd) = (&self.ahs, qp.pd);
+            if qp.queue_all_checked(wrs, |wr| ud_destination(ahs, pd, wr)) {
                 qp.pump(&mut ctx);
                 self.err_overrun_qps(now);
                 return;
@@ -757,22 +758,7 @@ impl Endpoint {
             .get(qpn.value())
             .ok_or(VerbsError::UnknownQp(qpn))?;
         match (qp.qp_type, wr.ud) {
-            (QpType::Ud, Some(ud)) => {
-                let &(pd, av) = self
-                    .ahs
-                    .get(ud.ah.0 as usize)
-                    .and_then(Option::as_ref)
-                    .ok_or(VerbsError::UnknownAh(ud.ah))?;
-                if pd != qp.pd {
-                    return Err(VerbsError::InvalidRequest(
-                        "the address handle belongs to another protection domain",
-                    ));
-                }
-                Ok(Some(av.dest))
-            }
-            (QpType::Ud, None) => Err(VerbsError::InvalidRequest(
-                "a UD send names its destination in `ud`",
-            )),
+            (QpType::Ud, _) => ud_destination(&self.ahs, qp.pd, wr),
             (_, Some(_)) => Err(VerbsError::InvalidRequest(
                 "only a UD send takes a `ud` destination",
             )),
@@ -1310,6 +1296,28 @@ impl Endpoint {
     }
 }
 
+/// The destination of a send `wr` on a UD QP of protection domain `pd`, from its address
+/// handle among `ahs`: refused if it names none, or one destroyed or of another domain.
+fn ud_destination(
+    ahs: &[Option<(PdId, AddressVector)>],
+    pd: PdId,
+    wr: &SendWr,
+) -> Result<Option<IpAddr>, VerbsError> {
+    let ud = wr.ud.ok_or(VerbsError::InvalidRequest(
+        "a UD send names its destination in `ud`",
+    ))?;
+    let &(ah_pd, av) = ahs
+        .get(ud.ah.0 as usize)
+        .and_then(Option::as_ref)
+        .ok_or(VerbsError::UnknownAh(ud.ah))?;
+    if ah_pd != pd {
+        return Err(VerbsError::InvalidRequest(
+            "the address handle belongs to another protection domain",
+        ));
+    }
+    Ok(Some(av.dest))
+}
+
 /// The objects an [`Endpoint`] holds at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resources {
@@ -1356,7 +1364,8 @@ impl fmt::Display for Resources {
 mod tests {
     use super::*;
     use crate::transport::{
-        connect_steps, on_transport, operation, AddressHandle, Payload, QpEndpoint, SendOp, UdDest,
+        connect_steps, datagram_steps, on_transport, operation, AddressHandle, InlineData, Payload,
+        QpEndpoint, SendOp, UdDest,
     };
     use crate::wire::QKey;
     use std::net::Ipv4Addr;
@@ -1418,7 +1427,7 @@ mod tests {
             };
             ep.modify_qp(now, qpn, &attr).unwrap();
         }
-        let mut wrs: Vec<SendWr> = (0..6u64)
+        let wrs: Vec<SendWr> = (0..6u64)
             .map(|i| {
                 let op = SendOp::Write {
                     remote_addr: 0x9000 + 4096 * i,
@@ -1435,13 +1444,30 @@ mod tests {
                 wr
             })
             .collect();
-        if whole {
-            // The one-pass path takes the batch in RTS, and declines it in Error or with a
-            // stray destination.
+        // The one-pass path takes the batch in RTS, and declines it in Error or with a stray
+        // destination.
+        let one_pass = whole.then_some(state == QpState::Rts && !stray);
+        post_batch(&mut ep, qpn, init.send_cq, wrs, one_pass)
+    }
+
+    /// Posts `wrs` to `qpn` as the engine does, when `one_pass` says whether the one-pass path
+    /// takes the batch (checked), or else a request at a time; gives the packets sent and the
+    /// completions of `cq`.
+    fn post_batch(
+        ep: &mut Endpoint,
+        qpn: Qpn,
+        cq: CqId,
+        mut wrs: Vec<SendWr>,
+        one_pass: Option<bool>,
+    ) -> (Vec<Vec<u8>>, Vec<WorkCompletion>) {
+        let now = Duration::ZERO;
+        if let Some(one_pass) = one_pass {
+            let ahs = &ep.ahs;
             let qp = ep.qps.get_mut(qpn.value()).unwrap();
+            let pd = qp.pd;
             let mut batch = wrs.clone();
-            let one_pass = state == QpState::Rts && !stray;
-            assert_eq!(qp.queue_all_checked(&mut batch), one_pass);
+            let resolve = |wr: &SendWr| ud_destination(ahs, pd, wr);
+            assert_eq!(qp.queue_all_checked(&mut batch, resolve), one_pass);
             if one_pass {
                 assert!(batch.is_empty());
                 // Taken into the send queue above; the engine's call then pumps it.
@@ -1458,8 +1484,67 @@ mod tests {
         while let Some((_, len)) = ep.poll_transmit_into(&mut buf) {
             packets.push(buf[..len].to_vec());
         }
-        let completions = std::iter::from_fn(|| ep.poll_cq(init.send_cq)).collect();
+        let completions = std::iter::from_fn(|| ep.poll_cq(cq)).collect();
         (packets, completions)
+    }
+
+    /// What a batch of five UD SENDs gives, taken whole (`whole`) or a request at a time, when
+    /// the third names an address handle destroyed since its post: the packets sent, and the
+    /// completions, the refused one's in its place.
+    fn post_datagrams(whole: bool) -> (Vec<Vec<u8>>, Vec<WorkCompletion>) {
+        let (mut ep, init) = endpoint();
+        let init = QpInit {
+            send_cq: ep.create_cq(8),
+            max_send_wr: 8,
+            ..init
+        };
+        let qpn = ep.create_qp(init).unwrap();
+        let now = Duration::ZERO;
+        for step in datagram_steps(QKey(0x11)) {
+            ep.modify_qp(now, qpn, &step).unwrap();
+        }
+        let av = |last| AddressVector {
+            dest: Ipv4Addr::new(10, 0, 0, last).into(),
+        };
+        let kept = ep.create_ah(init.pd, av(2)).unwrap();
+        let gone = ep.create_ah(init.pd, av(3)).unwrap();
+        ep.destroy_ah(gone).unwrap();
+        let wrs = (0..5u64)
+            .map(|i| {
+                let payload = Payload::Inline(InlineData::from(&[i as u8; 16]));
+                let mut wr = SendWr::new(i, SendOp::Send, payload);
+                wr.ud = Some(UdDest {
+                    ah: if i == 2 { gone } else { kept },
+                    remote_qpn: Qpn::new(0x43),
+                    remote_qkey: QKey(0x11),
+                });
+                wr
+            })
+            .collect();
+        post_batch(&mut ep, qpn, init.send_cq, wrs, whole.then_some(true))
+    }
+
+    /// A UD QP's batch is taken whole too, its destinations resolved in place: a request whose
+    /// address handle is gone completes with LOC_QP_OP_ERR in its place, after the ones before
+    /// it and before the ones after it (UD completes a request as its packet is built), as
+    /// the request-at-a-time path has it.
+    #[test]
+    fn a_ud_batch_taken_whole_refuses_a_gone_address_handle_in_its_place() {
+        let (packets, completions) = post_datagrams(true);
+        assert_eq!(packets.len(), 4, "all but the refused request's");
+        let statuses: Vec<_> = completions.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        use WcStatus::{LocQpOpErr, Success};
+        assert_eq!(
+            statuses,
+            [
+                (0, Success),
+                (1, Success),
+                (2, LocQpOpErr),
+                (3, Success),
+                (4, Success)
+            ]
+        );
+        assert_eq!((packets, completions), post_datagrams(false));
     }
 
     /// The engine's batch taken whole, in one pass (`Qp::queue_all_checked`), sends and

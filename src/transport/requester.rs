@@ -106,6 +106,23 @@ fn queued(wr: &SendWr, ud_dest: Option<IpAddr>, mtu: usize, place: Place) -> Sen
     }
 }
 
+/// The state of a request refused after its post returned, queued at `place` when the next PSN
+/// was `psn`: done with LOC_QP_OP_ERR, never started, so that a pump passes over it and it
+/// completes in its place ([`Qp::refuse`]).
+fn refused(place: Place, psn: Psn) -> SendWqe {
+    SendWqe {
+        ud_dest: None,
+        first_psn: psn,
+        npsn: 0,
+        started: false,
+        read_or_atomic: false,
+        local: false,
+        fence: false,
+        done: Some(WcStatus::LocQpOpErr),
+        place,
+    }
+}
+
 /// A QP's send queue: its requests where the posts wrote them, and their states.
 type SendQueue = WorkQueue<SendWr, SendWqe>;
 
@@ -295,14 +312,8 @@ impl Qp {
             && self.req.sq.iter().any(|w| w.done.is_none());
         if waits {
             let placeholder = SendWr::new(wr_id, op, Payload::Sges(SgeList::new()));
-            let mtu = self.mtu();
-            let wqe = self
-                .req
-                .sq
-                .push(placeholder, |wr, at| queued(wr, None, mtu, at));
-            wqe.first_psn = self.req.send_psn;
-            wqe.npsn = 0;
-            wqe.done = Some(WcStatus::LocQpOpErr);
+            let psn = self.req.send_psn;
+            self.req.sq.push(placeholder, |_, at| refused(at, psn));
         } else {
             self.retire_sends(1);
             let wc = WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, op.wc_opcode(), self.qpn);
@@ -350,19 +361,27 @@ impl Qp {
 
     /// Queues every request of `wrs`, which their posts checked against this QP's type
     /// ([`SendChecks::DoneAtPost`]), leaving `wrs` empty, if the QP sends (RTS or SQD), has
-    /// room for them all, is not UD and none names a UD destination: what `check_and_queue`
-    /// would do with each, taking the vector itself: the requests stay where the posts wrote
-    /// them, and `wrs` is traded for an emptied batch of the send queue (the
-    /// request-at-a-time path moves each request three times). False, with nothing taken,
-    /// otherwise: the request-at-a-time path then refuses what it must (a destination
-    /// on a connected QP, which the post refuses at the call too, completes with
-    /// LOC_QP_OP_ERR in its place).
-    pub(crate) fn queue_all_checked(&mut self, wrs: &mut Vec<SendWr>) -> bool {
+    /// room for them all and, unless it is UD, none names a UD destination: what
+    /// `check_and_queue` would do with each, taking the vector itself: the requests stay
+    /// where the posts wrote them, and `wrs` is traded for an emptied batch of the send queue
+    /// (the request-at-a-time path moves each request three times). On UD, `ud_dest` gives
+    /// each request's destination from its address handle; one it refuses (a handle destroyed
+    /// since the post) completes with LOC_QP_OP_ERR in its place, as [`refuse`] has it.
+    /// False, with nothing taken, otherwise: the request-at-a-time path then refuses what it
+    /// must (a destination on a connected QP, which the post refuses at the call too,
+    /// completes with LOC_QP_OP_ERR at once).
+    ///
+    /// [`refuse`]: Self::refuse
+    pub(crate) fn queue_all_checked(
+        &mut self,
+        wrs: &mut Vec<SendWr>,
+        ud_dest: impl Fn(&SendWr) -> Result<Option<IpAddr>, VerbsError>,
+    ) -> bool {
         let sends = matches!(self.state, QpState::Rts | QpState::Sqd);
+        let ud = self.qp_type == QpType::Ud;
         if !sends
-            || self.qp_type == QpType::Ud
             || self.req.sq.len() + wrs.len() > self.max_send_wr
-            || wrs.iter().any(|wr| wr.ud.is_some())
+            || (!ud && wrs.iter().any(|wr| wr.ud.is_some()))
         {
             return false;
         }
@@ -370,10 +389,11 @@ impl Qp {
             wrs.iter().all(|wr| wr.check(self.qp_type).is_ok()),
             "a request from a posting queue that its post did not check"
         );
-        let mtu = self.mtu();
-        self.req
-            .sq
-            .take_batch(wrs, |wr, at| queued(wr, None, mtu, at));
+        let (mtu, psn) = (self.mtu(), self.req.send_psn);
+        self.req.sq.take_batch(wrs, |wr, at| {
+            let dest = if ud { ud_dest(wr) } else { Ok(None) };
+            dest.map_or_else(|_| refused(at, psn), |dest| queued(wr, dest, mtu, at))
+        });
         true
     }
 
