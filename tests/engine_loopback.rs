@@ -281,7 +281,7 @@ fn the_port_mtu_follows_the_link_unless_configured() {
 
 #[test]
 fn ud_and_a_shared_receive_queue_over_real_sockets() {
-    use softroce::transport::{QpType, RecvWr, GRH_LEN};
+    use softroce::transport::{QpType, RecvWr, SrqModify, GRH_LEN};
     use softroce::wire::QKey;
 
     let qkey = QKey(0x1111_1111);
@@ -352,6 +352,36 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     b_mr.read(0, &mut grh).unwrap();
     assert_eq!(grh[20] >> 4, 4);
     assert_eq!(grh[32..36], [127, 0, 0, 26]);
+
+    // An SRQ's posts go through its posting queue, without a round trip to the engine, and
+    // are held to its depth at the call: `max_wr` posted and not yet taken by a QP is full.
+    // A QP taking one frees a place; a resize below what is posted is refused, one to it
+    // holds, and a post beyond it is refused.
+    let post = |wr_id| {
+        let sges = [b_mr.sge(0, 1024).unwrap()];
+        b_srq.post_recv(RecvWr::new(wr_id, sges))
+    };
+    for wr_id in 100..116 {
+        post(wr_id).unwrap();
+    }
+    assert!(matches!(post(116), Err(softroce::verbs::Error::QueueFull)));
+    post_ud_send(&a_qp, 2, a_mr.sge(0, 29).unwrap(), to_b);
+    let got = b_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("receive completion");
+    assert_eq!((got.wr_id, got.status), (100, WcStatus::Success));
+    post(116).unwrap();
+    let shrink = |max_wr| SrqModify {
+        max_wr: Some(max_wr),
+        srq_limit: None,
+    };
+    assert!(b_srq.modify(shrink(15)).is_err(), "16 are posted");
+    b_srq.modify(shrink(16)).unwrap();
+    assert!(matches!(post(117), Err(softroce::verbs::Error::QueueFull)));
+    b_srq.modify(shrink(17)).unwrap();
+    post(117).unwrap();
+    assert!(matches!(post(118), Err(softroce::verbs::Error::QueueFull)));
 }
 
 #[test]

@@ -94,7 +94,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::EnginePanicked;
-use super::{Command, Doorbell, EngineGone, EngineHandle, QpQueues, ThreadName};
+use super::{Command, Doorbell, EngineGone, EngineHandle, OnDoorbell, ThreadName};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
 /// and how often, at most, it looks in meanwhile.
@@ -717,7 +717,7 @@ impl EngineHandle {
     /// [`COARSE_SLACK`] on one CPU). A post does
     /// not run a turn of its own there: a turn per post would cost a send per message, where
     /// the next wait sends a batch as one.
-    pub fn ring(&self, queues: &QpQueues) -> Result<(), EngineGone> {
+    pub fn ring(&self, queues: &impl OnDoorbell) -> Result<(), EngineGone> {
         // Each flag is read before it is written. While the engine is busy they stay as the
         // first post since its last look left them, and reading a cache line that the engine's
         // core shares costs little; a write (a swap, a store) takes the line from that core, at
@@ -726,10 +726,12 @@ impl EngineHandle {
         // to take it, and `posted` before it locks `ready`: had the take locked either before
         // this post pushed there, the clearing would happen-before this read, which would then
         // not see the flag set. So the take that follows the clearing sees this request.
-        if !queues.listed.load(SeqCst) && !queues.listed.swap(true, SeqCst) {
+        let listed = queues.listed();
+        if !listed.load(SeqCst) && !listed.swap(true, SeqCst) {
             // Unbounded, but a QP is on it once until a turn takes it (twice at most, when a
-            // turn retaking requests left over clears its flag meanwhile): bounded by the QPs.
-            self.doorbell.list(queues.qpn);
+            // turn retaking requests left over clears its flag meanwhile): bounded by the QPs
+            // and SRQs.
+            self.doorbell.list(queues.posted());
         }
         if !self.doorbell.posted.load(SeqCst) {
             self.doorbell.posted.store(true, SeqCst);

@@ -40,14 +40,16 @@ use drive::{Driver, Found, Runner, Turn};
 use lanes::Lanes;
 pub(crate) use lanes::{prepare as prepare_lanes, LaneStart};
 pub(crate) use notify::CqNotify;
-use queues::QpPosts;
-pub(crate) use queues::{CompletionRing, Completions, PostQueue, QpQueues};
+pub(crate) use queues::{
+    CompletionRing, Completions, OnDoorbell, PostQueue, PostedTo, QpQueues, SrqQueues,
+};
+use queues::{QpPosts, SrqPosts};
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
 use crate::transport::{
     AddressHandle, AddressVector, AsyncEvent, CongestionConfig, CongestionStatus, Counters, CqId,
-    Endpoint, EndpointConfig, Lane, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots, RecvWr,
+    Endpoint, EndpointConfig, Lane, PathMtu, QpAttr, QpInit, QpState, QpType, QueueSlots,
     Resources, SrqAttr, SrqId, SrqModify, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{LKey, Qpn, RKey};
@@ -120,9 +122,8 @@ pub(crate) enum Command {
         at: Option<AddressHandle>,
         reply: Reply<Result<AddressHandle, VerbsError>>,
     },
-    CreateSrq(PdId, SrqAttr, Reply<Result<SrqId, VerbsError>>),
+    CreateSrq(PdId, SrqAttr, Reply<Result<SrqQueues, VerbsError>>),
     ModifySrq(SrqId, SrqModify, Reply<Result<(), VerbsError>>),
-    PostSrqRecv(SrqId, RecvWr, Reply<Result<(), VerbsError>>),
     ModifyQp(Qpn, Box<QpAttr>, Reply<Result<(), VerbsError>>),
     DestroyQp(Qpn, Reply<Result<(), VerbsError>>),
     DestroyCq(CqId, Reply<Result<(), VerbsError>>),
@@ -164,7 +165,7 @@ pub(crate) enum Command {
 struct Doorbell {
     posted: AtomicBool,
     asleep: AtomicBool,
-    ready: Mutex<Vec<Qpn>>,
+    ready: Mutex<Vec<PostedTo>>,
 }
 
 impl Doorbell {
@@ -176,16 +177,16 @@ impl Doorbell {
         }
     }
 
-    /// Puts `qpn` on the list of QPs posted to.
-    fn list(&self, qpn: Qpn) {
+    /// Puts a QP or SRQ on the list of those posted to.
+    fn list(&self, posted: PostedTo) {
         self.ready
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(qpn);
+            .push(posted);
     }
 
-    /// Moves the QPs posted to onto the end of `look_at`.
-    fn take_listed(&self, look_at: &mut Vec<Qpn>) {
+    /// Moves the QPs and SRQs posted to onto the end of `look_at`.
+    fn take_listed(&self, look_at: &mut Vec<PostedTo>) {
         look_at.append(&mut self.ready.lock().unwrap_or_else(PoisonError::into_inner));
     }
 }
@@ -310,6 +311,8 @@ struct Engine<B: Backend> {
     start: Instant,
     commands: Receiver<Command>,
     qps: FxHashMap<Qpn, QpPosts>,
+    /// The engine's ends of its SRQs' posting queues.
+    srqs: FxHashMap<SrqId, SrqPosts>,
     /// Indexed by CQ number; `None` where a CQ was destroyed.
     cqs: Vec<Option<CqChannel>>,
     events: Sender<AsyncEvent>,
@@ -320,9 +323,9 @@ struct Engine<B: Backend> {
     readiness: Events,
     doorbell: Arc<Doorbell>,
     /// QPs with posted requests the core had no room for at the last look: looked at again.
-    posts_left: Vec<Qpn>,
-    /// `posts`' list of the QPs to look at, kept for its capacity.
-    looking: Vec<Qpn>,
+    posts_left: Vec<PostedTo>,
+    /// `posts`' list of the QPs and SRQs to look at, kept for its capacity.
+    looking: Vec<PostedTo>,
     /// Work is waiting (datagrams not yet read, packets not yet sent): the next turn must not
     /// sleep.
     backlog: bool,
@@ -347,6 +350,14 @@ struct Engine<B: Backend> {
     unreachable: Vec<IpAddr>,
     /// [`Command::Flush`]es waiting for a turn that sends everything queued.
     flushes: Vec<Reply<()>>,
+}
+
+/// Moves what was posted to SRQ `id` into the core: the whole posting queue, its flag cleared
+/// first, so that a post after the take lists the SRQ again.
+fn take_srq_posts(endpoint: &mut Endpoint, id: SrqId, posts: &mut SrqPosts) {
+    posts.listed.store(false, SeqCst);
+    posts.recv.take_into(&mut posts.recvs);
+    endpoint.post_srq_batch(id, &mut posts.recvs);
 }
 
 /// A request the core refused after `post_send` or `post_recv` returned: it completes with
@@ -435,6 +446,7 @@ pub(crate) fn start<B: Backend>(
         start: Instant::now(),
         commands: command_rx,
         qps: FxHashMap::default(),
+        srqs: FxHashMap::default(),
         cqs: Vec::new(),
         events: event_tx,
         next_iova: first_iova + cm::AGENT_REGION,
@@ -747,13 +759,20 @@ impl<B: Backend> Engine<B> {
                     let _ = reply.send(created);
                 }
                 Command::CreateSrq(pd, attr, reply) => {
-                    let _ = reply.send(self.endpoint.create_srq(pd, attr));
+                    let created = self.endpoint.create_srq(pd, attr).map(|id| {
+                        let slots = Arc::new(QueueSlots::default());
+                        let shared = self.endpoint.share_srq_slots(id, slots.clone());
+                        debug_assert!(shared.is_ok(), "the SRQ was just created");
+                        let (posts, queues) = SrqPosts::open(id, slots);
+                        self.srqs.insert(id, posts);
+                        queues
+                    });
+                    let _ = reply.send(created);
                 }
                 Command::ModifySrq(srq, change, reply) => {
+                    // What was posted before the modify counts against a resize.
+                    self.take_srq_posts(srq);
                     let _ = reply.send(self.endpoint.modify_srq(srq, &change));
-                }
-                Command::PostSrqRecv(srq, wr, reply) => {
-                    let _ = reply.send(self.endpoint.post_srq_recv(srq, wr));
                 }
                 Command::ModifyQp(qpn, attr, reply) => {
                     let _ = reply.send(self.endpoint.modify_qp(now, qpn, &attr));
@@ -811,15 +830,25 @@ impl<B: Backend> Engine<B> {
     /// Moves posted work requests into the core, as far as its queues have room (the QP's
     /// slots keep posts within its depths, so they all fit unless the core still holds
     /// requests a modify will flush). A request the core refuses completes with
-    /// LOC_QP_OP_ERR, since `post_send` has already returned. `now` is the turn's time.
+    /// LOC_QP_OP_ERR, since `post_send` has already returned. An SRQ's are all taken: its
+    /// posts counted them against its depth. `now` is the turn's time.
     fn posts(&mut self, now: Duration) {
-        let endpoint = &mut self.endpoint;
         // Both lists keep their capacity from turn to turn: no allocation here.
         let mut look_at = std::mem::take(&mut self.looking);
         look_at.clear();
         look_at.append(&mut self.posts_left);
         self.doorbell.take_listed(&mut look_at);
-        for &qpn in &look_at {
+        let endpoint = &mut self.endpoint;
+        for &listed in &look_at {
+            let qpn = match listed {
+                PostedTo::Qp(qpn) => qpn,
+                PostedTo::Srq(id) => {
+                    if let Some(posts) = self.srqs.get_mut(&id) {
+                        take_srq_posts(endpoint, id, posts);
+                    }
+                    continue;
+                }
+            };
             // Gone: destroyed after it was posted to.
             let Some(posts) = self.qps.get_mut(&qpn) else {
                 continue;
@@ -843,13 +872,20 @@ impl<B: Backend> Engine<B> {
             let room = endpoint.send_queue_room(qpn).min(posts.sends.len());
             endpoint.post_checked_send_batch(now, qpn, &mut posts.sends, room);
             if !posts.sends.is_empty() || !posts.recvs.is_empty() {
-                self.posts_left.push(qpn);
+                self.posts_left.push(listed);
             }
         }
         // A QP can be both left over and posted to again.
-        self.posts_left.sort_unstable_by_key(|qpn| qpn.value());
+        self.posts_left.sort_unstable_by_key(|listed| listed.key());
         self.posts_left.dedup();
         self.looking = look_at;
+    }
+
+    /// Moves what was posted to SRQ `id` into the core now.
+    fn take_srq_posts(&mut self, id: SrqId) {
+        if let Some(posts) = self.srqs.get_mut(&id) {
+            take_srq_posts(&mut self.endpoint, id, posts);
+        }
     }
 
     /// Destroys a QP, flushing with the requests it held those still in its posting queues,

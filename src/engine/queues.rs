@@ -6,15 +6,17 @@
 //! Neither is a channel. A post is one uncontended lock and one move of the request into a
 //! vector (what a provider's send-queue spinlock and WQE write are to `ibv_post_send`); the
 //! engine takes everything a QP's queue holds at once, by swapping that vector with an empty
-//! one of its own. That vector then goes whole to the core, which reads its requests where the
-//! posts wrote them until they complete (`transport::work_queue`), and gives back an emptied
-//! one; a batch the core cannot take whole (a QP in a state that refuses or flushes, or
-//! without room for it all) is moved into it a request at a time, or refused there. An SRQ's receives are posted by a command, not through these queues. A completion is
-//! written once into a ring that its engine alone writes, without a lock, and read once by a
-//! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
-//! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ
-//! takes no lock: it reads each ring's tally of completions published and taken. A blocked
-//! wait holds the lock while it looks.
+//! one of its own. That vector then goes whole to the core, which reads its requests where
+//! the posts wrote them until they complete (`transport::work_queue`), and gives back an
+//! emptied one; a batch the core cannot take whole (a QP in a state that refuses or flushes,
+//! or without room for it all) is moved into it a request at a time, or refused there. An
+//! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists
+//! a QP's, and whose requests the core moves into the SRQ. A completion is written once into
+//! a ring that its engine alone writes, without a lock, and read once by a poll, under a
+//! lock that the polls take, and the engine only to wake a thread blocked in a wait: a
+//! delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ takes
+//! no lock: it reads each ring's tally of completions published and taken. A blocked wait
+//! holds the lock while it looks.
 //!
 //! Neither allocates per request. A post queue keeps the capacity its vector grew to, so a QP
 //! costs memory only once it is used, and only as much as its deepest backlog: the channels
@@ -33,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::transport::{Line, RecvWr, SendWr, WorkCompletion};
+use crate::transport::{Line, QueueSlots, RecvWr, SendWr, SrqId, WorkCompletion};
 use crate::wire::Qpn;
 
 /// Takes `lock` whatever a panic left behind: nothing below panics while holding one (a
@@ -99,16 +101,112 @@ impl<T> PostQueue<T> {
     }
 }
 
+/// What the engine's doorbell lists as posted to: a QP, or an SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PostedTo {
+    Qp(Qpn),
+    Srq(SrqId),
+}
+
+impl PostedTo {
+    /// An order to sort by, so that a QP listed twice is looked at once.
+    pub(super) fn key(self) -> (bool, u32) {
+        match self {
+            PostedTo::Qp(qpn) => (false, qpn.value()),
+            PostedTo::Srq(SrqId(id)) => (true, id),
+        }
+    }
+}
+
+/// A queue the application posts to, which the doorbell lists when a post finds it unlisted.
+pub(crate) trait OnDoorbell {
+    /// Set while it is on the engine's list (`Doorbell::ready`).
+    fn listed(&self) -> &AtomicBool;
+    /// What the list names it by.
+    fn posted(&self) -> PostedTo;
+}
+
 /// The application's ends of a QP's queues.
 #[derive(Debug, Clone)]
 pub(crate) struct QpQueues {
     pub send: Arc<PostQueue<SendWr>>,
     pub recv: Arc<PostQueue<RecvWr>>,
     /// The QP's outstanding requests, which a post takes a slot of first (exact depths).
-    pub slots: Arc<crate::transport::QueueSlots>,
+    pub slots: Arc<QueueSlots>,
     pub(super) qpn: Qpn,
     /// Set while the QP is on the engine's list of QPs posted to (`Doorbell::ready`).
     pub(super) listed: Arc<AtomicBool>,
+}
+
+impl OnDoorbell for QpQueues {
+    fn listed(&self) -> &AtomicBool {
+        &self.listed
+    }
+
+    fn posted(&self) -> PostedTo {
+        PostedTo::Qp(self.qpn)
+    }
+}
+
+/// The application's end of an SRQ's posting queue: receives posted without a round trip to
+/// the engine, as a QP's are.
+#[derive(Debug, Clone)]
+pub(crate) struct SrqQueues {
+    pub recv: Arc<PostQueue<RecvWr>>,
+    /// The SRQ's outstanding requests: a post takes a slot, a QP taking the request from the
+    /// SRQ gives it back.
+    pub slots: Arc<QueueSlots>,
+    pub(super) id: SrqId,
+    pub(super) listed: Arc<AtomicBool>,
+}
+
+impl SrqQueues {
+    /// The SRQ's number.
+    pub fn id(&self) -> SrqId {
+        self.id
+    }
+}
+
+impl OnDoorbell for SrqQueues {
+    fn listed(&self) -> &AtomicBool {
+        &self.listed
+    }
+
+    fn posted(&self) -> PostedTo {
+        PostedTo::Srq(self.id)
+    }
+}
+
+/// The engine's end of an SRQ's posting queue; dropping it closes the queue.
+#[derive(Debug)]
+pub(super) struct SrqPosts {
+    pub recv: Arc<PostQueue<RecvWr>>,
+    pub recvs: Vec<RecvWr>,
+    pub listed: Arc<AtomicBool>,
+}
+
+impl SrqPosts {
+    /// An SRQ's posting queue: the engine's end, and the application's.
+    pub(super) fn open(id: SrqId, slots: Arc<QueueSlots>) -> (SrqPosts, SrqQueues) {
+        let queues = SrqQueues {
+            recv: PostQueue::new(),
+            slots,
+            id,
+            listed: Arc::new(AtomicBool::new(false)),
+        };
+        let posts = SrqPosts {
+            recv: Arc::clone(&queues.recv),
+            recvs: Vec::new(),
+            listed: Arc::clone(&queues.listed),
+        };
+        (posts, queues)
+    }
+}
+
+impl Drop for SrqPosts {
+    fn drop(&mut self) {
+        self.recv.close();
+    }
 }
 
 /// The engine's ends, and what it took from them that the core had no room for yet (taken
@@ -124,7 +222,7 @@ pub(super) struct QpPosts {
 
 impl QpPosts {
     /// A QP's queues: the engine's ends, and the application's.
-    pub(super) fn open(qpn: Qpn, slots: Arc<crate::transport::QueueSlots>) -> (QpPosts, QpQueues) {
+    pub(super) fn open(qpn: Qpn, slots: Arc<QueueSlots>) -> (QpPosts, QpQueues) {
         let queues = QpQueues {
             send: PostQueue::new(),
             recv: PostQueue::new(),

@@ -438,6 +438,27 @@ impl Endpoint {
         self.srq_mut(srq)?.post(wr)
     }
 
+    /// [`post_srq_recv`](Self::post_srq_recv) of the requests of `wrs`, which the engine's
+    /// posting queue filled and whose posts counted them against the SRQ's depth; leaves `wrs`
+    /// empty. Dropped if the SRQ is unknown (none is ever destroyed).
+    pub(crate) fn post_srq_batch(&mut self, srq: SrqId, wrs: &mut Vec<RecvWr>) {
+        match self.srq_mut(srq) {
+            Ok(srq) => srq.take_posted(wrs),
+            Err(_) => wrs.clear(),
+        }
+    }
+
+    /// Has the SRQ give back a slot of `slots` for each request a QP takes from it, as
+    /// [`share_slots`](Self::share_slots) does for a QP's queues.
+    pub fn share_srq_slots(
+        &mut self,
+        srq: SrqId,
+        slots: Arc<QueueSlots>,
+    ) -> Result<(), VerbsError> {
+        self.srq_mut(srq)?.slots = Some(slots);
+        Ok(())
+    }
+
     fn srq_mut(&mut self, srq: SrqId) -> Result<&mut SharedRq, VerbsError> {
         self.srqs
             .get_mut(srq.0 as usize)

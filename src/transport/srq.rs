@@ -6,9 +6,10 @@
 //! 0 (IBTA 11.5.2.4). Like rxe, the check runs when a request is taken, not when the limit is set.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::wr::RecvWr;
-use super::{AsyncEvent, VerbsError};
+use super::{AsyncEvent, QueueSlots, VerbsError};
 use crate::memory::PdId;
 
 /// A shared receive queue handle.
@@ -39,6 +40,11 @@ pub(crate) struct SharedRq {
     pub pd: PdId,
     attr: SrqAttr,
     wqes: VecDeque<RecvWr>,
+    /// The outstanding requests its handles count ([`Endpoint::share_srq_slots`]): taken by a
+    /// post, given back as a QP takes the request.
+    ///
+    /// [`Endpoint::share_srq_slots`]: super::Endpoint::share_srq_slots
+    pub slots: Option<Arc<QueueSlots>>,
 }
 
 /// rxe_srq.c `rxe_srq_chk_attr`: a queue holds at least one request, the limit fits in the
@@ -68,6 +74,7 @@ impl SharedRq {
             pd,
             attr,
             wqes: VecDeque::new(),
+            slots: None,
         })
     }
 
@@ -96,6 +103,16 @@ impl SharedRq {
         Ok(())
     }
 
+    /// Takes every request of `wrs`, which their posts already counted against `max_wr` (the
+    /// handles' slots, [`Endpoint::share_srq_slots`]), leaving `wrs` empty. None is refused
+    /// for the depth: a post that raced a shrinking resize keeps its request, which no CQ
+    /// could report as refused.
+    ///
+    /// [`Endpoint::share_srq_slots`]: super::Endpoint::share_srq_slots
+    pub fn take_posted(&mut self, wrs: &mut Vec<RecvWr>) {
+        self.wqes.extend(wrs.drain(..));
+    }
+
     /// Whether no receive request is posted.
     pub fn is_empty(&self) -> bool {
         self.wqes.is_empty()
@@ -104,6 +121,9 @@ impl SharedRq {
     /// Takes the oldest request for a QP's message; may fire the limit event.
     pub fn take(&mut self, id: SrqId, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWr> {
         let wr = self.wqes.pop_front()?;
+        if let Some(slots) = &self.slots {
+            slots.retire_recvs(1);
+        }
         let limit = self.attr.srq_limit as usize;
         if limit > 0 && self.wqes.len() < limit {
             self.attr.srq_limit = 0;

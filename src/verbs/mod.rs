@@ -34,14 +34,14 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::cm::{CmError, Failure};
 use crate::engine::{
-    Command, Completions, CqNotify, EngineGone, EngineHandle, PostQueue, QpQueues, Watch,
+    Command, Completions, CqNotify, EngineGone, EngineHandle, PostQueue, QpQueues, SrqQueues, Watch,
 };
 pub use crate::engine::{EnginePanicked, Progress};
 use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
@@ -373,14 +373,16 @@ impl ProtectionDomain {
     pub fn create_srq(&self, max_wr: usize, srq_limit: u32) -> Result<SharedReceiveQueue> {
         let (pd, attr) = (self.pd, SrqAttr { max_wr, srq_limit });
         let engine = self.device.next_engine();
-        let id = self
+        let queues = self
             .device
             .engine_at(engine)
             .call(|reply| Command::CreateSrq(pd, attr, reply))??;
         Ok(SharedReceiveQueue {
             device: self.device.clone(),
             engine,
-            id,
+            id: queues.id(),
+            queues,
+            max_wr: Arc::new(AtomicUsize::new(max_wr)),
         })
     }
 }
@@ -448,16 +450,32 @@ pub struct SharedReceiveQueue {
     /// The engine it lives on, with every QP built with it.
     engine: usize,
     id: SrqId,
+    /// Its posting queue, which its engine takes whole at its turns.
+    queues: SrqQueues,
+    /// Its size as the last successful resize left it, which posts are held to.
+    max_wr: Arc<AtomicUsize>,
 }
 
 impl SharedReceiveQueue {
-    /// Posts a receive request, which any QP built with the SRQ may take.
+    /// Posts a receive request, which any QP built with the SRQ may take: written into the
+    /// SRQ's posting queue for its engine's next turn, as a QP's receives are, with no round
+    /// trip to the engine. Refused at the call ([`Error::QueueFull`]) once `max_wr` requests
+    /// are posted and not yet taken by a QP.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        let id = self.id;
-        Ok(self
-            .device
-            .engine_at(self.engine)
-            .call(|reply| Command::PostSrqRecv(id, wr, reply))??)
+        let engine = self.device.engine_at(self.engine);
+        if !self
+            .queues
+            .slots
+            .take_recv(self.max_wr.load(Ordering::Acquire))
+        {
+            return Err(Error::QueueFull);
+        }
+        if self.queues.recv.push(wr).is_err() {
+            self.queues.slots.retire_recvs(1);
+            return Err(engine.gone().into());
+        }
+        engine.ring(&self.queues)?;
+        Ok(())
     }
 
     /// Whether `id` is this SRQ's number (the one an `AsyncEvent::SrqLimitReached` names).
@@ -465,13 +483,16 @@ impl SharedReceiveQueue {
         self.id == id
     }
 
-    /// `ibv_modify_srq`: resize, or arm the limit event again.
+    /// `ibv_modify_srq`: resize (refused below what is posted), or arm the limit event again.
     pub fn modify(&self, change: SrqModify) -> Result<()> {
         let id = self.id;
-        Ok(self
-            .device
+        self.device
             .engine_at(self.engine)
-            .call(|reply| Command::ModifySrq(id, change, reply))??)
+            .call(|reply| Command::ModifySrq(id, change, reply))??;
+        if let Some(max_wr) = change.max_wr {
+            self.max_wr.store(max_wr, Ordering::Release);
+        }
+        Ok(())
     }
 }
 
