@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use softroce::io::{Backend, IoCounters, UdpBackend};
 use softroce::memory::Access;
 use softroce::transport::{
-    Datagram, Payload, QpEndpoint, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
+    Datagram, Payload, QpEndpoint, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion,
 };
 use softroce::verbs::{
     CompletionQueue, ConnectOptions, Device, DeviceConfig, EnginePanicked, Error, MemoryRegion,
@@ -188,6 +188,25 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
     assert!(is_ebadf(&a.cq.wait(Duration::from_millis(10)).unwrap_err()));
     assert!(is_ebadf(&a.device.counters().unwrap_err()));
     assert!(is_ebadf(&a.device.alloc_pd().unwrap_err()));
+}
+
+/// An SRQ's post after its device failed is refused with the failure, not queued where no
+/// engine will take it: with hybrid progress the stopped engine stays in memory as long as
+/// the device's handles, and with it, until it lets go of them, the SRQs' posting queues.
+#[test]
+fn an_srq_post_after_the_device_failed_is_refused() {
+    let (a, fault) = breakable(21, Progress::Hybrid);
+    let srq = a.device.alloc_pd().unwrap().create_srq(4, 0).unwrap();
+    srq.post_recv(RecvWr::new(1, [a.mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    fault.store(EBADF, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.cq.poll(&mut Vec::new(), 16).is_ok() {
+        assert!(Instant::now() < deadline, "poll never reported the failure");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let post = srq.post_recv(RecvWr::new(2, [a.mr.sge(0, 8).unwrap()]));
+    assert!(matches!(post, Err(Error::DeviceFailed(_))), "{post:?}");
 }
 
 /// A device of two engines stops as a whole when one engine's socket dies or its turn panics:

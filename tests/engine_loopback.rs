@@ -305,7 +305,7 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
         qp.ready_datagram().unwrap();
         (device, pd, cq, mr, srq, qp)
     };
-    let (a_dev, a_pd, a_cq, a_mr, _a_srq, a_qp) = open_ud("127.0.0.26");
+    let (a_dev, a_pd, a_cq, a_mr, a_srq, a_qp) = open_ud("127.0.0.26");
     let (b_dev, _b_pd, b_cq, b_mr, b_srq, b_qp) = open_ud("127.0.0.27");
     // The receiver's buffer starts with the 40 bytes verbs reserve for the GRH.
     let recv = RecvWr {
@@ -382,6 +382,15 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     b_srq.modify(shrink(17)).unwrap();
     post(117).unwrap();
     assert!(matches!(post(118), Err(softroce::verbs::Error::QueueFull)));
+    // Below the size it was created with: the posts are held to the new size.
+    a_srq.modify(shrink(2)).unwrap();
+    for wr_id in 0..2 {
+        a_srq
+            .post_recv(RecvWr::new(wr_id, [a_mr.sge(0, 64).unwrap()]))
+            .unwrap();
+    }
+    let third = a_srq.post_recv(RecvWr::new(2, [a_mr.sge(0, 64).unwrap()]));
+    assert!(matches!(third, Err(softroce::verbs::Error::QueueFull)));
 }
 
 #[test]

@@ -728,9 +728,9 @@ impl EngineHandle {
         // not see the flag set. So the take that follows the clearing sees this request.
         let listed = queues.listed();
         if !listed.load(SeqCst) && !listed.swap(true, SeqCst) {
-            // Unbounded, but a QP is on it once until a turn takes it (twice at most, when a
-            // turn retaking requests left over clears its flag meanwhile): bounded by the QPs
-            // and SRQs.
+            // Unbounded, but a QP or SRQ is on it once until a turn takes it, and again only
+            // after something cleared its flag meanwhile (a turn retaking requests left over,
+            // an SRQ's modify): bounded by the QPs and SRQs and those turns and modifies.
             self.doorbell.list(queues.posted());
         }
         if !self.doorbell.posted.load(SeqCst) {

@@ -763,16 +763,23 @@ impl<B: Backend> Engine<B> {
                         let slots = Arc::new(QueueSlots::default());
                         let shared = self.endpoint.share_srq_slots(id, slots.clone());
                         debug_assert!(shared.is_ok(), "the SRQ was just created");
-                        let (posts, queues) = SrqPosts::open(id, slots);
+                        let (posts, queues) = SrqPosts::open(id, attr.max_wr, slots);
                         self.srqs.insert(id, posts);
                         queues
                     });
                     let _ = reply.send(created);
                 }
                 Command::ModifySrq(srq, change, reply) => {
-                    // What was posted before the modify counts against a resize.
                     self.take_srq_posts(srq);
-                    let _ = reply.send(self.endpoint.modify_srq(srq, &change));
+                    let modified = self.endpoint.modify_srq(srq, &change);
+                    // The size the posts are held to, stored here, in the order the resizes
+                    // are applied, before the caller hears of it.
+                    if let (Ok(()), Some(max_wr), Some(posts)) =
+                        (&modified, change.max_wr, self.srqs.get(&srq))
+                    {
+                        posts.max_wr.store(max_wr, SeqCst);
+                    }
+                    let _ = reply.send(modified);
                 }
                 Command::ModifyQp(qpn, attr, reply) => {
                     let _ = reply.send(self.endpoint.modify_qp(now, qpn, &attr));
@@ -1024,11 +1031,14 @@ impl<B: Backend> Engine<B> {
         self.let_go();
     }
 
-    /// Lets go of the CQs' queues and wakes their waiting tasks and threads; drops the
-    /// commands queued, whose callers, and any later ones, get no answer and see the engine
-    /// gone.
+    /// Lets go of the CQs' queues and the SRQs' posting queues, and wakes their waiting tasks
+    /// and threads; drops the commands queued, whose callers, and any later ones, get no
+    /// answer and see the engine gone.
     fn let_go(&mut self) {
         self.cqs.clear();
+        // Closes the SRQs' posting queues: a later post is refused, not lost (a hybrid or
+        // inline engine stays in memory, stopped, for as long as the device's handles).
+        self.srqs.clear();
         while self.commands.try_recv().is_ok() {}
     }
 }

@@ -156,6 +156,8 @@ pub(crate) struct SrqQueues {
     /// The SRQ's outstanding requests: a post takes a slot, a QP taking the request from the
     /// SRQ gives it back.
     pub slots: Arc<QueueSlots>,
+    /// Its size as the last resize the engine applied left it, which posts are held to.
+    pub max_wr: Arc<AtomicUsize>,
     pub(super) id: SrqId,
     pub(super) listed: Arc<AtomicBool>,
 }
@@ -183,14 +185,16 @@ pub(super) struct SrqPosts {
     pub recv: Arc<PostQueue<RecvWr>>,
     pub recvs: Vec<RecvWr>,
     pub listed: Arc<AtomicBool>,
+    pub max_wr: Arc<AtomicUsize>,
 }
 
 impl SrqPosts {
-    /// An SRQ's posting queue: the engine's end, and the application's.
-    pub(super) fn open(id: SrqId, slots: Arc<QueueSlots>) -> (SrqPosts, SrqQueues) {
+    /// The posting queue of an SRQ of `max_wr`: the engine's end, and the application's.
+    pub(super) fn open(id: SrqId, max_wr: usize, slots: Arc<QueueSlots>) -> (SrqPosts, SrqQueues) {
         let queues = SrqQueues {
             recv: PostQueue::new(),
             slots,
+            max_wr: Arc::new(AtomicUsize::new(max_wr)),
             id,
             listed: Arc::new(AtomicBool::new(false)),
         };
@@ -198,6 +202,7 @@ impl SrqPosts {
             recv: Arc::clone(&queues.recv),
             recvs: Vec::new(),
             listed: Arc::clone(&queues.listed),
+            max_wr: Arc::clone(&queues.max_wr),
         };
         (posts, queues)
     }

@@ -361,7 +361,8 @@ impl Qp {
 
     /// Queues every request of `wrs`, which their posts checked against this QP's type
     /// ([`SendChecks::DoneAtPost`]), leaving `wrs` empty, if the QP sends (RTS or SQD), has
-    /// room for them all and, unless it is UD, none names a UD destination: what
+    /// room for them all and, unless it is UD (which it takes in RTS only), none names a UD
+    /// destination: what
     /// `check_and_queue` would do with each, taking the vector itself: the requests stay
     /// where the posts wrote them, and `wrs` is traded for an emptied batch of the send queue
     /// (the request-at-a-time path moves each request three times). On UD, `ud_dest` gives
@@ -369,7 +370,7 @@ impl Qp {
     /// since the post) completes with LOC_QP_OP_ERR in its place, as [`refuse`] has it.
     /// False, with nothing taken, otherwise: the request-at-a-time path then refuses what it
     /// must (a destination on a connected QP, which the post refuses at the call too,
-    /// completes with LOC_QP_OP_ERR at once).
+    /// completes with LOC_QP_OP_ERR in its place).
     ///
     /// [`refuse`]: Self::refuse
     pub(crate) fn queue_all_checked(
@@ -379,8 +380,11 @@ impl Qp {
     ) -> bool {
         let sends = matches!(self.state, QpState::Rts | QpState::Sqd);
         let ud = self.qp_type == QpType::Ud;
+        // UD only in RTS: in SQD a pump completes nothing, where a refusal at the head of an
+        // idle queue completes at once.
         if !sends
             || self.req.sq.len() + wrs.len() > self.max_send_wr
+            || (ud && self.state != QpState::Rts)
             || (!ud && wrs.iter().any(|wr| wr.ud.is_some()))
         {
             return false;

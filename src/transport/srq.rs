@@ -89,7 +89,12 @@ impl SharedRq {
             max_wr: change.max_wr.unwrap_or(self.attr.max_wr),
             srq_limit: change.srq_limit.unwrap_or(self.attr.srq_limit),
         };
-        check(attr, self.wqes.len())?;
+        // What its handles count as posted includes what the engine has not moved in yet.
+        let posted = self
+            .slots
+            .as_ref()
+            .map_or(self.wqes.len(), |slots| slots.outstanding().1);
+        check(attr, posted)?;
         self.attr = attr;
         Ok(())
     }

@@ -34,7 +34,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -382,7 +382,6 @@ impl ProtectionDomain {
             engine,
             id: queues.id(),
             queues,
-            max_wr: Arc::new(AtomicUsize::new(max_wr)),
         })
     }
 }
@@ -450,10 +449,9 @@ pub struct SharedReceiveQueue {
     /// The engine it lives on, with every QP built with it.
     engine: usize,
     id: SrqId,
-    /// Its posting queue, which its engine takes whole at its turns.
+    /// Its posting queue, which its engine takes whole at its turns, and the size posts are
+    /// held to.
     queues: SrqQueues,
-    /// Its size as the last successful resize left it, which posts are held to.
-    max_wr: Arc<AtomicUsize>,
 }
 
 impl SharedReceiveQueue {
@@ -463,11 +461,8 @@ impl SharedReceiveQueue {
     /// are posted and not yet taken by a QP.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let engine = self.device.engine_at(self.engine);
-        if !self
-            .queues
-            .slots
-            .take_recv(self.max_wr.load(Ordering::Acquire))
-        {
+        let max_wr = self.queues.max_wr.load(Ordering::SeqCst);
+        if !self.queues.slots.take_recv(max_wr) {
             return Err(Error::QueueFull);
         }
         if self.queues.recv.push(wr).is_err() {
@@ -486,13 +481,10 @@ impl SharedReceiveQueue {
     /// `ibv_modify_srq`: resize (refused below what is posted), or arm the limit event again.
     pub fn modify(&self, change: SrqModify) -> Result<()> {
         let id = self.id;
-        self.device
+        Ok(self
+            .device
             .engine_at(self.engine)
-            .call(|reply| Command::ModifySrq(id, change, reply))??;
-        if let Some(max_wr) = change.max_wr {
-            self.max_wr.store(max_wr, Ordering::Release);
-        }
-        Ok(())
+            .call(|reply| Command::ModifySrq(id, change, reply))??)
     }
 }
 
