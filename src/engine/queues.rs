@@ -18,13 +18,15 @@
 //! no lock: it reads each ring's tally of completions published and taken. A blocked wait
 //! holds the lock while it looks.
 //!
-//! Neither allocates per request. A post queue keeps the capacity its vector grew to, so a QP
-//! costs memory only once it is used, and only as much as its deepest backlog: the channels
-//! these replaced reserved their whole depth at creation, which 1000 idle QPs paid in full. A
-//! CQ's ring reserves its capacity at creation, as a NIC's CQ is a ring of its size, and its
-//! memory is touched as completions are first written there. The depths are held elsewhere:
-//! posts by the QP's slots ([`crate::transport::QueueSlots`], taken before a push),
-//! completions by each ring's capacity.
+//! Neither allocates per request once warm. A post queue's vector circulates: the engine trades
+//! it for an emptied one the core kept, with its capacity (up to four depths of them a queue,
+//! `transport::work_queue`), so a QP costs memory only once it is used, and only for what its
+//! traffic keeps in flight: the channels these replaced reserved their whole depth at
+//! creation, which 1000 idle QPs paid in full. A CQ's ring reserves its capacity at creation,
+//! as a NIC's CQ is a ring of its size, and its memory is touched as completions are first
+//! written there. The depths are held elsewhere: posts by the QP's or SRQ's slots
+//! ([`crate::transport::QueueSlots`], taken before a push), completions by each ring's
+//! capacity.
 
 use std::sync::atomic::{
     fence, AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,

@@ -1,10 +1,12 @@
-//! A QP's outstanding work requests, counted where the application posts and where the
-//! transport retires them, so that `max_send_wr` and `max_recv_wr` are exact: a post beyond
-//! them is refused at the call, whatever the engine has or has not yet taken in.
+//! A QP's or an SRQ's outstanding work requests, counted where the application posts and where
+//! the transport retires them, so that `max_send_wr`, `max_recv_wr` and an SRQ's `max_wr` are
+//! exact: a post beyond them is refused at the call, whatever the engine has or has not yet
+//! taken in.
 //!
 //! A send request holds its slot from its post until it leaves the send queue (completed,
-//! signalled or not, flushed, or refused); a receive request until its completion is made
-//! (or it is flushed or refused). Atomics, not a lock: a post is one compare-and-swap on a
+//! signalled or not, flushed, or refused); a receive request of a QP's own queue until its
+//! completion is made (or it is flushed or refused); one posted to an SRQ until a QP takes it
+//! from the SRQ. Atomics, not a lock: a post is one compare-and-swap on a
 //! line only posters write, a retirement one add on a line only the engine writes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,7 +70,8 @@ impl Queue {
     }
 }
 
-/// The counts of one QP, shared by its handles and the transport.
+/// The counts of one QP (or SRQ: its receive side alone), shared by its handles and the
+/// transport.
 #[derive(Debug, Default)]
 pub struct QueueSlots {
     send: Queue,

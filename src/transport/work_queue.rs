@@ -41,10 +41,11 @@ impl Placed for Place {
 /// The requests `T` of a work queue, oldest first, each with its state `S`.
 #[derive(Debug)]
 pub(super) struct WorkQueue<T, S> {
-    /// The requests in posting order, as the posts wrote them. (A `Vec`, not a deque: it is
-    /// indexed for every packet; a retirement moves the headers of the batches left, 24 bytes
-    /// each, up to one a request in flight when every turn takes a single post.)
-    batches: Vec<Vec<T>>,
+    /// The requests in posting order, as the posts wrote them. (A deque: a queue holds one
+    /// batch for each turn that took posts, up to one a request when every turn takes a single
+    /// post, and a receive queue of thousands holds them all; retiring one from a `Vec` would
+    /// move every other's header.)
+    batches: VecDeque<Vec<T>>,
     /// The number of `batches[0]`; batch numbers wrap.
     first_batch: u32,
     /// One state per request, in the same order.
@@ -58,7 +59,7 @@ pub(super) struct WorkQueue<T, S> {
 impl<T, S> Default for WorkQueue<T, S> {
     fn default() -> Self {
         WorkQueue {
-            batches: Vec::new(),
+            batches: VecDeque::new(),
             first_batch: 0,
             states: VecDeque::new(),
             spare: Vec::new(),
@@ -115,14 +116,14 @@ impl<T, S: Placed> WorkQueue<T, S> {
         // the head passes only whole batches. A new batch starts instead.
         let full = self
             .batches
-            .last()
+            .back()
             .is_none_or(|tail| !tail.is_empty() && tail.len() == tail.capacity());
         if full {
             let fresh = self.take_spare();
-            self.batches.push(fresh);
+            self.batches.push_back(fresh);
         }
         let batch = self.first_batch.wrapping_add(self.batches.len() as u32 - 1);
-        let tail = self.batches.last_mut().expect("a batch was just ensured");
+        let tail = self.batches.back_mut().expect("a batch was just ensured");
         let place = Place {
             batch,
             slot: tail.len() as u32,
@@ -138,16 +139,16 @@ impl<T, S: Placed> WorkQueue<T, S> {
         if wrs.is_empty() {
             return;
         }
-        match self.batches.last_mut() {
+        match self.batches.back_mut() {
             // The tail a queue that ran empty kept (`retire_front`): the two trade places.
             Some(tail) if tail.is_empty() => std::mem::swap(tail, wrs),
             _ => {
                 let spare = self.take_spare();
-                self.batches.push(std::mem::replace(wrs, spare));
+                self.batches.push_back(std::mem::replace(wrs, spare));
             }
         }
         let batch = self.first_batch.wrapping_add(self.batches.len() as u32 - 1);
-        let taken = self.batches.last().expect("a batch was just taken");
+        let taken = self.batches.back().expect("a batch was just taken");
         // A loop of pushes, not `extend` over an iterator: most batches hold one request or a
         // few, and `extend`'s set-up cost more than the pushes (callgrind, the ping-pong).
         for (slot, wr) in (0u32..).zip(taken) {
@@ -176,20 +177,22 @@ impl<T, S: Placed> WorkQueue<T, S> {
         let passed = match self.states.front() {
             Some(head) => head.place().batch.wrapping_sub(self.first_batch) as usize,
             None if depth > 0 && !self.batches.is_empty() => {
-                let last = self.batches.len() - 1;
-                self.batches[last].clear();
-                last
+                let tail = self.batches.back_mut().expect("not empty");
+                tail.clear();
+                self.batches.len() - 1
             }
             None => self.batches.len(),
         };
         if passed == 0 {
             return;
         }
-        // Rotated to the end and popped, not drained: `Vec::drain`'s drop cost more than the
-        // rest of the retirement (callgrind, the ping-pong, where every batch is one request).
-        self.batches.rotate_left(passed);
+        // Popped, not drained: a drain's drop cost more than the rest of the retirement
+        // (callgrind, the ping-pong, where every batch is one request).
         for _ in 0..passed {
-            let mut batch = self.batches.pop().expect("no more passed than there are");
+            let mut batch = self
+                .batches
+                .pop_front()
+                .expect("no more passed than there are");
             let room = batch.capacity();
             if room > 0 && self.spare_room + room <= SPARE_DEPTHS * depth {
                 batch.clear();
