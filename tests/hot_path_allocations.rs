@@ -71,9 +71,24 @@ struct End {
     cq: CompletionQueue,
     mr: MemoryRegion,
     qp: QueuePair,
+    /// The SRQ the QP takes its receives from, if it has one.
+    srq: Option<SharedReceiveQueue>,
 }
 
-fn end(host: u8) -> End {
+impl End {
+    /// Posts a 64-byte receive to the QP's SRQ, or to its own queue.
+    fn post_recv(&self, wr_id: u64) {
+        let wr = RecvWr::new(wr_id, self.mr.sge(0, 64).unwrap());
+        match &self.srq {
+            Some(srq) => srq.post_recv(wr),
+            None => self.qp.post_recv(wr),
+        }
+        .unwrap();
+    }
+}
+
+/// An end on host `host`, its QP on an SRQ of its own if `shared`.
+fn end(host: u8, shared: bool) -> End {
     let device = Device::open(DeviceConfig {
         progress: Progress::Inline,
         ..DeviceConfig::udp([127, 0, 9, host].into())
@@ -87,18 +102,24 @@ fn end(host: u8) -> End {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         )
         .unwrap();
-    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let srq = shared.then(|| pd.create_srq(64, 0).unwrap());
+    let mut qp = pd.create_qp().send_cq(&cq).recv_cq(&cq);
+    if let Some(srq) = &srq {
+        qp = qp.srq(srq);
+    }
     End {
         _device: device,
         cq,
         mr,
-        qp,
+        qp: qp.build().unwrap(),
+        srq,
     }
 }
 
-/// Two ends, on hosts `a` and `b`, connected to each other.
-fn connected(a: u8, b: u8) -> (End, End) {
-    let (a, b) = (end(a), end(b));
+/// Two ends, on hosts `a` and `b`, connected to each other; `b` receives through an SRQ if
+/// `shared`.
+fn connected(a: u8, b: u8, shared: bool) -> (End, End) {
+    let (a, b) = (end(a, false), end(b, shared));
     // An ACK timeout of about 4 s (4.096 µs x 2^20), not the default's 67 ms: a host too busy
     // to run the test's thread for that long would retransmit, a path the warm-up may not
     // have grown the queues of.
@@ -116,8 +137,7 @@ fn connected(a: u8, b: u8) -> (End, End) {
 fn carry(a: &End, b: &End, wr_id: u64, wr: SendWr) {
     let is_send = matches!(wr.op, SendOp::Send);
     if is_send {
-        b.qp.post_recv(RecvWr::new(wr_id, b.mr.sge(0, 64).unwrap()))
-            .unwrap();
+        b.post_recv(wr_id);
     }
     a.qp.post_send(wr).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -163,7 +183,7 @@ fn small_writes_sends_reads_and_inline_sends_allocate_nothing_once_warm() {
         allocations_in(|| drop(std::hint::black_box(Box::new(7u8)))),
         1
     );
-    let (a, b) = connected(20, 21);
+    let (a, b) = connected(20, 21, false);
     // Warm: every vector at the capacity the traffic needs, every pool filled.
     rounds(&a, &b, 0..8_000);
     let allocations = allocations_in(|| rounds(&a, &b, 8_000..40_000));
@@ -183,8 +203,7 @@ fn stream(a: &End, b: &End, ids: std::ops::Range<u64>) {
             let wr = if posted % 2 == 0 {
                 SendWr::write(posted, sge, b.mr.remote())
             } else {
-                b.qp.post_recv(RecvWr::new(posted, b.mr.sge(0, 64).unwrap()))
-                    .unwrap();
+                b.post_recv(posted);
                 SendWr::send(posted, sge)
             };
             a.qp.post_send(wr).unwrap();
@@ -216,7 +235,18 @@ fn stream(a: &End, b: &End, ids: std::ops::Range<u64>) {
 /// the stream allocates nothing (issue 24: no allocation per request).
 #[test]
 fn a_stream_of_single_posts_with_many_in_flight_allocates_nothing_once_warm() {
-    let (a, b) = connected(22, 23);
+    let (a, b) = connected(22, 23, false);
+    stream(&a, &b, 0..8_000);
+    let allocations = allocations_in(|| stream(&a, &b, 8_000..40_000));
+    assert_eq!(allocations, 0, "allocations in 32,000 requests");
+}
+
+/// The same stream with the receives posted one at a time to an SRQ: the SRQ takes each
+/// post's vector whole and frees it as QPs take its requests, so it too allocates nothing
+/// once warm.
+#[test]
+fn a_stream_of_single_posts_to_an_srq_allocates_nothing_once_warm() {
+    let (a, b) = connected(24, 25, true);
     stream(&a, &b, 0..8_000);
     let allocations = allocations_in(|| stream(&a, &b, 8_000..40_000));
     assert_eq!(allocations, 0, "allocations in 32,000 requests");

@@ -4,10 +4,19 @@
 //! non-zero value arms it; when taking a request leaves fewer than `srq_limit` posted, the SRQ
 //! raises [`AsyncEvent::SrqLimitReached`] once and disarms, which `query_srq` shows as a limit of
 //! 0 (IBTA 11.5.2.4). Like rxe, the check runs when a request is taken, not when the limit is set.
+//!
+//! The requests lie where their posts wrote them (a [`WorkQueue`]) until a QP takes one, which
+//! moves it into the QP's message, as rxe's `get_srq_wqe` copies the WQE into
+//! `qp->resp.srq_wqe` and frees its slot at once. A QP's own receive queue is read in place
+//! until the message completes; an SRQ's cannot be. Many QPs take its requests, and finish them
+//! in any order. One left in place until done would pin every batch posted after it for as long
+//! as its message lasts: a UC message whose last packet never comes would pin them for ever,
+//! and a peer could grow the SRQ's storage with every post.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::work_queue::{Place, WorkQueue};
 use super::wr::RecvWr;
 use super::{AsyncEvent, QueueSlots, VerbsError};
 use crate::memory::PdId;
@@ -39,7 +48,8 @@ pub(crate) struct SharedRq {
     /// The protection domain of the SRQ and of every QP it serves.
     pub pd: PdId,
     attr: SrqAttr,
-    wqes: VecDeque<RecvWr>,
+    /// The requests not yet taken, where their posts wrote them.
+    wqes: WorkQueue<RecvWr, Place>,
     /// The outstanding requests its handles count ([`Endpoint::share_srq_slots`]): taken by a
     /// post, given back as a QP takes the request.
     ///
@@ -73,7 +83,7 @@ impl SharedRq {
         Ok(SharedRq {
             pd,
             attr,
-            wqes: VecDeque::new(),
+            wqes: WorkQueue::default(),
             slots: None,
         })
     }
@@ -104,18 +114,18 @@ impl SharedRq {
         if self.wqes.len() >= self.attr.max_wr {
             return Err(VerbsError::QueueFull);
         }
-        self.wqes.push_back(wr);
+        self.wqes.push(wr, |_, place| place);
         Ok(())
     }
 
-    /// Takes every request of `wrs`, which their posts already counted against `max_wr` (the
-    /// handles' slots, [`Endpoint::share_srq_slots`]), leaving `wrs` empty. None is refused
-    /// for the depth: a post that raced a shrinking resize keeps its request, which no CQ
-    /// could report as refused.
+    /// Takes every request of `wrs` where it lies, which their posts already counted against
+    /// `max_wr` (the handles' slots, [`Endpoint::share_srq_slots`]), trading `wrs` for an
+    /// emptied vector. None is refused for the depth: a post that raced a shrinking resize
+    /// keeps its request, which no CQ could report as refused.
     ///
     /// [`Endpoint::share_srq_slots`]: super::Endpoint::share_srq_slots
     pub fn take_posted(&mut self, wrs: &mut Vec<RecvWr>) {
-        self.wqes.extend(wrs.drain(..));
+        self.wqes.take_batch(wrs, |_, place| place);
     }
 
     /// Whether no receive request is posted.
@@ -123,9 +133,9 @@ impl SharedRq {
         self.wqes.is_empty()
     }
 
-    /// Takes the oldest request for a QP's message; may fire the limit event.
+    /// Moves the oldest request out for a QP's message; may fire the limit event.
     pub fn take(&mut self, id: SrqId, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWr> {
-        let wr = self.wqes.pop_front()?;
+        let wr = self.wqes.pop_front(self.attr.max_wr)?;
         if let Some(slots) = &self.slots {
             slots.retire_recvs(1);
         }

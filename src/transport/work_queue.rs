@@ -156,6 +156,21 @@ impl<T, S: Placed> WorkQueue<T, S> {
         }
     }
 
+    /// Moves the oldest request out, leaving an empty one in its slot, and retires it as
+    /// [`retire_front`](Self::retire_front) does: for a queue whose requests are handed on
+    /// when taken (an SRQ's, each to the QP that takes it) rather than read where they lie
+    /// until done.
+    pub fn pop_front(&mut self, depth: usize) -> Option<T>
+    where
+        T: Default,
+    {
+        let Place { batch, slot } = self.states.front()?.place();
+        let batch = &mut self.batches[batch.wrapping_sub(self.first_batch) as usize];
+        let wr = std::mem::take(&mut batch[slot as usize]);
+        self.retire_front(1, depth);
+        Some(wr)
+    }
+
     /// An emptied batch, or a new vector, which allocates nothing until it is pushed to.
     fn take_spare(&mut self) -> Vec<T> {
         let spare = self.spare.pop().unwrap_or_default();
@@ -313,6 +328,40 @@ mod tests {
             q.take_batch(&mut posting, here);
             assert_eq!(posting.capacity(), 4, "request {id}: an emptied batch");
         }
+    }
+
+    /// Requests moved out one at a time come out in posting order across batches, each batch
+    /// emptied into the spares as the head passes it, and the last kept as the tail.
+    #[test]
+    fn requests_moved_out_from_the_head_come_out_in_order_and_free_their_batches() {
+        let mut q = Queue::default();
+        q.take_batch(&mut vec![1, 2], here);
+        q.take_batch(&mut vec![3], here);
+        q.push(4, here);
+        assert_eq!(
+            q.batches.len(),
+            3,
+            "[3] was full, so 4 began a batch of its own"
+        );
+        assert_eq!(q.pop_front(8), Some(1));
+        assert_eq!(ids(&q), [2, 3, 4]);
+        assert_eq!(
+            (q.batches.len(), q.spare.len()),
+            (3, 0),
+            "2 is still in the first"
+        );
+        assert_eq!(q.pop_front(8), Some(2));
+        assert_eq!((q.batches.len(), q.spare.len()), (2, 1));
+        assert_eq!(q.pop_front(8), Some(3));
+        assert_eq!(q.pop_front(8), Some(4));
+        assert_eq!(q.pop_front(8), None);
+        assert!(q.is_empty());
+        assert_eq!(
+            (q.batches.len(), q.spare.len()),
+            (1, 2),
+            "the last stays as the tail"
+        );
+        assert!(q.batches[0].is_empty());
     }
 
     /// Batch numbers wrap without losing their place.

@@ -468,8 +468,8 @@ impl SendWr {
     }
 }
 
-/// A receive work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A receive work request. (The default receives a zero-length message, with a `wr_id` of 0.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecvWr {
     /// The application's tag, returned in the completion.
     pub wr_id: u64,
