@@ -18,6 +18,20 @@ proptest! {
     }
 }
 
+/// What the driver reads before its actions: MTU 1024, the simulator's `seed`, the shortest
+/// ACK timeout, 7 retries and RNR retries, READ depths of 16, and 0 for the random rkey.
+fn header(seed: u8) -> Script {
+    Script::default()
+        .u32(1)
+        .u8(seed)
+        .u32(0)
+        .u32(7)
+        .u32(7)
+        .u32(15)
+        .u32(15)
+        .u32(0)
+}
+
 /// The oracle tells poison from what a key grants by content: no clean pattern it writes may
 /// hold eight bytes of poison, or a READ of it would look like a leak.
 #[test]
@@ -37,16 +51,7 @@ fn no_clean_pattern_holds_poison() {
 /// node 1"); now they are withheld as they are built.
 #[test]
 fn the_driver_catches_a_read_that_outlives_its_region() {
-    let header = Script::default()
-        .u32(1) // MTU 1024
-        .u8(0) // the simulator's seed
-        .u32(0) // timeout
-        .u32(7) // retry_cnt
-        .u32(7) // rnr_retry
-        .u32(15)
-        .u32(15) // READ depths
-        .u32(0); // the random rkey
-    let script = header
+    let script = header(0)
         // post_send: an rkey from the list, the sixth (the revocable region's), at its start.
         .u32(0)
         .u32(0)
@@ -76,4 +81,40 @@ fn the_driver_catches_a_read_that_outlives_its_region() {
         .u32(10);
     let counters = sim::fuzz::run(&script.0);
     assert_eq!(counters.revoked_read_responses, 1, "{counters}");
+}
+
+/// The seed's top bit puts node 1's QP on an SRQ of 16 requests: of 20 zero-length receives
+/// posted, the last 4 are refused there, so the last 4 of 20 SENDs find none and are answered
+/// with an RNR NAK; on the QP's own deep queue none is. Without the SRQ in the driver, the
+/// fuzzer would never reach a responder that takes its requests from one.
+#[test]
+fn a_seed_of_128_or_more_puts_node_1_on_a_shallow_srq() {
+    let script = |seed: u8| {
+        let mut script = header(seed);
+        for _ in 0..20 {
+            // post_recv, no SGE
+            script = script.u32(2).u32(0);
+        }
+        for _ in 0..20 {
+            // post_send: the first rkey, at node 1's region, a SEND of no SGE, signalled
+            script = script
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .u8(0)
+                .u32(0);
+            script = script.u8(1).u8(0).u8(0);
+        }
+        for _ in 0..8 {
+            script = script.u32(3).u32(63); // 64 steps
+        }
+        script
+    };
+    let own_queue = sim::fuzz::run(&script(0).0);
+    assert_eq!(own_queue.rnr_naks_sent, 0, "{own_queue}");
+    let shared = sim::fuzz::run(&script(128).0);
+    assert!(shared.rnr_naks_sent > 0, "{shared}");
 }

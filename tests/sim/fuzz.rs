@@ -9,16 +9,18 @@
 //! ([`Oracle`]): regions with no remote rights or READ only, regions node 1 deregisters or
 //! releases, and regions only a window reaches, which node 1 binds and invalidates, and a
 //! peer's SEND with Invalidate too. Node 0 knows every rkey and tries it with every operation,
-//! at every address.
+//! at every address. In half the inputs (the simulator's seed at 128 or above) node 1's QP takes
+//! its receives from an SRQ, which the input also resizes and arms.
 
 use super::exposure::{
     Oracle, PRIVATE_IOVA, READ_ONLY_IOVA, REVOCABLE_IOVA, STRIDE, WATCHED_LEN, WINDOWED_IOVA,
 };
-use super::rc::{connect, connect_end, Options, Side, ALL, IOVA, MR_LEN};
+use super::rc::{connect_end, connect_sharing, Options, Side, ALL, IOVA, MR_LEN};
 use super::{addr, forge, Faults, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MwType};
 use softroce::transport::{
     Counters, Datagram, PathMtu, Payload, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge, SgeList,
+    SrqId, SrqModify,
 };
 use softroce::wire::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeader,
@@ -102,6 +104,8 @@ struct World {
     sim: Sim,
     a: Side,
     b: Side,
+    /// The SRQ node 1's QP takes its receives from, if it has one.
+    srq: Option<SrqId>,
     oracle: Oracle,
     /// rkeys node 0 tries: node 1's regions, revoked or not, and nonsense; and its windows'.
     rkeys: Vec<RKey>,
@@ -111,13 +115,16 @@ struct World {
 /// The most actions one input runs, and the most simulator steps one action takes.
 const MAX_ACTIONS: usize = 256;
 const MAX_STEPS: usize = 64;
+/// The depth of node 1's SRQ, when it has one: small, so that inputs fill it.
+const SRQ_DEPTH: usize = 16;
 
 /// Runs one input. Panics only where the transport broke an invariant; returns node 1's
 /// counters, for a test to see that an input went where it meant to.
 pub fn run(data: &[u8]) -> Counters {
     let mut input = Input::new(data);
     let mtu = input.pick(&[PathMtu::Mtu256, PathMtu::Mtu1024, PathMtu::Mtu4096]);
-    let mut sim = Sim::new(2, u64::from(input.u8()), Faults::default());
+    let seed = input.u8();
+    let mut sim = Sim::new(2, u64::from(seed), Faults::default());
     for node in &mut sim.nodes {
         node.set_port_mtu(PathMtu::Mtu4096);
     }
@@ -129,7 +136,8 @@ pub fn run(data: &[u8]) -> Counters {
         rd_atomic: [1 + input.below(16) as u8, 1 + input.below(16) as u8],
         ..Default::default()
     };
-    let [a, b] = connect(&mut sim, options);
+    let shared = (seed >= 128).then_some(SRQ_DEPTH);
+    let ([a, b], srq) = connect_sharing(&mut sim, options, shared);
     let oracle = Oracle::new(&mut sim, b.mr.pd(), &b.mr);
     let mut rkeys = vec![b.mr.rkey(), RKey(0), RKey(input.u32())];
     rkeys.extend(oracle.rkeys());
@@ -137,6 +145,7 @@ pub fn run(data: &[u8]) -> Counters {
         sim,
         a,
         b,
+        srq,
         oracle,
         rkeys,
         wr_id: 0,
@@ -305,7 +314,10 @@ impl World {
             wr_id: self.next_id(),
             sges: Self::sges(&self.b, input),
         };
-        let _ = self.sim.nodes[1].post_recv(self.b.qpn, wr);
+        let _ = match self.srq {
+            Some(srq) => self.sim.nodes[1].post_srq_recv(srq, wr),
+            None => self.sim.nodes[1].post_recv(self.b.qpn, wr),
+        };
     }
 
     /// A packet a hostile peer could send: any supported opcode, headers with chosen fields,
@@ -433,7 +445,8 @@ impl World {
         }));
     }
 
-    /// Moves either QP to ERROR, RESET and back to RTS, or SQD.
+    /// Moves either QP to ERROR, RESET and back to RTS, or SQD; or resizes node 1's SRQ, or
+    /// arms its limit event, when it has one.
     fn modify(&mut self, input: &mut Input<'_>) {
         let node = input.below(2) as usize;
         let qpn = if node == 0 { self.a.qpn } else { self.b.qpn };
@@ -442,7 +455,7 @@ impl World {
             state: Some(state),
             ..Default::default()
         };
-        match input.below(3) {
+        match input.below(4) {
             0 => {
                 let _ = self.sim.nodes[node].modify_qp(now, qpn, &to(QpState::Error));
             }
@@ -457,8 +470,19 @@ impl World {
                 let ends = [(0, self.a.qpn), (1, self.b.qpn)];
                 let _ = connect_end(&mut self.sim, ends, node, &o);
             }
-            _ => {
+            2 => {
                 let _ = self.sim.nodes[node].modify_qp(now, qpn, &to(QpState::Sqd));
+            }
+            _ => {
+                if let Some(srq) = self.srq {
+                    let change = SrqModify {
+                        max_wr: input
+                            .bool()
+                            .then(|| input.below(2 * SRQ_DEPTH as u32) as usize),
+                        srq_limit: input.bool().then(|| input.below(SRQ_DEPTH as u32)),
+                    };
+                    let _ = self.sim.nodes[1].modify_srq(srq, &change);
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use super::{drain, forge, Sim};
 use softroce::memory::{inc_rkey, Access, BindMw, MemoryRegion, MwType, PdId};
 use softroce::transport::{
     connect_steps, ConnectOptions, CqId, PathMtu, Payload, QpEndpoint, QpInit, QpType, RecvWr,
-    SendOp, SendWr, Sge, SgeList, VerbsError, WcOpcode, WcStatus,
+    SendOp, SendWr, Sge, SgeList, SrqAttr, SrqId, VerbsError, WcOpcode, WcStatus,
 };
 use softroce::wire::{
     BthRepr, ExtHeaders, Opcode, Psn, QKey, Qpn, RKey, RethRepr, RnrTimer, RocePacket,
@@ -59,30 +59,55 @@ impl Default for Options {
 
 /// Two endpoints with one connected RC QP each, taken through INIT, RTR and RTS.
 pub fn connect(sim: &mut Sim, o: Options) -> [Side; 2] {
+    connect_sharing(sim, o, None).0
+}
+
+/// [`connect`], node 1's QP taking its receives from an SRQ of its own of `srq_depth`
+/// requests, if given: the SRQ's number is returned with the sides.
+pub fn connect_sharing(
+    sim: &mut Sim,
+    o: Options,
+    srq_depth: Option<usize>,
+) -> ([Side; 2], Option<SrqId>) {
+    let mut srq = None;
     let sides = [0, 1].map(|n| {
         let ep = &mut sim.nodes[n];
         let pd = ep.alloc_pd();
         let cq = ep.create_cq(1 << 20);
         let mr = ep.reg_mr(pd, IOVA, MR_LEN, o.mr_access).unwrap();
-        let qpn = qp_on(sim, n, pd, cq);
+        let qpn = match srq_depth.filter(|_| n == 1) {
+            Some(max_wr) => {
+                let attr = SrqAttr {
+                    max_wr,
+                    srq_limit: 0,
+                };
+                let id = ep.create_srq(pd, attr).unwrap();
+                srq = Some(id);
+                ep.create_qp_with_srq(rc_init(pd, cq), id).unwrap()
+            }
+            None => qp_on(sim, n, pd, cq),
+        };
         Side { qpn, cq, mr }
     });
     connect_qps(sim, [(0, sides[0].qpn), (1, sides[1].qpn)], &o);
-    sides
+    (sides, srq)
+}
+
+/// An RC QP of `pd` completing into `cq`, deep enough that no test fills it.
+fn rc_init(pd: PdId, cq: CqId) -> QpInit {
+    QpInit {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        max_send_wr: 1 << 16,
+        max_recv_wr: 1 << 16,
+    }
 }
 
 /// A new RC QP on `node`, in `pd`, completing into `cq`.
 pub fn qp_on(sim: &mut Sim, node: usize, pd: PdId, cq: CqId) -> Qpn {
-    sim.nodes[node]
-        .create_qp(QpInit {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            max_send_wr: 1 << 16,
-            max_recv_wr: 1 << 16,
-        })
-        .unwrap()
+    sim.nodes[node].create_qp(rc_init(pd, cq)).unwrap()
 }
 
 /// Connects two RC QPs, each `(node, qpn)`, as `o` says: the first sends from `o.psn[0]`.
