@@ -241,9 +241,10 @@ fn a_stream_of_single_posts_with_many_in_flight_allocates_nothing_once_warm() {
     assert_eq!(allocations, 0, "allocations in 32,000 requests");
 }
 
-/// The same stream with the receives posted one at a time to an SRQ: the SRQ takes each
-/// post's vector whole and frees it as QPs take its requests, so it too allocates nothing
-/// once warm.
+/// The same stream with the receives posted one at a time to an SRQ: the SRQ moves each
+/// post's request into its tail (a vector mostly room is not kept as a batch), frees the
+/// batches QPs take requests from, and fills them again, so it too allocates nothing once
+/// warm.
 #[test]
 fn a_stream_of_single_posts_to_an_srq_allocates_nothing_once_warm() {
     let (a, b) = connected(24, 25, true);

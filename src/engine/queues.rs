@@ -11,12 +11,12 @@
 //! emptied one; a batch the core cannot take whole (a QP in a state that refuses or flushes,
 //! or without room for it all) is moved into it a request at a time, or refused there. An
 //! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists
-//! a QP's, and whose vector the core takes whole into the SRQ in the same way. A completion is written once into
-//! a ring that its engine alone writes, without a lock, and read once by a poll, under a
-//! lock that the polls take, and the engine only to wake a thread blocked in a wait: a
-//! delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ takes
-//! no lock: it reads each ring's tally of completions published and taken. A blocked wait
-//! holds the lock while it looks.
+//! a QP's; the SRQ takes its vector whole too, unless it is mostly room. A completion is
+//! written once into a ring that its engine alone writes, without a lock, and read once by a
+//! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
+//! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ
+//! takes no lock: it reads each ring's tally of completions published and taken. A blocked
+//! wait holds the lock while it looks.
 //!
 //! Neither allocates per request once warm. A post queue's vector circulates: the engine trades
 //! it for an emptied one the core kept, with its capacity (up to four depths of them a queue,

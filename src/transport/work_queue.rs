@@ -1,6 +1,7 @@
 //! A QP's send or receive queue as the core holds it: each work request where its post wrote
 //! it, read in place until the queue's head passes it, and beside it, in the same order, the
-//! little the core keeps about it (for a send, its PSNs and status).
+//! little the core keeps about it (for a send, its PSNs and status). An SRQ holds its requests
+//! in one too, until a QP moves one out ([`WorkQueue::pop_front`]).
 //!
 //! The posts write requests into a vector (the engine's posting queue, `engine::queues`), and
 //! the engine hands the core that vector whole: it becomes a batch here, and the requests in it
@@ -171,6 +172,12 @@ impl<T, S: Placed> WorkQueue<T, S> {
         Some(wr)
     }
 
+    /// The room of the batches that hold requests, in requests: what the queue's requests take.
+    #[cfg(test)]
+    pub fn room(&self) -> usize {
+        self.batches.iter().map(Vec::capacity).sum()
+    }
+
     /// An emptied batch, or a new vector, which allocates nothing until it is pushed to.
     fn take_spare(&mut self) -> Vec<T> {
         let spare = self.spare.pop().unwrap_or_default();
@@ -209,7 +216,7 @@ impl<T, S: Placed> WorkQueue<T, S> {
                 .pop_front()
                 .expect("no more passed than there are");
             let room = batch.capacity();
-            if room > 0 && self.spare_room + room <= SPARE_DEPTHS * depth {
+            if room > 0 && self.spare_room + room <= SPARE_DEPTHS.saturating_mul(depth) {
                 batch.clear();
                 self.spare.push(batch);
                 self.spare_room += room;
@@ -362,6 +369,14 @@ mod tests {
             "the last stays as the tail"
         );
         assert!(q.batches[0].is_empty());
+        // ...which the next batch is traded for, as after `retire_front`.
+        let mut next = vec![5];
+        q.take_batch(&mut next, here);
+        assert!(
+            next.is_empty() && next.capacity() >= 1,
+            "the emptied tail, given back"
+        );
+        assert_eq!(q.pop_front(8), Some(5));
     }
 
     /// Batch numbers wrap without losing their place.
