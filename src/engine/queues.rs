@@ -9,9 +9,10 @@
 //! one of its own. That vector then goes whole to the core, which reads its requests where
 //! the posts wrote them until they complete (`transport::work_queue`), and gives back an
 //! emptied one; a batch the core cannot take whole (a QP in a state that refuses or flushes,
-//! or without room for it all) is moved into it a request at a time, or refused there. An
+//! or without room for it all), and receives whose vector is mostly room into a queue that
+//! holds others, are moved into it a request at a time, or refused there. An
 //! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists
-//! a QP's; the SRQ takes its vector whole too, unless it is mostly room. A completion is
+//! a QP's, and whose vector the SRQ takes as a QP's receive queue does. A completion is
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
 //! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
 //! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ

@@ -802,8 +802,10 @@ impl Endpoint {
         posted
     }
 
-    /// Takes the receive requests of `wrs`, which the engine's posting queue filled, as they
-    /// lie: `wrs` becomes part of the QP's receive queue and is traded for an emptied vector.
+    /// Takes the receive requests of `wrs`, which the engine's posting queue filled, leaving it
+    /// empty: as they lie, `wrs` becoming part of the QP's receive queue and traded for an
+    /// emptied vector, unless it is mostly room
+    /// ([`WorkQueue::take_dense`](super::work_queue::WorkQueue::take_dense)).
     /// Only for the first `n` of them being all of `wrs`, on a QP with a queue of its own (no
     /// SRQ), in a state that queues receives (neither RESET nor ERROR): false, with nothing
     /// taken, otherwise, for [`post_recv`](Self::post_recv) to take them one at a time. The
@@ -817,7 +819,7 @@ impl Endpoint {
             && !matches!(qp.state, QpState::Reset | QpState::Error)
             && qp.rq.len() + n <= qp.max_recv_wr;
         if takes {
-            qp.rq.take_batch(wrs, |_, at| at);
+            qp.rq.take_dense(wrs, |_, at| at);
         }
         takes
     }

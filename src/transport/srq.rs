@@ -13,11 +13,9 @@
 //! as its message lasts: a UC message whose last packet never comes would pin them for ever,
 //! and a peer could grow the SRQ's storage with every post.
 //!
-//! A vector of posts that is mostly room (a turn that found one post or two) is not kept as a
-//! batch of its own: its requests are moved into the queue's tail, as they were before the
-//! queue held batches, so that an SRQ filled a post at a time holds its requests densely. An
-//! SRQ is often deep, and shared to save memory; a batch per single post would hold four
-//! requests' room for each.
+//! Posts are taken as a QP's own receive queue takes them ([`WorkQueue::take_dense`]): a vector
+//! of posts that is mostly room is moved into the tail, so that an SRQ, often deep and shared
+//! to save memory, holds its requests densely when it is filled a post at a time.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -125,21 +123,13 @@ impl SharedRq {
     }
 
     /// Takes every request of `wrs`, which their posts already counted against `max_wr` (the
-    /// handles' slots, [`Endpoint::share_srq_slots`]), leaving `wrs` empty: where it lies,
-    /// trading `wrs` for an emptied vector, when the requests fill at least half its room, and
-    /// otherwise moved into the queue's tail (see the module's documentation). None is refused
-    /// for the depth: a post that raced a shrinking resize keeps its request, which no CQ could
-    /// report as refused.
+    /// handles' slots, [`Endpoint::share_srq_slots`]), leaving `wrs` empty
+    /// ([`WorkQueue::take_dense`]). None is refused for the depth: a post that raced a
+    /// shrinking resize keeps its request, which no CQ could report as refused.
     ///
     /// [`Endpoint::share_srq_slots`]: super::Endpoint::share_srq_slots
     pub fn take_posted(&mut self, wrs: &mut Vec<RecvWr>) {
-        if wrs.len() * 2 < wrs.capacity() {
-            for wr in wrs.drain(..) {
-                self.wqes.push(wr, |_, place| place);
-            }
-        } else {
-            self.wqes.take_batch(wrs, |_, place| place);
-        }
+        self.wqes.take_dense(wrs, |_, place| place);
     }
 
     /// Whether no receive request is posted.
@@ -159,69 +149,5 @@ impl SharedRq {
             events.push_back(AsyncEvent::SrqLimitReached { srq: id });
         }
         Some(wr)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transport::SgeList;
-
-    fn srq() -> SharedRq {
-        let attr = SrqAttr {
-            max_wr: 1024,
-            srq_limit: 0,
-        };
-        SharedRq::new(PdId(1), attr).unwrap()
-    }
-
-    /// One post's vector, grown from nothing as a post grows it: room 4.
-    fn posted(ids: std::ops::Range<u64>) -> Vec<RecvWr> {
-        let mut wrs = Vec::new();
-        wrs.extend(ids.map(|id| RecvWr::new(id, SgeList::new())));
-        wrs
-    }
-
-    /// A vector of posts that is mostly room is moved into the tail and kept by the posting
-    /// queue; one at least half full is taken whole, and traded. Either way the requests are
-    /// taken in posting order.
-    #[test]
-    fn a_vector_mostly_room_is_moved_in_and_a_fuller_one_taken_whole() {
-        let mut srq = srq();
-        let mut one = posted(0..1);
-        srq.take_posted(&mut one);
-        assert!(one.is_empty());
-        assert_eq!(
-            one.capacity(),
-            4,
-            "moved in: the vector stays the posting queue's"
-        );
-        let mut four = posted(1..5);
-        srq.take_posted(&mut four);
-        assert!(four.is_empty());
-        assert_eq!(
-            four.capacity(),
-            0,
-            "taken whole: traded for a new, empty vector"
-        );
-        let mut events = VecDeque::new();
-        let taken: Vec<u64> = std::iter::from_fn(|| srq.take(SrqId(0), &mut events))
-            .map(|wr| wr.wr_id)
-            .collect();
-        assert_eq!(taken, [0, 1, 2, 3, 4]);
-        assert!(srq.is_empty());
-    }
-
-    /// An SRQ filled a post at a time, each post's vector with room for 4, holds its requests
-    /// densely: taken whole, 256 single posts would hold room for 1024.
-    #[test]
-    fn single_posts_are_held_densely() {
-        let mut srq = srq();
-        let mut vector = Vec::new();
-        for id in 0..256 {
-            vector.push(RecvWr::new(id, SgeList::new()));
-            srq.take_posted(&mut vector);
-        }
-        assert!(srq.wqes.room() <= 256 + 4, "room {}", srq.wqes.room());
     }
 }

@@ -172,10 +172,21 @@ impl<T, S: Placed> WorkQueue<T, S> {
         Some(wr)
     }
 
-    /// The room of the batches that hold requests, in requests: what the queue's requests take.
-    #[cfg(test)]
-    pub fn room(&self) -> usize {
-        self.batches.iter().map(Vec::capacity).sum()
+    /// [`take_batch`](Self::take_batch) for a receive queue, which keeps its requests dense: a
+    /// vector that is mostly room (a turn that found a post or two) is moved in a request at a
+    /// time, into the tail, and stays the caller's; but into a queue that ran empty, whose
+    /// emptied tail the two trade, and a vector at least half full, are taken whole. A queue
+    /// kept deep and refilled a post at a time (a server reposting each receive it consumed;
+    /// an SRQ) would otherwise hold a batch of room 4 for every request. Sends are always
+    /// taken whole: a `SendWr` is larger, and its queue only as deep as the window in flight.
+    pub fn take_dense(&mut self, wrs: &mut Vec<T>, mut state: impl FnMut(&T, Place) -> S) {
+        let ran_empty = self.batches.back().is_some_and(Vec::is_empty);
+        if ran_empty || wrs.len() * 2 >= wrs.capacity() {
+            return self.take_batch(wrs, state);
+        }
+        for wr in wrs.drain(..) {
+            self.push(wr, &mut state);
+        }
     }
 
     /// An emptied batch, or a new vector, which allocates nothing until it is pushed to.
@@ -377,6 +388,51 @@ mod tests {
             "the emptied tail, given back"
         );
         assert_eq!(q.pop_front(8), Some(5));
+    }
+
+    /// A receive queue's posts: a vector mostly room is moved into the tail and stays the
+    /// caller's, one at least half full is traded, and so is any into a queue that ran empty,
+    /// for its emptied tail; all in posting order.
+    #[test]
+    fn a_vector_mostly_room_is_moved_in_unless_the_queue_ran_empty() {
+        let mut q = Queue::default();
+        let mut one = Vec::with_capacity(4);
+        for id in [0, 1] {
+            one.push(id);
+            q.take_dense(&mut one, here);
+            assert!(
+                one.is_empty() && one.capacity() == 4,
+                "moved in: the vector stays"
+            );
+        }
+        let mut two = Vec::with_capacity(4);
+        two.extend([2, 3]);
+        q.take_dense(&mut two, here);
+        assert_eq!(two.capacity(), 0, "half full: traded");
+        assert_eq!(ids(&q), [0, 1, 2, 3]);
+        q.retire_front(4, 8);
+        one.push(4);
+        q.take_dense(&mut one, here);
+        assert!(
+            one.is_empty() && one.capacity() >= 1,
+            "the emptied tail, traded back"
+        );
+        assert_eq!(ids(&q), [4]);
+    }
+
+    /// A queue kept deep and refilled a post at a time, each post's vector with room for 4,
+    /// holds its requests densely: taken whole, 256 single posts would hold room for 1024.
+    #[test]
+    fn single_posts_to_a_deep_queue_are_held_densely() {
+        let mut q = Queue::default();
+        let mut posting = Vec::new();
+        for id in 0..256 {
+            posting.push(id);
+            q.take_dense(&mut posting, here);
+        }
+        assert_eq!(ids(&q), (0..256).collect::<Vec<_>>());
+        let room: usize = q.batches.iter().map(Vec::capacity).sum();
+        assert!(room <= 256 + 4, "room {room} for 256 requests");
     }
 
     /// Batch numbers wrap without losing their place.
