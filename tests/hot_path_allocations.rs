@@ -192,8 +192,9 @@ fn small_writes_sends_reads_and_inline_sends_allocate_nothing_once_warm() {
 
 /// 64-byte WRITEs and SENDs in turn from `a` to `b`, each posted on its own with up to 32 in
 /// flight, each SEND's receive posted on its own just before it: with inline progress each
-/// post's turn takes a batch of one request into the send or receive queue, so that dozens of
-/// batches are in flight at once and one ACK retires many of them.
+/// post's turn takes a batch of one request into the send queue (and moves a receive into the
+/// receive queue's tail), so that dozens of batches are in flight at once and one ACK retires
+/// many of them.
 fn stream(a: &End, b: &End, ids: std::ops::Range<u64>) {
     let (mut posted, mut done, mut received) = (ids.start, ids.start, 0);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -230,8 +231,8 @@ fn stream(a: &End, b: &End, ids: std::ops::Range<u64>) {
     }
 }
 
-/// Requests posted one at a time, many in flight: the batches the send and receive queues take
-/// each request in are emptied as their heads pass them and serve the next posts, so once warm
+/// Requests posted one at a time, many in flight: the batches the send and receive queues hold
+/// the requests in are emptied as their heads pass them and serve the next posts, so once warm
 /// the stream allocates nothing (issue 24: no allocation per request).
 #[test]
 fn a_stream_of_single_posts_with_many_in_flight_allocates_nothing_once_warm() {

@@ -864,7 +864,8 @@ impl<B: Backend> Engine<B> {
             posts.listed.store(false, SeqCst);
             posts.recv.take_into(&mut posts.recvs);
             let room = endpoint.recv_queue_room(qpn).min(posts.recvs.len());
-            // Taken as they lie when the QP takes them all (the usual case), else one at a time.
+            // Taken in one call when the QP takes them all (the usual case: as they lie, or a
+            // single post into the queue's tail), else one at a time.
             if !endpoint.take_recv_batch(qpn, &mut posts.recvs, room) {
                 for wr in posts.recvs.drain(..room) {
                     let wr_id = wr.wr_id;

@@ -9,8 +9,8 @@
 //! one of its own. That vector then goes whole to the core, which reads its requests where
 //! the posts wrote them until they complete (`transport::work_queue`), and gives back an
 //! emptied one; a batch the core cannot take whole (a QP in a state that refuses or flushes,
-//! or without room for it all), and receives whose vector is mostly room into a queue that
-//! holds others, are moved into it a request at a time, or refused there. An
+//! or without room for it all), and receives whose vector is less than half full (a single
+//! post's), are moved into it a request at a time, or refused there. An
 //! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists
 //! a QP's, and whose vector the SRQ takes as a QP's receive queue does. A completion is
 //! written once into a ring that its engine alone writes, without a lock, and read once by a
@@ -20,7 +20,8 @@
 //! wait holds the lock while it looks.
 //!
 //! Neither allocates per request once warm. A post queue's vector circulates: the engine trades
-//! it for an emptied one the core kept, with its capacity (up to four depths of them a queue,
+//! it for an emptied one the core kept, or keeps it when the core moved a single receive out of
+//! it, with its capacity (up to four depths of them a queue,
 //! `transport::work_queue`), so a QP costs memory only once it is used, and only for what its
 //! traffic keeps in flight: the channels these replaced reserved their whole depth at
 //! creation, which 1000 idle QPs paid in full. A CQ's ring reserves its capacity at creation,

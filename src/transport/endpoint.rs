@@ -804,7 +804,7 @@ impl Endpoint {
 
     /// Takes the receive requests of `wrs`, which the engine's posting queue filled, leaving it
     /// empty: as they lie, `wrs` becoming part of the QP's receive queue and traded for an
-    /// emptied vector, unless it is mostly room
+    /// emptied vector, or, for a vector less than half full, moved into the queue's tail
     /// ([`WorkQueue::take_dense`](super::work_queue::WorkQueue::take_dense)).
     /// Only for the first `n` of them being all of `wrs`, on a QP with a queue of its own (no
     /// SRQ), in a state that queues receives (neither RESET nor ERROR): false, with nothing

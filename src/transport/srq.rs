@@ -5,8 +5,8 @@
 //! raises [`AsyncEvent::SrqLimitReached`] once and disarms, which `query_srq` shows as a limit of
 //! 0 (IBTA 11.5.2.4). Like rxe, the check runs when a request is taken, not when the limit is set.
 //!
-//! The requests lie where their posts wrote them (a [`WorkQueue`]) until a QP takes one, which
-//! moves it into the QP's message, as rxe's `get_srq_wqe` copies the WQE into
+//! The requests lie in a [`WorkQueue`], most where their posts wrote them, until a QP takes one,
+//! which moves it into the QP's message, as rxe's `get_srq_wqe` copies the WQE into
 //! `qp->resp.srq_wqe` and frees its slot at once. A QP's own receive queue is read in place
 //! until the message completes; an SRQ's cannot be. Many QPs take its requests, and finish them
 //! in any order. One left in place until done would pin every batch posted after it for as long
@@ -14,7 +14,7 @@
 //! and a peer could grow the SRQ's storage with every post.
 //!
 //! Posts are taken as a QP's own receive queue takes them ([`WorkQueue::take_dense`]): a vector
-//! of posts that is mostly room is moved into the tail, so that an SRQ, often deep and shared
+//! of posts less than half full is moved into the tail, so that an SRQ, often deep and shared
 //! to save memory, holds its requests densely when it is filled a post at a time.
 
 use std::collections::VecDeque;
@@ -149,5 +149,39 @@ impl SharedRq {
             events.push_back(AsyncEvent::SrqLimitReached { srq: id });
         }
         Some(wr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::SgeList;
+
+    /// An SRQ refilled a post at a time as QPs take its requests, each post's vector less than
+    /// half full: the requests come out in posting order, and the SRQ holds them densely, its
+    /// batches freed as requests are moved out and filled again by the next posts.
+    #[test]
+    fn an_srq_refilled_a_post_at_a_time_is_taken_in_order_and_held_densely() {
+        let attr = SrqAttr {
+            max_wr: 64,
+            srq_limit: 0,
+        };
+        let mut srq = SharedRq::new(PdId(1), attr).unwrap();
+        let mut posting = Vec::new();
+        let mut post = |srq: &mut SharedRq, id| {
+            posting.push(RecvWr::new(id, SgeList::new()));
+            srq.take_posted(&mut posting);
+        };
+        for id in 0..64 {
+            post(&mut srq, id);
+        }
+        let mut events = VecDeque::new();
+        for id in 64..10_000 {
+            let taken = srq.take(SrqId(0), &mut events).expect("64 posted");
+            assert_eq!(taken.wr_id, id - 64);
+            post(&mut srq, id);
+        }
+        assert!(srq.wqes.room() <= 64 + 8, "room {} for 64", srq.wqes.room());
+        assert!(events.is_empty(), "no limit armed");
     }
 }

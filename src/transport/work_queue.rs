@@ -8,16 +8,18 @@
 //! are not moved again, as a NIC reads WQEs from the ring the driver wrote them into. A batch
 //! is cleared, dropping its requests where they lie, once the head has passed its last request,
 //! and kept, with its capacity, to be traded for the next posts' vector: in a steady stream no
-//! vector is allocated.
+//! vector is allocated. Receive queues make one exception ([`WorkQueue::take_dense`]): a
+//! vector less than half full, a single post's, is moved into the tail a request at a time, so
+//! that a deep queue refilled a post at a time does not hold a batch for every request.
 
 use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
 /// How many requests' room the emptied batches a queue keeps may hold in all, in multiples of
-/// the queue's depth; past it they are freed. A stream keeps as many batches in circulation as
-/// it has in flight, one for each turn that took posts: up to one a request when each turn
-/// finds one, and an ACK then retires up to a window of them at once, which the next posts
-/// need again. A vector that one post grew from nothing has room for 4 (`Vec`'s least for
+/// the queue's depth; past it they are freed. A stream of sends keeps as many batches in
+/// circulation as it has in flight, one for each turn that took posts: up to one a request
+/// when each turn finds one, and an ACK then retires up to a window of them at once, which the
+/// next posts need again. A vector that one post grew from nothing has room for 4 (`Vec`'s least for
 /// requests of this size), so a window of one-request batches takes 4 depths.
 const SPARE_DEPTHS: usize = 4;
 
@@ -44,8 +46,7 @@ impl Placed for Place {
 pub(super) struct WorkQueue<T, S> {
     /// The requests in posting order, as the posts wrote them. (A deque: a queue holds one
     /// batch for each turn that took posts, up to one a request when every turn takes a single
-    /// post, and a receive queue of thousands holds them all; retiring one from a `Vec` would
-    /// move every other's header.)
+    /// send, or two receives; retiring one from a `Vec` would move every other's header.)
     batches: VecDeque<Vec<T>>,
     /// The number of `batches[0]`; batch numbers wrap.
     first_batch: u32,
@@ -173,12 +174,14 @@ impl<T, S: Placed> WorkQueue<T, S> {
     }
 
     /// [`take_batch`](Self::take_batch) for a receive queue, which keeps its requests dense: a
-    /// vector that is mostly room (a turn that found a post or two) is moved in a request at a
-    /// time, into the tail, and stays the caller's; but into a queue that ran empty, whose
-    /// emptied tail the two trade, and a vector at least half full, are taken whole. A queue
-    /// kept deep and refilled a post at a time (a server reposting each receive it consumed;
-    /// an SRQ) would otherwise hold a batch of room 4 for every request. Sends are always
-    /// taken whole: a `SendWr` is larger, and its queue only as deep as the window in flight.
+    /// vector less than half full (with room 4, a turn that found a single post) is moved in a
+    /// request at a time, into the tail, and stays the caller's; a vector at least half full is
+    /// taken whole, and so is any into a queue that ran empty and kept its emptied tail, which
+    /// the two trade (a ping-pong's one receive). A queue kept deep and refilled a post at a
+    /// time (a server reposting each receive it consumed; an SRQ) would otherwise hold a batch
+    /// of room 4 for every request; refilled two at a time, it holds twice their room at most.
+    /// Sends are always taken whole: a `SendWr` is larger, and its queue only as deep as the
+    /// window in flight.
     pub fn take_dense(&mut self, wrs: &mut Vec<T>, mut state: impl FnMut(&T, Place) -> S) {
         let ran_empty = self.batches.back().is_some_and(Vec::is_empty);
         if ran_empty || wrs.len() * 2 >= wrs.capacity() {
@@ -187,6 +190,12 @@ impl<T, S: Placed> WorkQueue<T, S> {
         for wr in wrs.drain(..) {
             self.push(wr, &mut state);
         }
+    }
+
+    /// The room of the batches that hold requests, in requests: what the requests take.
+    #[cfg(test)]
+    pub fn room(&self) -> usize {
+        self.batches.iter().map(Vec::capacity).sum()
     }
 
     /// An emptied batch, or a new vector, which allocates nothing until it is pushed to.
@@ -411,17 +420,22 @@ mod tests {
         assert_eq!(two.capacity(), 0, "half full: traded");
         assert_eq!(ids(&q), [0, 1, 2, 3]);
         q.retire_front(4, 8);
+        // The vector is traded for the emptied tail: it comes back another vector.
+        let posted_into = one.as_ptr();
         one.push(4);
         q.take_dense(&mut one, here);
-        assert!(
-            one.is_empty() && one.capacity() >= 1,
-            "the emptied tail, traded back"
+        assert!(one.is_empty(), "taken");
+        assert_ne!(
+            one.as_ptr(),
+            posted_into,
+            "traded for the emptied tail, not moved into it"
         );
         assert_eq!(ids(&q), [4]);
     }
 
     /// A queue kept deep and refilled a post at a time, each post's vector with room for 4,
-    /// holds its requests densely: taken whole, 256 single posts would hold room for 1024.
+    /// holds its requests densely: taken whole, 256 single posts would hold room for 1024. As
+    /// the head retires one and a post refills it, the batches it passes serve again.
     #[test]
     fn single_posts_to_a_deep_queue_are_held_densely() {
         let mut q = Queue::default();
@@ -431,8 +445,15 @@ mod tests {
             q.take_dense(&mut posting, here);
         }
         assert_eq!(ids(&q), (0..256).collect::<Vec<_>>());
-        let room: usize = q.batches.iter().map(Vec::capacity).sum();
-        assert!(room <= 256 + 4, "room {room} for 256 requests");
+        assert!(q.room() <= 256 + 4, "room {} for 256 requests", q.room());
+        for id in 256..10_000 {
+            q.retire_front(1, 256);
+            posting.push(id);
+            q.take_dense(&mut posting, here);
+            assert_eq!(*q.wr(0), id - 255);
+        }
+        assert!(q.room() <= 256 + 8, "room {} for 256 requests", q.room());
+        assert!(q.spare_room <= 8, "{} in the spares", q.spare_room);
     }
 
     /// Batch numbers wrap without losing their place.
