@@ -6,29 +6,28 @@
 //! Neither is a channel. A post is one uncontended lock and one move of the request into a
 //! vector (what a provider's send-queue spinlock and WQE write are to `ibv_post_send`); the
 //! engine takes everything a QP's queue holds at once, by swapping that vector with an empty
-//! one of its own. That vector then goes whole to the core, which reads its requests where
-//! the posts wrote them until they complete (`transport::work_queue`), and gives back an
-//! emptied one; a batch the core cannot take whole (a QP in a state that refuses or flushes,
-//! or without room for it all), and receives whose vector is less than half full (a single
-//! post's), are moved into it a request at a time, or refused there. An
-//! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists
-//! a QP's, and whose vector the SRQ takes as a QP's receive queue does. A completion is
-//! written once into a ring that its engine alone writes, without a lock, and read once by a
-//! poll, under a lock that the polls take, and the engine only to wake a thread blocked in a
-//! wait: a delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ
-//! takes no lock: it reads each ring's tally of completions published and taken. A blocked
-//! wait holds the lock while it looks.
+//! one of its own. That vector then goes whole to the core, which reads its requests where the
+//! posts wrote them until they complete (`transport::work_queue`), and gives back an emptied
+//! one; a batch the core cannot take whole (a QP in a state that refuses or flushes, or without
+//! room for it all), and receives whose vector is less than half full (a single post's) into a
+//! queue that did not run empty, are moved into it a request at a time, or refused there. An
+//! SRQ has a posting queue of its own ([`SrqQueues`]), which the doorbell lists as it lists a
+//! QP's, and whose vector the SRQ takes as a QP's receive queue does. A completion is written
+//! once into a ring that its engine alone writes, without a lock, and read once by a poll,
+//! under a lock that the polls take, and the engine only to wake a thread blocked in a wait: a
+//! delivery does not wait for a poll, nor a poll for a delivery. A poll of an empty CQ takes no
+//! lock: it reads each ring's tally of completions published and taken. A blocked wait holds
+//! the lock while it looks.
 //!
 //! Neither allocates per request once warm. A post queue's vector circulates: the engine trades
 //! it for an emptied one the core kept, or keeps it when the core moved a single receive out of
-//! it, with its capacity (up to four depths of them a queue,
-//! `transport::work_queue`), so a QP costs memory only once it is used, and only for what its
-//! traffic keeps in flight: the channels these replaced reserved their whole depth at
-//! creation, which 1000 idle QPs paid in full. A CQ's ring reserves its capacity at creation,
-//! as a NIC's CQ is a ring of its size, and its memory is touched as completions are first
-//! written there. The depths are held elsewhere: posts by the QP's or SRQ's slots
-//! ([`crate::transport::QueueSlots`], taken before a push), completions by each ring's
-//! capacity.
+//! it, with its capacity (up to four depths of them a queue, `transport::work_queue`), so a QP
+//! costs memory only once it is used, and only for what its traffic keeps in flight: the
+//! channels these replaced reserved their whole depth at creation, which 1000 idle QPs paid in
+//! full. A CQ's ring reserves its capacity at creation, as a NIC's CQ is a ring of its size,
+//! and its memory is touched as completions are first written there. The depths are held
+//! elsewhere: posts by the QP's or SRQ's slots ([`crate::transport::QueueSlots`], taken before
+//! a push), completions by each ring's capacity.
 
 use std::sync::atomic::{
     fence, AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,

@@ -439,8 +439,9 @@ impl Endpoint {
     }
 
     /// [`post_srq_recv`](Self::post_srq_recv) of the requests of `wrs`, which the engine's
-    /// posting queue filled and whose posts counted them against the SRQ's depth, taken where
-    /// they lie; leaves `wrs` empty. Dropped if the SRQ is unknown (none is ever destroyed).
+    /// posting queue filled and whose posts counted them against the SRQ's depth, taken as
+    /// the SRQ takes them (`SharedRq::take_posted`); leaves `wrs` empty. Dropped if the SRQ is
+    /// unknown (none is ever destroyed).
     pub(crate) fn post_srq_batch(&mut self, srq: SrqId, wrs: &mut Vec<RecvWr>) {
         match self.srq_mut(srq) {
             Ok(srq) => srq.take_posted(wrs),

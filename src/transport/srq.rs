@@ -52,7 +52,8 @@ pub(crate) struct SharedRq {
     /// The protection domain of the SRQ and of every QP it serves.
     pub pd: PdId,
     attr: SrqAttr,
-    /// The requests not yet taken, where their posts wrote them.
+    /// The requests not yet taken: most where their posts wrote them, a single post's moved
+    /// into the tail (`WorkQueue::take_dense`).
     wqes: WorkQueue<RecvWr, Place>,
     /// The outstanding requests its handles count ([`Endpoint::share_srq_slots`]): taken by a
     /// post, given back as a QP takes the request.

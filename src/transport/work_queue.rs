@@ -19,8 +19,8 @@ use std::ops::{Index, IndexMut};
 /// the queue's depth; past it they are freed. A stream of sends keeps as many batches in
 /// circulation as it has in flight, one for each turn that took posts: up to one a request
 /// when each turn finds one, and an ACK then retires up to a window of them at once, which the
-/// next posts need again. A vector that one post grew from nothing has room for 4 (`Vec`'s least for
-/// requests of this size), so a window of one-request batches takes 4 depths.
+/// next posts need again. A vector that one post grew from nothing has room for 4 (`Vec`'s
+/// least for requests of this size), so a window of one-request batches takes 4 depths.
 const SPARE_DEPTHS: usize = 4;
 
 /// Where a request lies: slot `slot` of batch number `batch`.
