@@ -19,6 +19,7 @@ use softroce::wire::Qpn;
 use crate::abi::*;
 use crate::devices::Context;
 use crate::held::HeldEvents;
+use crate::users::Users;
 use crate::{guard, set_errno, unsupported};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
@@ -35,6 +36,8 @@ pub(crate) struct Cq {
     /// from its channel may still poll, re-arm and acknowledge it while another thread
     /// destroys it.
     pub held: HeldEvents,
+    /// The QPs created with it.
+    pub users: Users,
 }
 
 /// A completion channel: the program's `ibv_comp_channel`, first.
@@ -180,6 +183,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             },
             cq,
             held: HeldEvents::default(),
+            users: Users::default(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
@@ -216,7 +220,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     })
 }
 
-/// `ibv_destroy_cq`.
+/// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard(libc::EIO, || {
@@ -224,6 +228,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
             return libc::EINVAL;
         };
+        if this.users.busy() {
+            return libc::EBUSY;
+        }
         // SAFETY: the CQ's context is open while the CQ lives.
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
@@ -261,7 +268,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 /// `ibv_resize_cq`: softroce's CQs keep their size.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    unsupported("ibv_resize_cq")
+    guard(libc::EOPNOTSUPP, || unsupported("ibv_resize_cq"))
 }
 
 /// The value `enum ibv_wc_status` gives `status`.

@@ -29,7 +29,7 @@ use softroce::verbs::{BackendKind, Device, DeviceConfig};
 use crate::abi::*;
 use crate::config::{self, Addresses};
 use crate::held::HeldEvents;
-use crate::{cq, guard, memory, post, qp, set_errno};
+use crate::{cq, guard, memory, post, qp, say, set_errno};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
 /// process, so a program may keep the pointer past `ibv_free_device_list`.
@@ -533,8 +533,8 @@ impl Context {
         if index != 0 {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "softroce: GID index {index}: {} has one GID, index 0 (its address {} as a RoCE v2 GID)",
+                say!(
+                    "GID index {index}: {} has one GID, index 0 (its address {} as a RoCE v2 GID)",
                     self.entry.name(),
                     self.entry.addr
                 );
@@ -566,7 +566,7 @@ impl DeviceEntry {
             config.busy_poll,
             trains_per_qp,
         ) = settings.map_err(|why| {
-            eprintln!("softroce: {why}");
+            say!("{why}");
             libc::EINVAL
         })?;
         config.backend = BackendKind::Udp {
@@ -577,8 +577,7 @@ impl DeviceEntry {
             let name = self.name();
             match &e {
                 softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
-                    eprintln!(
-                        "softroce: {name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
+                    say!("{name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
                          give this process another address, for example {}=127.0.0.2 \
                          (softroce run --addr 127.0.0.2 -- ...)",
                         self.addr,
@@ -589,15 +588,14 @@ impl DeviceEntry {
                 softroce::verbs::Error::Io(io)
                     if io.kind() == std::io::ErrorKind::AddrNotAvailable =>
                 {
-                    eprintln!(
-                        "softroce: {name}: {} is not an address of this host: set {} to one it has",
+                    say!("{name}: {} is not an address of this host: set {} to one it has",
                         self.addr,
                         config::ADDR_VAR
                     );
                     libc::EADDRNOTAVAIL
                 }
                 _ => {
-                    eprintln!("softroce: {name}: cannot open the device: {e}");
+                    say!("{name}: cannot open the device: {e}");
                     libc::EIO
                 }
             }
@@ -628,7 +626,7 @@ fn spawn_event_waiter(device: &Device, contexts: &Arc<Mutex<Vec<Arc<PendingEvent
             }
         });
     if spawned.is_err() {
-        eprintln!("softroce: no thread for asynchronous events: none will be reported");
+        say!("no thread for asynchronous events: none will be reported");
     }
 }
 
@@ -698,7 +696,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
         let list = match devices() {
             Ok(list) => list,
             Err(why) => {
-                eprintln!("softroce: {why}");
+                say!("{why}");
                 set_errno(libc::EINVAL);
                 return ptr::null_mut();
             }

@@ -19,7 +19,8 @@
 //!   also a pointer to softroce's object (the way rdma-core's providers embed theirs).
 //!
 //! What softroce lacks answers `EOPNOTSUPP`, with one line on standard error the first time
-//! (`unsupported`).
+//! (`unsupported`). Every line the library prints goes through [`say!`], which never fails: a
+//! program may have closed standard error, or made it a pipe whose reader has gone.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -35,6 +36,7 @@ mod post;
 mod provider;
 mod qp;
 mod strings;
+mod users;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -43,6 +45,24 @@ use std::sync::Mutex;
 use libc::c_int;
 
 pub use config::{Addresses, ADDR_VAR};
+
+/// Writes `softroce: ` and the line to standard error, in one write, and ignores a failure:
+/// `eprintln!` panics when the write fails (a program that closed standard error, or whose
+/// standard error is a pipe with no reader and that ignores SIGPIPE), and the library's lines
+/// are never worth a program's call.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+/// What [`say!`] expands to.
+pub(crate) fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let text = format!("softroce: {line}\n");
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
 
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(value: c_int) {
@@ -72,7 +92,7 @@ pub(crate) fn unsupported(verb: &str) -> c_int {
         .get_or_insert_with(HashSet::new)
         .insert(verb.to_string())
     {
-        eprintln!("softroce: {verb} is not supported (EOPNOTSUPP)");
+        say!("{verb} is not supported (EOPNOTSUPP)");
     }
     libc::EOPNOTSUPP
 }
@@ -80,7 +100,7 @@ pub(crate) fn unsupported(verb: &str) -> c_int {
 /// Reports an error of softroce's own on standard error, in one line, for a call whose C
 /// interface has only an errno to say it with; returns that errno.
 pub(crate) fn report(verb: &str, errno: c_int, why: impl std::fmt::Display) -> c_int {
-    eprintln!("softroce: {verb}: {why}");
+    say!("{verb}: {why}");
     errno
 }
 

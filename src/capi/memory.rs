@@ -19,6 +19,7 @@ use softroce::verbs::{MemoryRegion, MemoryWindow, ProtectionDomain};
 use crate::abi::*;
 use crate::devices::Context;
 use crate::qp::Qp;
+use crate::users::Users;
 use crate::{guard, set_errno};
 
 /// Regions a device holds at most: its key table's limit (`softroce::memory`).
@@ -34,6 +35,8 @@ const DEREG_WAIT: Duration = Duration::from_secs(5);
 pub(crate) struct Pd {
     pub ibv: ibv_pd,
     pub pd: ProtectionDomain,
+    /// Its QPs, SRQs, regions, windows and address handles.
+    pub users: Users,
 }
 
 impl Pd {
@@ -45,6 +48,19 @@ impl Pd {
     pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
         // SAFETY: per the contract, `pd` is the first field of a live `Pd`.
         unsafe { pd.cast::<Pd>().as_ref() }
+    }
+
+    /// A user of the PD `pd` names was destroyed.
+    ///
+    /// # Safety
+    ///
+    /// `pd` is null or the PD of a user being destroyed, which is alive: it could not be
+    /// deallocated while the user counted.
+    pub(crate) unsafe fn release(pd: *mut ibv_pd) {
+        // SAFETY: per the contract.
+        if let Some(pd) = unsafe { Pd::from_ibv(pd) } {
+            pd.users.remove();
+        }
     }
 }
 
@@ -111,6 +127,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
                         handle,
                     },
                     pd,
+                    users: Users::default(),
                 });
                 Box::into_raw(pd).cast()
             }
@@ -127,12 +144,16 @@ fn pd_handle(pd: &ProtectionDomain) -> u32 {
     pd.id().0
 }
 
-/// `ibv_dealloc_pd`: its objects keep what they need of it.
+/// `ibv_dealloc_pd`: `EBUSY` while a QP, SRQ, region, window or address handle is on it.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
-        if pd.is_null() {
+        // SAFETY: the program passes a PD it allocated and has not freed.
+        let Some(this) = (unsafe { Pd::from_ibv(pd) }) else {
             return libc::EINVAL;
+        };
+        if this.users.busy() {
+            return libc::EBUSY;
         }
         // SAFETY: every PD is a leaked `Box<Pd>` (`ibv_alloc_pd`), handed back once.
         drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
@@ -215,6 +236,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
                     region: Some(region),
                     deregistered: false,
                 });
+                owner.users.add();
                 Box::into_raw(mr).cast()
             }
             Err(e) => {
@@ -267,6 +289,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
                 }
             }
         }
+        // SAFETY: the region's PD, alive while the region counted in it.
+        unsafe { Pd::release(this.ibv.pd) };
         // SAFETY: as above; the region is gone, and so is the last use of the box.
         drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
         0
@@ -301,6 +325,7 @@ pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> 
                     }),
                     window,
                 });
+                owner.users.add();
                 Box::into_raw(mw).cast()
             }
             Err(e) => {
@@ -318,13 +343,19 @@ pub(crate) unsafe extern "C" fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: every MW is a leaked `Box<Mw>` (`ibv_alloc_mw`), handed back once.
-        drop(unsafe { Box::from_raw(mw.cast::<Mw>()) });
+        let mw = unsafe { Box::from_raw(mw.cast::<Mw>()) };
+        // SAFETY: the window's PD, alive while the window counted in it; `pd` is written only
+        // when the window is made.
+        unsafe { Pd::release((*mw.ibv.get()).pd) };
         0
     })
 }
 
 /// The context op `bind_mw` (`ibv_bind_mw`, type 1 windows): posts the bind on `qp`; the
-/// window's rkey is the new one from now on, good once the bind completes.
+/// window's rkey is the new one from now on, good once the bind completes. With no region
+/// (`bind_info.mr` null, and a zero address and length, as `verbs.h` lets through), the bind
+/// unbinds the window: it reaches nothing once the bind completes, and its region may be
+/// deregistered (rxe_mw.c `rxe_do_bind_mw`).
 pub(crate) unsafe extern "C" fn ibv_bind_mw(
     qp: *mut ibv_qp,
     mw: *mut ibv_mw,
@@ -339,25 +370,23 @@ pub(crate) unsafe extern "C" fn ibv_bind_mw(
         ) else {
             return libc::EINVAL;
         };
+        let info = &bind.bind_info;
         // SAFETY: a non-null `mr` in the bind is one the program registered.
-        let Some(mr) = (unsafe { bind.bind_info.mr.cast::<Mr>().as_ref() }) else {
-            return libc::EINVAL;
+        let request = match unsafe { info.mr.cast::<Mr>().as_ref() } {
+            None if info.addr == 0 && info.length == 0 => mw.window.unbind_request(),
+            None => return libc::EINVAL,
+            Some(mr) => {
+                let (Some(region), Some(rights)) = (&mr.region, access(info.mw_access_flags))
+                else {
+                    return libc::EINVAL;
+                };
+                let offset = info.addr.wrapping_sub(region.iova()) as usize;
+                mw.window
+                    .bind_request(region, offset, info.length as usize, rights)
+            }
         };
-        let (Some(region), Some(rights)) = (&mr.region, access(bind.bind_info.mw_access_flags))
-        else {
-            return libc::EINVAL;
-        };
-        let offset = bind.bind_info.addr.wrapping_sub(region.iova()) as usize;
-        let len = bind.bind_info.length as usize;
         let signaled = bind.send_flags & IBV_SEND_SIGNALED != 0;
-        match qp.bind_mw(
-            bind.wr_id,
-            signaled,
-            &mw.window,
-            region,
-            (offset, len),
-            rights,
-        ) {
+        match qp.bind_mw(bind.wr_id, signaled, request) {
             Ok(()) => {
                 // SAFETY: the field lies in the cell, so no reference to it exists, and it is a
                 // live, aligned `u32` for as long as `mw` is. Stored atomically: two threads

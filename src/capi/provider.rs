@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use libc::{c_int, c_void};
 
-use crate::unsupported;
+use crate::{guard, unsupported};
 
 /// `verbs_allow_disassociate_destroy`: a flag of rdma-core's, read by providers.
 #[no_mangle]
@@ -26,7 +26,9 @@ macro_rules! errno_stubs {
         #[doc = concat!("`", stringify!($name), "`: a provider's, which softroce never calls.")]
         #[no_mangle]
         pub extern "C" fn $name() -> c_int {
-            unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"))
+            guard(libc::EOPNOTSUPP, || {
+                unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"))
+            })
         }
     )*};
 }
@@ -37,8 +39,10 @@ macro_rules! null_stubs {
         #[doc = concat!("`", stringify!($name), "`: a provider's, which softroce never calls.")]
         #[no_mangle]
         pub extern "C" fn $name() -> *mut c_void {
-            unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"));
-            std::ptr::null_mut()
+            guard(std::ptr::null_mut(), || {
+                unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"));
+                std::ptr::null_mut()
+            })
         }
     )*};
 }
@@ -49,7 +53,9 @@ macro_rules! void_stubs {
         #[doc = concat!("`", stringify!($name), "`: a provider's, which softroce never calls.")]
         #[no_mangle]
         pub extern "C" fn $name() {
-            unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"));
+            guard((), || {
+                unsupported(concat!(stringify!($name), " (rdma-core's provider interface)"));
+            })
         }
     )*};
 }

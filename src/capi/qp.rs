@@ -10,13 +10,11 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use libc::{c_int, c_uint, c_void};
-use softroce::memory::Access;
+use softroce::memory::{Access, BindMw};
 use softroce::transport::{
     AddressVector, PathMtu, QpAttr, QpState, QpType, SendOp, SendWr, SgeList, SrqId, SrqModify,
 };
-use softroce::verbs::{
-    AddressHandle, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, SharedReceiveQueue,
-};
+use softroce::verbs::{AddressHandle, ProtectionDomain, QueuePair, SharedReceiveQueue};
 use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
 
 use crate::abi::*;
@@ -25,6 +23,7 @@ use crate::devices::Context;
 use crate::held::HeldEvents;
 use crate::memory::{access, Pd};
 use crate::post::{MAX_INLINE, MAX_SGE};
+use crate::users::Users;
 use crate::{errno_of, guard, set_errno, unsupported};
 
 /// QPs a device holds at most: the QP number table's practical limit (`softroce::keyed`).
@@ -62,6 +61,8 @@ pub(crate) struct Srq {
     attr: Mutex<ibv_srq_attr>,
     /// Its asynchronous events the program holds (as [`Qp::held`]).
     pub held: HeldEvents,
+    /// The QPs created with it.
+    pub users: Users,
 }
 
 /// An address handle: the program's `ibv_ah`, first.
@@ -88,12 +89,8 @@ impl Qp {
         &self,
         wr_id: u64,
         signaled: bool,
-        window: &MemoryWindow,
-        region: &MemoryRegion,
-        (offset, len): (usize, usize),
-        rights: Access,
+        bind: BindMw,
     ) -> softroce::verbs::Result<()> {
-        let bind = window.bind_request(region, offset, len, rights);
         let mut wr = SendWr::new(
             wr_id,
             SendOp::BindMw(bind),
@@ -393,6 +390,12 @@ pub unsafe extern "C" fn ibv_create_qp(
             held: HeldEvents::default(),
         });
         let raw = Box::into_raw(boxed);
+        owner.users.add();
+        send_cq.users.add();
+        recv_cq.users.add();
+        if let Some(srq) = srq {
+            srq.users.add();
+        }
         // SAFETY: the PD's context is open while the PD lives.
         if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
@@ -514,6 +517,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.qps.retain(|&(q, _)| q != qpn);
         }
+        // SAFETY: the QP's PD, CQs and SRQ, alive while the QP counted in them.
+        unsafe {
+            Pd::release(this.ibv.pd);
+            for cq in [this.ibv.send_cq, this.ibv.recv_cq] {
+                if let Some(cq) = Cq::from_ibv(cq) {
+                    cq.users.remove();
+                }
+            }
+            if let Some(srq) = Srq::from_ibv(this.ibv.srq) {
+                srq.users.remove();
+            }
+        }
         if this.held.destroy() {
             // SAFETY: every QP is a leaked `Box<Qp>`, handed back once; no event of it is held,
             // and none names it any more (it is out of the context's list).
@@ -579,8 +594,10 @@ pub unsafe extern "C" fn ibv_create_srq(
             srq,
             attr: Mutex::new(init.attr),
             held: HeldEvents::default(),
+            users: Users::default(),
         });
         let raw = Box::into_raw(boxed);
+        owner.users.add();
         // SAFETY: the PD's context is open while the PD lives.
         if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
             ctx.objects
@@ -640,23 +657,28 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     })
 }
 
-/// `ibv_destroy_srq`: the program's handle goes. softroce's engine keeps the queue itself
-/// until the device closes (its core has no destroy for SRQs yet).
+/// `ibv_destroy_srq`: the program's handle goes; `EBUSY` while a QP uses it. softroce's engine
+/// keeps the queue itself until the device closes (its core has no destroy for SRQs yet).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard(libc::EIO, || {
-        if srq.is_null() {
+        // SAFETY: the program passes an SRQ it created and has not destroyed.
+        let Some(this) = (unsafe { Srq::from_ibv(srq) }) else {
             return libc::EINVAL;
+        };
+        if this.users.busy() {
+            return libc::EBUSY;
         }
         // SAFETY: the SRQ's context is open while the SRQ lives.
-        let ctx = unsafe { Context::from_ibv((*srq).context) };
-        if let Some(ctx) = ctx {
+        if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.srqs.retain(|&at| at != srq as usize);
         }
-        // SAFETY: every SRQ is a leaked `Box<Srq>` the program has not destroyed.
-        if unsafe { &*srq.cast::<Srq>() }.held.destroy() {
-            // SAFETY: handed back once; no event of it is held, and none names it any more.
+        // SAFETY: the SRQ's PD, alive while the SRQ counted in it.
+        unsafe { Pd::release(this.ibv.pd) };
+        if this.held.destroy() {
+            // SAFETY: every SRQ is a leaked `Box<Srq>`, handed back once; no event of it is
+            // held, and none names it any more.
             drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
         }
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
@@ -692,6 +714,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
                     handle,
                     pd: owner.pd.clone(),
                 });
+                owner.users.add();
                 Box::into_raw(ah).cast()
             }
             Err(e) => {
@@ -702,19 +725,23 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
-/// `ibv_destroy_ah`.
+/// `ibv_destroy_ah`: the handle is freed only once softroce has let go of it, so that a call
+/// that fails may be made again.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
-        if ah.is_null() {
+        // SAFETY: the program passes an AH it created and has not destroyed.
+        let Some(this) = (unsafe { Ah::from_ibv(ah) }) else {
             return libc::EINVAL;
+        };
+        if let Err(e) = this.pd.destroy_ah(this.handle) {
+            return errno_of(&e);
         }
-        // SAFETY: every AH is a leaked `Box<Ah>`, handed back once.
-        let ah = unsafe { Box::from_raw(ah.cast::<Ah>()) };
-        match ah.pd.destroy_ah(ah.handle) {
-            Ok(()) => 0,
-            Err(e) => errno_of(&e),
-        }
+        // SAFETY: the AH's PD, alive while the AH counted in it.
+        unsafe { Pd::release(this.ibv.pd) };
+        // SAFETY: every AH is a leaked `Box<Ah>`, handed back once it is destroyed.
+        drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+        0
     })
 }
 
@@ -802,7 +829,7 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     _gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    unsupported("ibv_attach_mcast")
+    guard(libc::EOPNOTSUPP, || unsupported("ibv_attach_mcast"))
 }
 
 /// `ibv_detach_mcast`: softroce has no multicast.
@@ -812,5 +839,5 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     _gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    unsupported("ibv_detach_mcast")
+    guard(libc::EOPNOTSUPP, || unsupported("ibv_detach_mcast"))
 }

@@ -378,6 +378,9 @@ cm_counters!(
     /// REQs from a QP already in one of our connections: rejected with reason 10, stale
     /// connection, and the old connection, if established, sent a DREQ.
     rejected_stale,
+    /// REQs the application let go of unanswered, with nothing sent, for want of room in its
+    /// listen backlog ([`CmEndpoint::ignore`]): the peer sends them again.
+    ignored,
     /// DREQs for no connection, answered with a DREP all the same.
     unknown_dreqs_answered,
     /// ICMP destination-unreachable reports that ended an unanswered REQ or SIDR request

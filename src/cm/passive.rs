@@ -371,6 +371,23 @@ impl CmEndpoint {
         Ok(())
     }
 
+    /// Forgets a connection request unanswered, and sends nothing, as the kernel's CM forgets a
+    /// REQ for which a listener's backlog has no room (cm.c `cm_destroy_id` after the
+    /// handler's `-ENOMEM`: no REJ, "to allow future retries"). The peer's CM sends its REQ
+    /// again after its timeout, and that one is a new request.
+    pub fn ignore(&mut self, now: Duration, conn: ConnId) -> Result<(), CmError> {
+        self.now = self.now.max(now);
+        let c = self.conns.get(&conn.0).ok_or(CmError::Unknown)?;
+        if c.state != State::ReqRcvd {
+            return Err(CmError::WrongState(
+                "only a REQ not yet answered can be ignored",
+            ));
+        }
+        self.counters.ignored += 1;
+        self.forget(conn.0);
+        Ok(())
+    }
+
     /// An RTU: the active side is ready.
     pub(super) fn on_rtu(&mut self, src: IpAddr, id: u32, sender: u32) {
         let Some(conn) = lookup(&mut self.conns, &mut self.counters, src, id) else {

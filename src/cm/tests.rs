@@ -407,6 +407,36 @@ fn a_repeated_req_while_the_application_decides_gets_an_mra_that_holds_the_peer(
     assert!(matches!(&pair.events(A)[..], [CmEvent::Reply { conn, .. }] if *conn == active));
 }
 
+/// A request the application ignores (its listen backlog is full) is forgotten with nothing
+/// sent, as cm.c forgets one whose listener's handler answered `-ENOMEM`: the active side's
+/// next REQ is a new request, and an answer to that one connects.
+#[test]
+fn an_ignored_request_sends_nothing_and_its_repeat_is_a_new_request() {
+    let mut pair = Pair::new(config());
+    let (active, ignored, _) = pair.request(b"");
+    pair.b.ignore(pair.now, ignored).unwrap();
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.b.counters().ignored, 1);
+    assert_eq!(
+        (pair.sent(B, "REJ"), pair.sent(B, "MRA")),
+        (0, 0),
+        "nothing sent"
+    );
+    assert!(
+        pair.b.ignore(pair.now, ignored).is_err(),
+        "forgotten: nothing left to ignore"
+    );
+    pair.advance(config().request_period());
+    pair.exchange(|_, _| false);
+    assert_eq!(pair.sent(A, "REQ"), 2);
+    let again = match &pair.events(B)[..] {
+        [CmEvent::ConnectRequest { conn, .. }] => *conn,
+        other => panic!("the repeat is a new request: {other:?}"),
+    };
+    pair.accept(again, |_, _| false);
+    assert!(matches!(&pair.events(A)[..], [CmEvent::Reply { conn, .. }] if *conn == active));
+}
+
 /// A REQ no one answers is sent 1 + max_retries times, then the attempt fails and the peer
 /// hears REJ "timeout" (cm.c `cm_destroy_id` in REQ_SENT).
 #[test]

@@ -79,6 +79,8 @@ pub(crate) enum CmCommand {
     },
     /// The application let go of a connection or a request without answering it.
     Abort(ConnId),
+    /// The application lets a request go unanswered, with nothing sent (its backlog is full).
+    Ignore(ConnId),
     SidrResolve {
         dst: IpAddr,
         service_id: ServiceId,
@@ -243,6 +245,9 @@ impl CmRouter {
             CmCommand::Abort(conn) => {
                 self.conns.remove(&conn);
                 self.agent.abort(now, conn);
+            }
+            CmCommand::Ignore(conn) => {
+                let _ = self.agent.cm_mut().ignore(now, conn);
             }
             CmCommand::SidrResolve {
                 dst,

@@ -368,6 +368,18 @@ impl ConnectionRequest {
         Ok(link)
     }
 
+    /// Lets the request go unanswered: nothing is sent, and the CM forgets it, as the kernel's
+    /// CM does with a REQ for which a listener's backlog has no room. The peer's CM sends its
+    /// REQ again after its timeout (about 4 s with librdmacm's defaults), and that one comes
+    /// as a new request; a peer that hears nothing within its retries gives up (timed out).
+    pub fn ignore(mut self) -> Result<()> {
+        self.answered = true;
+        Ok(self
+            .device
+            .engine()
+            .command(Command::Cm(CmCommand::Ignore(self.conn)))?)
+    }
+
     /// Rejects with up to 148 bytes of private data (REJ reason 28, consumer defined, as
     /// `rdma_reject`).
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {

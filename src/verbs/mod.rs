@@ -51,7 +51,7 @@ use crate::transport::{
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
 use crate::wire::cm::SidrStatus;
-use crate::wire::{Psn, QKey, Qpn, RKey};
+use crate::wire::{LKey, Psn, QKey, Qpn, RKey};
 pub(crate) use inbox::receive;
 
 pub use crate::memory::MemoryRegion;
@@ -418,15 +418,28 @@ impl MemoryWindow {
         len: usize,
         access: Access,
     ) -> BindMw {
+        let addr = region.iova() + offset as u64;
+        self.next_bind(region.lkey(), addr, len as u64, access)
+    }
+
+    /// The bind that unbinds a type 1 window (a zero length, as `ibv_bind_mw` with no region):
+    /// once it completes, the window reaches nothing, its region counts it no more (and may be
+    /// deregistered), and it may be bound again. Its rkey changes as with any bind.
+    pub fn unbind_request(&self) -> BindMw {
+        self.next_bind(LKey(0), 0, 0, Access::NONE)
+    }
+
+    /// A bind of this window with the next rkey, which becomes the window's now.
+    fn next_bind(&self, region: LKey, addr: u64, len: u64, access: Access) -> BindMw {
         let window = self.rkey();
         let new_rkey = inc_rkey(window);
         self.rkey.store(new_rkey.0, Ordering::Relaxed);
         BindMw {
             window,
             new_rkey,
-            region: region.lkey(),
-            addr: region.iova() + offset as u64,
-            len: len as u64,
+            region,
+            addr,
+            len,
             access,
         }
     }

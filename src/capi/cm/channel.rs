@@ -129,6 +129,11 @@ impl Events {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let at = queue.iter().position(|e| wanted(&e.ibv))?;
         let event = queue.remove(at)?;
+        if event.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+            if let Some(listener) = event.owners.listener.upgrade() {
+                listener.request_taken();
+            }
+        }
         taking(&event);
         let mut count = 0u64;
         // SAFETY: our own eventfd, 8 bytes; its count is not zero (above).

@@ -8,7 +8,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use super::{ip_of, socket_addr, storage};
 use crate::abi::*;
 use crate::devices::{self, Context};
 use crate::qp::Qp;
-use crate::{errno_of, guard, set_errno, unsupported};
+use crate::{errno_of, guard, say, set_errno, unsupported};
 
 /// How long a synchronous call waits for its event: longer than the CM's own retries (15
 /// tries of about 4.3 s) take to give up.
@@ -70,6 +70,57 @@ pub(super) struct Shared {
     /// The QP `rdma_create_qp` made on the ID, while the ID holds it: for the state a
     /// connection's event leaves it in ([`note_event`], on the thread that takes the event).
     qp: Mutex<Option<MadeQp>>,
+    /// A listening ID's requests not yet taken, and how many may wait.
+    backlog: Backlog,
+}
+
+/// The most requests a listener keeps unread: the kernel's `net.rdma_ucm.max_backlog`
+/// default, which a backlog of 0 or less, or more than this, becomes (ucma.c `ucma_listen`).
+const MAX_BACKLOG: usize = 1024;
+
+/// A listener's backlog, as the kernel's ucma counts it: the `CONNECT_REQUEST` events posted
+/// and not yet taken by `rdma_get_cm_event` (or `rdma_get_request`). A request beyond it is not
+/// queued: a REQ is let go unanswered, so that the peer sends it again later (ucma.c answers
+/// `-ENOMEM`, after which cm.c sends no REJ), and a SIDR request is refused (SIDR_REP status 2,
+/// which cm.c sends whatever the handler's error). So a peer cannot make a listener whose
+/// program does not read its events hold more than this many requests.
+#[derive(Default)]
+struct Backlog {
+    /// The most that may wait; 0 until the ID listens.
+    limit: AtomicUsize,
+    unread: AtomicUsize,
+    /// Whether the program was told, on standard error, that requests are being let go.
+    said: AtomicBool,
+}
+
+impl Backlog {
+    /// The ID listens with `backlog`, as the program gave it.
+    fn start(&self, backlog: c_int) {
+        let limit = usize::try_from(backlog)
+            .ok()
+            .filter(|n| (1..=MAX_BACKLOG).contains(n))
+            .unwrap_or(MAX_BACKLOG);
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Whether another request may wait. Only the listener's thread posts requests, so room
+    /// found here is still there when it posts: takes only make more.
+    fn has_room(&self) -> bool {
+        self.unread.load(Ordering::Acquire) < self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A request from `peer` to the listener at `local` found no room: says so on standard
+    /// error, once per listener.
+    fn overflowed(&self, local: SocketAddr, peer: SocketAddr) {
+        if !self.said.swap(true, Ordering::Relaxed) {
+            say!(
+                "rdma_listen on {local}: {} connection requests wait unread (its backlog): \
+                 the request from {peer}, and any more until the program takes them \
+                 (rdma_get_cm_event), are let go as the kernel lets them go",
+                self.limit.load(Ordering::Relaxed)
+            );
+        }
+    }
 }
 
 /// A QP `rdma_create_qp` made: its number, and the program's pointers to it and its context.
@@ -122,6 +173,7 @@ impl Shared {
             return;
         }
         let (child, mut event) = make(&events, self.channel.load(Ordering::Relaxed));
+        self.backlog.unread.fetch_add(1, Ordering::AcqRel);
         event.ibv.id = child.id();
         event.owners.id = Arc::downgrade(&child);
         event.ibv.listen_id = self.id();
@@ -134,6 +186,15 @@ impl Shared {
         let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         self.destroyed.store(true, Ordering::Release);
         events.clone()
+    }
+
+    /// One of the requests to this listener was taken from its channel: it no longer counts in
+    /// the backlog.
+    pub(super) fn request_taken(&self) {
+        let _ = self
+            .backlog
+            .unread
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -204,8 +265,6 @@ pub(crate) struct Id {
     /// A synchronous listener's QP attributes (`rdma_create_ep`): each request's ID gets a QP
     /// made with them, on this PD.
     qp_attr: Option<(*mut ibv_pd, ibv_qp_init_attr)>,
-    /// The CQs and completion channels `rdma_create_qp` made for a QP given none.
-    made_cqs: bool,
     /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
     /// that the port is free again when `rdma_destroy_id` returns.
     listening: Option<std::thread::JoinHandle<()>>,
@@ -240,10 +299,10 @@ impl Id {
                 destroyed: AtomicBool::new(false),
                 held: Mutex::default(),
                 qp: Mutex::new(None),
+                backlog: Backlog::default(),
             }),
             own,
             qp_attr: None,
-            made_cqs: false,
             listening: None,
         }));
         // SAFETY: `raw` was just made and is ours alone; `shared` has no other holder yet.
@@ -854,13 +913,16 @@ fn ah_attr(addr: IpAddr) -> ibv_ah_attr {
 }
 
 /// `rdma_listen`: takes connection requests (or, on a UD ID, service resolutions) for the
-/// bound port on the bound device; each comes as `CONNECT_REQUEST` with an ID of its own.
+/// bound port on the bound device; each comes as `CONNECT_REQUEST` with an ID of its own. At
+/// most `backlog` of them wait unread (1024 for 0 or less, or more than that): see
+/// [`Backlog`].
 #[no_mangle]
-pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     with_id(id, |this| {
         if !matches!(*this.stage(), Stage::Bound) {
             return Err(libc::EINVAL);
         }
+        this.shared.backlog.start(backlog);
         let local = this.local();
         let device = this.device()?.clone();
         let template = Template {
@@ -880,6 +942,10 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                     return;
                 }
                 match listener.next_request(POLL) {
+                    Ok(Some(request)) if !shared.backlog.has_room() => {
+                        shared.backlog.overflowed(local, request.peer());
+                        let _ = request.reject();
+                    }
                     Ok(Some(request)) => {
                         let peer = request.peer();
                         let data = request.private_data().to_vec();
@@ -908,6 +974,10 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                     return;
                 }
                 match listener.next_request(POLL) {
+                    Ok(Some(request)) if !shared.backlog.has_room() => {
+                        shared.backlog.overflowed(local, request.peer());
+                        let _ = request.ignore();
+                    }
                     Ok(Some(request)) => {
                         let d = request.details();
                         let conn = rdma_conn_param {
@@ -1229,6 +1299,11 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// `rdma_create_qp`: a QP on the ID's device (on `pd`, or a PD of librdmacm's own), moved as
 /// librdmacm moves it: INIT for RC and UC, which the connection then takes to RTS; RTS with
 /// RDMA-CM's Q_Key for UD.
+///
+/// As librdmacm (cma.c `rdma_create_qp_ex`): a CQ the attributes lack is the ID's, made now
+/// if the ID has none, and only those the ID names are librdmacm's, which `rdma_destroy_qp`
+/// destroys; a CQ the program passes stays the program's. `EINVAL` for an ID that has a QP
+/// already, a PD of another context than the ID's, or a CQ other than the one the ID has.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_qp(
     id: *mut rdma_cm_id,
@@ -1236,7 +1311,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
     with_id(id, |this| {
-        if this.ibv.verbs.is_null() || attr.is_null() {
+        if this.ibv.verbs.is_null() || attr.is_null() || !this.ibv.qp.is_null() {
             return Err(libc::EINVAL);
         }
         // SAFETY: the ID's context is one of librdmacm's, open for the process's life.
@@ -1244,21 +1319,31 @@ pub unsafe extern "C" fn rdma_create_qp(
         let pd = if pd.is_null() {
             context.default_pd()?
         } else {
+            // SAFETY: a PD the program allocated and has not freed.
+            let owner = unsafe { crate::memory::Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+            if owner.ibv.context != this.ibv.verbs {
+                return Err(crate::report(
+                    "rdma_create_qp",
+                    libc::EINVAL,
+                    "the PD is of another context than the ID's (id->verbs)",
+                ));
+            }
             pd
         };
         // SAFETY: the program's attributes, checked above.
         let attr = unsafe { &mut *attr };
-        let made_cqs = attr.send_cq.is_null() || attr.recv_cq.is_null();
-        if made_cqs {
-            this.make_cqs(context, attr)?;
+        let clashes = |given: *mut ibv_cq, ids: *mut ibv_cq| {
+            !given.is_null() && !ids.is_null() && given != ids
+        };
+        if clashes(attr.send_cq, this.ibv.send_cq) || clashes(attr.recv_cq, this.ibv.recv_cq) {
+            return Err(libc::EINVAL);
         }
+        this.make_cqs(context, attr)?;
         // SAFETY: forwarded as the program gave them, with a live PD and CQs.
         let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
         if qp.is_null() {
             let errno = crate::cm::last_errno();
-            if made_cqs {
-                this.destroy_cqs();
-            }
+            this.destroy_cqs();
             return Err(errno);
         }
         // SAFETY: `qp` was just created.
@@ -1272,6 +1357,7 @@ pub unsafe extern "C" fn rdma_create_qp(
         if let Err(e) = ready {
             // SAFETY: `qp` is ours to destroy again.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
+            this.destroy_cqs();
             return Err(errno_of(&e));
         }
         this.ibv.qp = qp;
@@ -1281,9 +1367,6 @@ pub unsafe extern "C" fn rdma_create_qp(
             context: this.ibv.verbs as usize,
         });
         this.ibv.pd = pd;
-        this.ibv.send_cq = attr.send_cq;
-        this.ibv.recv_cq = attr.recv_cq;
-        this.ibv.srq = attr.srq;
         this.ibv.qp_type = attr.qp_type;
         Ok(0)
     })
@@ -1338,7 +1421,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     })
 }
 
-/// `rdma_destroy_qp`.
+/// `rdma_destroy_qp`: the ID's QP, and the CQs librdmacm made for it (those the ID names).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     with_id(id, |this| {
@@ -1348,9 +1431,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             // SAFETY: the QP `rdma_create_qp` made, destroyed once.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
         }
-        if this.made_cqs {
-            this.destroy_cqs();
-        }
+        this.destroy_cqs();
         Ok(0)
     });
 }
@@ -1373,44 +1454,50 @@ pub(crate) unsafe fn remember_qp_attr(
 }
 
 impl Id {
-    /// Makes the CQs (each with a completion channel) a QP's attributes lack, as librdmacm
-    /// does for `rdma_create_qp`, and names them in the attributes and the ID.
+    /// Gives the attributes the ID's CQs where they name none, making those the ID lacks (each
+    /// with a completion channel), as librdmacm does for `rdma_create_qp` (`ucma_create_cqs`):
+    /// the ID names only the CQs made here, which [`destroy_cqs`](Self::destroy_cqs) destroys.
     fn make_cqs(&mut self, context: &Context, attr: &mut ibv_qp_init_attr) -> Result<(), c_int> {
         let ctx = context.ibv();
+        // The ID is each CQ's context, as librdmacm makes it: `rdma_get_send_comp` and
+        // `rdma_get_recv_comp` (rdma_verbs.h) assert that the event's context is the ID.
+        let id = ptr::addr_of_mut!(self.ibv).cast::<c_void>();
         for send in [true, false] {
-            let cq = if send { attr.send_cq } else { attr.recv_cq };
-            if !cq.is_null() {
+            let (given, depth) = if send {
+                (attr.send_cq, attr.cap.max_send_wr)
+            } else {
+                (attr.recv_cq, attr.cap.max_recv_wr)
+            };
+            let (ids, ids_channel) = if send {
+                (&mut self.ibv.send_cq, &mut self.ibv.send_cq_channel)
+            } else {
+                (&mut self.ibv.recv_cq, &mut self.ibv.recv_cq_channel)
+            };
+            if !given.is_null() {
                 continue;
             }
-            // SAFETY: the context is open.
-            let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
-            let depth = if send {
-                attr.cap.max_send_wr
-            } else {
-                attr.cap.max_recv_wr
-            };
-            // The ID is the CQ's context, as librdmacm makes it: `rdma_get_send_comp` and
-            // `rdma_get_recv_comp` (rdma_verbs.h) assert that the event's context is the ID.
-            let id = ptr::addr_of_mut!(self.ibv).cast::<c_void>();
-            // SAFETY: as above, with the channel just made (or null).
-            let cq =
-                unsafe { crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, id, channel, 0) };
-            if channel.is_null() || cq.is_null() {
-                self.made_cqs = true;
-                self.destroy_cqs();
-                return Err(libc::ENOMEM);
+            if ids.is_null() {
+                // SAFETY: the context is open.
+                let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+                // SAFETY: as above, with the channel just made (or null).
+                let cq =
+                    unsafe { crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, id, channel, 0) };
+                (*ids, *ids_channel) = (cq, channel);
+                if channel.is_null() || cq.is_null() {
+                    self.destroy_cqs();
+                    return Err(libc::ENOMEM);
+                }
             }
             if send {
-                (attr.send_cq, self.ibv.send_cq, self.ibv.send_cq_channel) = (cq, cq, channel);
+                attr.send_cq = self.ibv.send_cq;
             } else {
-                (attr.recv_cq, self.ibv.recv_cq, self.ibv.recv_cq_channel) = (cq, cq, channel);
+                attr.recv_cq = self.ibv.recv_cq;
             }
         }
-        self.made_cqs = true;
         Ok(())
     }
 
-    /// Destroys the CQs and channels [`make_cqs`](Self::make_cqs) made.
+    /// Destroys the CQs and channels the ID names: those [`make_cqs`](Self::make_cqs) made.
     fn destroy_cqs(&mut self) {
         let cqs = [
             (&mut self.ibv.send_cq, &mut self.ibv.send_cq_channel),
@@ -1427,7 +1514,6 @@ impl Id {
                 unsafe { crate::cq::ibv_destroy_comp_channel(channel) };
             }
         }
-        self.made_cqs = false;
     }
 }
 
@@ -1576,8 +1662,10 @@ pub unsafe extern "C" fn rdma_join_multicast(
     _addr: *mut libc::sockaddr,
     _context: *mut c_void,
 ) -> c_int {
-    set_errno(unsupported("rdma_join_multicast"));
-    -1
+    guard(-1, || {
+        set_errno(unsupported("rdma_join_multicast"));
+        -1
+    })
 }
 
 /// `rdma_leave_multicast`: softroce has no multicast.
@@ -1586,8 +1674,10 @@ pub unsafe extern "C" fn rdma_leave_multicast(
     _id: *mut rdma_cm_id,
     _addr: *mut libc::sockaddr,
 ) -> c_int {
-    set_errno(unsupported("rdma_leave_multicast"));
-    -1
+    guard(-1, || {
+        set_errno(unsupported("rdma_leave_multicast"));
+        -1
+    })
 }
 
 /// `rdma_get_devices`: librdmacm's context of every device, opened if need be, in a list

@@ -236,7 +236,7 @@ int main(void) {
 /// land in the server's buffer, and the client's `rdma_disconnect` reaches the server.
 #[test]
 fn a_program_that_moves_its_own_qp_connects_with_init_qp_attr_and_establish() {
-    let own_qp = common::compile_c(
+    let own_qp = common::compile_c_with_common(
         "own_qp",
         include_str!("own_qp.c"),
         &["-lrdmacm", "-libverbs"],
@@ -523,7 +523,7 @@ fn a_window_bound_by_ibv_bind_mw_serves_reads_within_its_range() {
     let (pd, cq) = (server.alloc_pd().unwrap(), server.create_cq(8).unwrap());
     let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
     let listener = server.listen(7201).unwrap();
-    let client = common::compile_c(
+    let client = common::compile_c_with_common(
         "memory_windows",
         include_str!("memory_windows.c"),
         &["-lrdmacm", "-libverbs"],

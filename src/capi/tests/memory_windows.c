@@ -3,21 +3,14 @@
  * returns, and its completion (IBV_WC_BIND_MW). The program connects to the test's server,
  * binds 512 bytes of its 4 KiB region from offset 1024 for remote READs, and SENDs the
  * window's address and rkey; the server READs through it, and disconnects.
- * Usage: memory_windows SERVER_IP PORT. Prints what it saw; the test reads it. */
+ * Usage: memory_windows SERVER_IP PORT. Prints what it saw; the test reads it. Compiled after
+ * c/common.h. */
 #include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <rdma/rdma_cma.h>
-
-#define CHECK(cond, what)                                                                   \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            perror(what);                                                                   \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
 
 static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type) {
     struct rdma_cm_event *event;
@@ -27,16 +20,6 @@ static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_
         exit(1);
     }
     return event;
-}
-
-/* The next completion of `cq`, spinning. */
-static struct ibv_wc next(struct ibv_cq *cq) {
-    struct ibv_wc wc;
-    int n;
-    while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
-        ;
-    CHECK(n == 1, "ibv_poll_cq");
-    return wc;
 }
 
 int main(int argc, char **argv) {
@@ -76,7 +59,7 @@ int main(int argc, char **argv) {
     };
     CHECK(ibv_bind_mw(id->qp, mw, &bind) == 0, "ibv_bind_mw");
     printf("rkey changed by the bind: %d\n", mw->rkey != allocated);
-    struct ibv_wc wc = next(id->send_cq);
+    struct ibv_wc wc = next_wc(id->send_cq);
     printf("bind completion: wr_id %llu status %d opcode %d\n", (unsigned long long)wc.wr_id,
            wc.status, wc.opcode == IBV_WC_BIND_MW);
 
@@ -88,7 +71,7 @@ int main(int argc, char **argv) {
                                 .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE };
     struct ibv_send_wr *bad;
     CHECK(ibv_post_send(id->qp, &send, &bad) == 0, "ibv_post_send");
-    wc = next(id->send_cq);
+    wc = next_wc(id->send_cq);
     printf("send completion: wr_id %llu status %d\n", (unsigned long long)wc.wr_id, wc.status);
     /* The server READs through the window, then disconnects. */
     rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));

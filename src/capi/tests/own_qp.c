@@ -6,21 +6,14 @@
  *
  * Usage: own_qp server ADDR PORT | own_qp client ADDR PORT
  * The server shares a buffer in its accept's private data; the client WRITEs into it and
- * SENDs a message; both check what arrived, then the client disconnects. */
+ * SENDs a message; both check what arrived, then the client disconnects. Compiled after
+ * c/common.h. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
-
-#define CHECK(cond, what)                                                                   \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "%s failed: %s (errno %d)\n", what, strerror(errno), errno);    \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
 
 struct shared {
     uint64_t addr;

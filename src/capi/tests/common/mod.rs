@@ -277,6 +277,13 @@ static int wait_blocked(void) {
     format!("{HELPERS}{source}")
 }
 
+/// Compiles the C program `source` after `c/common.h` (CHECK, `next_wc`, and two connected RC
+/// QPs of one process), as [`compile_c`] does.
+pub fn compile_c_with_common(name: &str, source: &str, libs: &[&str]) -> PathBuf {
+    let whole = format!("{}\n{source}", include_str!("../c/common.h"));
+    compile_c(name, &whole, libs)
+}
+
 /// Compiles the C program `source` with `cc`, linked with `libs` (`-ldl`, `-lrdmacm`, ...),
 /// into a directory of this test process's; panics with the compiler's message if it fails.
 /// Returns the executable.

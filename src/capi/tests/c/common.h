@@ -1,0 +1,119 @@
+/* What the C programs of the tests share: CHECK, and two RC QPs of one process connected to each
+ * other, each on a device of its own (SOFTROCE_ADDR names two addresses), so that a test has a
+ * peer without a second process. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+#define CHECK(cond, what)                                                                   \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "%s failed: %s (errno %d)\n", what, strerror(errno), errno);    \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+/* What a program prints reaches the test line by line, up to a crash. */
+__attribute__((constructor)) static void line_buffered(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
+
+/* One end: its device's context, a PD, one CQ for both queues, and the QP. */
+struct side {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+};
+
+static const int ALL_ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+/* The device at `index` of the list, opened. */
+static struct ibv_context *open_device(int index) {
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    CHECK(list && n > index, "ibv_get_device_list (set SOFTROCE_ADDR to two addresses)");
+    struct ibv_context *ctx = ibv_open_device(list[index]);
+    CHECK(ctx, "ibv_open_device");
+    ibv_free_device_list(list);
+    return ctx;
+}
+
+/* A side on the device at `index`: its PD, a CQ of 64 and an RC QP in RESET. */
+static void open_side(int index, struct side *s) {
+    s->ctx = open_device(index);
+    s->pd = ibv_alloc_pd(s->ctx);
+    CHECK(s->pd, "ibv_alloc_pd");
+    s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
+    CHECK(s->cq, "ibv_create_cq");
+    struct ibv_qp_init_attr init = {
+        .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+        .cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 4, .max_recv_sge = 4 },
+    };
+    s->qp = ibv_create_qp(s->pd, &init);
+    CHECK(s->qp, "ibv_create_qp");
+}
+
+/* Takes `s`'s QP through INIT and RTR to RTS, towards `peer`'s QP. */
+static void to_rts(struct side *s, struct side *peer) {
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+                                .qp_access_flags = ALL_ACCESS };
+    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                          IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
+    memset(&attr, 0, sizeof attr);
+    attr.qp_state = IBV_QPS_RTR;
+    attr.path_mtu = IBV_MTU_1024;
+    attr.dest_qp_num = peer->qp->qp_num;
+    attr.max_dest_rd_atomic = 1;
+    attr.min_rnr_timer = 12;
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.port_num = 1;
+    CHECK(ibv_query_gid(peer->ctx, 1, 0, &attr.ah_attr.grh.dgid) == 0, "ibv_query_gid");
+    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                          IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+          "to RTR");
+    memset(&attr, 0, sizeof attr);
+    attr.qp_state = IBV_QPS_RTS;
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = 1;
+    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                          IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                          IBV_QP_MAX_QP_RD_ATOMIC) == 0, "to RTS");
+}
+
+/* A side on device 0 and one on device 1, their QPs connected to each other. */
+static void connect_pair(struct side *a, struct side *b) {
+    open_side(0, a);
+    open_side(1, b);
+    to_rts(a, b);
+    to_rts(b, a);
+}
+
+/* The next completion of `cq`, spinning until it comes. */
+static struct ibv_wc next_wc(struct ibv_cq *cq) {
+    struct ibv_wc wc;
+    int n;
+    while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+        ;
+    CHECK(n == 1, "ibv_poll_cq");
+    return wc;
+}
+
+/* Posts one signalled request of `opcode` on `s`'s QP, `len` bytes at `local` (`lkey`), to
+ * `remote_addr` through `rkey` where the opcode names remote memory; its completion's status. */
+static enum ibv_wc_status post_one(struct side *s, enum ibv_wr_opcode opcode, void *local,
+                                   uint32_t len, uint32_t lkey, uint64_t remote_addr,
+                                   uint32_t rkey) {
+    struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
+    struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = opcode,
+                              .send_flags = IBV_SEND_SIGNALED }, *bad;
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    CHECK(ibv_post_send(s->qp, &wr, &bad) == 0, "ibv_post_send");
+    return next_wc(s->cq).status;
+}

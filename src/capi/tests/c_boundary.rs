@@ -1,0 +1,196 @@
+//! The C boundary's defects of issue 49, each a C program through the library that failed
+//! before its fix: what a program's ordinary use, or a peer, must not be able to do to it.
+//!
+//! The programs are compiled after `c/common.h`, whose two devices of one process
+//! (`SOFTROCE_ADDR` names two addresses), with an RC QP on each connected to the other, give a
+//! test a peer without a second process.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{finish, program, succeeded};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// `source`, after `c/common.h`, compiled with `libs`: the program's path.
+fn compile(name: &str, source: &str, libs: &[&str]) -> String {
+    let built = common::compile_c_with_common(name, source, libs);
+    built.to_str().unwrap().to_string()
+}
+
+/// Runs `name` (built from `source` with `libs`) on `addrs` with `args`, within the limit, and
+/// asserts it succeeded and printed each of `lines`.
+fn run_expecting(
+    name: &str,
+    source: &str,
+    libs: &[&str],
+    addrs: &str,
+    args: &[&str],
+    lines: &[&str],
+) {
+    let path = compile(name, source, libs);
+    let child = program(addrs, &path, args).spawn().unwrap();
+    let output = finish(name, child, LIMIT);
+    let out = succeeded(name, &output);
+    for line in lines {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
+
+/// Defect 1: `rdma_destroy_qp` destroyed a CQ the program passed to `rdma_create_qp` (its next
+/// poll read freed memory), and a PD of another context was taken.
+#[test]
+fn rdma_destroy_qp_leaves_the_programs_own_cq() {
+    run_expecting(
+        "own_cq",
+        include_str!("c/own_cq.c"),
+        &["-lrdmacm", "-libverbs"],
+        "127.0.49.1",
+        &["127.0.49.1"],
+        &[
+            "the id names only the cq librdmacm made: 1",
+            "own cq polls after rdma_destroy_qp: 1",
+            "own cq destroyed by the program: 1",
+            "pd of another context: -1 EINVAL, no qp: 1",
+            "done",
+        ],
+    );
+}
+
+/// Defect 4: `rdma_listen`'s backlog was ignored, and a peer could make a listener whose
+/// program does not read its events hold any number of requests (200 seen, one ID each).
+#[test]
+fn a_listener_holds_no_more_unread_requests_than_its_backlog() {
+    use std::io::BufRead;
+
+    let path = compile(
+        "backlog",
+        include_str!("c/backlog.c"),
+        &["-lrdmacm", "-libverbs"],
+    );
+    let mut child = program("127.0.49.6,127.0.49.7", &path, &["127.0.49.6"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // The RC count goes ahead once the library said that the REQ beyond the backlog of the
+    // listener on port 7300 was let go: all five REQs were handled then.
+    let said = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("rdma_listen on 127.0.49.6:7300") {
+                let _ = stdin.write_all(b"go\n");
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let output = finish("backlog", child, LIMIT);
+    let said = said.join().unwrap().join("\n");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}\n{out}\nstderr:\n{said}",
+        output.status
+    );
+    for line in [
+        "sidr refused beyond the backlog: 6",
+        "sidr requests waiting: 4",
+        "rc requests waiting: 4",
+        "done",
+    ] {
+        assert!(
+            out.contains(line),
+            "no {line:?} in:\n{out}\nstderr:\n{said}"
+        );
+    }
+    assert_eq!(
+        said.matches("rdma_listen on 127.0.49.6:7300").count(),
+        1,
+        "said once per listener:\n{said}"
+    );
+}
+
+/// Defect 5: a call that says something on standard error panicked when that failed (stderr a
+/// closed pipe, SIGPIPE ignored), and outside `guard` the panic aborted the process.
+#[test]
+fn no_panic_crosses_into_c_when_standard_error_is_gone() {
+    let path = compile(
+        "stderr_closed",
+        include_str!("c/stderr_closed.c"),
+        &["-lrdmacm", "-libverbs", "-ldl"],
+    );
+    let mut child = program("127.0.49.2", &path, &[])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Standard error's reader goes first; then the program may start.
+    drop(child.stderr.take());
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let output = finish("stderr_closed", child, LIMIT);
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}: {out}", output.status);
+    for line in [
+        "resize: EOPNOTSUPP",
+        "attach: EOPNOTSUPP",
+        "detach: EOPNOTSUPP",
+        "gid index 1: -1 EINVAL",
+        "join: -1 EOPNOTSUPP",
+        "leave: -1 EOPNOTSUPP",
+        "provider: EOPNOTSUPP",
+        "alive",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
+
+/// Defect 6: a type 1 window could not be unbound (`ibv_bind_mw` with no region answered
+/// `EINVAL`), so its region could be deregistered only by deallocating the window.
+#[test]
+fn a_type_1_window_is_unbound_by_a_bind_with_no_region() {
+    run_expecting(
+        "unbind",
+        include_str!("c/unbind.c"),
+        &["-libverbs"],
+        "127.0.49.3,127.0.49.4",
+        &[],
+        &[
+            "bound: 1",
+            "read through the window: 1",
+            "region busy while bound: 1",
+            "unbind posted: 0",
+            "unbound: 1",
+            "region deregistered: 1",
+            "old rkey refused: 1",
+            "done",
+        ],
+    );
+}
+
+/// Defect 7: destroying a CQ or SRQ a QP uses, or a PD with objects on it, succeeded, and the
+/// QP's `send_cq`, `srq` and `pd` then pointed at freed memory.
+#[test]
+fn objects_in_use_are_not_destroyed() {
+    run_expecting(
+        "in_use",
+        include_str!("c/in_use.c"),
+        &["-libverbs"],
+        "127.0.49.5",
+        &[],
+        &[
+            "cq in use: 1",
+            "srq in use: 1",
+            "pd in use: 1",
+            "cq still polls: 1",
+            "qp still queries: 1",
+            "pd with a region: 1",
+            "pd with an address handle and a window: 1",
+            "pd with a window: 1",
+            "all destroyed",
+        ],
+    );
+}
