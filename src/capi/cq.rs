@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::{c_int, c_void};
-use softroce::transport::{CqId, WcOpcode, WcStatus, WorkCompletion};
+use softroce::transport::{AsyncEvent, CqId, WcOpcode, WcStatus, WorkCompletion};
 use softroce::verbs::CompletionQueue;
 use softroce::wire::Qpn;
 
@@ -70,8 +70,9 @@ impl Cq {
     ///
     /// A non-null `cq` is one `ibv_create_cq` returned and `ibv_destroy_cq` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
-        // SAFETY: per the contract, `cq` is the first field of a live `Cq`.
-        unsafe { cq.cast::<Cq>().as_ref() }
+        // SAFETY: per the contract, `cq` is the first field of a live `Cq`, whose context is
+        // open.
+        unsafe { cq.cast::<Cq>().as_ref() }.filter(|cq| unsafe { Context::ours(cq.ibv.context) })
     }
 }
 
@@ -235,6 +236,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.cqs.retain(|&at| at != cq as usize);
+            drop(objects);
+            ctx.forget_events(|event| {
+                matches!(*event, AsyncEvent::CqOverrun { cq: named, .. } if this.cq.owns(named))
+            });
         }
         let ch = this.ibv.channel.cast::<Channel>();
         // SAFETY: a non-null channel is one the program created and has not destroyed (it

@@ -29,7 +29,7 @@ use softroce::verbs::{BackendKind, Device, DeviceConfig};
 use crate::abi::*;
 use crate::config::{self, Addresses};
 use crate::held::HeldEvents;
-use crate::{cq, guard, memory, post, qp, say, set_errno};
+use crate::{cq, fork, guard, memory, post, qp, say, set_errno};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
 /// process, so a program may keep the pointer past `ibv_free_device_list`.
@@ -51,6 +51,8 @@ struct Opened {
     device: Device,
     /// Each open context's event queue.
     contexts: Arc<Mutex<Vec<Arc<PendingEvents>>>>,
+    /// The process generation that opened it ([`fork`]).
+    generation: u32,
 }
 
 // SAFETY: the entry is written once, before any thread sees it, and only read after: its raw
@@ -128,12 +130,25 @@ impl DeviceEntry {
     /// `events`.
     fn open(&self, events: &Arc<PendingEvents>) -> Result<Device, c_int> {
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if opened
+            .as_ref()
+            .is_some_and(|o| o.generation != fork::generation())
+        {
+            // A parent's, inherited by this child with no thread of its own: never touched
+            // again, and not dropped, which would call on its engine.
+            std::mem::forget(opened.take());
+        }
         if opened.is_none() {
+            fork::watch();
             let device = self.open_device()?;
             flush_at_exit();
             let contexts = Arc::new(Mutex::new(Vec::new()));
             spawn_event_waiter(&device, &contexts);
-            *opened = Some(Opened { device, contexts });
+            *opened = Some(Opened {
+                device,
+                contexts,
+                generation: fork::generation(),
+            });
         }
         let shared = opened.as_ref().expect("opened above");
         shared
@@ -155,6 +170,18 @@ impl DeviceEntry {
         if last {
             if let Some(shared) = opened.take() {
                 let _ = shared.device.flush(FLUSH_LIMIT);
+            }
+        }
+    }
+
+    /// Takes the events `named` picks out of the queue of every context that has the device
+    /// open.
+    fn forget_events(&self, named: impl Fn(&AsyncEvent) -> bool) {
+        let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shared) = opened.as_ref() {
+            let contexts = shared.contexts.lock().unwrap_or_else(|p| p.into_inner());
+            for context in contexts.iter() {
+                context.forget(&named);
             }
         }
     }
@@ -192,8 +219,12 @@ fn flush_at_exit() {
             for entry in all() {
                 // try_lock: a thread of the program that still holds the entry at exit must not
                 // hang it.
+                // Only this process's own: a child's exit leaves its parent's devices alone.
                 let device = match entry.opened.try_lock() {
-                    Ok(opened) => opened.as_ref().map(|shared| shared.device.clone()),
+                    Ok(opened) => opened
+                        .as_ref()
+                        .filter(|shared| shared.generation == fork::generation())
+                        .map(|shared| shared.device.clone()),
                     Err(_) => None,
                 };
                 if let Some(device) = device {
@@ -238,14 +269,19 @@ pub(crate) fn default_for(dst: IpAddr) -> Option<IpAddr> {
 
 /// librdmacm's context of `entry`'s device: opened at its first use and kept open for the
 /// process's life, as rdma-core's librdmacm keeps its contexts.
+/// A child after `fork()` gets contexts of its own, its parent's left alone ([`fork`]).
 pub(crate) fn cm_context(entry: &'static DeviceEntry) -> Result<*mut ibv_context, c_int> {
-    static CONTEXTS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    /// Each context by its device's index and the process generation that opened it.
+    static CONTEXTS: Mutex<Vec<(usize, u32, usize)>> = Mutex::new(Vec::new());
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&(_, context)) = contexts.iter().find(|(index, _)| *index == entry.index) {
+    let generation = fork::generation();
+    contexts.retain(|&(_, born, _)| born == generation);
+    let found = contexts.iter().find(|(index, ..)| *index == entry.index);
+    if let Some(&(.., context)) = found {
         return Ok(context as *mut ibv_context);
     }
     let context = Box::leak(Context::open(entry)?).ibv();
-    contexts.push((entry.index, context as usize));
+    contexts.push((entry.index, generation, context as usize));
     Ok(context)
 }
 
@@ -268,7 +304,14 @@ pub(crate) struct Context {
     pub objects: Mutex<Objects>,
     /// librdmacm's PD on this context, for QPs created on an ID with no PD of the program's.
     default_pd: OnceLock<usize>,
+    /// The process generation that opened it ([`fork`]).
+    generation: u32,
 }
+
+/// The most asynchronous events a context keeps unread. Each names a live object (those of an
+/// object destroyed are taken out: [`Context::forget_events`]), so a program reaches this only
+/// with as many objects each in trouble and none of it read.
+const MAX_PENDING_EVENTS: usize = 16_384;
 
 /// Asynchronous events not yet taken by `ibv_get_async_event`, and the descriptor (the
 /// context's `async_fd`, owned here) that is readable while any wait, or once the context is
@@ -319,12 +362,39 @@ impl PendingEvents {
         unsafe { libc::write(self.fd.as_raw_fd(), ptr::addr_of!(one).cast(), 8) };
     }
 
-    /// Queues `event` and makes the descriptor readable.
+    /// Queues `event` and makes the descriptor readable. A queue that holds
+    /// [`MAX_PENDING_EVENTS`] already drops it: no program reads that far behind, and
+    /// librdmacm's contexts, which a program may never read, must not grow for ever.
     fn push(&self, event: AsyncEvent) {
         let mut pending = self.lock();
-        if !pending.closed {
-            pending.events.push_back(event);
-            self.signal();
+        if pending.closed {
+            return;
+        }
+        if pending.events.len() >= MAX_PENDING_EVENTS {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                say!(
+                    "{MAX_PENDING_EVENTS} asynchronous events wait unread on a context: later \
+                     ones are dropped (read them with ibv_get_async_event)"
+                );
+            }
+            return;
+        }
+        pending.events.push_back(event);
+        self.signal();
+    }
+
+    /// Takes out the events that `named` picks: those of an object being destroyed, which no
+    /// one may read after it (they would name it, or a later object with its number). The
+    /// descriptor stays readable exactly while events are left.
+    fn forget(&self, named: &impl Fn(&AsyncEvent) -> bool) {
+        let mut pending = self.lock();
+        let had = !pending.events.is_empty();
+        pending.events.retain(|event| !named(event));
+        if had && pending.events.is_empty() {
+            let mut count = 0u64;
+            // SAFETY: our own eventfd, 8 bytes; its count is not zero, as events waited.
+            unsafe { libc::read(self.fd.as_raw_fd(), ptr::addr_of_mut!(count).cast(), 8) };
         }
     }
 
@@ -418,7 +488,8 @@ fn eventfd() -> std::io::Result<OwnedFd> {
 }
 
 impl Context {
-    /// The context behind a program's `ibv_context` pointer; `None` for null.
+    /// The context behind a program's `ibv_context` pointer; `None` for null, or for a parent's
+    /// context in a child after `fork()` ([`fork`]).
     ///
     /// # Safety
     ///
@@ -426,7 +497,18 @@ impl Context {
     /// closed.
     pub(crate) unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
         // SAFETY: per the contract, the pointer is to a live `Context`.
-        unsafe { Self::raw_from_ibv(ctx).as_ref() }
+        unsafe { Self::raw_from_ibv(ctx).as_ref() }.filter(|c| fork::ours(c.generation))
+    }
+
+    /// Whether an object of `ctx` (the `context` it names) is this process's to use: false in
+    /// a child after `fork()` for what its parent made.
+    ///
+    /// # Safety
+    ///
+    /// As for [`from_ibv`](Self::from_ibv): an object's context stays open while it lives.
+    pub(crate) unsafe fn ours(ctx: *mut ibv_context) -> bool {
+        // SAFETY: per the contract.
+        unsafe { Self::from_ibv(ctx) }.is_some()
     }
 
     /// The pointer to the context behind a program's `ibv_context` pointer (null for null):
@@ -462,6 +544,7 @@ impl Context {
             events,
             objects: Mutex::new(Objects::default()),
             default_pd: OnceLock::new(),
+            generation: fork::generation(),
         });
         let ctx = &mut context.vctx.context;
         ctx.device = ptr::addr_of!(entry.ibv).cast_mut();
@@ -504,6 +587,12 @@ impl Context {
             element,
             event_type,
         })
+    }
+
+    /// Forgets the events of an object being destroyed, which `named` picks, in every context
+    /// of the device (each has them all): no one reads them after.
+    pub(crate) fn forget_events(&self, named: impl Fn(&AsyncEvent) -> bool) {
+        self.entry.forget_events(named);
     }
 
     /// librdmacm's PD on this context, allocated at its first use and kept.
@@ -786,6 +875,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(context) = (unsafe { raw.as_ref() }) else {
             return libc::EINVAL;
         };
+        if !fork::ours(context.generation) {
+            return libc::EINVAL;
+        }
         context.entry.close(&context.events);
         // Before the context is freed, or made a box again: a waiter reads the context only
         // under the queue's lock while the queue is open (`ibv_get_async_event`), and finds
@@ -1239,4 +1331,53 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
 ) -> c_int {
     set_errno(libc::ENOENT);
     -1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softroce::wire::Qpn;
+
+    /// Whether the queue's descriptor is readable now.
+    fn readable(events: &PendingEvents) -> bool {
+        let mut pollfd = libc::pollfd {
+            fd: events.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of ours, no wait.
+        unsafe { libc::poll(&mut pollfd, 1, 0) == 1 }
+    }
+
+    fn fatal(qpn: u32) -> AsyncEvent {
+        AsyncEvent::QpFatal { qpn: Qpn::new(qpn) }
+    }
+
+    /// An object's events go with it, and the descriptor is readable exactly while any wait.
+    #[test]
+    fn forgotten_events_are_never_read_and_the_descriptor_follows() {
+        let events = PendingEvents::new().unwrap();
+        for qpn in [1, 2, 1] {
+            events.push(fatal(qpn));
+        }
+        events.forget(&|e| *e == fatal(1));
+        assert!(readable(&events));
+        assert!(matches!(events.take(|e| e), Taken::Event(e) if e == fatal(2)));
+        assert!(!readable(&events));
+        events.push(fatal(3));
+        events.forget(&|e| *e == fatal(3));
+        assert!(!readable(&events), "emptied by the forget");
+        assert!(matches!(events.take(|e| e), Taken::None));
+    }
+
+    /// A context no one reads keeps at most `MAX_PENDING_EVENTS`.
+    #[test]
+    fn an_unread_queue_stops_growing() {
+        let events = PendingEvents::new().unwrap();
+        for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
+            events.push(fatal(qpn));
+        }
+        assert_eq!(events.lock().events.len(), MAX_PENDING_EVENTS);
+        assert!(matches!(events.take(|e| e), Taken::Event(e) if e == fatal(0)));
+    }
 }

@@ -30,6 +30,7 @@ mod cm;
 mod config;
 mod cq;
 mod devices;
+mod fork;
 mod held;
 mod memory;
 mod post;

@@ -46,8 +46,9 @@ impl Pd {
     ///
     /// A non-null `pd` is one `ibv_alloc_pd` returned and `ibv_dealloc_pd` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
-        // SAFETY: per the contract, `pd` is the first field of a live `Pd`.
-        unsafe { pd.cast::<Pd>().as_ref() }
+        // SAFETY: per the contract, `pd` is the first field of a live `Pd`, whose context is
+        // open.
+        unsafe { pd.cast::<Pd>().as_ref() }.filter(|pd| unsafe { Context::ours(pd.ibv.context) })
     }
 
     /// A user of the PD `pd` names was destroyed.
@@ -259,6 +260,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: every MR is a leaked `Box<Mr>` (`ibv_reg_mr_iova2`), alive until this call
         // succeeds; the program does not use it from another thread meanwhile.
         let this = unsafe { &mut *mr.cast::<Mr>() };
+        // SAFETY: the region's context is open while it lives.
+        if !unsafe { Context::ours(this.ibv.context) } {
+            return libc::EINVAL;
+        }
         let Some(region) = this.region.take() else {
             return libc::EINVAL;
         };
@@ -339,8 +344,11 @@ pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> 
 /// The context op `dealloc_mw`.
 pub(crate) unsafe extern "C" fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
     guard(libc::EIO, || {
-        if mw.is_null() {
-            return libc::EINVAL;
+        // SAFETY: the program passes a window it allocated and has not freed, whose context is
+        // open; `context` is written only when the window is made.
+        match unsafe { mw.cast::<Mw>().as_ref() } {
+            Some(window) if unsafe { Context::ours((*window.ibv.get()).context) } => {}
+            _ => return libc::EINVAL,
         }
         // SAFETY: every MW is a leaked `Box<Mw>` (`ibv_alloc_mw`), handed back once.
         let mw = unsafe { Box::from_raw(mw.cast::<Mw>()) };

@@ -89,39 +89,58 @@ unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Inline
 /// `wr` is a work request the program built, whose pointers are valid as verbs require.
 unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
     let flags = wr.send_flags;
-    let imm = u32::from_be(wr.imm_data);
-    // SAFETY: the union member the opcode names is the one the program wrote.
-    let (rdma, atomic) = unsafe { (wr.wr.rdma, wr.wr.atomic) };
+    // Only the fields the opcode names are read, each by itself: the program wrote those, and
+    // may have left the others unset (a request built on the stack), the union's larger
+    // members' too: a fetch-and-add has no `swap` (verbs.h).
+    let imm = || u32::from_be(wr.imm_data);
+    // SAFETY: `rdma`'s fields, which the RDMA opcodes name.
+    let rdma = || unsafe { (wr.wr.rdma.remote_addr, RKey(wr.wr.rdma.rkey)) };
+    // SAFETY: `atomic`'s address, key and operand, which both atomic opcodes name.
+    let atomic = || unsafe {
+        let a = &raw const wr.wr.atomic;
+        ((*a).remote_addr, RKey((*a).rkey), (*a).compare_add)
+    };
     let op = match wr.opcode {
         IBV_WR_SEND => SendOp::Send,
-        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm: imm() },
         IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
             rkey: RKey(wr.imm_data),
         },
-        IBV_WR_RDMA_WRITE => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: RKey(rdma.rkey),
-        },
-        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
-            remote_addr: rdma.remote_addr,
-            rkey: RKey(rdma.rkey),
-            imm,
-        },
-        IBV_WR_RDMA_READ => SendOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: RKey(rdma.rkey),
-        },
-        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: RKey(atomic.rkey),
-            compare: atomic.compare_add,
-            swap: atomic.swap,
-        },
-        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: RKey(atomic.rkey),
-            add: atomic.compare_add,
-        },
+        IBV_WR_RDMA_WRITE => {
+            let (remote_addr, rkey) = rdma();
+            SendOp::Write { remote_addr, rkey }
+        }
+        IBV_WR_RDMA_WRITE_WITH_IMM => {
+            let (remote_addr, rkey) = rdma();
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm: imm(),
+            }
+        }
+        IBV_WR_RDMA_READ => {
+            let (remote_addr, rkey) = rdma();
+            SendOp::Read { remote_addr, rkey }
+        }
+        IBV_WR_ATOMIC_CMP_AND_SWP => {
+            let (remote_addr, rkey, compare) = atomic();
+            // SAFETY: a compare-and-swap names its `swap`.
+            let swap = unsafe { wr.wr.atomic.swap };
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            }
+        }
+        IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            let (remote_addr, rkey, add) = atomic();
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            }
+        }
         IBV_WR_LOCAL_INV => SendOp::LocalInv {
             rkey: RKey(wr.imm_data),
         },

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use libc::{c_int, c_uint, c_void};
 use softroce::memory::{Access, BindMw};
 use softroce::transport::{
-    AddressVector, PathMtu, QpAttr, QpState, QpType, SendOp, SendWr, SgeList, SrqId, SrqModify,
+    AddressVector, AsyncEvent, PathMtu, QpAttr, QpState, QpType, SendOp, SendWr, SgeList, SrqId,
+    SrqModify,
 };
 use softroce::verbs::{AddressHandle, ProtectionDomain, QueuePair, SharedReceiveQueue};
 use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
@@ -42,12 +43,11 @@ pub(crate) struct Qp {
     pub sq_sig_all: bool,
     /// The capacities it was created with, for `ibv_query_qp`.
     cap: ibv_qp_cap,
-    /// Its asynchronous events the program holds: it stays allocated, with its engine QP,
-    /// until they are acknowledged, as rdma-core's `ibv_destroy_qp` waits for them. rdma-core
-    /// destroys the QP in the kernel before it waits, so that a verb called on it meanwhile
-    /// fails; here the QP still answers, and no call on it reads freed memory. (Dropping the
-    /// engine's handle at the destroy instead, as a review suggested, made such a call read
-    /// a dropped handle.)
+    /// Its asynchronous events the program holds: it stays allocated until they are
+    /// acknowledged, as rdma-core's `ibv_destroy_qp` waits for them. Its engine QP goes at the
+    /// destroy, as rdma-core destroys the QP in the kernel before it waits: a peer's packets
+    /// reach nothing from then on, and a verb called on it meanwhile fails
+    /// ([`QueuePair::destroy`]) without reading freed memory, since the handle stays.
     pub held: HeldEvents,
 }
 
@@ -80,8 +80,9 @@ impl Qp {
     ///
     /// A non-null `qp` is one `ibv_create_qp` returned and `ibv_destroy_qp` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-        // SAFETY: per the contract, `qp` is the first field of a live `Qp`.
-        unsafe { qp.cast::<Qp>().as_ref() }
+        // SAFETY: per the contract, `qp` is the first field of a live `Qp`, whose context is
+        // open.
+        unsafe { qp.cast::<Qp>().as_ref() }.filter(|qp| unsafe { Context::ours(qp.ibv.context) })
     }
 
     /// Posts a type 1 window's bind (`ibv_bind_mw`).
@@ -108,8 +109,10 @@ impl Srq {
     ///
     /// A non-null `srq` is one `ibv_create_srq` returned and `ibv_destroy_srq` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
-        // SAFETY: per the contract, `srq` is the first field of a live `Srq`.
+        // SAFETY: per the contract, `srq` is the first field of a live `Srq`, whose context is
+        // open.
         unsafe { srq.cast::<Srq>().as_ref() }
+            .filter(|srq| unsafe { Context::ours(srq.ibv.context) })
     }
 }
 
@@ -120,8 +123,9 @@ impl Ah {
     ///
     /// A non-null `ah` is one `ibv_create_ah` returned and `ibv_destroy_ah` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(ah: *mut ibv_ah) -> Option<&'a Ah> {
-        // SAFETY: per the contract, `ah` is the first field of a live `Ah`.
-        unsafe { ah.cast::<Ah>().as_ref() }
+        // SAFETY: per the contract, `ah` is the first field of a live `Ah`, whose context is
+        // open.
+        unsafe { ah.cast::<Ah>().as_ref() }.filter(|ah| unsafe { Context::ours(ah.ibv.context) })
     }
 }
 
@@ -512,10 +516,21 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         let qpn = this.qp.qpn();
+        // Gone from the engine now, whoever else holds the handle (a connection of the CM's)
+        // and however long the program holds its events. The destroy goes on if the device has
+        // stopped: there is nothing left to destroy then.
+        let _ = this.qp.destroy();
         // SAFETY: the QP's context is open while the QP lives.
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.qps.retain(|&(q, _)| q != qpn);
+            drop(objects);
+            ctx.forget_events(|event| match *event {
+                AsyncEvent::QpFatal { qpn: named }
+                | AsyncEvent::QpAccessError { qpn: named }
+                | AsyncEvent::QpLastWqeReached { qpn: named } => named == qpn,
+                _ => false,
+            });
         }
         // SAFETY: the QP's PD, CQs and SRQ, alive while the QP counted in them.
         unsafe {
@@ -673,6 +688,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.srqs.retain(|&at| at != srq as usize);
+            drop(objects);
+            ctx.forget_events(|event| {
+                matches!(*event, AsyncEvent::SrqLimitReached { srq: named } if this.srq.owns(named))
+            });
         }
         // SAFETY: the SRQ's PD, alive while the SRQ counted in it.
         unsafe { Pd::release(this.ibv.pd) };
@@ -756,16 +775,22 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
     guard(-1, || {
-        // SAFETY: the program passes its context, completion, buffer and attributes.
-        let (Some(_), Some(wc), Some(grh), Some(out)) = (
+        // SAFETY: the program passes its context, completion and attributes.
+        let (Some(_), Some(wc), Some(out)) = (
             unsafe { Context::from_ibv(context) },
             unsafe { wc.as_ref() },
-            unsafe { grh.as_ref() },
             unsafe { ah_attr.as_mut() },
         ) else {
             set_errno(libc::EINVAL);
             return -1;
         };
+        if grh.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: `grh` points to the 40 bytes a UD receive buffer begins with, at whatever
+        // alignment the program's buffer has: copied out, never borrowed.
+        let grh = unsafe { ptr::read_unaligned(grh) };
         if wc.wc_flags & IBV_WC_GRH == 0 {
             set_errno(libc::EINVAL);
             return -1;
@@ -773,7 +798,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // SAFETY: `ibv_ah_attr` is integers, for which zero is valid.
         *out = unsafe { std::mem::zeroed() };
         out.is_global = 1;
-        out.grh.dgid = sender_gid(grh);
+        out.grh.dgid = sender_gid(&grh);
         out.grh.sgid_index = 0;
         out.grh.hop_limit = 0xff;
         out.dlid = wc.slid;

@@ -477,6 +477,13 @@ impl Agent {
         self.cm.disconnect(now, conn)
     }
 
+    /// QP `qpn` is being destroyed, while connections may still name it: none moves it from now
+    /// on, as its number may come to name another QP. Each such connection goes on without a
+    /// QP, as one whose application gave up on it (the CM's own timers end it).
+    pub fn forget_qp(&mut self, qpn: Qpn) {
+        self.bound.retain(|_, bound| bound.qpn != qpn);
+    }
+
     /// The application is done with a connection, in whatever state ([`CmEndpoint::abort`]);
     /// its QP is the application's to destroy.
     pub fn abort(&mut self, now: Duration, conn: ConnId) {

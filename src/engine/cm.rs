@@ -81,6 +81,12 @@ pub(crate) enum CmCommand {
     Abort(ConnId),
     /// The application lets a request go unanswered, with nothing sent (its backlog is full).
     Ignore(ConnId),
+    /// A QP is being destroyed while its handle lives on: no connection may move it from now
+    /// on, as its number may come to name another QP ([`crate::cm::agent::Agent::forget_qp`]).
+    ForgetQp {
+        qpn: Qpn,
+        reply: Reply<()>,
+    },
     SidrResolve {
         dst: IpAddr,
         service_id: ServiceId,
@@ -248,6 +254,10 @@ impl CmRouter {
             }
             CmCommand::Ignore(conn) => {
                 let _ = self.agent.cm_mut().ignore(now, conn);
+            }
+            CmCommand::ForgetQp { qpn, reply } => {
+                self.agent.forget_qp(qpn);
+                let _ = reply.send(());
             }
             CmCommand::SidrResolve {
                 dst,

@@ -311,6 +311,7 @@ impl ConnectionRequest {
         private_data: &[u8],
     ) -> Result<Connection> {
         let qp = qp.into();
+        qp.live()?;
         let link = self.answer((qp.qpn(), QpMover::Agent), options, private_data)?;
         Ok(Connection::accepted(qp, link))
     }
@@ -475,6 +476,7 @@ impl DatagramRequest {
     /// Names `qp`, a UD QP built with [`RDMA_UDP_QKEY`] (`QpBuilder::qkey`) and readied
     /// (`ready_datagram`), as the one that serves; up to 136 bytes of private data.
     pub fn reply(mut self, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
+        qp.live()?;
         if qp.qp_type != QpType::Ud {
             return Err(Error::Cm(crate::cm::CmError::Invalid(
                 "a SIDR reply names a UD QP",

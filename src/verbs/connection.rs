@@ -286,6 +286,7 @@ impl Connection {
         deadline: Option<Instant>,
     ) -> Result<Connection> {
         let qp = qp.into();
+        qp.live()?;
         let route = (qp.qpn(), QpMover::Agent);
         let link = Link::connect(&qp.device, route, to, options, private_data)?;
         let reply = link.wait(false, deadline)?;
@@ -331,6 +332,7 @@ impl Connection {
     ) -> impl Future<Output = Result<Connection>> + Send + 'static {
         let (qp, options, private_data) = (qp.into(), *options, private_data.to_vec());
         async move {
+            qp.live()?;
             let route = (qp.qpn(), QpMover::Agent);
             let link = Link::connect(&qp.device, route, to, &options, &private_data)?;
             let reply = link.wait_async(false).await?;

@@ -34,14 +34,15 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::cm::{CmError, Failure};
 use crate::engine::{
-    Command, Completions, CqNotify, EngineGone, EngineHandle, PostQueue, QpQueues, SrqQueues, Watch,
+    CmCommand, Command, Completions, CqNotify, EngineGone, EngineHandle, PostQueue, QpQueues,
+    SrqQueues, Watch,
 };
 pub use crate::engine::{EnginePanicked, Progress};
 use crate::memory::{inc_rkey, Access, BindMw, ForeignMemory, MemoryError, MwType, PdId};
@@ -611,6 +612,7 @@ impl QpBuilder<'_> {
             qkey: self.qkey,
             depths: (self.max_send_wr, self.max_recv_wr),
             state: AtomicU8::new(0),
+            destroyed: AtomicBool::new(false),
             _cqs: [send_cq, recv_cq],
         })
     }
@@ -660,6 +662,9 @@ pub struct QueuePair {
     depths: (usize, usize),
     /// The state its last modify left it in, as an index into [`QpState::ALL`] (RESET, where a QP starts, is 0).
     state: AtomicU8,
+    /// [`destroy`](Self::destroy) ran: the engine has forgotten the QP, whose number may
+    /// name another QP by now, so nothing is sent to the engine for it any more.
+    destroyed: AtomicBool,
     /// The send and receive CQs, kept alive until the QP is destroyed, as libibverbs refuses
     /// to destroy a CQ that a QP uses.
     _cqs: [CompletionQueue; 2],
@@ -676,8 +681,40 @@ impl QueuePair {
         self.qpn
     }
 
+    /// Refuses a call on a QP that [`destroy`](Self::destroy) took from the engine.
+    fn live(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Err(VerbsError::UnknownQp(self.qpn).into());
+        }
+        Ok(())
+    }
+
+    /// Destroys the QP now, while this handle lives on: what a C program's `ibv_destroy_qp`
+    /// does to a QP whose `struct ibv_qp` must stay readable until its events are
+    /// acknowledged. The engine forgets the QP (what it had outstanding completes with
+    /// WR_FLUSH_ERR), a peer's packets for it are dropped as for no QP, and every call on the
+    /// handle is refused from then on ([`VerbsError::UnknownQp`]); dropping it does nothing
+    /// more. Destroying it again does nothing.
+    pub fn destroy(&self) -> Result<()> {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let qpn = self.qpn;
+        // First the CM, on the device's first engine, lets go of the number, so that no
+        // connection moves another QP that comes to have it. A device without a CM drops the
+        // command unanswered: nothing to forget there.
+        let _ = self
+            .device
+            .engine()
+            .call(|reply| Command::Cm(CmCommand::ForgetQp { qpn, reply }));
+        self.engine()
+            .call(|reply| Command::DestroyQp(qpn, reply))??;
+        Ok(())
+    }
+
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        self.live()?;
         let (qpn, to) = (self.qpn, attr.state);
         let attr = Box::new(attr.clone());
         self.engine()
@@ -691,6 +728,7 @@ impl QueuePair {
     /// `ibv_query_qp`: the QP's state and attributes as the engine has them now (a QP that
     /// failed reports ERROR here before the application has heard of it).
     pub fn query(&self) -> Result<QpAttr> {
+        self.live()?;
         let qpn = self.qpn;
         self.engine()
             .call(|reply| Command::QueryQp(qpn, reply))?
@@ -751,6 +789,7 @@ impl QueuePair {
     /// `rxe_post_send` refuses a QP before RTS), the operation and lengths its type allows,
     /// and its UD destination, given exactly where one is needed.
     fn check_send(&self, wr: &SendWr) -> Result<()> {
+        self.live()?;
         let state = self.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::WrongState(state).into());
@@ -857,6 +896,7 @@ impl QueuePair {
                 "this QP receives from its SRQ: post to the SRQ",
             )));
         }
+        self.live()?;
         let state = self.state();
         if state == QpState::Reset {
             return Err(VerbsError::WrongState(state).into());
@@ -893,10 +933,10 @@ impl QueuePair {
 }
 
 impl Drop for QueuePair {
-    /// Destroys the QP: what it still had outstanding completes with WR_FLUSH_ERR.
+    /// Destroys the QP, unless [`destroy`](QueuePair::destroy) did: what it still had
+    /// outstanding completes with WR_FLUSH_ERR.
     fn drop(&mut self) {
-        let qpn = self.qpn;
-        let _ = self.engine().call(|reply| Command::DestroyQp(qpn, reply));
+        let _ = self.destroy();
     }
 }
 

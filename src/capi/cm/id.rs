@@ -268,6 +268,8 @@ pub(crate) struct Id {
     /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
     /// that the port is free again when `rdma_destroy_id` returns.
     listening: Option<std::thread::JoinHandle<()>>,
+    /// The process generation that made it ([`crate::fork`]).
+    generation: u32,
 }
 
 impl Id {
@@ -304,6 +306,7 @@ impl Id {
             own,
             qp_attr: None,
             listening: None,
+            generation: crate::fork::generation(),
         }));
         // SAFETY: `raw` was just made and is ours alone; `shared` has no other holder yet.
         unsafe {
@@ -325,7 +328,7 @@ impl Id {
     /// ([`Owners`]), and the calls that change nothing read single fields.
     unsafe fn from_ibv<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
         // SAFETY: per the contract, `id` is the first field of a live `Id`.
-        unsafe { id.cast::<Id>().as_mut() }
+        unsafe { id.cast::<Id>().as_mut() }.filter(|id| crate::fork::ours(id.generation))
     }
 
     fn local(&self) -> SocketAddr {
@@ -546,6 +549,11 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return -1;
         }
         let this = id.cast::<Id>();
+        // SAFETY: a live ID's field, written only when it was made.
+        if !crate::fork::ours(unsafe { (*this).generation }) {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
         // SAFETY: every ID is a leaked `Box<Id>`, destroyed once. Only these two fields are
         // borrowed, not the whole ID, which a thread of the program's holding one of its
         // events may read meanwhile; it becomes a box again only to be freed.

@@ -60,6 +60,47 @@ fn rdma_destroy_qp_leaves_the_programs_own_cq() {
     );
 }
 
+/// Defect 3: after `fork()`, the child's `exit()` ran the library's exit handler on its
+/// parent's devices, which with hybrid or inline progress took a datagram meant for the
+/// parent's QP off the shared socket (and with thread progress waited a second for an engine
+/// the child does not have); a call of the child's on its parent's objects did the same.
+#[test]
+fn a_child_after_fork_never_runs_its_parents_engine() {
+    let path = compile("fork", include_str!("c/fork.c"), &["-libverbs"]);
+    let mut run = program("127.0.49.8,127.0.49.9,127.0.49.10", &path, &[]);
+    run.env("SOFTROCE_PROGRESS", "inline");
+    let output = finish("fork", run.spawn().unwrap(), LIMIT);
+    let out = succeeded("fork", &output);
+    for line in [
+        "child: the parent's qp refused: 1",
+        "child: a device of its own works: 1",
+        "child exited: 1",
+        "the parent's first poll completes its receive: 1",
+        "done",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+}
+
+/// Suspected, and confirmed: a QP destroyed while something else held it (its CM connection, or
+/// an unacknowledged event) stayed in the engine, and took a peer's WRITEs into the program's
+/// registered memory after `ibv_destroy_qp` had returned.
+#[test]
+fn a_destroyed_qp_takes_nothing_more_from_its_peer() {
+    run_expecting(
+        "destroyed_qp",
+        include_str!("c/destroyed_qp.c"),
+        &["-lrdmacm", "-libverbs"],
+        "127.0.49.11,127.0.49.12",
+        &["127.0.49.11", "127.0.49.12"],
+        &[
+            "write before the destroy: 1",
+            "write after the destroy reaches nothing: 1",
+            "done",
+        ],
+    );
+}
+
 /// Defect 4: `rdma_listen`'s backlog was ignored, and a peer could make a listener whose
 /// program does not read its events hold any number of requests (200 seen, one ID each).
 #[test]
