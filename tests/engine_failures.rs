@@ -190,6 +190,49 @@ fn a_dead_socket_flushes_the_work_and_every_call_says_why() {
     assert!(is_ebadf(&a.device.alloc_pd().unwrap_err()));
 }
 
+/// `Device::fail`, for an application whose own part of the device died (the C library's
+/// threads): each progress stops as a dead socket does, with the error given. The work is
+/// flushed, the CQ says it is stopped, a thread waiting for asynchronous events learns it,
+/// and every call says why.
+#[test]
+fn a_device_failed_by_the_application_stops_as_a_dead_socket_does() {
+    for (last, progress) in [(31, Progress::Thread), (32, Progress::Hybrid)] {
+        let config = DeviceConfig {
+            progress,
+            ..DeviceConfig::udp(ip(last))
+        };
+        let a = end_on(Device::open(config).unwrap());
+        let b = open(ip(last + 10));
+        connect(&a, &b);
+        let sge = a.mr.sge(0, 8).unwrap();
+        let send = SendWr::new(1, SendOp::Send, Payload::Sges([sge].into()));
+        a.qp.post_send(send).unwrap();
+        let events = a.device.events();
+        assert!(!a.cq.is_stopped());
+        a.device
+            .fail(io::Error::other("a thread of the application's died"));
+        assert_eq!(events.wait(), None, "the waiting thread learns the stop");
+        let mut flushed = Vec::new();
+        let error = loop {
+            match a.cq.poll(&mut flushed, 16) {
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                Err(error) => break error,
+            }
+        };
+        assert!(a.cq.is_stopped());
+        assert_eq!(
+            flushed
+                .iter()
+                .map(|wc| (wc.wr_id, wc.status))
+                .collect::<Vec<_>>(),
+            [(1, WcStatus::WrFlushErr)]
+        );
+        let said = |e: &Error| e.to_string().contains("a thread of the application's died");
+        assert!(said(&error), "{error}");
+        assert!(said(&a.device.alloc_pd().unwrap_err()));
+    }
+}
+
 /// An SRQ's post after its device failed is refused with the failure, not queued where no
 /// engine will take it: with hybrid progress the stopped engine stays in memory as long as
 /// the device's handles, and with it, until it lets go of them, the SRQs' posting queues.

@@ -670,6 +670,7 @@ pub const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
 pub const IBV_EVENT_CQ_ERR: c_uint = 0;
 pub const IBV_EVENT_QP_FATAL: c_uint = 1;
 pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
+pub const IBV_EVENT_DEVICE_FATAL: c_uint = 8;
 pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
 pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_uint = 16;
 

@@ -55,11 +55,25 @@ struct ChannelCore {
     /// Held while a CQ's pointer, read from `epoll`, is used, and while a CQ leaves `epoll`:
     /// so a CQ `ibv_destroy_cq` took out is never read through a pointer fetched before.
     taking: Mutex<()>,
+    /// In `epoll` under [`STOPPED`]; readable for good once the device stopped, so that
+    /// every wait on the channel ends, and every later one fails at once, with `EIO` (what a
+    /// read of rdma-core's channel gives once its device is gone).
+    stopped: OwnedFd,
 }
+
+/// What `epoll` hands for [`ChannelCore::stopped`]; a CQ's is its address, never 0.
+const STOPPED: u64 = 0;
 
 impl ChannelCore {
     fn taking(&self) -> MutexGuard<'_, ()> {
         self.taking.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A CQ of the channel found its device stopped: every wait ends, with `EIO`.
+    fn stop(&self) {
+        let one: u64 = 1;
+        // SAFETY: our own eventfd, 8 bytes.
+        unsafe { libc::write(self.stopped.as_raw_fd(), ptr::addr_of!(one).cast(), 8) };
     }
 }
 
@@ -104,6 +118,22 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         }
         // SAFETY: `fd` was just opened and is owned by no one else.
         let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: eventfd takes no pointers; a non-negative result is ours.
+        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if stop_fd < 0 {
+            set_errno(libc::EMFILE);
+            return ptr::null_mut();
+        }
+        // SAFETY: `stop_fd` was just opened and is owned by no one else.
+        let stopped = unsafe { OwnedFd::from_raw_fd(stop_fd) };
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: STOPPED,
+        };
+        // SAFETY: both descriptors are ours and open; `event` is a valid epoll_event.
+        if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, stop_fd, &mut event) } != 0 {
+            return ptr::null_mut();
+        }
         let channel = Box::new(Channel {
             ibv: ibv_comp_channel {
                 context: context.ibv(),
@@ -113,6 +143,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             core: Arc::new(ChannelCore {
                 epoll,
                 taking: Mutex::new(()),
+                stopped,
             }),
         });
         Box::into_raw(channel).cast()
@@ -400,7 +431,8 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 /// `ibv_get_cq_event`: the next CQ of `channel` whose armed event fired, waiting for one
 /// unless the channel's descriptor is non-blocking. 0, or -1. A wait whose channel another
 /// thread destroys (after its CQs) waits on, as a read of rdma-core's channel does, without
-/// reading the freed channel.
+/// reading the freed channel. Once a CQ of the channel finds its device stopped, every wait
+/// ends with -1 and `EIO`, and so does every later call.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
@@ -427,6 +459,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             let mut event = libc::epoll_event { events: 0, u64: 0 };
             // SAFETY: one event's room, our own descriptor; no wait, under the lock.
             let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
+            if n > 0 && event.u64 == STOPPED {
+                set_errno(libc::EIO);
+                return -1;
+            }
             if n > 0 {
                 let found = event.u64 as *mut Cq;
                 // SAFETY: the channel holds live CQs only, and `ibv_destroy_cq` takes its CQ
@@ -435,6 +471,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 if this.cq.take_events() == 0 {
                     // Another thread took this event first.
                     continue;
+                }
+                if this.cq.is_stopped() {
+                    // The event the device's stop fired (or one just before it): the device
+                    // is gone, and so is the channel's use.
+                    core.stop();
+                    set_errno(libc::EIO);
+                    return -1;
                 }
                 this.held.hand_out();
                 drop(taking);

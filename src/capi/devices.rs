@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use libc::{c_char, c_int, c_uint, c_void, size_t};
@@ -42,6 +42,15 @@ pub(crate) struct DeviceEntry {
     pub guid: u64,
     /// The device while any context has it open.
     opened: Mutex<Option<Opened>>,
+    /// What else must hear that the device failed: librdmacm's IDs on it.
+    watchers: Mutex<Vec<Weak<dyn FailureWatcher>>>,
+}
+
+/// Something of the program's on a device, besides its contexts, that must hear that the
+/// device failed (an RDMA-CM ID, which then gets `RDMA_CM_EVENT_DEVICE_REMOVAL`).
+pub(crate) trait FailureWatcher: Send + Sync {
+    /// The device failed.
+    fn device_failed(self: Arc<Self>);
 }
 
 /// A device opened by one context or more (the program's own, and librdmacm's, which share
@@ -53,6 +62,8 @@ struct Opened {
     contexts: Arc<Mutex<Vec<Arc<PendingEvents>>>>,
     /// The process generation that opened it ([`fork`]).
     generation: u32,
+    /// Whether its failure was told (see [`DeviceEntry::tell_failure`]).
+    failure_told: Arc<AtomicBool>,
 }
 
 // SAFETY: the entry is written once, before any thread sees it, and only read after: its raw
@@ -123,12 +134,13 @@ impl DeviceEntry {
             addr,
             guid: guid_of(addr),
             opened: Mutex::new(None),
+            watchers: Mutex::new(Vec::new()),
         }
     }
 
     /// The device, opened now if no context has it open, for a context whose events go to
     /// `events`.
-    fn open(&self, events: &Arc<PendingEvents>) -> Result<Device, c_int> {
+    fn open(&'static self, events: &Arc<PendingEvents>) -> Result<Device, c_int> {
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
         if opened
             .as_ref()
@@ -142,13 +154,14 @@ impl DeviceEntry {
             fork::watch();
             let device = self.open_device()?;
             flush_at_exit();
-            let contexts = Arc::new(Mutex::new(Vec::new()));
-            spawn_event_waiter(&device, &contexts);
-            *opened = Some(Opened {
+            let shared = Opened {
                 device,
-                contexts,
+                contexts: Arc::new(Mutex::new(Vec::new())),
                 generation: fork::generation(),
-            });
+                failure_told: Arc::new(AtomicBool::new(false)),
+            };
+            self.spawn_event_waiter(&shared);
+            *opened = Some(shared);
         }
         let shared = opened.as_ref().expect("opened above");
         shared
@@ -172,6 +185,85 @@ impl DeviceEntry {
                 let _ = shared.device.flush(FLUSH_LIMIT);
             }
         }
+    }
+
+    /// Starts the thread that hands each of the device's events to every context that has it
+    /// open. It ends when the device stops: closed by its last context, or failed, which it
+    /// then tells ([`tell_failure`](Self::tell_failure)) while contexts still have it open.
+    fn spawn_event_waiter(&'static self, opened: &Opened) {
+        let source = opened.device.events();
+        let (contexts, told) = (opened.contexts.clone(), opened.failure_told.clone());
+        let spawned = self.spawn_guarded("softroce-events", move || {
+            while let Some(event) = source.wait() {
+                let contexts = contexts.lock().unwrap_or_else(|p| p.into_inner());
+                for context in contexts.iter() {
+                    context.push(Raised::Object(event));
+                }
+            }
+            self.tell_failure(&contexts, &told);
+        });
+        if spawned.is_err() {
+            say!("no thread for asynchronous events: none will be reported");
+        }
+    }
+
+    /// Starts `work` on a thread of the library's for this device, named `name`. A panic there
+    /// (a bug in softroce) fails the device ([`Device::fail`]), and the program hears it as
+    /// from a failed socket, rather than wait for ever for what the thread would have done.
+    pub(crate) fn spawn_guarded(
+        &'static self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_ok() {
+                    return;
+                }
+                let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(shared) = opened
+                    .as_ref()
+                    .filter(|o| o.generation == fork::generation())
+                else {
+                    return;
+                };
+                shared.device.fail(std::io::Error::other(LibraryPanicked));
+                let (contexts, told) = (shared.contexts.clone(), shared.failure_told.clone());
+                drop(opened);
+                self.tell_failure(&contexts, &told);
+            })
+    }
+
+    /// Tells the device's failure, once, if contexts still have it open (a close takes its
+    /// context out first, and the last one's close stops the device): each context gets
+    /// `IBV_EVENT_DEVICE_FATAL`, and each CM ID on the device `RDMA_CM_EVENT_DEVICE_REMOVAL`.
+    fn tell_failure(&self, contexts: &Mutex<Vec<Arc<PendingEvents>>>, told: &AtomicBool) {
+        let contexts = contexts.lock().unwrap_or_else(|p| p.into_inner());
+        if contexts.is_empty() || told.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for context in contexts.iter() {
+            context.push(Raised::DeviceFatal);
+        }
+        drop(contexts);
+        let watchers =
+            std::mem::take(&mut *self.watchers.lock().unwrap_or_else(|p| p.into_inner()));
+        for watcher in watchers.iter().filter_map(Weak::upgrade) {
+            watcher.device_failed();
+        }
+    }
+
+    /// Has `watcher` hear of the device's failure ([`FailureWatcher`]), for as long as it
+    /// lives.
+    pub(crate) fn watch_failure(&self, watcher: Weak<dyn FailureWatcher>) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        // Those gone are let go of as the list doubles, so that it stays within twice the
+        // live ones at a cost of one look at each per addition.
+        if watchers.len() >= 64 && watchers.len().is_power_of_two() {
+            watchers.retain(|w| w.strong_count() > 0);
+        }
+        watchers.push(watcher);
     }
 
     /// Takes the events `named` picks out of the queue of every context that has the device
@@ -203,6 +295,22 @@ impl DeviceEntry {
             .find(|entry| ptr::eq(&entry.ibv, device.cast_const()))
     }
 }
+
+/// Why a device stopped when one of the library's own threads panicked (a bug in softroce):
+/// the error its calls then fail with wraps this. The panic's message went to standard error.
+#[derive(Debug)]
+struct LibraryPanicked;
+
+impl std::fmt::Display for LibraryPanicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "a thread of softroce's C library panicked, a bug in softroce (the panic message \
+             went to standard error)",
+        )
+    }
+}
+
+impl std::error::Error for LibraryPanicked {}
 
 /// How long closing a device, or the process's exit, waits for the packets already queued
 /// (the ACK of the last message received, a DREQ) to reach the socket: a turn of the engine,
@@ -327,15 +435,26 @@ struct PendingEvents {
 }
 
 struct Pending {
-    events: VecDeque<AsyncEvent>,
+    events: VecDeque<Raised>,
     /// The context was closed: waiters return `EIO`.
     closed: bool,
+}
+
+/// An event a context's queue holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Raised {
+    /// One the device raised about one of its objects.
+    Object(AsyncEvent),
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`): the last it says.
+    DeviceFatal,
 }
 
 /// What [`PendingEvents::take`] found.
 enum Taken<T> {
     /// An event, as the caller's `each` made it.
     Event(T),
+    /// The device failed.
+    DeviceFatal,
     None,
     Closed,
 }
@@ -365,12 +484,12 @@ impl PendingEvents {
     /// Queues `event` and makes the descriptor readable. A queue that holds
     /// [`MAX_PENDING_EVENTS`] already drops it: no program reads that far behind, and
     /// librdmacm's contexts, which a program may never read, must not grow for ever.
-    fn push(&self, event: AsyncEvent) {
+    fn push(&self, event: Raised) {
         let mut pending = self.lock();
         if pending.closed {
             return;
         }
-        if pending.events.len() >= MAX_PENDING_EVENTS {
+        if pending.events.len() >= MAX_PENDING_EVENTS && event != Raised::DeviceFatal {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
                 say!(
@@ -390,7 +509,9 @@ impl PendingEvents {
     fn forget(&self, named: &impl Fn(&AsyncEvent) -> bool) {
         let mut pending = self.lock();
         let had = !pending.events.is_empty();
-        pending.events.retain(|event| !named(event));
+        pending
+            .events
+            .retain(|event| !matches!(event, Raised::Object(e) if named(e)));
         if had && pending.events.is_empty() {
             let mut count = 0u64;
             // SAFETY: our own eventfd, 8 bytes; its count is not zero, as events waited.
@@ -424,7 +545,10 @@ impl PendingEvents {
         if !pending.events.is_empty() {
             self.signal();
         }
-        Taken::Event(each(next))
+        match next {
+            Raised::Object(event) => Taken::Event(each(event)),
+            Raised::DeviceFatal => Taken::DeviceFatal,
+        }
     }
 }
 
@@ -696,26 +820,6 @@ impl DeviceEntry {
         // SAFETY: `name` was filled by `fill`, which always leaves a terminating zero.
         let name = unsafe { CStr::from_ptr(self.ibv.name.as_ptr()) };
         name.to_str().unwrap_or("softroce")
-    }
-}
-
-/// Hands each of the device's events to every context that has it open; ends when the device
-/// stops (its last handle, the program's objects' included, is gone).
-fn spawn_event_waiter(device: &Device, contexts: &Arc<Mutex<Vec<Arc<PendingEvents>>>>) {
-    let source = device.events();
-    let contexts = contexts.clone();
-    let spawned = std::thread::Builder::new()
-        .name("softroce-events".into())
-        .spawn(move || {
-            while let Some(event) = source.wait() {
-                let contexts = contexts.lock().unwrap_or_else(|p| p.into_inner());
-                for context in contexts.iter() {
-                    context.push(event);
-                }
-            }
-        });
-    if spawned.is_err() {
-        say!("no thread for asynchronous events: none will be reported");
     }
 }
 
@@ -1204,6 +1308,15 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 }
                 // Its object was destroyed since: nothing to tell.
                 Taken::Event(None) => continue,
+                Taken::DeviceFatal => {
+                    let fatal = ibv_async_event {
+                        element: ptr::null_mut(),
+                        event_type: IBV_EVENT_DEVICE_FATAL,
+                    };
+                    // SAFETY: `event` points to the program's structure.
+                    unsafe { event.write(fatal) };
+                    return 0;
+                }
                 Taken::Closed => {
                     set_errno(libc::EIO);
                     return -1;
@@ -1358,16 +1471,35 @@ mod tests {
     fn forgotten_events_are_never_read_and_the_descriptor_follows() {
         let events = PendingEvents::new().unwrap();
         for qpn in [1, 2, 1] {
-            events.push(fatal(qpn));
+            events.push(Raised::Object(fatal(qpn)));
         }
         events.forget(&|e| *e == fatal(1));
         assert!(readable(&events));
         assert!(matches!(events.take(|e| e), Taken::Event(e) if e == fatal(2)));
         assert!(!readable(&events));
-        events.push(fatal(3));
+        events.push(Raised::Object(fatal(3)));
         events.forget(&|e| *e == fatal(3));
         assert!(!readable(&events), "emptied by the forget");
         assert!(matches!(events.take(|e| e), Taken::None));
+    }
+
+    /// A panic on one of the library's threads fails the device: every context hears
+    /// `IBV_EVENT_DEVICE_FATAL`, and every call fails saying what happened, rather than the
+    /// program waiting for what the thread would have done.
+    #[test]
+    fn a_panic_on_a_library_thread_fails_the_device() {
+        let addr: IpAddr = "127.0.49.15".parse().unwrap();
+        let entry: &'static DeviceEntry = Box::leak(Box::new(DeviceEntry::new(0, addr)));
+        let events = PendingEvents::new().unwrap();
+        let device = entry.open(&events).unwrap();
+        let thread = entry
+            .spawn_guarded("softroce-test", || panic!("a bug, for the test"))
+            .unwrap();
+        thread.join().unwrap();
+        assert!(matches!(events.take(|e| e), Taken::DeviceFatal));
+        let refused = device.alloc_pd().unwrap_err().to_string();
+        assert!(refused.contains("C library panicked"), "{refused}");
+        entry.close(&events);
     }
 
     /// A context no one reads keeps at most `MAX_PENDING_EVENTS`.
@@ -1375,9 +1507,15 @@ mod tests {
     fn an_unread_queue_stops_growing() {
         let events = PendingEvents::new().unwrap();
         for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
-            events.push(fatal(qpn));
+            events.push(Raised::Object(fatal(qpn)));
         }
         assert_eq!(events.lock().events.len(), MAX_PENDING_EVENTS);
+        events.push(Raised::DeviceFatal);
+        assert_eq!(
+            events.lock().events.back(),
+            Some(&Raised::DeviceFatal),
+            "the device's failure is never dropped"
+        );
         assert!(matches!(events.take(|e| e), Taken::Event(e) if e == fatal(0)));
     }
 }

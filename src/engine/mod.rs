@@ -142,6 +142,10 @@ pub(crate) enum Command {
     /// hands: after the turn whose transmit left nothing waiting.
     Flush(Reply<()>),
     Shutdown,
+    /// Stops the engine as if its socket had failed with this error ([`Device::fail`]).
+    ///
+    /// [`Device::fail`]: crate::verbs::Device::fail
+    Fail(io::Error),
 }
 
 /// How posting wakes an engine thread only when it sleeps: waking costs a syscall (an eventfd
@@ -315,7 +319,9 @@ struct Engine<B: Backend> {
     srqs: FxHashMap<SrqId, SrqPosts>,
     /// Indexed by CQ number; `None` where a CQ was destroyed.
     cqs: Vec<Option<CqChannel>>,
-    events: Sender<AsyncEvent>,
+    /// Dropped when the engine stops, so that a thread waiting for events learns it
+    /// ([`AsyncEvents::wait`](crate::verbs::AsyncEvents::wait)), whoever runs the engine.
+    events: Option<Sender<AsyncEvent>>,
     /// The next address handed to a registered region: regions never overlap, so an address
     /// names one region, as it does in a process's address space.
     next_iova: u64,
@@ -448,7 +454,7 @@ pub(crate) fn start<B: Backend>(
         qps: FxHashMap::default(),
         srqs: FxHashMap::default(),
         cqs: Vec::new(),
-        events: event_tx,
+        events: Some(event_tx),
         next_iova: first_iova + cm::AGENT_REGION,
         poll,
         readiness: Events::with_capacity(64),
@@ -830,6 +836,7 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::Flush(reply) => self.flushes.push(reply),
                 Command::Shutdown => return Ok(false),
+                Command::Fail(error) => return Err(error),
             }
         }
     }
@@ -1013,7 +1020,9 @@ impl<B: Backend> Engine<B> {
             }
         }
         while let Some(event) = self.endpoint.poll_event() {
-            let _ = self.events.try_send(event);
+            if let Some(events) = &self.events {
+                let _ = events.try_send(event);
+            }
         }
     }
 
@@ -1037,6 +1046,7 @@ impl<B: Backend> Engine<B> {
     /// answer and see the engine gone.
     fn let_go(&mut self) {
         self.cqs.clear();
+        self.events = None;
         // Closes the SRQs' posting queues: a later post is refused, not lost (a hybrid or
         // inline engine stays in memory, stopped, for as long as the device's handles).
         self.srqs.clear();

@@ -375,7 +375,13 @@ impl Completions {
     /// before it lets go, so the tallies read after seeing none live are final, but for
     /// another poll's taking, which can only make this say "not yet" once more.
     pub(crate) fn stopped(&self) -> bool {
-        self.live.load(SeqCst) == 0 && self.looks_empty()
+        self.let_go() && self.looks_empty()
+    }
+
+    /// Whether every engine has let go of the queue (its device stopped): completions may
+    /// still wait in it, but no more come.
+    pub(crate) fn let_go(&self) -> bool {
+        self.live.load(SeqCst) == 0
     }
 
     /// Whether every ring's tally is even: no lock, a few loads.

@@ -520,6 +520,16 @@ impl Device {
         Ok(true)
     }
 
+    /// Stops the device as if its socket had failed with `error`: what its QPs held is flushed
+    /// (WR_FLUSH_ERR), every wait ends, and every call from then on fails with
+    /// [`Error::DeviceFailed`] wrapping `error`. For an application whose own part of the
+    /// device failed: softroce's C library stops a device this way when one of its threads
+    /// panics, so that the program sees the failure rather than a wait that never ends. A
+    /// device that has stopped already stays as it stopped.
+    pub fn fail(&self, error: io::Error) {
+        let _ = self.engine().command(Command::Fail(error));
+    }
+
     /// The transport's and the backend's counters, summed over the engines.
     pub fn counters(&self) -> Result<(Counters, IoCounters)> {
         let mut sum = (Counters::default(), IoCounters::default());

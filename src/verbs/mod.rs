@@ -80,7 +80,8 @@ pub enum Error {
     DeviceClosed,
     /// The device stopped because its socket failed, with this error; its outstanding work
     /// requests were flushed (WR_FLUSH_ERR) before it stopped. Or, from a bug, because its
-    /// engine panicked: the error then wraps [`EnginePanicked`], and nothing was flushed.
+    /// engine panicked: the error then wraps [`EnginePanicked`], and nothing was flushed. Or
+    /// because the application stopped it with this error ([`Device::fail`]).
     DeviceFailed(Arc<io::Error>),
     /// The connection manager refused the call.
     Cm(CmError),
@@ -102,10 +103,10 @@ impl fmt::Display for Error {
             Error::Memory(e) => e.fmt(f),
             Error::QueueFull => f.write_str("the queue is full"),
             Error::DeviceClosed => f.write_str("the device is closed"),
-            Error::DeviceFailed(e) if e.get_ref().is_some_and(|e| e.is::<EnginePanicked>()) => {
-                write!(f, "the device stopped: {e}")
+            Error::DeviceFailed(e) if e.raw_os_error().is_some() => {
+                write!(f, "the device stopped: its socket failed: {e}")
             }
-            Error::DeviceFailed(e) => write!(f, "the device stopped: its socket failed: {e}"),
+            Error::DeviceFailed(e) => write!(f, "the device stopped: {e}"),
             Error::Cm(e) => write!(f, "connection manager: {e}"),
             Error::ConnectFailed(failure) => write!(f, "connection failed: {failure}"),
             Error::Disconnected => f.write_str("the peer disconnected"),
@@ -1011,6 +1012,12 @@ impl CompletionQueue {
             cq: self,
             watch: None,
         }
+    }
+
+    /// Whether the device has stopped: no completion comes to the CQ any more but those it
+    /// flushed, which [`poll`](Self::poll) still returns before it fails.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.completions.let_go()
     }
 
     /// Whether `id` is this CQ's number on one of its device's engines (the number an

@@ -26,7 +26,7 @@ use super::channel::{Channel, Event, Events};
 use super::link::{established_param, Link};
 use super::{ip_of, socket_addr, storage};
 use crate::abi::*;
-use crate::devices::{self, Context};
+use crate::devices::{self, Context, FailureWatcher};
 use crate::qp::Qp;
 use crate::{errno_of, guard, say, set_errno, unsupported};
 
@@ -253,6 +253,21 @@ impl Shared {
     fn set(&self, stage: Stage) {
         *self.stage.lock().unwrap_or_else(|p| p.into_inner()) = stage;
     }
+
+    /// The ID is on `entry`'s device from now on: it hears if the device fails.
+    fn watch(self: &Arc<Self>, entry: &devices::DeviceEntry) {
+        let me: Arc<dyn FailureWatcher> = self.clone();
+        entry.watch_failure(Arc::downgrade(&me));
+    }
+}
+
+/// An ID whose device failed gets `RDMA_CM_EVENT_DEVICE_REMOVAL`, as the kernel's cma.c
+/// sends it to every ID on a device being removed (`cma_process_remove`); a synchronous
+/// call waiting on it fails with `ENODEV`.
+impl FailureWatcher for Shared {
+    fn device_failed(self: Arc<Self>) {
+        self.post(Event::new(RDMA_CM_EVENT_DEVICE_REMOVAL, 0));
+    }
 }
 
 /// An RDMA-CM ID: the program's `rdma_cm_id`, first.
@@ -357,6 +372,9 @@ impl Id {
         let pd = unsafe { Context::from_ibv(context) }
             .ok_or(libc::EINVAL)?
             .default_pd()?;
+        if self.ibv.verbs.is_null() {
+            self.shared.watch(entry);
+        }
         self.ibv.verbs = context;
         self.ibv.pd = pd;
         self.ibv.port_num = 1;
@@ -370,11 +388,32 @@ impl Id {
         Ok(())
     }
 
+    /// The ID's device context (librdmacm's).
+    fn context(&self) -> Result<&Context, c_int> {
+        // SAFETY: an ID's context is one of librdmacm's, open for the process's life.
+        unsafe { Context::from_ibv(self.ibv.verbs) }.ok_or(libc::EINVAL)
+    }
+
     /// The softroce device under the ID.
     fn device(&self) -> Result<&Device, c_int> {
-        // SAFETY: an ID's context is one of librdmacm's, open for the process's life.
-        let context = unsafe { Context::from_ibv(self.ibv.verbs) }.ok_or(libc::EINVAL)?;
-        Ok(&context.device)
+        Ok(&self.context()?.device)
+    }
+
+    /// Starts `work` on a thread of the ID's, on the ID's device: a panic there fails the
+    /// device ([`DeviceEntry::spawn_guarded`]).
+    fn spawn(&self, work: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
+        self.spawn_joinable(work).map(drop)
+    }
+
+    /// [`spawn`](Self::spawn), for a thread to be joined.
+    fn spawn_joinable(
+        &self,
+        work: impl FnOnce() + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<()>, c_int> {
+        let entry = self.context()?.entry;
+        entry
+            .spawn_guarded("softroce-rdmacm", work)
+            .map_err(|_| libc::EAGAIN)
     }
 
     /// The QP the program created on the ID (`rdma_create_qp`).
@@ -441,10 +480,10 @@ impl SyncWait {
         if kind == self.success {
             return 0;
         }
-        set_errno(if status < 0 {
-            -status
-        } else {
-            libc::ECONNREFUSED
+        set_errno(match kind {
+            _ if status < 0 => -status,
+            RDMA_CM_EVENT_DEVICE_REMOVAL => libc::ENODEV,
+            _ => libc::ECONNREFUSED,
         });
         -1
     }
@@ -457,21 +496,6 @@ fn gid(ip: IpAddr) -> ibv_gid {
         IpAddr::V6(v6) => v6,
     };
     ibv_gid { raw: v6.octets() }
-}
-
-/// Starts `work` on a thread of the ID's.
-fn spawn(work: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
-    spawn_joinable(work).map(drop)
-}
-
-/// Starts `work` on a thread of the ID's, to be joined.
-fn spawn_joinable(
-    work: impl FnOnce() + Send + 'static,
-) -> Result<std::thread::JoinHandle<()>, c_int> {
-    std::thread::Builder::new()
-        .name("softroce-rdmacm".into())
-        .spawn(work)
-        .map_err(|_| libc::EAGAIN)
 }
 
 /// Runs an exported call's body on the ID behind `id`: -1 with `EINVAL` for null, -1 with
@@ -832,7 +856,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
         if this.ibv.ps == RDMA_PS_UDP {
             let device = this.device()?.clone();
             this.shared.set(Stage::Connecting);
-            spawn(move || {
+            this.spawn(move || {
                 let event = match device.resolve_datagram(peer, &data) {
                     Ok(found) => {
                         let ud = rdma_ud_param {
@@ -866,7 +890,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             let route = (Qpn::new(qpn), qp_type_of(&this.ibv));
             let device = this.device()?.clone();
             this.shared.set(Stage::Connecting);
-            spawn(move || {
+            this.spawn(move || {
                 match ManualConnection::connect(&device, route, peer, &options, &data) {
                     Ok(conn) => {
                         let link = Link::Manual(Arc::new(conn));
@@ -886,7 +910,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
         };
         let qp: Arc<QueuePair> = Arc::clone(&qp.qp);
         this.shared.set(Stage::Connecting);
-        spawn(
+        this.spawn(
             move || match Connection::connect(qp.clone(), peer, &options, &data) {
                 Ok(conn) => {
                     let link = Link::Qp(Arc::new(conn));
@@ -934,6 +958,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
         let local = this.local();
         let device = this.device()?.clone();
         let template = Template {
+            entry: this.context()?.entry,
             verbs: this.ibv.verbs,
             pd: this.ibv.pd,
             context: this.ibv.context,
@@ -945,7 +970,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
             let listener = device
                 .listen_datagram(local.port())
                 .map_err(|e| errno_of(&e))?;
-            this.listening = Some(spawn_joinable(move || loop {
+            this.listening = Some(this.spawn_joinable(move || loop {
                 if shared.destroyed.load(Ordering::Acquire) {
                     return;
                 }
@@ -977,7 +1002,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
             })?);
         } else {
             let listener = device.listen(local.port()).map_err(|e| errno_of(&e))?;
-            this.listening = Some(spawn_joinable(move || loop {
+            this.listening = Some(this.spawn_joinable(move || loop {
                 if shared.destroyed.load(Ordering::Acquire) {
                     return;
                 }
@@ -1020,6 +1045,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
 
 /// What a listening ID's requests' IDs take from it.
 struct Template {
+    entry: &'static devices::DeviceEntry,
     verbs: *mut ibv_context,
     pd: *mut ibv_pd,
     context: *mut c_void,
@@ -1049,6 +1075,7 @@ impl Template {
         child.set_local(self.local);
         child.set_peer(peer);
         child.shared.set(Stage::Requested(request));
+        child.shared.watch(self.entry);
         Arc::clone(&child.shared)
     }
 }
@@ -1229,7 +1256,7 @@ fn accept_manual(
 fn until_established(this: &mut Id, link: Link) -> Result<Outcome, c_int> {
     this.shared.set(Stage::Connected(link.clone()));
     let shared = this.shared.clone();
-    spawn(move || match link.established() {
+    this.spawn(move || match link.established() {
         Ok(()) => {
             shared.post(Event::new(RDMA_CM_EVENT_ESTABLISHED, 0));
             watch(shared, link);

@@ -101,6 +101,37 @@ fn a_destroyed_qp_takes_nothing_more_from_its_peer() {
     );
 }
 
+/// A device that fails ends every wait on it with an error the program sees, as a device
+/// rdma-core's kernel removes does: before, only `ibv_poll_cq` said so, and a thread waiting
+/// for a CQ's event, an asynchronous event or a CM event waited for ever.
+#[test]
+fn a_failed_device_ends_every_wait_with_an_error() {
+    for progress in ["hybrid", "thread"] {
+        let path = compile(
+            "device_fatal",
+            include_str!("c/device_fatal.c"),
+            &["-lrdmacm", "-libverbs", "-lpthread"],
+        );
+        let mut run = program("127.0.49.13,127.0.49.14", &path, &["127.0.49.13"]);
+        run.env("SOFTROCE_PROGRESS", progress);
+        let output = finish("device_fatal", run.spawn().unwrap(), LIMIT);
+        let out = succeeded("device_fatal", &output);
+        for line in [
+            "sockets replaced: 1",
+            "async wait: 0, device fatal: 1",
+            "cq wait: -1, EIO: 1",
+            "cm wait: 0, device removal: 1",
+            "poll after the failure: -1",
+            "post after the failure refused: 1",
+            "a later cq wait: -1, EIO: 1",
+            "the other device works: 1",
+            "done",
+        ] {
+            assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
+        }
+    }
+}
+
 /// Defect 4: `rdma_listen`'s backlog was ignored, and a peer could make a listener whose
 /// program does not read its events hold any number of requests (200 seen, one ID each).
 #[test]
