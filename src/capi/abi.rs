@@ -681,6 +681,9 @@ pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
 
+pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
+pub const IBV_ACCESS_ON_DEMAND: c_uint = 1 << 6;
+
 pub const IBV_MW_TYPE_1: c_uint = 1;
 pub const IBV_MW_TYPE_2: c_uint = 2;
 

@@ -32,6 +32,7 @@ mod cq;
 mod devices;
 mod fork;
 mod held;
+mod mapping;
 mod memory;
 mod post;
 mod provider;

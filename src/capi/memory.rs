@@ -206,6 +206,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
+        // On-demand paging, which softroce does not have (the kernel's ib_check_mr_access).
+        if access_flags & IBV_ACCESS_ON_DEMAND != 0 {
+            set_errno(crate::unsupported("ibv_reg_mr with IBV_ACCESS_ON_DEMAND"));
+            return ptr::null_mut();
+        }
         // IBTA C10-70 (and the kernel's ib_check_mr_access): remote write or atomic access
         // needs local write.
         let needs_local = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
@@ -213,10 +218,22 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        let iova = if access_flags & 32 != 0 { 0 } else { iova }; // IBV_ACCESS_ZERO_BASED
-                                                                  // SAFETY: the program registers memory of its own, which verbs require it to keep
-                                                                  // until `ibv_dereg_mr` returns; that call returns only once `try_close` has succeeded,
-                                                                  // after which softroce no longer reaches the memory (see `ibv_dereg_mr`).
+        let iova = if access_flags & IBV_ACCESS_ZERO_BASED != 0 {
+            0
+        } else {
+            iova
+        };
+        // What the kernel's pin would refuse: pages not mapped, or without the rights the
+        // region grants (`ib_access_writable`: any write, or binding windows).
+        let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let writable = rights.intersects(writes | Access::MW_BIND);
+        if let Err(errno) = crate::mapping::check(addr as usize, length, writable) {
+            set_errno(errno);
+            return ptr::null_mut();
+        }
+        // SAFETY: the program registers memory of its own, which verbs require it to keep
+        // until `ibv_dereg_mr` returns; that call returns only once `try_close` has succeeded,
+        // after which softroce no longer reaches the memory (see `ibv_dereg_mr`).
         let Some(memory) = (unsafe { ForeignMemory::new(addr.cast(), length) }) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();

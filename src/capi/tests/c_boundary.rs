@@ -60,6 +60,34 @@ fn rdma_destroy_qp_leaves_the_programs_own_cq() {
     );
 }
 
+/// Defect 2: `ibv_reg_mr` took memory that was not mapped, or read-only for a region that
+/// grants writes, where rdma-core fails with `EFAULT`; a peer's WRITE into it then killed the
+/// process.
+#[test]
+fn registration_refuses_what_the_kernel_would_not_pin() {
+    run_expecting(
+        "registration",
+        include_str!("c/registration.c"),
+        &["-libverbs"],
+        "127.0.49.16,127.0.49.17",
+        &[],
+        &[
+            "static, for writing: registered",
+            "stack, for writing: registered",
+            "read-only, for remote writes: EFAULT",
+            "read-only, for local writes: EFAULT",
+            "read-only, for windows: EFAULT",
+            "read-only, for remote reads: registered",
+            "no rights: EFAULT",
+            "a page unmapped inside: EFAULT",
+            "unmapped: EFAULT",
+            "on demand: EOPNOTSUPP",
+            "peer reads: 1, peer's write refused: 1",
+            "done",
+        ],
+    );
+}
+
 /// Defect 3: after `fork()`, the child's `exit()` ran the library's exit handler on its
 /// parent's devices, which with hybrid or inline progress took a datagram meant for the
 /// parent's QP off the shared socket (and with thread progress waited a second for an engine
