@@ -40,6 +40,60 @@ fn run_expecting(
     }
 }
 
+/// Runs `c/stress.c` built with `sanitizer` (`-fsanitize=...`) on two addresses of
+/// 127.0.49.`first`, with `options` in its environment, for `SOFTROCE_STRESS_ROUNDS` rounds
+/// (30, a few seconds, unless set); asserts it succeeded with its threads having done their
+/// work.
+fn stress(sanitizer: &str, first: u8, options: (&str, String)) {
+    let flag = format!("-fsanitize={sanitizer}");
+    let name = format!("stress_{sanitizer}");
+    let libs = ["-lrdmacm", "-libverbs", "-lpthread", "-g", flag.as_str()];
+    let path = compile(&name, include_str!("c/stress.c"), &libs);
+    let rounds = std::env::var("SOFTROCE_STRESS_ROUNDS").unwrap_or_else(|_| "30".into());
+    let addrs = [
+        format!("127.0.49.{first}"),
+        format!("127.0.49.{}", first + 1),
+    ];
+    let mut run = program(&addrs.join(","), &path, &[&addrs[0], &addrs[1], &rounds]);
+    run.env(options.0, options.1);
+    let output = finish(&name, run.spawn().unwrap(), LIMIT);
+    let out = succeeded(&name, &output);
+    for line in [
+        "completions: 1, cq events: 1, asynchronous events: 1",
+        "events: 1",
+        "done",
+    ] {
+        assert!(out.contains(line), "{name}: no {line:?} in:\n{out}");
+    }
+}
+
+/// Threads that post, poll, take and acknowledge events, and destroy QPs, CQs, SRQs and IDs,
+/// all at once (`c/stress.c`), under AddressSanitizer: the program's reads of the library's
+/// structures and every free are checked, so a use after free, a double free, or a destroy
+/// refused for a use that has ended fails the run. (Leaks are not looked for: the library
+/// keeps its devices, and librdmacm's contexts, for the process's life, as rdma-core does.)
+#[test]
+fn concurrent_calls_pass_address_sanitizer() {
+    stress("address", 18, ("ASAN_OPTIONS", "detect_leaks=0".into()));
+}
+
+/// The stress under ThreadSanitizer, which can see only part of it: the library is not built
+/// with ThreadSanitizer (that needs a nightly compiler), so its atomics and locks are invisible
+/// and its own copies and allocations would read as races; they are suppressed. What is left
+/// are the races the program's own accesses take part in, its inline verbs' reads of the
+/// library's structures among them.
+#[test]
+fn concurrent_calls_pass_thread_sanitizer_on_the_programs_side() {
+    let suppressions = common::own_dir().join("tsan.supp");
+    std::fs::write(
+        &suppressions,
+        "called_from_lib:libibverbs.so.1\ncalled_from_lib:librdmacm.so.1\n",
+    )
+    .unwrap();
+    let options = format!("suppressions={}:halt_on_error=1", suppressions.display());
+    stress("thread", 20, ("TSAN_OPTIONS", options));
+}
+
 /// Defect 1: `rdma_destroy_qp` destroyed a CQ the program passed to `rdma_create_qp` (its next
 /// poll read freed memory), and a PD of another context was taken.
 #[test]
