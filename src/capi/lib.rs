@@ -19,7 +19,7 @@
 //!   also a pointer to softroce's object (the way rdma-core's providers embed theirs).
 //!
 //! What softroce lacks answers `EOPNOTSUPP`, with one line on standard error the first time
-//! (`unsupported`). Every line the library prints goes through [`say!`], which never fails: a
+//! (`unsupported`). Every line the library prints goes through `say!`, which never fails: a
 //! program may have closed standard error, or made it a pipe whose reader has gone.
 
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -2,30 +2,41 @@
 //! `libibverbs.so.1`): its bytes are the region, with no copy and no shadow buffer, so that a
 //! peer's WRITE lands where the program reads.
 //!
-//! The third place softroce uses `unsafe` (after `lent.rs` and `bulk.rs`): a raw pointer from C
-//! becomes atomic views of its bytes. The memory is the program's, at any address, length and
-//! alignment (`malloc`, the stack, `mmap`), so it is reached as:
+//! One of the places softroce uses `unsafe`: a raw pointer from C, reached byte by byte where a
+//! word of it sticks out of the range, and 8 aligned bytes at a time inside, never a byte
+//! outside the registered range.
 //!
-//! - the whole 8-byte words inside it, as `AtomicU64` (the region's word accesses, its bulk
-//!   copies and the remote atomics, which the memory table lets through only at addresses
-//!   that are multiples of 8 here too);
-//! - the bytes of a word the region covers only in part, as `AtomicU8`, one at a time: a byte
-//!   outside the registered range is never read or written, not even with its own value.
+//! # Memory the program takes away
 //!
-//! The program reads and writes its buffer with plain loads and stores while softroce's atomic
-//! accesses go on, as it does with a NIC's DMA. That is outside what Rust's memory model
-//! describes, which covers only Rust's own accesses; on the hardware, each of softroce's
-//! accesses is a single aligned load or store (or a locked read-modify-write), and the
-//! program's accesses cannot tear them. What Rust's model does require holds: every access
-//! softroce makes is atomic, so softroce's own threads never race each other, and no
-//! reference to these bytes other than atomic ones ever exists on softroce's side.
+//! The kernel pins a region's pages, so a program that unmaps its memory (or takes a right
+//! away with `mprotect`) after registering it leaves the NIC the old pages. softroce reaches
+//! the program's memory itself, and would take a segmentation fault on the engine's thread,
+//! killing the process at a peer's WRITE or READ. So, on x86-64 Linux, every access is made by
+//! a few routines of assembly (`guarded`) that a fault cannot kill: a handler of `SIGSEGV` and
+//! `SIGBUS`, installed with the first region, finds a fault's instruction inside them and
+//! resumes at their exit with a failure, which becomes [`MemoryError::Unmapped`] (the kernel's
+//! `copy_from_user` works so, with its exception table). Every other fault goes to the handler
+//! that was there before, or kills the process as it would have. An access costs what a copy
+//! loop costs: the handler runs only on a fault. A program that installs its own `SIGSEGV`
+//! handler after its first registration, not passing ours the faults it does not own, takes
+//! that protection away. Elsewhere (other targets, and under Miri), the accesses are the same
+//! atomic loads and stores, unguarded: memory taken away kills the process there.
+//!
+//! # Concurrent access
+//!
+//! The program reads and writes its buffer with plain loads and stores while softroce's
+//! accesses go on, as it does with a NIC's DMA. softroce's are single aligned loads and stores
+//! of 8 bytes inside the range, of single bytes where a word sticks out, and locked
+//! read-modify-writes for the atomics, so the program's accesses cannot tear them. softroce
+//! holds no Rust reference to these bytes: each access is the assembly's (or, unguarded, an
+//! atomic one through a pointer), so its own threads never race each other in Rust's model
+//! either.
 
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-const WORD: usize = 8;
+use super::MemoryError;
 
 /// A program's memory, lent to a region for as long as the region lives.
 pub struct ForeignMemory {
@@ -39,11 +50,10 @@ impl std::fmt::Debug for ForeignMemory {
     }
 }
 
-// SAFETY: `ForeignMemory` is an address and a length; the bytes they name are reached only
-// through `AtomicU64` and `AtomicU8`, which are `Send` and `Sync`, and `new`'s contract keeps
-// them mapped for as long as the value lives, whichever thread holds it.
+// SAFETY: `ForeignMemory` is an address and a length; the bytes they name are reached only by
+// the accesses below, each a single machine access that is safe to make from any thread.
 unsafe impl Send for ForeignMemory {}
-// SAFETY: as for `Send`: shared access goes through atomics only.
+// SAFETY: as for `Send`: shared access goes through those accesses only.
 unsafe impl Sync for ForeignMemory {}
 
 impl ForeignMemory {
@@ -52,12 +62,13 @@ impl ForeignMemory {
     ///
     /// # Safety
     ///
-    /// The `len` bytes at `ptr` must stay allocated and mapped, readable, and writable if the
-    /// region will grant local or remote writes, until this value is dropped: for a region,
-    /// until it is deregistered and [`MemoryRegion::try_close`](super::MemoryRegion::try_close)
-    /// has succeeded. The caller may not free them before then. They may be accessed by the
-    /// program meanwhile (see the module's documentation), but never through a Rust reference
-    /// other than an atomic one.
+    /// The `len` bytes at `ptr` are the program's to lend until this value is dropped (for a
+    /// region, until it is deregistered and
+    /// [`MemoryRegion::try_close`](super::MemoryRegion::try_close) has succeeded): they are
+    /// not freed to be used as something else meanwhile, which peers could then reach. The
+    /// program may access them meanwhile (see the module's documentation), and, on x86-64
+    /// Linux, unmap them or change their protection: an access then fails. Elsewhere they must
+    /// stay mapped, readable, and writable if the region grants writes.
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Option<ForeignMemory> {
         if len > 0 && (ptr as usize).checked_add(len).is_none() {
             return None;
@@ -67,6 +78,7 @@ impl ForeignMemory {
             None if len == 0 => NonNull::dangling(),
             None => return None,
         };
+        access::prepare();
         Some(ForeignMemory { ptr, len })
     }
 
@@ -85,52 +97,412 @@ impl ForeignMemory {
         self.ptr.as_ptr() as usize
     }
 
-    /// How many bytes come before the first 8-byte boundary (all of them if there is none).
-    fn head(&self) -> usize {
-        ((WORD - self.addr() % WORD) % WORD).min(self.len)
+    /// The address of the byte at `offset`, after checking that `len` bytes from there lie
+    /// inside the memory (the callers checked the range against the region: this is the
+    /// proof the accesses below rely on).
+    fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "an access past the memory"
+        );
+        // SAFETY: `offset` is at most `len`, so the result stays inside (or one past) the
+        // range `new` was given, which does not wrap.
+        unsafe { self.ptr.as_ptr().add(offset) }
     }
 
-    /// The whole words inside the memory, and the offset of the first.
-    pub(super) fn words(&self) -> (usize, &[AtomicU64]) {
-        let head = self.head();
-        let count = (self.len - head) / WORD;
-        if count == 0 {
-            return (head, &[]);
+    /// The failure of an access at `offset`, for the program's address.
+    fn unmapped(&self, offset: usize) -> MemoryError {
+        MemoryError::Unmapped {
+            addr: (self.addr() + offset) as u64,
         }
-        // SAFETY: `ptr + head` is 8-aligned (`head` reaches the first boundary) and the `count`
-        // words from it lie inside the `len` bytes, which `new`'s contract keeps allocated and
-        // mapped while `self` lives, and so while this borrow of it does. `AtomicU64` has the
-        // size and alignment of `u64`, every bit pattern is valid for it, and its interior
-        // mutability makes writes through a shared reference sound. No non-atomic reference to
-        // these bytes exists on softroce's side.
-        let words = unsafe {
-            let first = self.ptr.as_ptr().add(head).cast::<AtomicU64>();
-            std::slice::from_raw_parts(first, count)
+    }
+
+    /// Copies the bytes from `offset` into `out`.
+    pub(super) fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MemoryError> {
+        let from = self.at(offset, out.len());
+        // SAFETY: `from` and the `out.len()` bytes after it lie inside the memory (`at`), which
+        // `new`'s contract lends us; `out` is ours, borrowed mutably, and cannot overlap the
+        // program's memory, which no Rust reference names.
+        let read = unsafe { access::read(from, out.as_mut_ptr(), out.len()) };
+        read.map_err(|()| self.unmapped(offset))
+    }
+
+    /// Copies `data` to the bytes from `offset`.
+    pub(super) fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemoryError> {
+        let to = self.at(offset, data.len());
+        // SAFETY: as in `read`, with `data` only read.
+        let written = unsafe { access::write(to, data.as_ptr(), data.len()) };
+        written.map_err(|()| self.unmapped(offset))
+    }
+
+    /// FETCH_ADD on the 8 bytes at `offset`, which the caller checked are 8-aligned in the
+    /// address space: the value before.
+    pub(super) fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError> {
+        let word = self.word(offset);
+        // SAFETY: an aligned word inside the memory (`word`).
+        unsafe { access::fetch_add(word, add) }.map_err(|()| self.unmapped(offset))
+    }
+
+    /// CMP_SWAP on the 8 bytes at `offset`, as [`fetch_add`](Self::fetch_add): the value
+    /// before.
+    pub(super) fn compare_swap(
+        &self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryError> {
+        let word = self.word(offset);
+        // SAFETY: an aligned word inside the memory (`word`).
+        unsafe { access::compare_swap(word, compare, swap) }.map_err(|()| self.unmapped(offset))
+    }
+
+    /// The word at `offset`, inside the memory and 8-aligned.
+    fn word(&self, offset: usize) -> *mut u64 {
+        let at = self.at(offset, 8);
+        assert_eq!(at as usize % 8, 0, "an atomic's word is 8-aligned");
+        at.cast()
+    }
+}
+
+/// The accesses, guarded against faults: x86-64 Linux, outside Miri.
+#[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+mod access {
+    use std::arch::global_asm;
+    use std::sync::OnceLock;
+
+    // The routines a fault may stop, between `softroce_guarded_begin` and
+    // `softroce_guarded_fault`. Each is a leaf that touches no stack, so when a fault sends
+    // it to `softroce_guarded_fault`, that routine's `ret` returns to the caller with 1 in
+    // eax. Accesses to the program's memory are single bytes, and 8 aligned bytes where a
+    // whole word of it lies inside the range; the other side is the caller's own buffer.
+    //
+    // softroce_guarded_read(to: rdi, from: rsi (the program's), len: rdx) -> eax 0 | 1
+    // softroce_guarded_write(to: rdi (the program's), from: rsi, len: rdx) -> eax 0 | 1
+    // softroce_guarded_fetch_add(word: rdi, add: rsi, before: rdx) -> eax 0 | 1
+    // softroce_guarded_compare_swap(word: rdi, compare: rsi, swap: rdx, before: rcx) -> eax
+
+    /// A copy routine `name`(to: rdi, from: rsi, len: rdx) -> eax: single bytes until
+    /// `aligned` (the byte register of the program's side, `sil` or `dil`) is 8-aligned, then
+    /// 8 bytes at a time (four to an iteration) while whole words are left, then the last
+    /// bytes. 0 once done; the fault exit returns 1.
+    #[rustfmt::skip]
+    macro_rules! guarded_copy {
+        ($name:literal, $aligned:literal) => {
+            concat!(
+                ".globl ", $name, "\n.hidden ", $name, "\n.type ", $name, ",@function\n",
+                $name, ":\n",
+                "1:\n test rdx, rdx\n jz 9f\n test ", $aligned, ", 7\n jz 2f\n",
+                "mov al, byte ptr [rsi]\n mov byte ptr [rdi], al\n",
+                "inc rsi\n inc rdi\n dec rdx\n jmp 1b\n",
+                "2:\n cmp rdx, 32\n jb 3f\n",
+                "mov rax, qword ptr [rsi]\n mov rcx, qword ptr [rsi + 8]\n",
+                "mov r8, qword ptr [rsi + 16]\n mov r9, qword ptr [rsi + 24]\n",
+                "mov qword ptr [rdi], rax\n mov qword ptr [rdi + 8], rcx\n",
+                "mov qword ptr [rdi + 16], r8\n mov qword ptr [rdi + 24], r9\n",
+                "add rsi, 32\n add rdi, 32\n sub rdx, 32\n jmp 2b\n",
+                "3:\n cmp rdx, 8\n jb 4f\n",
+                "mov rax, qword ptr [rsi]\n mov qword ptr [rdi], rax\n",
+                "add rsi, 8\n add rdi, 8\n sub rdx, 8\n jmp 3b\n",
+                "4:\n test rdx, rdx\n jz 9f\n",
+                "mov al, byte ptr [rsi]\n mov byte ptr [rdi], al\n",
+                "inc rsi\n inc rdi\n dec rdx\n jmp 4b\n",
+                "9:\n xor eax, eax\n ret\n",
+                ".size ", $name, ", . - ", $name, "\n",
+            )
         };
-        (head, words)
     }
 
-    /// The byte at `offset` (inside the memory, which the caller checked).
-    fn byte(&self, offset: usize) -> &AtomicU8 {
-        assert!(offset < self.len, "a byte past the memory");
-        // SAFETY: `offset` is inside the `len` bytes (asserted), which `new`'s contract keeps
-        // mapped while `self`, and so this borrow, lives. `AtomicU8` has the size and alignment
-        // of `u8` and is valid for every bit pattern.
-        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset)) }
+    global_asm!(
+        ".pushsection .text.softroce_guarded,\"ax\",@progbits",
+        ".p2align 4",
+        ".globl softroce_guarded_begin",
+        ".hidden softroce_guarded_begin",
+        "softroce_guarded_begin:",
+        guarded_copy!("softroce_guarded_read", "sil"),
+        guarded_copy!("softroce_guarded_write", "dil"),
+        ".globl softroce_guarded_fetch_add",
+        ".hidden softroce_guarded_fetch_add",
+        ".type softroce_guarded_fetch_add,@function",
+        "softroce_guarded_fetch_add:",
+        "lock xadd qword ptr [rdi], rsi",
+        "mov qword ptr [rdx], rsi",
+        "xor eax, eax",
+        "ret",
+        ".size softroce_guarded_fetch_add, . - softroce_guarded_fetch_add",
+        ".globl softroce_guarded_compare_swap",
+        ".hidden softroce_guarded_compare_swap",
+        ".type softroce_guarded_compare_swap,@function",
+        "softroce_guarded_compare_swap:",
+        "mov rax, rsi",
+        "lock cmpxchg qword ptr [rdi], rdx",
+        "mov qword ptr [rcx], rax",
+        "xor eax, eax",
+        "ret",
+        ".size softroce_guarded_compare_swap, . - softroce_guarded_compare_swap",
+        ".globl softroce_guarded_fault",
+        ".hidden softroce_guarded_fault",
+        ".type softroce_guarded_fault,@function",
+        "softroce_guarded_fault:",
+        "mov eax, 1",
+        "ret",
+        ".size softroce_guarded_fault, . - softroce_guarded_fault",
+        ".popsection",
+    );
+
+    extern "C" {
+        fn softroce_guarded_begin();
+        fn softroce_guarded_fault();
+        fn softroce_guarded_read(to: *mut u8, from: *const u8, len: usize) -> u32;
+        fn softroce_guarded_write(to: *mut u8, from: *const u8, len: usize) -> u32;
+        fn softroce_guarded_fetch_add(word: *mut u64, add: u64, before: *mut u64) -> u32;
+        fn softroce_guarded_compare_swap(
+            word: *mut u64,
+            compare: u64,
+            swap: u64,
+            before: *mut u64,
+        ) -> u32;
     }
 
-    /// Copies the bytes from `offset` into `out`, one at a time.
-    pub(super) fn read_bytes(&self, offset: usize, out: &mut [u8]) {
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = self.byte(offset + i).load(Ordering::Relaxed);
+    /// The handlers of `SIGSEGV` and `SIGBUS` that were there before ours, by signal: the
+    /// faults that are not ours go to them.
+    static PREVIOUS: OnceLock<[libc::sigaction; 2]> = OnceLock::new();
+
+    /// Installs the fault handler, once per process, before the first access can fault.
+    pub(super) fn prepare() {
+        PREVIOUS.get_or_init(|| {
+            let mut previous: [libc::sigaction; 2] = [
+                // SAFETY: `sigaction` is plain data, for which zero is valid.
+                unsafe { std::mem::zeroed() },
+                // SAFETY: as above.
+                unsafe { std::mem::zeroed() },
+            ];
+            // SAFETY: as above.
+            let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+            ours.sa_sigaction = on_fault as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+            for (signal, before) in [libc::SIGSEGV, libc::SIGBUS].into_iter().zip(&mut previous) {
+                // SAFETY: `ours` and `before` are valid sigaction structures; the handler is a
+                // function of this module that stays for the process's life (the library is
+                // never unloaded while regions exist, and `PREVIOUS` outlives it too). The
+                // previous action is read before ours can run: `PREVIOUS` is set only after
+                // both installs, and `on_fault` falls back to the default action until then.
+                unsafe { libc::sigaction(signal, &ours, before) };
+            }
+            previous
+        });
+    }
+
+    /// The fault handler: a fault inside the guarded routines resumes at their exit, which
+    /// returns the failure; any other goes to the handler that was there before.
+    extern "C" fn on_fault(
+        signal: libc::c_int,
+        info: *mut libc::siginfo_t,
+        ctx: *mut libc::c_void,
+    ) {
+        let ucontext = ctx.cast::<libc::ucontext_t>();
+        // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler, and the
+        // interrupted thread's registers in it are this handler's to change: they are what
+        // the thread resumes with.
+        let rip = unsafe { &mut (*ucontext).uc_mcontext.gregs[libc::REG_RIP as usize] };
+        let (begin, end) = (
+            softroce_guarded_begin as *const () as usize,
+            softroce_guarded_fault as *const () as usize,
+        );
+        if (begin..end).contains(&(*rip as usize)) {
+            *rip = end as i64;
+            return;
+        }
+        // SAFETY: the arguments as the kernel gave them.
+        unsafe { pass_on(signal, info, ctx) };
+    }
+
+    /// Hands a fault that is not ours to what handled the signal before: its handler, or the
+    /// default action (for a fault, by returning to the faulting instruction with the default
+    /// restored, so it faults again and the process dies as it would have).
+    ///
+    /// # Safety
+    ///
+    /// Called from the signal handler with the kernel's arguments.
+    unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        let index = usize::from(signal == libc::SIGBUS);
+        let handler = PREVIOUS.get().map(|previous| previous[index]);
+        match handler {
+            Some(before)
+                if before.sa_sigaction != libc::SIG_DFL && before.sa_sigaction != libc::SIG_IGN =>
+            {
+                if before.sa_flags & libc::SA_SIGINFO != 0 {
+                    // SAFETY: the previous handler took three arguments (SA_SIGINFO).
+                    let handle: extern "C" fn(
+                        libc::c_int,
+                        *mut libc::siginfo_t,
+                        *mut libc::c_void,
+                    ) = unsafe { std::mem::transmute(before.sa_sigaction) };
+                    handle(signal, info, ctx);
+                } else {
+                    // SAFETY: the previous handler took the signal alone.
+                    let handle: extern "C" fn(libc::c_int) =
+                        unsafe { std::mem::transmute(before.sa_sigaction) };
+                    handle(signal);
+                }
+            }
+            _ => {
+                // SAFETY: plain data, zero is SIG_DFL with no flags; restoring the default is
+                // async-signal-safe.
+                let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
+                default.sa_sigaction = libc::SIG_DFL;
+                // SAFETY: as above.
+                unsafe { libc::sigaction(signal, &default, std::ptr::null_mut()) };
+                // A signal sent (kill, raise) rather than raised by a fault does not come
+                // again on return: send it again, to the default action.
+                // SAFETY: `info` is the kernel's.
+                if unsafe { (*info).si_code } <= 0 {
+                    // SAFETY: raise is async-signal-safe.
+                    unsafe { libc::raise(signal) };
+                }
+            }
         }
     }
 
-    /// Copies `data` to the bytes from `offset`, one at a time.
-    pub(super) fn write_bytes(&self, offset: usize, data: &[u8]) {
-        for (i, &byte) in data.iter().enumerate() {
-            self.byte(offset + i).store(byte, Ordering::Relaxed);
+    /// Copies `len` bytes of the program's memory at `from` to `to`.
+    ///
+    /// # Safety
+    ///
+    /// `to` is `len` writable bytes of the caller's own; `from` is lent memory (mapped or not).
+    pub(super) unsafe fn read(from: *const u8, to: *mut u8, len: usize) -> Result<(), ()> {
+        // SAFETY: per the contract; a fault in the routine returns 1 instead.
+        match unsafe { softroce_guarded_read(to, from, len) } {
+            0 => Ok(()),
+            _ => Err(()),
         }
+    }
+
+    /// Copies `len` bytes at `from` to the program's memory at `to`.
+    ///
+    /// # Safety
+    ///
+    /// `from` is `len` readable bytes of the caller's own; `to` is lent memory.
+    pub(super) unsafe fn write(to: *mut u8, from: *const u8, len: usize) -> Result<(), ()> {
+        // SAFETY: per the contract; a fault in the routine returns 1 instead.
+        match unsafe { softroce_guarded_write(to, from, len) } {
+            0 => Ok(()),
+            _ => Err(()),
+        }
+    }
+
+    /// A locked add on the program's 8-aligned word at `word`: the value before.
+    ///
+    /// # Safety
+    ///
+    /// `word` is 8-aligned lent memory.
+    pub(super) unsafe fn fetch_add(word: *mut u64, add: u64) -> Result<u64, ()> {
+        let mut before = 0;
+        // SAFETY: per the contract; `before` is ours.
+        match unsafe { softroce_guarded_fetch_add(word, add, &mut before) } {
+            0 => Ok(before),
+            _ => Err(()),
+        }
+    }
+
+    /// A locked compare-and-swap on the program's 8-aligned word at `word`: the value before.
+    ///
+    /// # Safety
+    ///
+    /// As for [`fetch_add`].
+    pub(super) unsafe fn compare_swap(word: *mut u64, compare: u64, swap: u64) -> Result<u64, ()> {
+        let mut before = 0;
+        // SAFETY: per the contract; `before` is ours.
+        match unsafe { softroce_guarded_compare_swap(word, compare, swap, &mut before) } {
+            0 => Ok(before),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The accesses, unguarded: atomic loads and stores through the pointer, which a fault kills.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(miri))))]
+mod access {
+    use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+
+    /// Nothing to install.
+    pub(super) fn prepare() {}
+
+    /// Whether a word of the program's memory starts at `at`, with 8 bytes left of `len`.
+    fn whole_word(at: usize, left: usize) -> bool {
+        at % 8 == 0 && left >= 8
+    }
+
+    /// As the guarded one: a byte at a time, a word at a time where whole words lie.
+    ///
+    /// # Safety
+    ///
+    /// `to` is `len` writable bytes of the caller's own; `from` is lent memory that stays
+    /// mapped.
+    pub(super) unsafe fn read(from: *const u8, to: *mut u8, len: usize) -> Result<(), ()> {
+        let mut done = 0;
+        while done < len {
+            // SAFETY: inside both ranges; atomic accesses to the program's memory, which no
+            // Rust reference names but this one, for the access alone.
+            unsafe {
+                let at = from.add(done).cast_mut();
+                if whole_word(at as usize, len - done) {
+                    let word = AtomicU64::from_ptr(at.cast()).load(Relaxed);
+                    to.add(done)
+                        .cast::<[u8; 8]>()
+                        .write_unaligned(word.to_ne_bytes());
+                    done += 8;
+                } else {
+                    to.add(done).write(AtomicU8::from_ptr(at).load(Relaxed));
+                    done += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`read`], the other way.
+    ///
+    /// # Safety
+    ///
+    /// `from` is `len` readable bytes of the caller's own; `to` is lent memory that stays
+    /// mapped and writable.
+    pub(super) unsafe fn write(to: *mut u8, from: *const u8, len: usize) -> Result<(), ()> {
+        let mut done = 0;
+        while done < len {
+            // SAFETY: as in `read`.
+            unsafe {
+                let at = to.add(done);
+                if whole_word(at as usize, len - done) {
+                    let word = from.add(done).cast::<[u8; 8]>().read_unaligned();
+                    AtomicU64::from_ptr(at.cast()).store(u64::from_ne_bytes(word), Relaxed);
+                    done += 8;
+                } else {
+                    AtomicU8::from_ptr(at).store(from.add(done).read(), Relaxed);
+                    done += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// `word` is 8-aligned lent memory that stays mapped and writable.
+    pub(super) unsafe fn fetch_add(word: *mut u64, add: u64) -> Result<u64, ()> {
+        // SAFETY: per the contract.
+        Ok(unsafe { AtomicU64::from_ptr(word) }.fetch_add(add, Relaxed))
+    }
+
+    /// # Safety
+    ///
+    /// As for [`fetch_add`].
+    pub(super) unsafe fn compare_swap(word: *mut u64, compare: u64, swap: u64) -> Result<u64, ()> {
+        // SAFETY: per the contract.
+        let word = unsafe { AtomicU64::from_ptr(word) };
+        Ok(
+            match word.compare_exchange(compare, swap, Relaxed, Relaxed) {
+                Ok(before) | Err(before) => before,
+            },
+        )
     }
 }
 
@@ -142,25 +514,36 @@ mod tests {
     /// was written, and writes never touch a byte outside the range.
     #[test]
     fn bytes_outside_the_range_are_never_touched() {
-        let mut buffer = vec![0xeeu8; 64];
+        let mut buffer = vec![0xeeu8; 96];
         let base = buffer.as_mut_ptr();
         for start in 8..16 {
-            for len in 0..24 {
+            for len in 0..72 {
                 // SAFETY: the range lies inside `buffer`, which outlives `memory`, and is
                 // reached only through `memory` meanwhile.
                 let memory = unsafe { ForeignMemory::new(base.add(start), len) }.unwrap();
                 let data: Vec<u8> = (0..len as u8).collect();
-                let (head, words) = memory.words();
-                assert!(words.is_empty() || (memory.addr() + head) % WORD == 0);
-                assert!(head + words.len() * WORD <= len);
-                memory.write_bytes(0, &data);
+                memory.write(0, &data).unwrap();
                 let mut back = vec![0; len];
-                memory.read_bytes(0, &mut back);
+                memory.read(0, &mut back).unwrap();
                 assert_eq!(back, data);
-                memory.write_bytes(0, &vec![0xee; len]);
+                memory.write(0, &vec![0xee; len]).unwrap();
                 assert!(buffer.iter().all(|&b| b == 0xee), "{start} {len}");
             }
         }
+    }
+
+    #[test]
+    fn atomics_act_on_the_aligned_word() {
+        let mut words = [0u64; 2];
+        words[1] = 41;
+        {
+            // SAFETY: `words` outlives `memory`, and is reached only through it meanwhile.
+            let memory = unsafe { ForeignMemory::new(words.as_mut_ptr().cast(), 16) }.unwrap();
+            assert_eq!(memory.fetch_add(8, 1), Ok(41));
+            assert_eq!(memory.compare_swap(8, 42, 7), Ok(42));
+            assert_eq!(memory.compare_swap(8, 42, 9), Ok(7));
+        }
+        assert_eq!(words, [0, 7]);
     }
 
     #[test]
@@ -171,5 +554,93 @@ mod tests {
             assert!(ForeignMemory::new(std::ptr::null_mut(), 0).is_some());
             assert!(ForeignMemory::new(std::ptr::without_provenance_mut(usize::MAX), 2).is_none());
         }
+    }
+
+    /// `pages` pages of fresh anonymous memory, readable and writable.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    fn mapped(pages: usize) -> *mut u8 {
+        // SAFETY: a new private anonymous mapping, touched by nothing else.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        at.cast()
+    }
+
+    /// Memory the program unmaps, or makes read-only, after lending it: each access fails with
+    /// the address, where it used to kill the process with SIGSEGV, and the part still mapped
+    /// works as before.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    #[test]
+    fn memory_taken_away_fails_each_access_and_kills_nothing() {
+        let base = mapped(3);
+        // SAFETY: our own mapping, lent to `memory` alone; its pages are taken away below, as
+        // a program may take them.
+        let memory = unsafe { ForeignMemory::new(base.add(100), 3 * 4096 - 100) }.unwrap();
+        memory.write(0, &[7; 5000]).unwrap();
+        // SAFETY: the middle page of our own mapping, and the last made read-only.
+        unsafe {
+            assert_eq!(libc::munmap(base.add(4096).cast(), 4096), 0);
+            assert_eq!(
+                libc::mprotect(base.add(8192).cast(), 4096, libc::PROT_READ),
+                0
+            );
+        }
+        let gone = MemoryError::Unmapped {
+            addr: base as u64 + 100 + 3000,
+        };
+        let mut out = vec![0u8; 4000];
+        assert_eq!(memory.read(3000, &mut out), Err(gone));
+        assert_eq!(memory.write(3000, &out), Err(gone));
+        let word = 4096 - 100 + 8;
+        assert!(memory.fetch_add(word, 1).is_err());
+        assert!(memory.compare_swap(word, 0, 1).is_err());
+        let read_only = 8192 - 100;
+        assert!(memory.write(read_only, &[1]).is_err(), "read-only now");
+        let mut byte = [0u8];
+        assert_eq!(memory.read(read_only + 1, &mut byte), Ok(()));
+        assert_eq!(memory.read(10, &mut byte), Ok(()));
+        assert_eq!(byte, [7], "the page still mapped is as it was");
+        // SAFETY: the rest of our own mapping.
+        unsafe {
+            libc::munmap(base.cast(), 4096);
+            libc::munmap(base.add(8192).cast(), 4096);
+        }
+    }
+
+    /// A fault that is not ours still kills the process as it would have: the handler passes
+    /// it on. Run in a child process (this test binary again), which must die of SIGSEGV.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    #[test]
+    fn a_fault_elsewhere_still_kills() {
+        const CHILD: &str = "SOFTROCE_TEST_FAULT_ELSEWHERE";
+        if std::env::var_os(CHILD).is_some() {
+            let mut byte = 0u8;
+            // SAFETY: our own byte, lent to `memory` alone.
+            let memory = unsafe { ForeignMemory::new(&mut byte, 1) }.unwrap();
+            memory.write(0, &[1]).unwrap();
+            // SAFETY: deliberately not: a write to an address nothing maps, outside the guarded
+            // routines, which must kill this child.
+            unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
+            unreachable!("the fault returned");
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "memory::foreign::tests::a_fault_elsewhere_still_kills",
+            ])
+            .env(CHILD, "1")
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status}");
     }
 }

@@ -141,6 +141,13 @@ pub enum MemoryError {
     /// No key was free: the device holds about 800,000 regions, or a million windows, already
     /// (its key tables find keys by index in at most 2^20 slots, `keyed::MAX_SLOT_BITS`).
     OutOfKeys,
+    /// The program took away the memory of a region over its own memory
+    /// ([`ForeignMemory`]) after registering it: unmapped it, or removed the right the access
+    /// needs. The access failed there, rather than kill the process.
+    Unmapped {
+        /// The program's address of the first byte of the access.
+        addr: u64,
+    },
 }
 
 impl fmt::Display for MemoryError {
@@ -179,6 +186,11 @@ impl fmt::Display for MemoryError {
                 "key {key:#010x}: only a type 2 memory window can be invalidated"
             ),
             MemoryError::Bind(why) => write!(f, "memory window bind: {why}"),
+            MemoryError::Unmapped { addr } => write!(
+                f,
+                "the program took away its registered memory at {addr:#x} (unmapped, or \
+                 protected) before deregistering it"
+            ),
         }
     }
 }

@@ -21,9 +21,11 @@
 //! carry it. The price is a copy in and out instead of the application writing into the
 //! registered memory in place; `benches/memory.rs` measures it. A region softroce allocates
 //! needs no `unsafe`; one over the application's own buffer views its bytes as the same
-//! atomic words, which `lent.rs` does, and one over a C program's memory at its own address
-//! views them as atomic words and, where a word sticks out of it, atomic bytes
-//! (`foreign.rs`). `lent.rs`, `foreign.rs` and `bulk.rs` hold the crate's only `unsafe` code.
+//! atomic words, which `lent.rs` does. One over a C program's memory at its own address is not
+//! words of softroce's: `foreign.rs` reaches it with single aligned 8-byte and 1-byte accesses
+//! that a fault cannot kill (the program may unmap it), so its accesses can fail
+//! ([`MemoryError::Unmapped`]). `lent.rs`, `foreign.rs` and `bulk.rs` hold the crate's only
+//! `unsafe` code.
 //!
 //! The storage is allocated with `try_reserve_exact`: a region the host cannot hold is a
 //! [`MemoryError::NoMemory`], never an abort of the process.
@@ -73,8 +75,8 @@ enum Bytes {
     Foreign(ForeignMemory),
 }
 
-/// The storage of a region: atomic words (and, in a program's memory, atomic bytes where a
-/// word sticks out of it), so that concurrent access is never a data race.
+/// The storage of a region: atomic words, or a program's memory reached by `foreign.rs`'s
+/// single accesses, so that concurrent access is never a data race.
 pub(super) struct Words {
     bytes: Bytes,
     len: usize,
@@ -120,89 +122,96 @@ impl Words {
         })
     }
 
-    /// The whole words of the region, and the region offset of the first.
-    fn whole_words(&self) -> (usize, &[AtomicU64]) {
-        match &self.bytes {
-            Bytes::Words(words) => (0, words),
-            Bytes::Foreign(memory) => memory.words(),
-        }
-    }
-
-    /// The words covering `len` bytes at `offset` whole: the part before the first word
-    /// boundary, those words, and the part after them (all of it in the first part if the
-    /// range holds no whole word).
-    fn cut(&self, offset: usize, len: usize) -> (usize, &[AtomicU64], usize) {
-        let (head, bulk) = split(offset + self.skew(), len);
-        if bulk == 0 {
-            return (head, &[], len - head);
-        }
-        let (first_at, words) = self.whole_words();
-        let first = (offset + head - first_at) / WORD;
-        (head, &words[first..first + bulk / WORD], len - head - bulk)
-    }
-
-    /// Copies `out.len()` bytes starting at `offset` out of the region.
-    /// The caller has checked that the range lies inside the region.
-    fn read(&self, offset: usize, out: &mut [u8]) {
-        let (head, words, tail) = self.cut(offset, out.len());
-        let (out_head, rest) = out.split_at_mut(head);
-        let (out_bulk, out_tail) = rest.split_at_mut(rest.len() - tail);
-        self.read_partial(offset, out_head);
-        bulk::load(words, out_bulk);
-        self.read_partial(offset + head + out_bulk.len(), out_tail);
-    }
-
-    /// Reads less than a word, within one word: the word, or in a program's memory its bytes.
-    fn read_partial(&self, at: usize, out: &mut [u8]) {
-        if out.is_empty() {
-            return;
-        }
-        match &self.bytes {
-            Bytes::Words(words) => {
-                let lane = at % WORD;
-                let bytes = words[at / WORD].load(Ordering::Relaxed).to_ne_bytes();
-                out.copy_from_slice(&bytes[lane..lane + out.len()]);
-            }
-            Bytes::Foreign(memory) => memory.read_bytes(at, out),
-        }
-    }
-
-    /// Copies `data` into the region at `offset`. The caller has checked the range.
-    fn write(&self, offset: usize, data: &[u8]) {
-        let (head, words, tail) = self.cut(offset, data.len());
-        let (data_head, rest) = data.split_at(head);
-        let (data_bulk, data_tail) = rest.split_at(rest.len() - tail);
-        self.write_partial(offset, data_head);
-        bulk::store(words, data_bulk);
-        self.write_partial(offset + head + data_bulk.len(), data_tail);
-    }
-
-    /// Writes less than a word, within one word: merged with a compare-and-swap loop, so a
-    /// neighbour's concurrent write to the same word survives; in a program's memory, byte by
-    /// byte, so that no byte outside the region is written.
-    fn write_partial(&self, at: usize, part: &[u8]) {
-        if part.is_empty() {
-            return;
-        }
+    /// Copies `out.len()` bytes starting at `offset` out of the region; `Unmapped` if the
+    /// program took its memory away. The caller has checked that the range lies inside the
+    /// region.
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MemoryError> {
         let words = match &self.bytes {
             Bytes::Words(words) => words,
-            Bytes::Foreign(memory) => return memory.write_bytes(at, part),
+            Bytes::Foreign(memory) => return memory.read(offset, out),
         };
-        let lane = at % WORD;
-        let _ = words[at / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-            let mut bytes = old.to_ne_bytes();
-            bytes[lane..lane + part.len()].copy_from_slice(part);
-            Some(u64::from_ne_bytes(bytes))
-        });
+        let (head, bulk) = split(offset, out.len());
+        let (out_head, rest) = out.split_at_mut(head);
+        let (out_bulk, out_tail) = rest.split_at_mut(bulk);
+        read_partial(words, offset, out_head);
+        let first = (offset + head) / WORD;
+        bulk::load(&words[first..first + bulk / WORD], out_bulk);
+        read_partial(words, offset + head + bulk, out_tail);
+        Ok(())
     }
 
-    /// The word at `offset`, which must fall on a word boundary of the memory: a multiple of 8
-    /// from the region's start, or in a program's memory from an 8-aligned address.
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        let (first_at, words) = self.whole_words();
-        assert_eq!((offset + self.skew()) % WORD, 0, "not a word boundary");
-        &words[(offset - first_at) / WORD]
+    /// Copies `data` into the region at `offset`; `Unmapped` if the program took its memory
+    /// away. The caller has checked the range.
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemoryError> {
+        let words = match &self.bytes {
+            Bytes::Words(words) => words,
+            Bytes::Foreign(memory) => return memory.write(offset, data),
+        };
+        let (head, bulk) = split(offset, data.len());
+        let (data_head, rest) = data.split_at(head);
+        let (data_bulk, data_tail) = rest.split_at(bulk);
+        write_partial(words, offset, data_head);
+        let first = (offset + head) / WORD;
+        bulk::store(&words[first..first + bulk / WORD], data_bulk);
+        write_partial(words, offset + head + bulk, data_tail);
+        Ok(())
     }
+
+    /// FETCH_ADD on the word at `offset`, which is a word boundary of the memory (a multiple
+    /// of 8 from the region's start, or in a program's memory an 8-aligned address): the value
+    /// before.
+    fn fetch_add(&self, offset: usize, add: u64) -> Result<u64, MemoryError> {
+        match &self.bytes {
+            Bytes::Words(words) => Ok(word(words, offset).fetch_add(add, Ordering::Relaxed)),
+            Bytes::Foreign(memory) => memory.fetch_add(offset, add),
+        }
+    }
+
+    /// CMP_SWAP on the word at `offset`, as [`fetch_add`](Self::fetch_add): the value before.
+    fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        match &self.bytes {
+            Bytes::Words(words) => {
+                let word = word(words, offset);
+                Ok(
+                    match word.compare_exchange(compare, swap, Ordering::Relaxed, Ordering::Relaxed)
+                    {
+                        Ok(old) | Err(old) => old,
+                    },
+                )
+            }
+            Bytes::Foreign(memory) => memory.compare_swap(offset, compare, swap),
+        }
+    }
+}
+
+/// Reads less than a word of `words`, within one word, at byte `at`.
+fn read_partial(words: &[AtomicU64], at: usize, out: &mut [u8]) {
+    if out.is_empty() {
+        return;
+    }
+    let lane = at % WORD;
+    let bytes = words[at / WORD].load(Ordering::Relaxed).to_ne_bytes();
+    out.copy_from_slice(&bytes[lane..lane + out.len()]);
+}
+
+/// Writes less than a word of `words`, within one word, at byte `at`: merged with a
+/// compare-and-swap loop, so a neighbour's concurrent write to the same word survives.
+fn write_partial(words: &[AtomicU64], at: usize, part: &[u8]) {
+    if part.is_empty() {
+        return;
+    }
+    let lane = at % WORD;
+    let _ = words[at / WORD].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+        let mut bytes = old.to_ne_bytes();
+        bytes[lane..lane + part.len()].copy_from_slice(part);
+        Some(u64::from_ne_bytes(bytes))
+    });
+}
+
+/// The word of `words` at byte `offset`, a multiple of 8.
+fn word(words: &[AtomicU64], offset: usize) -> &AtomicU64 {
+    assert_eq!(offset % WORD, 0, "not a word boundary");
+    &words[offset / WORD]
 }
 
 /// A scatter/gather element: `len` bytes at `addr` in the region `lkey` names. Made checked
@@ -309,7 +318,8 @@ impl MemoryRegion {
 
     /// The region's memory as a `Vec`, once this is its last handle: for a buffer registered
     /// with `register_buffer`, the same allocation, at its length, holding what was last
-    /// written; for a region softroce allocated, or a program's memory, a copy. While another
+    /// written; for a region softroce allocated, or a program's memory, a copy (zeros from
+    /// the first byte of a program's memory it took away, [`MemoryError::Unmapped`]). While another
     /// handle, the device's registration or a packet queued and not yet built ([`HeldSpan`])
     /// still holds the memory, the handle comes back: deregister first, and let transfers
     /// complete.
@@ -321,7 +331,7 @@ impl MemoryRegion {
             }) => Ok(lent.into_vec()),
             Ok(own) => {
                 let mut copy = vec![0; own.len];
-                own.read(0, &mut copy);
+                let _ = own.read(0, &mut copy);
                 Ok(copy)
             }
             Err(words) => Err(MemoryRegion { words, ..self }),
@@ -430,21 +440,20 @@ impl MemoryRegion {
     /// Reads bytes at `offset` (from the region's start) into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MemoryError> {
         self.range(offset, out.len())?;
-        self.words.read(offset, out);
-        Ok(())
+        self.words.read(offset, out)
     }
 
     /// Writes `data` at `offset` (from the region's start).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemoryError> {
         self.range(offset, data.len())?;
-        self.words.write(offset, data);
-        Ok(())
+        self.words.write(offset, data)
     }
 
-    /// A copy of the whole region.
+    /// A copy of the whole region (zeros from the first byte of a program's memory it took
+    /// away, [`MemoryError::Unmapped`]).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len()];
-        self.words.read(0, &mut out);
+        let _ = self.words.read(0, &mut out);
         out
     }
 }
@@ -515,23 +524,24 @@ impl<'a> Span<'a> {
         })
     }
 
-    /// Copies `out.len()` bytes from `at` within the span. Panics past the span: the core
-    /// sizes every copy from the checked length.
-    pub fn read(&self, at: usize, out: &mut [u8]) {
+    /// Copies `out.len()` bytes from `at` within the span; [`MemoryError::Unmapped`] if the
+    /// program took the memory away (a region over a program's memory). Panics past the span:
+    /// the core sizes every copy from the checked length.
+    pub fn read(&self, at: usize, out: &mut [u8]) -> Result<(), MemoryError> {
         assert!(at + out.len() <= self.len, "read past a checked span");
-        self.words.read(self.offset + at, out);
+        self.words.read(self.offset + at, out)
     }
 
-    /// Copies `data` to `at` within the span.
-    pub fn write(&self, at: usize, data: &[u8]) {
+    /// Copies `data` to `at` within the span, as [`read`](Self::read).
+    pub fn write(&self, at: usize, data: &[u8]) -> Result<(), MemoryError> {
         assert!(at + data.len() <= self.len, "write past a checked span");
-        self.words.write(self.offset + at, data);
+        self.words.write(self.offset + at, data)
     }
 
-    /// The 64-bit word of an atomic span (8 bytes, 8-aligned), as the host holds it.
-    fn atomic_word(&self) -> &AtomicU64 {
-        assert!(self.len == WORD, "not an atomic span");
-        self.words.word(self.offset)
+    /// The offset of an atomic span's word (8 bytes, 8-aligned).
+    fn atomic_word(&self) -> usize {
+        assert!(self.is_word(), "not an atomic span");
+        self.offset
     }
 
     /// Whether the span is one whole word of the memory, which an atomic may act on: 8 bytes
@@ -540,21 +550,16 @@ impl<'a> Span<'a> {
         self.len == WORD && (self.offset + self.words.skew()) % WORD == 0
     }
 
-    /// FETCH_ADD: adds `add` and returns the value before.
-    pub fn fetch_add(&self, add: u64) -> u64 {
-        self.atomic_word().fetch_add(add, Ordering::Relaxed)
+    /// FETCH_ADD: adds `add` and returns the value before; [`MemoryError::Unmapped`] as for
+    /// [`read`](Self::read).
+    pub fn fetch_add(&self, add: u64) -> Result<u64, MemoryError> {
+        self.words.fetch_add(self.atomic_word(), add)
     }
 
-    /// CMP_SWAP: stores `swap` if the word equals `compare`; returns the value before.
-    pub fn compare_swap(&self, compare: u64, swap: u64) -> u64 {
-        match self.atomic_word().compare_exchange(
-            compare,
-            swap,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        ) {
-            Ok(old) | Err(old) => old,
-        }
+    /// CMP_SWAP: stores `swap` if the word equals `compare`; returns the value before, or
+    /// [`MemoryError::Unmapped`] as for [`read`](Self::read).
+    pub fn compare_swap(&self, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        self.words.compare_swap(self.atomic_word(), compare, swap)
     }
 }
 
@@ -613,7 +618,7 @@ mod tests {
             )
             .unwrap()
             .held();
-        span.span().write(0, b"12345");
+        span.span().write(0, b"12345").unwrap();
         let mut tail = [0u8; 5];
         mr.read(95, &mut tail).unwrap();
         assert_eq!(&tail, b"12345");
@@ -725,7 +730,7 @@ mod tests {
             .check_local(mr.lkey(), pd, 0x1000 + 5, 20, Access::LOCAL_WRITE)
             .unwrap();
         let mut got = [0u8; 4];
-        span.read(0, &mut got);
+        span.read(0, &mut got).unwrap();
         assert_eq!(&got, b"llo,");
         assert_eq!(
             mr.read(60, &mut [0u8; 5]),
@@ -765,9 +770,9 @@ mod tests {
         let span = t
             .check_atomic(mr.rkey(), (pd, Qpn::new(2)), 0x2008)
             .unwrap();
-        assert_eq!(span.fetch_add(1), 41);
-        assert_eq!(span.compare_swap(42, 7), 42);
-        assert_eq!(span.compare_swap(42, 9), 7);
+        assert_eq!(span.fetch_add(1), Ok(41));
+        assert_eq!(span.compare_swap(42, 7), Ok(42));
+        assert_eq!(span.compare_swap(42, 9), Ok(7));
         let mut word = [0u8; 8];
         mr.read(8, &mut word).unwrap();
         assert_eq!(u64::from_ne_bytes(word), 7);

@@ -418,7 +418,7 @@ pub(super) mod tests {
         ));
         // A span held from before (a packet queued) stays memory-safe: the words live as long
         // as any handle.
-        span.span().write(0, b"late");
+        span.span().write(0, b"late").unwrap();
         assert_eq!(
             t.deregister(mr.lkey()),
             Err(MemoryError::UnknownKey { key: mr.lkey().0 })
@@ -491,13 +491,14 @@ pub(super) mod tests {
                 .unwrap()
                 .held();
             let mut out = [0; 50];
-            span.span().read(0, &mut out);
+            span.span().read(0, &mut out).unwrap();
             assert_eq!(&out[..], &data[3..53]);
             let word = addr.next_multiple_of(8);
             let before = t
                 .check_atomic(region.rkey(), (pd, QP), word)
                 .unwrap()
-                .fetch_add(1);
+                .fetch_add(1)
+                .unwrap();
             let at = (word - addr) as usize;
             assert_eq!(before.to_ne_bytes()[..], data[at..at + 8]);
             // The same memory at an iova 4 bytes off its own alignment has no word there.

@@ -339,7 +339,7 @@ mod tests {
         let span = t
             .check_remote(b.new_rkey, (pd, QP), BASE, 8, Access::REMOTE_WRITE)
             .unwrap();
-        span.write(0, b"window");
+        span.write(0, b"window").unwrap();
         assert_eq!(&memory.to_vec()[..6], b"window");
         // The window's binding and this test's clone hold the memory; then only the clone.
         assert_eq!(memory.holders(), 2);
@@ -367,7 +367,7 @@ mod tests {
         let span = t
             .check_remote(rkey, (pd, QP), BASE + 256, 512, Access::REMOTE_WRITE)
             .unwrap();
-        span.write(0, b"window");
+        span.write(0, b"window").unwrap();
         assert_eq!(&mr.to_vec()[256..262], b"window");
         assert_eq!(
             t.check_remote(rkey, (pd, OTHER_QP), BASE + 256, 8, Access::REMOTE_WRITE)

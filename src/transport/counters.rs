@@ -70,6 +70,11 @@ counters! {
     icrc_errors,
     /// Remote accesses the memory check refused: key, PD, bounds, rights or alignment.
     rkey_violations,
+    /// Accesses to a region over a program's memory that the program took away (unmapped, or
+    /// protected) after registering it: a peer's WRITE, READ or atomic answered with NAK
+    /// remote access error, a local transfer failed, or a send's payload sent as zeros from
+    /// the first byte that could not be read (`MemoryError::Unmapped`).
+    unmapped_accesses,
     /// Responses for PSNs never sent.
     ghost_acks,
     /// Responses for PSNs already acknowledged (duplicates, late arrivals).
@@ -103,6 +108,16 @@ counters! {
     rp_cnp_handled,
     /// CNPs for a QP whose DCQCN is off: counted and ignored (mlx5's name).
     rp_cnp_ignored,
+}
+
+impl Counters {
+    /// Counts `error` in [`unmapped_accesses`](Self::unmapped_accesses) if it is memory a
+    /// program took away.
+    pub(crate) fn note_unmapped(&mut self, error: &crate::memory::MemoryError) {
+        if matches!(error, crate::memory::MemoryError::Unmapped { .. }) {
+            self.unmapped_accesses += 1;
+        }
+    }
 }
 
 #[cfg(test)]

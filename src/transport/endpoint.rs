@@ -1114,7 +1114,10 @@ impl Endpoint {
                 .expect("the core queues only headers its opcode requires");
             let into = &mut packet[at..at + repr.payload_len];
             match payload.write(into, &mut self.pool, &self.memory) {
-                Ok(()) => {
+                Ok(whole) => {
+                    if !whole {
+                        self.counters.unmapped_accesses += 1;
+                    }
                     if let Some(UnreliableSend {
                         qpn,
                         completes: true,
@@ -1145,6 +1148,7 @@ impl Endpoint {
     /// response, as it would have gone in the response's place.
     fn withhold(&mut self, revoked: Revoked, psn: Psn) {
         self.counters.revoked_read_responses += 1;
+        self.counters.note_unmapped(&revoked.error);
         let now = self.last_now;
         let (qp, mut ctx) = qp_and_ctx!(self, revoked.qpn, now);
         let naked = qp.is_some_and(|qp| qp.read_revoked(psn, revoked.error, &mut ctx));

@@ -280,7 +280,7 @@ impl Ctx<'_> {
     /// application's memory now, for their requests complete before they are built; the rest
     /// (a request failing part way) are dropped.
     pub fn settle_unbuilt(&mut self, qpn: Qpn, cut: Psn) {
-        let pool = &mut *self.pool;
+        let (pool, counters) = (&mut *self.pool, &mut *self.counters);
         self.out.retain_mut(|queued| {
             if !queued.unreliable.is_some_and(|u| u.qpn == qpn) {
                 return true;
@@ -289,7 +289,11 @@ impl Ctx<'_> {
                 return false;
             }
             let payload = std::mem::replace(&mut queued.payload, Source::Empty);
-            queued.payload = payload.read_now(pool);
+            let whole;
+            (queued.payload, whole) = payload.read_now(pool);
+            if !whole {
+                counters.unmapped_accesses += 1;
+            }
             queued.unreliable = None;
             true
         });

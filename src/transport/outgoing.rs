@@ -117,10 +117,13 @@ impl Source {
                 Source::Empty => Source::One(span.held()),
                 Source::One(first) => Source::Two(first, span.held()),
                 Source::Two(first, second) => {
-                    Source::read(pool, len, [first.span(), second.span(), span])
+                    let (read, whole) =
+                        Source::read(pool, len, [first.span(), second.span(), span]);
+                    whole?;
+                    read
                 }
                 Source::Bytes(mut bytes) => {
-                    append(&mut bytes, span);
+                    append(&mut bytes, span)?;
                     Source::Bytes(bytes)
                 }
                 Source::Remote(_) => unreachable!("a gather starts empty and reads local memory"),
@@ -138,27 +141,38 @@ impl Source {
 
     /// The same payload, read out of its region now: for a packet whose request completes
     /// before the packet is built, after which the application may write the buffer again.
-    pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> Source {
+    /// With whether every byte could be read: what could not (memory a program took away) is
+    /// zeros.
+    pub fn read_now(self, pool: &mut Vec<Vec<u8>>) -> (Source, bool) {
         match self {
             Source::One(span) => {
                 let span = span.span();
-                Source::read(pool, span.len(), [span])
+                let (read, whole) = Source::read(pool, span.len(), [span]);
+                (read, whole.is_ok())
             }
             Source::Two(first, second) => {
                 let (first, second) = (first.span(), second.span());
-                Source::read(pool, first.len() + second.len(), [first, second])
+                let (read, whole) = Source::read(pool, first.len() + second.len(), [first, second]);
+                (read, whole.is_ok())
             }
-            already => already,
+            already => (already, true),
         }
     }
 
-    /// The bytes of `parts`, `len` in all, in a buffer from `pool`.
-    fn read<const N: usize>(pool: &mut Vec<Vec<u8>>, len: usize, parts: [Span<'_>; N]) -> Source {
+    /// The bytes of `parts`, `len` in all, in a buffer from `pool`, and the first failure to
+    /// read one of them, whose bytes are then zeros.
+    fn read<const N: usize>(
+        pool: &mut Vec<Vec<u8>>,
+        len: usize,
+        parts: [Span<'_>; N],
+    ) -> (Source, Result<(), MemoryError>) {
         let mut bytes = Self::buffer(pool, len);
+        let mut whole = Ok(());
         for part in parts {
-            append(&mut bytes, part);
+            let read = append(&mut bytes, part);
+            whole = whole.and(read);
         }
-        Source::Bytes(bytes)
+        (Source::Bytes(bytes), whole)
     }
 
     /// `bytes`, copied now.
@@ -181,17 +195,30 @@ impl Source {
     /// Copies the payload into `out`, exactly its length; a copied payload's buffer goes back
     /// to `pool`. A READ response's memory is checked against `memory` first, and read under
     /// the same guard, so a deregistration or invalidation that has returned keeps every byte
-    /// of it out; the packet is then [`Revoked`], and `out` holds nothing of that memory.
+    /// of it out; the packet is then [`Revoked`], and `out` holds nothing of that memory, as
+    /// when the program took that memory away ([`MemoryError::Unmapped`]). A send's payload
+    /// in such memory is sent as zeros from the first byte that could not be read (a NIC
+    /// would send what the pinned pages held): `Ok(false)` says so.
     pub fn write(
         self,
         out: &mut [u8],
         pool: &mut Vec<Vec<u8>>,
         memory: &DeviceMemory,
-    ) -> Result<(), Revoked> {
+    ) -> Result<bool, Revoked> {
+        let mut whole = true;
+        let mut local = |span: Span<'_>, out| {
+            let (rest, read) = read_into(span, out);
+            whole &= read.is_ok();
+            rest
+        };
         let rest = match self {
             Source::Empty => out,
             Source::Remote(read) => {
                 let table = memory.read();
+                let revoked = |error| Revoked {
+                    qpn: read.qpn,
+                    error,
+                };
                 let span = table
                     .check_remote(
                         read.rkey,
@@ -200,14 +227,16 @@ impl Source {
                         read.len,
                         Access::REMOTE_READ,
                     )
-                    .map_err(|error| Revoked {
-                        qpn: read.qpn,
-                        error,
-                    })?;
-                read_into(span, out)
+                    .map_err(revoked)?;
+                let (rest, read) = read_into(span, out);
+                read.map_err(revoked)?;
+                rest
             }
-            Source::One(span) => read_into(span.span(), out),
-            Source::Two(first, second) => read_into(second.span(), read_into(first.span(), out)),
+            Source::One(span) => local(span.span(), out),
+            Source::Two(first, second) => {
+                let rest = local(first.span(), out);
+                local(second.span(), rest)
+            }
             Source::Bytes(bytes) => {
                 let (part, rest) = out.split_at_mut(bytes.len());
                 part.copy_from_slice(&bytes);
@@ -222,20 +251,24 @@ impl Source {
         // send them.
         debug_assert!(rest.is_empty(), "a payload shorter than its packet");
         rest.fill(0);
-        Ok(())
+        Ok(whole)
     }
 }
 
-/// Reads all of `span` onto the end of `bytes`.
-fn append(bytes: &mut Vec<u8>, span: Span<'_>) {
+/// Reads all of `span` onto the end of `bytes`; what cannot be read is zeros.
+fn append(bytes: &mut Vec<u8>, span: Span<'_>) -> Result<(), MemoryError> {
     let start = bytes.len();
     bytes.resize(start + span.len(), 0);
-    span.read(0, &mut bytes[start..]);
+    span.read(0, &mut bytes[start..]).inspect_err(|_| {
+        // The guarded copy stops at the first byte it cannot read, after those before it.
+        bytes[start..].fill(0);
+    })
 }
 
-/// Reads all of `span` into the start of `out`; returns the rest of `out`.
-fn read_into<'a>(span: Span<'_>, out: &'a mut [u8]) -> &'a mut [u8] {
+/// Reads all of `span` into the start of `out`, zeros for what cannot be read; returns the
+/// rest of `out`, and whether the read went through.
+fn read_into<'a>(span: Span<'_>, out: &'a mut [u8]) -> (&'a mut [u8], Result<(), MemoryError>) {
     let (part, rest) = out.split_at_mut(span.len());
-    span.read(0, part);
-    rest
+    let read = span.read(0, part).inspect_err(|_| part.fill(0));
+    (rest, read)
 }

@@ -221,7 +221,7 @@ pub(crate) fn scatter(
         let n = (len - at).min(data.len() - done);
         let span =
             memory.check_local(sge.lkey, pd, sge.addr + at as u64, n, Access::LOCAL_WRITE)?;
-        span.write(0, &data[done..done + n]);
+        span.write(0, &data[done..done + n])?;
         done += n;
         at = 0;
     }
@@ -690,7 +690,10 @@ impl Qp {
             Payload::Sges(sges) => {
                 // Read when the packet is built, which comes before the request completes: on
                 // RC at its ACK, on UC and UD as its last packet is built.
-                Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool)
+                let gathered =
+                    Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool);
+                gathered
+                    .inspect_err(|e| ctx.counters.note_unmapped(e))
                     .map_err(|_: MemoryError| WcStatus::LocProtErr)?
             }
         };
@@ -864,7 +867,8 @@ impl Qp {
                 self.fail_wqe(idx, WcStatus::LocLenErr, ctx);
                 return;
             }
-            Err(_) => {
+            Err(e) => {
+                ctx.counters.note_unmapped(&e);
                 self.fail_wqe(idx, WcStatus::LocProtErr, ctx);
                 return;
             }

@@ -560,14 +560,20 @@ impl Qp {
                 match grh {
                     Ok(true) => *received = GRH_LEN,
                     Ok(false) => return Err(too_long()),
-                    Err(_) => return Err(local_memory()),
+                    Err(e) => {
+                        ctx.counters.note_unmapped(&e);
+                        return Err(local_memory());
+                    }
                 }
             }
             let scattered = scatter(&ctx.memory.read(), self.pd, &wr.sges, *received, payload);
             match scattered {
                 Ok(true) => *received += payload.len(),
                 Ok(false) => return Err(too_long()),
-                Err(_) => return Err(local_memory()),
+                Err(e) => {
+                    ctx.counters.note_unmapped(&e);
+                    return Err(local_memory());
+                }
             }
             if matches!(pos, Position::Last | Position::Only) {
                 let Some(InMessage::Send { recv, received }) = self.resp.message.take() else {
@@ -637,7 +643,10 @@ impl Qp {
                     Some(whole) => whole.slice(0, len).ok_or_else(invalid_request)?,
                     None => self.check_write(&table, violations, &reth, received, len)?,
                 };
-                part.write(0, payload);
+                let written = part.write(0, payload);
+                written
+                    .inspect_err(|e| ctx.counters.note_unmapped(e))
+                    .map_err(from_memory)?;
             }
             drop(table);
             let received = received + payload.len();
@@ -716,6 +725,9 @@ impl Qp {
                     span.compare_swap(eth.compare, eth.swap_add)
                 };
                 drop(table);
+                let original = original
+                    .inspect_err(|e| ctx.counters.note_unmapped(e))
+                    .map_err(from_memory)?;
                 self.remember(Resource::Atomic { psn, original });
                 self.finish_message();
                 self.atomic_ack(psn, original, true, ctx);
@@ -914,7 +926,10 @@ impl Qp {
     /// fails. The requester's READ completes with REM_ACCESS_ERR at once rather than after
     /// its retries run out. Returns whether it did: the NAK is then the last packet queued.
     pub(crate) fn read_revoked(&mut self, psn: Psn, error: MemoryError, ctx: &mut Ctx<'_>) -> bool {
-        ctx.counters.rkey_violations += 1;
+        // Memory the program took away is counted where it was found (`withhold`).
+        if !matches!(error, MemoryError::Unmapped { .. }) {
+            ctx.counters.rkey_violations += 1;
+        }
         let responds = self.responds();
         if responds {
             self.nak_and_fail(psn, &from_memory(error), ctx);

@@ -142,6 +142,28 @@ fn registration_refuses_what_the_kernel_would_not_pin() {
     );
 }
 
+/// Defect 2's second half: memory the program unmapped, or made read-only, after registering
+/// it killed the process at a peer's access (SIGSEGV on the engine's thread). Each access now
+/// fails as one no key grants, and the process lives on.
+#[test]
+fn memory_taken_away_after_registration_costs_the_access_not_the_process() {
+    run_expecting(
+        "taken_away",
+        include_str!("c/taken_away.c"),
+        &["-libverbs"],
+        "127.0.49.22,127.0.49.23",
+        &[],
+        &[
+            "peer's write into unmapped memory: remote access error",
+            "peer's read into unmapped memory: remote access error",
+            "peer's atomic into unmapped memory: remote access error",
+            "peer's write into memory made read-only: remote access error, memory as it was: 1",
+            "send out of unmapped memory: sent, received: zeros",
+            "alive",
+        ],
+    );
+}
+
 /// Defect 3: after `fork()`, the child's `exit()` ran the library's exit handler on its
 /// parent's devices, which with hybrid or inline progress took a datagram meant for the
 /// parent's QP off the shared socket (and with thread progress waited a second for an engine
