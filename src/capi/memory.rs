@@ -5,7 +5,12 @@
 //! to or from a shadow buffer. `ibv_dereg_mr` stops both keys at once, then waits until no
 //! transfer still holds the memory before it returns, after which the program may free it;
 //! the wait is bounded, as rxe bounds its own, and past it the call answers `EBUSY` (the keys
-//! stay stopped, and the call may be made again).
+//! stay stopped, and the call may be made again). Only a packet queued and not yet built holds
+//! the memory, and a running engine builds it within a turn, so the wait ends at once in
+//! practice; on a device that failed, whose engines build nothing more, it ends at once. A
+//! program that frees its memory after `EBUSY` all the same costs no more than the bytes of
+//! such a packet: softroce's accesses to memory taken away fail rather than fault
+//! (`softroce::memory::ForeignMemory`), and only reads remain after the keys stopped.
 
 use std::cell::UnsafeCell;
 use std::ptr;
@@ -13,8 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use libc::{c_int, c_uint, c_void, size_t};
-use softroce::memory::{Access, ForeignMemory, MwType};
-use softroce::verbs::{MemoryRegion, MemoryWindow, ProtectionDomain};
+use softroce::memory::{Access, ForeignMemory, MemoryError, MwType};
+use softroce::verbs::{Error, MemoryRegion, MemoryWindow, ProtectionDomain};
 
 use crate::abi::*;
 use crate::devices::Context;
@@ -266,8 +271,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 }
 
 /// `ibv_dereg_mr`: both keys stop at once; the call returns once no transfer holds the memory,
-/// which is then the program's to free. `EBUSY` if windows are bound over it (nothing
-/// changed), or if transfers still held it after a wait (the keys are stopped; call again).
+/// or its device has failed, and the memory is then the program's to free. `EBUSY` if windows
+/// are bound over it (nothing changed), or if transfers still held it after a wait (the keys are
+/// stopped; call again).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
@@ -285,14 +291,19 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EINVAL;
         };
         if !this.deregistered {
-            if let Err(e) = this.pd.deregister(&region) {
-                this.region = Some(region);
-                return match e {
-                    softroce::verbs::Error::Memory(
-                        softroce::memory::MemoryError::WindowsBound { .. },
-                    ) => libc::EBUSY,
-                    _ => libc::EINVAL,
-                };
+            match this.pd.deregister(&region) {
+                Ok(()) => {}
+                // A failed device's keys reach nothing any more: the region is as good as
+                // deregistered (rdma-core answers EIO here unless RDMAV_ALLOW_DISASSOC_DESTROY
+                // is set; the memory is the program's again either way).
+                Err(Error::DeviceFailed(_) | Error::DeviceClosed) => {}
+                Err(e) => {
+                    this.region = Some(region);
+                    return match e {
+                        Error::Memory(MemoryError::WindowsBound { .. }) => libc::EBUSY,
+                        _ => libc::EINVAL,
+                    };
+                }
             }
             this.deregistered = true;
         }
@@ -301,6 +312,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         loop {
             match region.try_close() {
                 Ok(()) => break,
+                // A failed device's engines build nothing more, and hold what they held for
+                // good: the memory is the program's again.
+                Err(_) if this.pd.device().failure().is_some() => break,
                 Err(still) if start.elapsed() < DEREG_WAIT => {
                     region = still;
                     std::thread::sleep(Duration::from_micros(50));

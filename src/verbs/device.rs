@@ -520,6 +520,14 @@ impl Device {
         Ok(true)
     }
 
+    /// Why the device stopped, if it failed: its socket's error, a bug's panic, or what
+    /// [`fail`](Self::fail) was given (the [`Error::DeviceFailed`] its calls then return).
+    /// `None` while it runs. A failed device's engines touch no memory any more.
+    pub fn failure(&self) -> Option<Error> {
+        let failed = self.inner.engines.iter().find_map(|e| e.gone().0);
+        failed.map(Error::DeviceFailed)
+    }
+
     /// Stops the device as if its socket had failed with `error`: what its QPs held is flushed
     /// (WR_FLUSH_ERR), every wait ends, and every call from then on fails with
     /// [`Error::DeviceFailed`] wrapping `error`. For an application whose own part of the

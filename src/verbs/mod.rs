@@ -313,6 +313,11 @@ impl ProtectionDomain {
         self.pd
     }
 
+    /// The device the domain is on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Starts building a queue pair: RC, with 256-deep queues, unless told otherwise.
     pub fn create_qp(&self) -> QpBuilder<'_> {
         QpBuilder {

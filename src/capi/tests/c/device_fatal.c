@@ -139,6 +139,8 @@ int main(int argc, char **argv) {
     void *context;
     int ret = ibv_get_cq_event(channel, &cq, &context);
     printf("a later cq wait: %d, EIO: %d\n", ret, ret == -1 && errno == EIO);
+    /* The region is the program's again: a failed device's engines hold it no more. */
+    printf("dereg after the failure: %d\n", ibv_dereg_mr(mr));
     /* Device 1 is another device: it goes on. */
     struct ibv_pd *pd = ibv_alloc_pd(b.ctx);
     printf("the other device works: %d\n", pd && ibv_dealloc_pd(pd) == 0);
