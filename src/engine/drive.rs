@@ -526,7 +526,7 @@ impl Driver {
         let thread = thread::Builder::new().name(full);
         Ok(match progress {
             Progress::Thread => Driver::Thread(Some(thread.spawn(move || {
-                name_for_kernel(&kernel);
+                thread_start(&kernel);
                 run(engine)
             })?)),
             Progress::Inline => Driver::Shared(Shared::new(Box::new(engine)), None),
@@ -534,7 +534,7 @@ impl Driver {
                 let shared = Shared::new(Box::new(engine));
                 let (beside, doorbell) = (shared.clone(), doorbell.clone());
                 let thread = thread.spawn(move || {
-                    name_for_kernel(&kernel);
+                    thread_start(&kernel);
                     run_beside(&beside, &doorbell)
                 })?;
                 let _ = shared.watchers.thread.set(thread.thread().clone());
@@ -546,10 +546,13 @@ impl Driver {
 
 /// Gives the calling thread `name` in the kernel ([`ThreadName`]). A failure costs only the
 /// name: the kernel keeps the first 15 bytes of the full one.
-fn name_for_kernel(name: &str) {
+/// What an engine thread does first: names itself for the kernel (`name`), and lets itself
+/// take the faults of the guarded accesses to a program's memory, whatever mask it inherited.
+fn thread_start(name: &str) {
     if let Ok(name) = std::ffi::CString::new(name) {
         let _ = rustix::thread::set_name(&name);
     }
+    crate::memory::take_faults_here();
 }
 
 /// The hybrid engine thread: runs the engine while the application leaves it alone, and

@@ -17,10 +17,13 @@
 //! resumes at their exit with a failure, which becomes [`MemoryError::Unmapped`] (the kernel's
 //! `copy_from_user` works so, with its exception table). Every other fault goes to the handler
 //! that was there before, or kills the process as it would have. An access costs what a copy
-//! loop costs: the handler runs only on a fault. A program that installs its own `SIGSEGV`
-//! handler after its first registration, not passing ours the faults it does not own, takes
-//! that protection away. Elsewhere (other targets, and under Miri), the accesses are the same
-//! atomic loads and stores, unguarded: memory taken away kills the process there.
+//! loop costs: the handler runs only on a fault. softroce's engine threads unblock the two
+//! signals as they start ([`take_faults_here`]), whatever mask they inherited. Two things take
+//! the protection away: a program that installs its own `SIGSEGV` handler after its first
+//! registration, and does not pass ours the faults it does not own; and a thread of the
+//! program's that blocks `SIGSEGV` and runs the engine itself (hybrid or inline progress, in
+//! its polls). Elsewhere (other targets, and under Miri), the accesses are the same atomic
+//! loads and stores, unguarded: memory taken away kills the process there.
 //!
 //! # Concurrent access
 //!
@@ -161,6 +164,20 @@ impl ForeignMemory {
         let at = self.at(offset, 8);
         assert_eq!(at as usize % 8, 0, "an atomic's word is 8-aligned");
         at.cast()
+    }
+}
+
+/// Lets the calling thread, one of softroce's own, take the faults that the guarded accesses
+/// recover from: a thread started with `SIGSEGV` and `SIGBUS` blocked (a program that blocks
+/// every signal before it opens a device, whose threads inherit its mask) would die of one.
+pub(crate) fn take_faults_here() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    {
+        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+        let mut faults = SigSet::empty();
+        faults.add(Signal::SIGSEGV);
+        faults.add(Signal::SIGBUS);
+        let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&faults), None);
     }
 }
 

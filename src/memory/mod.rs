@@ -31,6 +31,7 @@ mod window;
 
 use std::fmt;
 
+pub(crate) use foreign::take_faults_here;
 pub use foreign::ForeignMemory;
 pub use region::{HeldSpan, MemoryRegion, RemoteRegion, Sge, Span};
 pub use shared::{DeviceMemory, MemoryRead, MemoryWrite};
