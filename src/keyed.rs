@@ -11,7 +11,8 @@
 //! ever meet. Past half that, draws find a free slot less often, and the caller's bounded
 //! number of draws says when the table is full.
 
-/// The most slots a table grows to: 2^20, 4 MiB of slot numbers, about a million entries.
+/// The most slots a table grows to unless told ([`KeyedTable::with_max_slot_bits`]): 2^20,
+/// 4 MiB of slot numbers, about a million entries.
 pub(crate) const MAX_SLOT_BITS: u32 = 20;
 /// The slots a table starts with: 2^6.
 const MIN_SLOT_BITS: u32 = 6;
@@ -22,6 +23,8 @@ const MIN_SLOT_BITS: u32 = 6;
 pub(crate) struct KeyedTable<V> {
     key_bits: u32,
     slot_bits: u32,
+    /// The most `slot_bits` grows to.
+    max_slot_bits: u32,
     /// By slot: 0 if free, else the index in `entries` of its key, plus 1.
     slots: Vec<u32>,
     /// Dense, in no particular order, so that going through every entry costs what they do.
@@ -29,11 +32,20 @@ pub(crate) struct KeyedTable<V> {
 }
 
 impl<V> KeyedTable<V> {
-    /// An empty table for keys of `key_bits` bits (24 for QP numbers, 32 for memory keys).
+    /// An empty table for keys of `key_bits` bits (24 for QP numbers), which grows to
+    /// 2^[`MAX_SLOT_BITS`] slots.
     pub fn new(key_bits: u32) -> Self {
+        Self::with_max_slot_bits(key_bits, MAX_SLOT_BITS)
+    }
+
+    /// An empty table for keys of `key_bits` bits, which grows to 2^`max_slot_bits` slots (no
+    /// more than the key has bits): memory keys, of which a device holds millions.
+    pub fn with_max_slot_bits(key_bits: u32, max_slot_bits: u32) -> Self {
         debug_assert!((MIN_SLOT_BITS..=32).contains(&key_bits));
+        debug_assert!(max_slot_bits >= MIN_SLOT_BITS);
         KeyedTable {
             key_bits,
+            max_slot_bits: max_slot_bits.min(key_bits),
             slot_bits: MIN_SLOT_BITS,
             slots: vec![0; 1 << MIN_SLOT_BITS],
             entries: Vec::new(),
@@ -62,6 +74,14 @@ impl<V> KeyedTable<V> {
         self.find(key).map(|at| &mut self.entries[at].1)
     }
 
+    /// The key and value in the slot `key` names, whatever the key there is: a caller that
+    /// knows only part of a key (its top bits) finds its entry so.
+    pub fn get_in_slot(&self, key: u32) -> Option<(u32, &V)> {
+        let at = (self.slots[self.slot(key)] as usize).checked_sub(1)?;
+        let (found, value) = &self.entries[at];
+        Some((*found, value))
+    }
+
     /// Whether a value is under `key`.
     pub fn contains_key(&self, key: u32) -> bool {
         self.find(key).is_some()
@@ -86,7 +106,7 @@ impl<V> KeyedTable<V> {
         }
         self.entries.push((key, value));
         self.slots[slot] = self.entries.len() as u32;
-        if self.entries.len() * 2 > self.slots.len() && self.slot_bits < self.max_slot_bits() {
+        if self.entries.len() * 2 > self.slots.len() && self.slot_bits < self.max_slot_bits {
             self.grow();
         }
         Ok(())
@@ -143,10 +163,6 @@ impl<V> KeyedTable<V> {
     /// Every value, to change it, in no particular order.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         self.entries.iter_mut().map(|(_, value)| value)
-    }
-
-    fn max_slot_bits(&self) -> u32 {
-        MAX_SLOT_BITS.min(self.key_bits)
     }
 
     /// Doubles the slots: each key moves to the slot its one more top bit names.

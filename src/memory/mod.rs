@@ -139,8 +139,8 @@ pub enum MemoryError {
     },
     /// A window bind broke one of IBTA's rules; the text names it.
     Bind(&'static str),
-    /// No key was free: the device holds about 800,000 regions, or a million windows, already
-    /// (its key tables find keys by index in at most 2^20 slots, `keyed::MAX_SLOT_BITS`).
+    /// No key was free: the device holds about 3.3 million regions, or as many regions and
+    /// windows together, already (its key tables find keys by index in at most 2^22 slots).
     OutOfKeys,
     /// The program took away the memory of a region over its own memory
     /// ([`ForeignMemory`]) after registering it: unmapped it, or removed the right the access

@@ -360,6 +360,12 @@ impl MemoryRegion {
         }
     }
 
+    /// Whether `other` is a handle to the same region's memory (not one registered since
+    /// under the same keys).
+    pub(super) fn same_memory(&self, other: &MemoryRegion) -> bool {
+        Arc::ptr_eq(&self.words, &other.words)
+    }
+
     /// How many handles and held spans hold the memory, this one included.
     pub(super) fn holders(&self) -> usize {
         Arc::strong_count(&self.words)

@@ -20,6 +20,9 @@ use crate::wire::{LKey, Qpn, RKey};
 const WORD: u64 = 8;
 /// Draws of a random key before the table counts as full.
 const KEY_DRAWS: usize = 64;
+/// The most slots each key table grows to: 2^22, 16 MiB of slot numbers at the most, reached
+/// only past two million keys. A key still keeps 10 random bits below its slot's.
+const MAX_KEY_SLOT_BITS: u32 = 22;
 
 /// What a remote key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,11 +33,20 @@ pub(super) enum Target {
     Window(usize),
 }
 
+/// A registered region, and how many windows are bound over it: a region with windows bound
+/// cannot be deregistered (rxe's `num_mw`), and the count answers that without a look at
+/// every window.
+#[derive(Debug)]
+pub(super) struct Registered {
+    pub(super) region: MemoryRegion,
+    pub(super) windows: u32,
+}
+
 /// Every protection domain, registered region and memory window of one device.
 pub struct MemoryTable {
     next_pd: u32,
     /// Regions by lkey, found by index ([`KeyedTable`]).
-    pub(super) regions: KeyedTable<MemoryRegion>,
+    pub(super) regions: KeyedTable<Registered>,
     /// What each remote key names, found by index.
     pub(super) rkeys: KeyedTable<Target>,
     /// Windows by slot; `None` where one was deallocated, its slot in `free_windows`.
@@ -80,13 +92,29 @@ fn check_placement(iova: u64, len: usize) -> Result<(), MemoryError> {
     Ok(())
 }
 
+/// A random non-zero key that `free` takes; `OutOfKeys` when [`KEY_DRAWS`] draws find none.
+/// lkeys and rkeys are drawn each in its own table, which grows when half its slots are taken:
+/// a draw succeeds with at least one chance in two until a table reaches its 2^22 slots, and
+/// 64 draws then begin to fail near 3.3 million regions (their lkeys), or as many regions and
+/// windows together (their rkeys). (Keys once drawn free in both tables at once filled the
+/// two tables' slots between them: at 31 regions of 64 slots, 62 were taken, and draws failed.)
+fn draw(rng: &mut ChaCha20Rng, free: impl Fn(u32) -> bool) -> Result<u32, MemoryError> {
+    for _ in 0..KEY_DRAWS {
+        let key = rng.next_u32();
+        if key != 0 && free(key) {
+            return Ok(key);
+        }
+    }
+    Err(MemoryError::OutOfKeys)
+}
+
 impl MemoryTable {
     /// A table whose keys are drawn from a ChaCha20 stream seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         MemoryTable {
             next_pd: 1,
-            regions: KeyedTable::new(32),
-            rkeys: KeyedTable::new(32),
+            regions: KeyedTable::with_max_slot_bits(32, MAX_KEY_SLOT_BITS),
+            rkeys: KeyedTable::with_max_slot_bits(32, MAX_KEY_SLOT_BITS),
             windows: Vec::new(),
             free_windows: Vec::new(),
             rng: ChaCha20Rng::seed_from_u64(seed),
@@ -100,25 +128,20 @@ impl MemoryTable {
         pd
     }
 
-    /// Whether a new key may be `key`: its slot is free in both tables, so no region uses
-    /// it as either key. A window keeps its rkey's upper 24 bits across binds, and a slot is
-    /// named by at most the top 20 bits, so no key can share a window's upper 24 bits either.
-    pub(super) fn key_is_free(&self, key: u32) -> bool {
-        key != 0 && self.regions.takes(key) && self.rkeys.takes(key)
+    /// A random local key whose slot is free among the regions' lkeys; `OutOfKeys` when 64
+    /// draws find none.
+    fn fresh_lkey(&mut self) -> Result<u32, MemoryError> {
+        let regions = &self.regions;
+        draw(&mut self.rng, |key| regions.takes(key))
     }
 
-    /// A random key that [`key_is_free`](Self::key_is_free); `OutOfKeys` when 64 draws find
-    /// none. A region takes a slot in both tables, so with N regions and W windows a draw
-    /// succeeds with (1 - N/2^20)(1 - (N + W)/2^20): 64 draws begin to fail near 800,000
-    /// regions, or a million windows.
-    pub(super) fn fresh_key(&mut self) -> Result<u32, MemoryError> {
-        for _ in 0..KEY_DRAWS {
-            let key = self.rng.next_u32();
-            if self.key_is_free(key) {
-                return Ok(key);
-            }
-        }
-        Err(MemoryError::OutOfKeys)
+    /// A random remote key (a region's or a window's) whose slot is free among the rkeys;
+    /// `OutOfKeys` when 64 draws find none. A window keeps its rkey's upper 24 bits across
+    /// binds, and a slot is named by at most the top 20 bits, so no other rkey can share a
+    /// window's upper 24 bits.
+    pub(super) fn fresh_rkey(&mut self) -> Result<u32, MemoryError> {
+        let rkeys = &self.rkeys;
+        draw(&mut self.rng, |key| rkeys.takes(key))
     }
 
     /// Registers a zeroed region of `len` bytes at address `iova`, which must be 8-aligned so
@@ -180,11 +203,16 @@ impl MemoryTable {
         Ok(self.insert(region))
     }
 
-    /// A new region's keys, after the regions no one holds any more are released.
+    /// A new region's keys: the lkey free in `regions`, the rkey in `rkeys`. Only when a
+    /// table has no key free are the regions no one holds any more released, and the draw
+    /// made again: a look at every region, once in a long while, rather than one per
+    /// registration (a million registrations cost as much each as the first).
     fn fresh_keys(&mut self) -> Result<(LKey, RKey), MemoryError> {
-        self.release_dropped();
-        // The lkey goes in `regions` and the rkey in `rkeys`: each finds its slot free there.
-        Ok((LKey(self.fresh_key()?), RKey(self.fresh_key()?)))
+        let drawn = |t: &mut Self| Ok((LKey(t.fresh_lkey()?), RKey(t.fresh_rkey()?)));
+        drawn(self).or_else(|_: MemoryError| {
+            self.release_dropped();
+            drawn(self)
+        })
     }
 
     /// Makes a new region's keys reach it; both were drawn free.
@@ -197,21 +225,40 @@ impl MemoryTable {
             self.rkeys.insert(rkey, Target::Region(lkey)).is_ok(),
             "{fresh}"
         );
-        assert!(self.regions.insert(lkey, region.clone()).is_ok(), "{fresh}");
+        let registered = Registered {
+            region: region.clone(),
+            windows: 0,
+        };
+        assert!(self.regions.insert(lkey, registered).is_ok(), "{fresh}");
         region
     }
 
     /// Deregisters a region: both its keys stop working at once. Refused while windows are
     /// bound over it, as rxe refuses (IBTA C10-11).
     pub fn deregister(&mut self, lkey: LKey) -> Result<(), MemoryError> {
-        if !self.regions.contains_key(lkey.0) {
-            return Err(MemoryError::UnknownKey { key: lkey.0 });
-        }
-        if self.windows().any(|w| w.is_bound_over(lkey)) {
+        let registered = self
+            .regions
+            .get(lkey.0)
+            .ok_or(MemoryError::UnknownKey { key: lkey.0 })?;
+        if registered.windows > 0 {
             return Err(MemoryError::WindowsBound { lkey: lkey.0 });
         }
         self.forget(lkey);
         Ok(())
+    }
+
+    /// Counts a window bound over `region` (`bound`), or one no longer bound over it, in the
+    /// region's entry, if it is still registered: a region released with a window bound, and
+    /// one registered since under the same lkey, are not the same region.
+    pub(super) fn count_window(&mut self, region: &MemoryRegion, bound: bool) {
+        let entry = self.regions.get_mut(region.lkey().0);
+        if let Some(entry) = entry.filter(|e| e.region.same_memory(region)) {
+            entry.windows = if bound {
+                entry.windows + 1
+            } else {
+                entry.windows.saturating_sub(1)
+            };
+        }
     }
 
     /// Deregisters the region registered as `lkey` if its rkey is `rkey`: the region whose
@@ -220,15 +267,15 @@ impl MemoryTable {
     /// the region in its binding, so it keeps serving what it was bound to (the application
     /// left it bound), and the memory goes once the last such window is unbound.
     pub fn release(&mut self, lkey: LKey, rkey: RKey) {
-        if self.regions.get(lkey.0).map(MemoryRegion::rkey) == Some(rkey) {
+        if self.regions.get(lkey.0).map(|r| r.region.rkey()) == Some(rkey) {
             self.forget(lkey);
         }
     }
 
     /// Takes the region registered as `lkey`, and its rkey, out of the table.
     fn forget(&mut self, lkey: LKey) {
-        if let Some(region) = self.regions.remove(lkey.0) {
-            self.rkeys.remove(region.rkey().0);
+        if let Some(registered) = self.regions.remove(lkey.0) {
+            self.rkeys.remove(registered.region.rkey().0);
         }
     }
 
@@ -243,10 +290,10 @@ impl MemoryTable {
     /// of the table calls this when that is likely, and the region's keys stop working then.
     pub fn release_dropped(&mut self) {
         let rkeys = &mut self.rkeys;
-        self.regions.retain(|_, region| {
-            let held = region.holders() > 1;
+        self.regions.retain(|_, registered| {
+            let held = registered.region.holders() > 1;
             if !held {
-                rkeys.remove(region.rkey().0);
+                rkeys.remove(registered.region.rkey().0);
             }
             held
         });
@@ -284,8 +331,8 @@ impl MemoryTable {
         let unknown = MemoryError::UnknownKey { key: rkey.0 };
         match *self.rkeys.get(rkey.0).ok_or(unknown)? {
             Target::Region(lkey) => {
-                let region = self.regions.get(lkey).ok_or(unknown)?;
-                Self::region_span(region, rkey.0, pd, addr, len, needed)
+                let registered = self.regions.get(lkey).ok_or(unknown)?;
+                Self::region_span(&registered.region, rkey.0, pd, addr, len, needed)
             }
             Target::Window(slot) => {
                 let window = self.windows[slot].as_ref().ok_or(unknown)?;
@@ -303,11 +350,11 @@ impl MemoryTable {
         len: usize,
         needed: Access,
     ) -> Result<Span<'_>, MemoryError> {
-        let region = self
+        let registered = self
             .regions
             .get(lkey.0)
             .ok_or(MemoryError::UnknownKey { key: lkey.0 })?;
-        Self::region_span(region, lkey.0, pd, addr, len, needed)
+        Self::region_span(&registered.region, lkey.0, pd, addr, len, needed)
     }
 
     /// An atomic target: 8 bytes, 8-aligned, with remote atomic access.

@@ -76,12 +76,6 @@ pub(super) struct Window {
 }
 
 impl Window {
-    pub(super) fn is_bound_over(&self, lkey: LKey) -> bool {
-        self.binding
-            .as_ref()
-            .is_some_and(|b| b.region.lkey() == lkey)
-    }
-
     /// The remote access check through this window, in the order a region's runs.
     pub(super) fn check(
         &self,
@@ -127,7 +121,7 @@ impl MemoryTable {
     /// upper 24 bits are random and shared with no other key (a free key's slot is free, and
     /// the slot is named by at most its top 20 bits). `OutOfKeys` when no key is free.
     pub fn alloc_mw(&mut self, pd: PdId, kind: MwType) -> Result<RKey, MemoryError> {
-        let rkey = RKey(self.fresh_key()?);
+        let rkey = RKey(self.fresh_rkey()?);
         let window = Window {
             pd,
             kind,
@@ -153,14 +147,17 @@ impl MemoryTable {
     /// found by the upper 24 bits of `rkey`, which it keeps for life, so a handle that took
     /// the rkey of a bind that was then refused still deallocates its window.
     pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MemoryError> {
-        let slot = self
-            .windows
-            .iter()
-            .position(|w| w.as_ref().is_some_and(|w| w.rkey.0 >> 8 == rkey.0 >> 8))
-            .ok_or(MemoryError::UnknownKey { key: rkey.0 })?;
-        let window = self.windows[slot].take().expect("found above");
+        // The rkey in its slot now: the window's latest, whose upper 24 bits are the same.
+        let slot = match self.rkeys.get_in_slot(rkey.0) {
+            Some((now, &Target::Window(slot))) if now >> 8 == rkey.0 >> 8 => slot,
+            _ => return Err(MemoryError::UnknownKey { key: rkey.0 }),
+        };
+        let window = self.windows[slot].take().expect("rkeys name live windows");
         self.rkeys.remove(window.rkey.0);
         self.free_windows.push(slot);
+        if let Some(old) = window.binding {
+            self.count_window(&old.region, false);
+        }
         Ok(())
     }
 
@@ -193,10 +190,11 @@ impl MemoryTable {
         let binding = if bind.len == 0 {
             None
         } else {
-            let region = self
+            let region = &self
                 .regions
                 .get(bind.region.0)
-                .ok_or(MemoryError::UnknownKey { key: bind.region.0 })?;
+                .ok_or(MemoryError::UnknownKey { key: bind.region.0 })?
+                .region;
             if region.pd() != window.pd {
                 return Err(MemoryError::WrongPd { key: bind.region.0 });
             }
@@ -229,9 +227,15 @@ impl MemoryTable {
         // The new rkey keeps the old one's upper 24 bits, so its slot, just freed.
         let inserted = self.rkeys.insert(bind.new_rkey.0, Target::Window(slot));
         assert!(inserted.is_ok(), "a window's slot is its own");
+        if let Some(new) = &binding {
+            self.count_window(&new.region, true);
+        }
         let window = self.windows[slot].as_mut().expect("checked above");
         window.rkey = bind.new_rkey;
-        window.binding = binding;
+        let old = std::mem::replace(&mut window.binding, binding);
+        if let Some(old) = old {
+            self.count_window(&old.region, false);
+        }
         Ok(())
     }
 
@@ -266,16 +270,22 @@ impl MemoryTable {
         if remote && binding.qp != Some(qpn) {
             return Err(MemoryError::WrongQp { key: rkey.0 });
         }
-        window.binding = None;
+        if let Some(old) = window.binding.take() {
+            self.count_window(&old.region, false);
+        }
         Ok(())
     }
 
     /// Frees every type 2 window bound through `qpn`, which is being destroyed.
     pub fn release_qp_windows(&mut self, qpn: Qpn) {
+        let mut freed = Vec::new();
         for window in self.windows.iter_mut().flatten() {
             if window.binding.as_ref().is_some_and(|b| b.qp == Some(qpn)) {
-                window.binding = None;
+                freed.extend(window.binding.take());
             }
+        }
+        for old in freed {
+            self.count_window(&old.region, false);
         }
     }
 
