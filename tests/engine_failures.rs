@@ -208,7 +208,8 @@ fn a_device_failed_by_the_application_stops_as_a_dead_socket_does() {
         let send = SendWr::new(1, SendOp::Send, Payload::Sges([sge].into()));
         a.qp.post_send(send).unwrap();
         let events = a.device.events();
-        assert!(!a.cq.is_stopped());
+        assert!(!a.cq.is_stopped() && !a.device.is_stopped());
+        assert!(a.device.failure().is_none());
         a.device
             .fail(io::Error::other("a thread of the application's died"));
         assert_eq!(events.wait(), None, "the waiting thread learns the stop");
@@ -219,7 +220,11 @@ fn a_device_failed_by_the_application_stops_as_a_dead_socket_does() {
                 Err(error) => break error,
             }
         };
-        assert!(a.cq.is_stopped());
+        assert!(a.cq.is_stopped() && a.device.is_stopped());
+        assert!(a
+            .device
+            .failure()
+            .is_some_and(|e| e.to_string().contains("died")));
         assert_eq!(
             flushed
                 .iter()

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let bin = "softroce-rdma";
+    // -z nodelete: the library stays when a program dlclose()s it: its threads, its exit and
+    // fork handlers and its fault handler (`softroce::memory::ForeignMemory`) outlive any use.
     for arg in [
         "-shared".to_string(),
+        "-Wl,-z,nodelete".to_string(),
         "-Wl,-soname,libibverbs.so.1".to_string(),
         format!("-Wl,--version-script={dir}/rdma.map"),
     ] {

@@ -18,6 +18,7 @@ use softroce::wire::Qpn;
 
 use crate::abi::*;
 use crate::devices::Context;
+use crate::fork::Born;
 use crate::held::HeldEvents;
 use crate::users::Users;
 use crate::{guard, set_errno, unsupported};
@@ -38,6 +39,7 @@ pub(crate) struct Cq {
     pub held: HeldEvents,
     /// The QPs created with it.
     pub users: Users,
+    born: Born,
 }
 
 /// A completion channel: the program's `ibv_comp_channel`, first.
@@ -48,6 +50,8 @@ pub(crate) struct Channel {
     /// CQs are gone) while a thread of its waits on it, as `rdma_destroy_qp` destroys the
     /// channels librdmacm made under a thread in `rdma_get_recv_comp`.
     core: Arc<ChannelCore>,
+    /// The process generation that made it ([`crate::fork`]).
+    born: Born,
 }
 
 struct ChannelCore {
@@ -84,9 +88,8 @@ impl Cq {
     ///
     /// A non-null `cq` is one `ibv_create_cq` returned and `ibv_destroy_cq` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
-        // SAFETY: per the contract, `cq` is the first field of a live `Cq`, whose context is
-        // open.
-        unsafe { cq.cast::<Cq>().as_ref() }.filter(|cq| unsafe { Context::ours(cq.ibv.context) })
+        // SAFETY: per the contract, `cq` is the first field of a live `Cq`.
+        unsafe { cq.cast::<Cq>().as_ref() }.filter(|cq| cq.born.ours())
     }
 }
 
@@ -132,6 +135,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         };
         // SAFETY: both descriptors are ours and open; `event` is a valid epoll_event.
         if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, stop_fd, &mut event) } != 0 {
+            set_errno(crate::cm::last_errno());
             return ptr::null_mut();
         }
         let channel = Box::new(Channel {
@@ -145,6 +149,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 taking: Mutex::new(()),
                 stopped,
             }),
+            born: Born::now(),
         });
         Box::into_raw(channel).cast()
     })
@@ -155,7 +160,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
+        else {
             return libc::EINVAL;
         };
         // Read under the lock its changes take (`ibv_create_cq`, `ibv_destroy_cq`).
@@ -216,6 +222,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             cq,
             held: HeldEvents::default(),
             users: Users::default(),
+            born: Born::now(),
         });
         let raw = Box::into_raw(boxed);
         // SAFETY: `raw` was just made; the program does not have it yet.
@@ -262,6 +269,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         };
         if this.users.busy() {
             return libc::EBUSY;
+        }
+        if !this.held.claim_destroy() {
+            return libc::EINVAL;
         }
         // SAFETY: the CQ's context is open while the CQ lives.
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
@@ -441,7 +451,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }) else {
+        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
+        else {
             set_errno(libc::EINVAL);
             return -1;
         };

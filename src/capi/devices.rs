@@ -28,8 +28,9 @@ use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
 use crate::config::{self, Addresses};
+use crate::fork::{self, Born};
 use crate::held::HeldEvents;
-use crate::{cq, fork, guard, memory, post, qp, say, set_errno};
+use crate::{cq, guard, memory, post, qp, say, set_errno};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
 /// process, so a program may keep the pointer past `ibv_free_device_list`.
@@ -61,7 +62,7 @@ struct Opened {
     /// Each open context's event queue.
     contexts: Arc<Mutex<Vec<Arc<PendingEvents>>>>,
     /// The process generation that opened it ([`fork`]).
-    generation: u32,
+    born: Born,
     /// Whether its failure was told (see [`DeviceEntry::tell_failure`]).
     failure_told: Arc<AtomicBool>,
 }
@@ -142,13 +143,15 @@ impl DeviceEntry {
     /// `events`.
     fn open(&'static self, events: &Arc<PendingEvents>) -> Result<Device, c_int> {
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
-        if opened
-            .as_ref()
-            .is_some_and(|o| o.generation != fork::generation())
-        {
+        if opened.as_ref().is_some_and(|o| !o.born.current()) {
             // A parent's, inherited by this child with no thread of its own: never touched
-            // again, and not dropped, which would call on its engine.
+            // again, and not dropped, which would call on its engine. Nor do the parent's IDs
+            // hear of this child's device.
             std::mem::forget(opened.take());
+            self.watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
         }
         if opened.is_none() {
             fork::watch();
@@ -157,7 +160,7 @@ impl DeviceEntry {
             let shared = Opened {
                 device,
                 contexts: Arc::new(Mutex::new(Vec::new())),
-                generation: fork::generation(),
+                born: Born::now(),
                 failure_told: Arc::new(AtomicBool::new(false)),
             };
             self.spawn_event_waiter(&shared);
@@ -222,10 +225,7 @@ impl DeviceEntry {
                     return;
                 }
                 let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(shared) = opened
-                    .as_ref()
-                    .filter(|o| o.generation == fork::generation())
-                else {
+                let Some(shared) = opened.as_ref().filter(|o| o.born.current()) else {
                     return;
                 };
                 shared.device.fail(std::io::Error::other(LibraryPanicked));
@@ -331,7 +331,7 @@ fn flush_at_exit() {
                 let device = match entry.opened.try_lock() {
                     Ok(opened) => opened
                         .as_ref()
-                        .filter(|shared| shared.generation == fork::generation())
+                        .filter(|shared| shared.born.current())
                         .map(|shared| shared.device.clone()),
                     Err(_) => None,
                 };
@@ -380,16 +380,15 @@ pub(crate) fn default_for(dst: IpAddr) -> Option<IpAddr> {
 /// A child after `fork()` gets contexts of its own, its parent's left alone ([`fork`]).
 pub(crate) fn cm_context(entry: &'static DeviceEntry) -> Result<*mut ibv_context, c_int> {
     /// Each context by its device's index and the process generation that opened it.
-    static CONTEXTS: Mutex<Vec<(usize, u32, usize)>> = Mutex::new(Vec::new());
+    static CONTEXTS: Mutex<Vec<(usize, Born, usize)>> = Mutex::new(Vec::new());
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    let generation = fork::generation();
-    contexts.retain(|&(_, born, _)| born == generation);
+    contexts.retain(|&(_, born, _)| born.current());
     let found = contexts.iter().find(|(index, ..)| *index == entry.index);
     if let Some(&(.., context)) = found {
         return Ok(context as *mut ibv_context);
     }
     let context = Box::leak(Context::open(entry)?).ibv();
-    contexts.push((entry.index, generation, context as usize));
+    contexts.push((entry.index, Born::now(), context as usize));
     Ok(context)
 }
 
@@ -413,7 +412,7 @@ pub(crate) struct Context {
     /// librdmacm's PD on this context, for QPs created on an ID with no PD of the program's.
     default_pd: OnceLock<usize>,
     /// The process generation that opened it ([`fork`]).
-    generation: u32,
+    born: Born,
 }
 
 /// The most asynchronous events a context keeps unread. Each names a live object (those of an
@@ -621,18 +620,7 @@ impl Context {
     /// closed.
     pub(crate) unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
         // SAFETY: per the contract, the pointer is to a live `Context`.
-        unsafe { Self::raw_from_ibv(ctx).as_ref() }.filter(|c| fork::ours(c.generation))
-    }
-
-    /// Whether an object of `ctx` (the `context` it names) is this process's to use: false in
-    /// a child after `fork()` for what its parent made.
-    ///
-    /// # Safety
-    ///
-    /// As for [`from_ibv`](Self::from_ibv): an object's context stays open while it lives.
-    pub(crate) unsafe fn ours(ctx: *mut ibv_context) -> bool {
-        // SAFETY: per the contract.
-        unsafe { Self::from_ibv(ctx) }.is_some()
+        unsafe { Self::raw_from_ibv(ctx).as_ref() }.filter(|c| c.born.ours())
     }
 
     /// The pointer to the context behind a program's `ibv_context` pointer (null for null):
@@ -668,7 +656,7 @@ impl Context {
             events,
             objects: Mutex::new(Objects::default()),
             default_pd: OnceLock::new(),
-            generation: fork::generation(),
+            born: Born::now(),
         });
         let ctx = &mut context.vctx.context;
         ctx.device = ptr::addr_of!(entry.ibv).cast_mut();
@@ -979,7 +967,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(context) = (unsafe { raw.as_ref() }) else {
             return libc::EINVAL;
         };
-        if !fork::ours(context.generation) {
+        if !context.born.ours() {
             return libc::EINVAL;
         }
         context.entry.close(&context.events);

@@ -18,12 +18,22 @@ pub(crate) struct HeldEvents(Mutex<Held>);
 #[derive(Debug, Default)]
 struct Held {
     unacked: u32,
+    /// A destroy began ([`HeldEvents::claim_destroy`]).
+    claimed: bool,
     destroyed: bool,
 }
 
 impl HeldEvents {
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A destroy of the object begins: true the first time, false for a destroy made again
+    /// (the object stays allocated while its events are held, so a program may call it
+    /// again), which must then change nothing: its uses were let go of already.
+    #[must_use]
+    pub(crate) fn claim_destroy(&self) -> bool {
+        !std::mem::replace(&mut self.held().claimed, true)
     }
 
     /// An event naming the object was handed out. The caller must know the object is not
@@ -59,6 +69,10 @@ mod tests {
     #[test]
     fn the_last_of_destroy_and_acknowledgement_frees() {
         let none_held = HeldEvents::default();
+        assert!(
+            none_held.claim_destroy() && !none_held.claim_destroy(),
+            "claimed once"
+        );
         assert!(none_held.destroy(), "nothing held: freed at the destroy");
 
         let held = HeldEvents::default();

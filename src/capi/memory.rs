@@ -23,6 +23,7 @@ use softroce::verbs::{Error, MemoryRegion, MemoryWindow, ProtectionDomain};
 
 use crate::abi::*;
 use crate::devices::Context;
+use crate::fork::Born;
 use crate::qp::Qp;
 use crate::users::Users;
 use crate::{guard, set_errno};
@@ -44,6 +45,7 @@ pub(crate) struct Pd {
     pub pd: ProtectionDomain,
     /// Its QPs, SRQs, regions, windows and address handles.
     pub users: Users,
+    born: Born,
 }
 
 impl Pd {
@@ -53,9 +55,8 @@ impl Pd {
     ///
     /// A non-null `pd` is one `ibv_alloc_pd` returned and `ibv_dealloc_pd` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
-        // SAFETY: per the contract, `pd` is the first field of a live `Pd`, whose context is
-        // open.
-        unsafe { pd.cast::<Pd>().as_ref() }.filter(|pd| unsafe { Context::ours(pd.ibv.context) })
+        // SAFETY: per the contract, `pd` is the first field of a live `Pd`.
+        unsafe { pd.cast::<Pd>().as_ref() }.filter(|pd| pd.born.ours())
     }
 
     /// A user of the PD `pd` names was destroyed.
@@ -81,6 +82,7 @@ pub(crate) struct Mr {
     region: Option<MemoryRegion>,
     /// Deregistered already: a call that answered `EBUSY` is being made again.
     deregistered: bool,
+    born: Born,
 }
 
 /// A memory window: the program's `ibv_mw`, first.
@@ -91,6 +93,7 @@ pub(crate) struct Mw {
     /// The cell has the layout of the struct it holds.
     pub ibv: UnsafeCell<ibv_mw>,
     pub window: MemoryWindow,
+    born: Born,
 }
 
 /// The access flags a region or window grants, from `ibv_access_flags`; `None` for a flag
@@ -136,6 +139,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
                     },
                     pd,
                     users: Users::default(),
+                    born: Born::now(),
                 });
                 Box::into_raw(pd).cast()
             }
@@ -260,6 +264,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
                     pd: owner.pd.clone(),
                     region: Some(region),
                     deregistered: false,
+                    born: Born::now(),
                 });
                 owner.users.add();
                 Box::into_raw(mr).cast()
@@ -285,8 +290,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: every MR is a leaked `Box<Mr>` (`ibv_reg_mr_iova2`), alive until this call
         // succeeds; the program does not use it from another thread meanwhile.
         let this = unsafe { &mut *mr.cast::<Mr>() };
-        // SAFETY: the region's context is open while it lives.
-        if !unsafe { Context::ours(this.ibv.context) } {
+        if !this.born.ours() {
             return libc::EINVAL;
         }
         let Some(region) = this.region.take() else {
@@ -314,9 +318,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         loop {
             match region.try_close() {
                 Ok(()) => break,
-                // A failed device's engines build nothing more, and hold what they held for
+                // A stopped device's engines build nothing more, and hold what they held for
                 // good: the memory is the program's again.
-                Err(_) if this.pd.device().failure().is_some() => break,
+                Err(_) if this.pd.device().is_stopped() => break,
                 Err(still) if start.elapsed() < DEREG_WAIT => {
                     region = still;
                     std::thread::sleep(Duration::from_micros(50));
@@ -362,6 +366,7 @@ pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> 
                         type_,
                     }),
                     window,
+                    born: Born::now(),
                 });
                 owner.users.add();
                 Box::into_raw(mw).cast()
@@ -377,10 +382,9 @@ pub(crate) unsafe extern "C" fn ibv_alloc_mw(pd: *mut ibv_pd, type_: c_uint) -> 
 /// The context op `dealloc_mw`.
 pub(crate) unsafe extern "C" fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
     guard(libc::EIO, || {
-        // SAFETY: the program passes a window it allocated and has not freed, whose context is
-        // open; `context` is written only when the window is made.
+        // SAFETY: the program passes a window it allocated and has not freed.
         match unsafe { mw.cast::<Mw>().as_ref() } {
-            Some(window) if unsafe { Context::ours((*window.ibv.get()).context) } => {}
+            Some(window) if window.born.ours() => {}
             _ => return libc::EINVAL,
         }
         // SAFETY: every MW is a leaked `Box<Mw>` (`ibv_alloc_mw`), handed back once.

@@ -21,6 +21,7 @@ use softroce::wire::{Psn, QKey, Qpn, RnrTimer};
 use crate::abi::*;
 use crate::cq::Cq;
 use crate::devices::Context;
+use crate::fork::Born;
 use crate::held::HeldEvents;
 use crate::memory::{access, Pd};
 use crate::post::{MAX_INLINE, MAX_SGE};
@@ -49,6 +50,7 @@ pub(crate) struct Qp {
     /// reach nothing from then on, and a verb called on it meanwhile fails
     /// ([`QueuePair::destroy`]) without reading freed memory, since the handle stays.
     pub held: HeldEvents,
+    born: Born,
 }
 
 /// A shared receive queue: the program's `ibv_srq`, first.
@@ -63,6 +65,7 @@ pub(crate) struct Srq {
     pub held: HeldEvents,
     /// The QPs created with it.
     pub users: Users,
+    born: Born,
 }
 
 /// An address handle: the program's `ibv_ah`, first.
@@ -71,6 +74,7 @@ pub(crate) struct Ah {
     pub ibv: ibv_ah,
     pub handle: AddressHandle,
     pd: ProtectionDomain,
+    born: Born,
 }
 
 impl Qp {
@@ -80,9 +84,8 @@ impl Qp {
     ///
     /// A non-null `qp` is one `ibv_create_qp` returned and `ibv_destroy_qp` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-        // SAFETY: per the contract, `qp` is the first field of a live `Qp`, whose context is
-        // open.
-        unsafe { qp.cast::<Qp>().as_ref() }.filter(|qp| unsafe { Context::ours(qp.ibv.context) })
+        // SAFETY: per the contract, `qp` is the first field of a live `Qp`.
+        unsafe { qp.cast::<Qp>().as_ref() }.filter(|qp| qp.born.ours())
     }
 
     /// Posts a type 1 window's bind (`ibv_bind_mw`).
@@ -109,10 +112,8 @@ impl Srq {
     ///
     /// A non-null `srq` is one `ibv_create_srq` returned and `ibv_destroy_srq` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
-        // SAFETY: per the contract, `srq` is the first field of a live `Srq`, whose context is
-        // open.
-        unsafe { srq.cast::<Srq>().as_ref() }
-            .filter(|srq| unsafe { Context::ours(srq.ibv.context) })
+        // SAFETY: per the contract, `srq` is the first field of a live `Srq`.
+        unsafe { srq.cast::<Srq>().as_ref() }.filter(|srq| srq.born.ours())
     }
 }
 
@@ -123,9 +124,8 @@ impl Ah {
     ///
     /// A non-null `ah` is one `ibv_create_ah` returned and `ibv_destroy_ah` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(ah: *mut ibv_ah) -> Option<&'a Ah> {
-        // SAFETY: per the contract, `ah` is the first field of a live `Ah`, whose context is
-        // open.
-        unsafe { ah.cast::<Ah>().as_ref() }.filter(|ah| unsafe { Context::ours(ah.ibv.context) })
+        // SAFETY: per the contract, `ah` is the first field of a live `Ah`.
+        unsafe { ah.cast::<Ah>().as_ref() }.filter(|ah| ah.born.ours())
     }
 }
 
@@ -392,6 +392,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             sq_sig_all: init.sq_sig_all != 0,
             cap: *cap,
             held: HeldEvents::default(),
+            born: Born::now(),
         });
         let raw = Box::into_raw(boxed);
         owner.users.add();
@@ -511,10 +512,14 @@ fn access_flags(access: Access) -> c_uint {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
-        // SAFETY: the program passes a QP it created and has not destroyed.
+        // SAFETY: the program passes a QP it created and has not destroyed, or destroyed with
+        // events held (then it is still allocated, and this changes nothing).
         let Some(this) = (unsafe { Qp::from_ibv(qp) }) else {
             return libc::EINVAL;
         };
+        if !this.held.claim_destroy() {
+            return libc::EINVAL;
+        }
         let qpn = this.qp.qpn();
         // Gone from the engine now, whoever else holds the handle (a connection of the CM's)
         // and however long the program holds its events. The destroy goes on if the device has
@@ -610,6 +615,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             attr: Mutex::new(init.attr),
             held: HeldEvents::default(),
             users: Users::default(),
+            born: Born::now(),
         });
         let raw = Box::into_raw(boxed);
         owner.users.add();
@@ -684,6 +690,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if this.users.busy() {
             return libc::EBUSY;
         }
+        if !this.held.claim_destroy() {
+            return libc::EINVAL;
+        }
         // SAFETY: the SRQ's context is open while the SRQ lives.
         if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
@@ -732,6 +741,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
                     },
                     handle,
                     pd: owner.pd.clone(),
+                    born: Born::now(),
                 });
                 owner.users.add();
                 Box::into_raw(ah).cast()

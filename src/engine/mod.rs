@@ -254,9 +254,18 @@ pub(crate) struct EngineHandle {
     doorbell: Arc<Doorbell>,
     driver: Driver,
     failure: Failure,
+    /// The engine has let go of everything ([`Engine::let_go`]): it touches no memory of the
+    /// application's any more.
+    halted: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
+    /// Whether the engine has stopped, for good, and let go of the application's queues and
+    /// memory: whatever it still holds (packets queued, unbuilt) it will never build.
+    pub fn halted(&self) -> bool {
+        self.halted.load(SeqCst)
+    }
+
     /// The engine has stopped: why, if it stopped on its own.
     pub fn gone(&self) -> EngineGone {
         EngineGone(self.failure.get().cloned())
@@ -352,6 +361,8 @@ struct Engine<B: Backend> {
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
     failure: Failure,
+    /// Set as the last thing [`let_go`](Self::let_go) does.
+    halted: Arc<AtomicBool>,
     /// Destinations the backend could not reach, handed to the core after each flush.
     unreachable: Vec<IpAddr>,
     /// [`Command::Flush`]es waiting for a turn that sends everything queued.
@@ -469,10 +480,11 @@ pub(crate) fn start<B: Backend>(
         held_turns: 0,
         stopped: false,
         failure,
+        halted: Arc::new(AtomicBool::new(false)),
         unreachable: Vec::new(),
         flushes: Vec::new(),
     };
-    let failure = engine.failure.clone();
+    let (failure, halted) = (engine.failure.clone(), engine.halted.clone());
     let name = ThreadName::of(local_addr, lane);
     let driver = Driver::start(engine, progress, name, &doorbell, Engine::run)?;
     Ok(EngineHandle {
@@ -482,6 +494,7 @@ pub(crate) fn start<B: Backend>(
         doorbell,
         driver,
         failure,
+        halted,
     })
 }
 
@@ -1051,6 +1064,7 @@ impl<B: Backend> Engine<B> {
         // inline engine stays in memory, stopped, for as long as the device's handles).
         self.srqs.clear();
         while self.commands.try_recv().is_ok() {}
+        self.halted.store(true, SeqCst);
     }
 }
 

@@ -185,7 +185,8 @@ pub(crate) fn take_faults_here() {
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
 mod access {
     use std::arch::global_asm;
-    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+    use std::sync::Once;
 
     // The routines a fault may stop, between `softroce_guarded_begin` and
     // `softroce_guarded_fault`. Each is a leaf that touches no stack, so when a fault sends
@@ -280,102 +281,134 @@ mod access {
         ) -> u32;
     }
 
-    /// The handlers of `SIGSEGV` and `SIGBUS` that were there before ours, by signal: the
-    /// faults that are not ours go to them.
-    static PREVIOUS: OnceLock<[libc::sigaction; 2]> = OnceLock::new();
+    /// What handled `SIGSEGV` or `SIGBUS` before ours: its handler's address (or `SIG_DFL`,
+    /// `SIG_IGN`) and its flags. Atomics, which the signal handler may read: they are
+    /// published before our handler is installed, so it never runs without them.
+    struct Previous {
+        handler: AtomicUsize,
+        flags: AtomicI32,
+    }
+
+    impl Previous {
+        const fn new() -> Previous {
+            Previous {
+                handler: AtomicUsize::new(libc::SIG_DFL),
+                flags: AtomicI32::new(0),
+            }
+        }
+
+        fn store(&self, action: &libc::sigaction) {
+            self.flags.store(action.sa_flags, Ordering::Relaxed);
+            self.handler.store(action.sa_sigaction, Ordering::Release);
+        }
+    }
+
+    /// The actions before ours, for `SIGSEGV` and `SIGBUS`.
+    static PREVIOUS: [Previous; 2] = [Previous::new(), Previous::new()];
+
+    /// The index in [`PREVIOUS`] of `signal`'s.
+    fn index(signal: libc::c_int) -> usize {
+        usize::from(signal == libc::SIGBUS)
+    }
 
     /// Installs the fault handler, once per process, before the first access can fault.
     pub(super) fn prepare() {
-        PREVIOUS.get_or_init(|| {
-            let mut previous: [libc::sigaction; 2] = [
-                // SAFETY: `sigaction` is plain data, for which zero is valid.
-                unsafe { std::mem::zeroed() },
-                // SAFETY: as above.
-                unsafe { std::mem::zeroed() },
-            ];
-            // SAFETY: as above.
+        static INSTALLED: Once = Once::new();
+        INSTALLED.call_once(|| {
+            // SAFETY: `sigaction` is plain data, for which zero is valid.
             let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
             ours.sa_sigaction = on_fault as *const () as usize;
             ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
-            for (signal, before) in [libc::SIGSEGV, libc::SIGBUS].into_iter().zip(&mut previous) {
+            for signal in [libc::SIGSEGV, libc::SIGBUS] {
+                let previous = &PREVIOUS[index(signal)];
+                // SAFETY: as above.
+                let mut before: libc::sigaction = unsafe { std::mem::zeroed() };
+                // SAFETY: reads the current action into `before`, a valid structure.
+                unsafe { libc::sigaction(signal, std::ptr::null(), &mut before) };
+                previous.store(&before);
                 // SAFETY: `ours` and `before` are valid sigaction structures; the handler is a
-                // function of this module that stays for the process's life (the library is
-                // never unloaded while regions exist, and `PREVIOUS` outlives it too). The
-                // previous action is read before ours can run: `PREVIOUS` is set only after
-                // both installs, and `on_fault` falls back to the default action until then.
-                unsafe { libc::sigaction(signal, &ours, before) };
+                // function of this module, for the process's life (see the capi's
+                // `-z nodelete`). What it reads of the action before is published above.
+                unsafe { libc::sigaction(signal, &ours, &mut before) };
+                // Another thread's handler installed in between is the one to pass on to.
+                previous.store(&before);
             }
-            previous
         });
     }
 
     /// The fault handler: a fault inside the guarded routines resumes at their exit, which
-    /// returns the failure; any other goes to the handler that was there before.
+    /// returns the failure; any other signal goes to what handled it before. Only a fault the
+    /// kernel raised (`si_code` above 0) is ours: the same signal sent by a process (`kill`,
+    /// `sigqueue`) while a copy runs is passed on, not taken for a fault.
     extern "C" fn on_fault(
         signal: libc::c_int,
         info: *mut libc::siginfo_t,
         ctx: *mut libc::c_void,
     ) {
-        let ucontext = ctx.cast::<libc::ucontext_t>();
-        // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler, and the
-        // interrupted thread's registers in it are this handler's to change: they are what
-        // the thread resumes with.
-        let rip = unsafe { &mut (*ucontext).uc_mcontext.gregs[libc::REG_RIP as usize] };
+        // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler, and
+        // the interrupted thread's registers in the ucontext are this handler's to change:
+        // they are what the thread resumes with.
+        let (raised, rip) = unsafe {
+            let ucontext = ctx.cast::<libc::ucontext_t>();
+            (
+                (*info).si_code > 0,
+                &mut (*ucontext).uc_mcontext.gregs[libc::REG_RIP as usize],
+            )
+        };
         let (begin, end) = (
             softroce_guarded_begin as *const () as usize,
             softroce_guarded_fault as *const () as usize,
         );
-        if (begin..end).contains(&(*rip as usize)) {
+        if raised && (begin..end).contains(&(*rip as usize)) {
             *rip = end as i64;
             return;
         }
         // SAFETY: the arguments as the kernel gave them.
-        unsafe { pass_on(signal, info, ctx) };
+        unsafe { pass_on(signal, info, ctx, raised) };
     }
 
-    /// Hands a fault that is not ours to what handled the signal before: its handler, or the
-    /// default action (for a fault, by returning to the faulting instruction with the default
-    /// restored, so it faults again and the process dies as it would have).
+    /// Hands a signal that is not ours to what handled it before: its handler; for a fault
+    /// under the default action (or ignored, which the kernel does not allow a fault), the
+    /// default, restored, and a return to the faulting instruction, which faults again and
+    /// kills the process as it would have; a sent signal that was ignored stays ignored, and
+    /// one under the default action is sent again, to it.
     ///
     /// # Safety
     ///
-    /// Called from the signal handler with the kernel's arguments.
-    unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        let index = usize::from(signal == libc::SIGBUS);
-        let handler = PREVIOUS.get().map(|previous| previous[index]);
+    /// Called from the signal handler with the kernel's arguments; `raised` says whether the
+    /// kernel raised the signal for a fault.
+    unsafe fn pass_on(
+        signal: libc::c_int,
+        info: *mut libc::siginfo_t,
+        ctx: *mut libc::c_void,
+        raised: bool,
+    ) {
+        let previous = &PREVIOUS[index(signal)];
+        let handler = previous.handler.load(Ordering::Acquire);
         match handler {
-            Some(before)
-                if before.sa_sigaction != libc::SIG_DFL && before.sa_sigaction != libc::SIG_IGN =>
-            {
-                if before.sa_flags & libc::SA_SIGINFO != 0 {
-                    // SAFETY: the previous handler took three arguments (SA_SIGINFO).
-                    let handle: extern "C" fn(
-                        libc::c_int,
-                        *mut libc::siginfo_t,
-                        *mut libc::c_void,
-                    ) = unsafe { std::mem::transmute(before.sa_sigaction) };
-                    handle(signal, info, ctx);
-                } else {
-                    // SAFETY: the previous handler took the signal alone.
-                    let handle: extern "C" fn(libc::c_int) =
-                        unsafe { std::mem::transmute(before.sa_sigaction) };
-                    handle(signal);
-                }
-            }
-            _ => {
+            libc::SIG_IGN if !raised => {}
+            libc::SIG_DFL | libc::SIG_IGN => {
                 // SAFETY: plain data, zero is SIG_DFL with no flags; restoring the default is
                 // async-signal-safe.
                 let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
                 default.sa_sigaction = libc::SIG_DFL;
                 // SAFETY: as above.
                 unsafe { libc::sigaction(signal, &default, std::ptr::null_mut()) };
-                // A signal sent (kill, raise) rather than raised by a fault does not come
-                // again on return: send it again, to the default action.
-                // SAFETY: `info` is the kernel's.
-                if unsafe { (*info).si_code } <= 0 {
+                if !raised {
                     // SAFETY: raise is async-signal-safe.
                     unsafe { libc::raise(signal) };
                 }
+            }
+            _ if previous.flags.load(Ordering::Relaxed) & libc::SA_SIGINFO != 0 => {
+                // SAFETY: the previous handler took three arguments (SA_SIGINFO).
+                let handle: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(handler) };
+                handle(signal, info, ctx);
+            }
+            _ => {
+                // SAFETY: the previous handler took the signal alone.
+                let handle: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+                handle(signal);
             }
         }
     }
@@ -632,32 +665,81 @@ mod tests {
         }
     }
 
-    /// A fault that is not ours still kills the process as it would have: the handler passes
-    /// it on. Run in a child process (this test binary again), which must die of SIGSEGV.
+    /// What the child half of [`signals_that_are_not_ours_go_where_they_went_before`] does,
+    /// named by its environment: installs the fault handler (a region), then meets a signal
+    /// that is not the handler's.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    fn child(mode: &str) -> ! {
+        extern "C" fn program_handler(
+            _: libc::c_int,
+            _: *mut libc::siginfo_t,
+            _: *mut libc::c_void,
+        ) {
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(42) };
+        }
+        // What handles SIGSEGV before softroce: a program's own handler, or (rather than the
+        // Rust runtime's, which this test binary has) the default action, as a C program has.
+        // SAFETY: plain data; the handler is a function of this test.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            if mode == "chained" {
+                action.sa_sigaction = program_handler as *const () as usize;
+                action.sa_flags = libc::SA_SIGINFO;
+            } else {
+                action.sa_sigaction = libc::SIG_DFL;
+            }
+            libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut());
+        }
+        let mut byte = 0u8;
+        // SAFETY: our own byte, lent to `memory` alone.
+        let memory = unsafe { ForeignMemory::new(&mut byte, 1) }.unwrap();
+        memory.write(0, &[1]).unwrap();
+        if mode == "sent" {
+            // A SIGSEGV sent, not raised by a fault: the default action, which kills.
+            // SAFETY: raise takes a signal number.
+            unsafe { libc::raise(libc::SIGSEGV) };
+        } else {
+            // SAFETY: deliberately not: a write to an address nothing maps, outside the guarded
+            // routines, which must reach the program's handler or kill this child.
+            unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
+        }
+        // SAFETY: _exit takes a status.
+        unsafe { libc::_exit(0) }
+    }
+
+    /// Signals that are not the handler's go where they went before it: a fault outside the
+    /// guarded routines kills the process as it would have, or reaches the program's own
+    /// handler installed before; a SIGSEGV sent by `raise` kills too. Each in a child process
+    /// (this test binary again).
     #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
     #[test]
-    fn a_fault_elsewhere_still_kills() {
-        const CHILD: &str = "SOFTROCE_TEST_FAULT_ELSEWHERE";
-        if std::env::var_os(CHILD).is_some() {
-            let mut byte = 0u8;
-            // SAFETY: our own byte, lent to `memory` alone.
-            let memory = unsafe { ForeignMemory::new(&mut byte, 1) }.unwrap();
-            memory.write(0, &[1]).unwrap();
-            // SAFETY: deliberately not: a write to an address nothing maps, outside the guarded
-            // routines, which must kill this child.
-            unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
-            unreachable!("the fault returned");
-        }
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "memory::foreign::tests::a_fault_elsewhere_still_kills",
-            ])
-            .env(CHILD, "1")
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
+    fn signals_that_are_not_ours_go_where_they_went_before() {
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status}");
+        const CHILD: &str = "SOFTROCE_TEST_SIGNAL_CHILD";
+        if let Ok(mode) = std::env::var(CHILD) {
+            child(&mode);
+        }
+        for (mode, signal, code) in [
+            ("fault", Some(libc::SIGSEGV), None),
+            ("sent", Some(libc::SIGSEGV), None),
+            ("chained", None, Some(42)),
+        ] {
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "memory::foreign::tests::signals_that_are_not_ours_go_where_they_went_before",
+                ])
+                .env(CHILD, mode)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert_eq!(
+                (status.signal(), status.code()),
+                (signal, code),
+                "{mode}: {status}"
+            );
+        }
     }
 }

@@ -91,7 +91,9 @@ pub(crate) struct Revoked {
 impl Source {
     /// The payload at offset `at` of a message gathered from `sges`, `len` bytes: each part
     /// checked against `memory` for `pd` now, as the packet is queued (so a region released
-    /// before then fails the request, as it did when packets were built at once).
+    /// before then fails the request, as it did when packets were built at once). With
+    /// whether every byte read now could be: what could not (memory a program took away) is
+    /// zeros, as when the packet is built ([`write`](Self::write)).
     pub fn gather(
         memory: &MemoryTable,
         pd: PdId,
@@ -99,8 +101,9 @@ impl Source {
         mut at: usize,
         len: usize,
         pool: &mut Vec<Vec<u8>>,
-    ) -> Result<Source, MemoryError> {
+    ) -> Result<(Source, bool), MemoryError> {
         let mut found = Source::Empty;
+        let mut whole = true;
         let mut left = len;
         for sge in sges {
             if left == 0 {
@@ -117,13 +120,12 @@ impl Source {
                 Source::Empty => Source::One(span.held()),
                 Source::One(first) => Source::Two(first, span.held()),
                 Source::Two(first, second) => {
-                    let (read, whole) =
-                        Source::read(pool, len, [first.span(), second.span(), span]);
-                    whole?;
+                    let (read, all) = Source::read(pool, len, [first.span(), second.span(), span]);
+                    whole &= all.is_ok();
                     read
                 }
                 Source::Bytes(mut bytes) => {
-                    append(&mut bytes, span)?;
+                    whole &= append(&mut bytes, span).is_ok();
                     Source::Bytes(bytes)
                 }
                 Source::Remote(_) => unreachable!("a gather starts empty and reads local memory"),
@@ -131,7 +133,7 @@ impl Source {
             left -= n;
             at = 0;
         }
-        Ok(found)
+        Ok((found, whole))
     }
 
     /// Whether it is a READ response of QP `qpn`.

@@ -692,9 +692,11 @@ impl Qp {
                 // RC at its ACK, on UC and UD as its last packet is built.
                 let gathered =
                     Source::gather(&ctx.memory.read(), pd, sges, offset, payload_len, ctx.pool);
-                gathered
-                    .inspect_err(|e| ctx.counters.note_unmapped(e))
-                    .map_err(|_: MemoryError| WcStatus::LocProtErr)?
+                let (source, whole) = gathered.map_err(|_: MemoryError| WcStatus::LocProtErr)?;
+                if !whole {
+                    ctx.counters.unmapped_accesses += 1;
+                }
+                source
             }
         };
         ctx.send(dst, bth, ext, payload_len, source);

@@ -528,6 +528,13 @@ impl Device {
         failed.map(Error::DeviceFailed)
     }
 
+    /// Whether the device has stopped for good, every engine of it: it touches no memory of
+    /// the application's any more (a packet it had queued and not built, it never builds),
+    /// so a region it held is the application's again.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.engines.iter().all(EngineHandle::halted)
+    }
+
     /// Stops the device as if its socket had failed with `error`: what its QPs held is flushed
     /// (WR_FLUSH_ERR), every wait ends, and every call from then on fails with
     /// [`Error::DeviceFailed`] wrapping `error`. For an application whose own part of the

@@ -17,6 +17,7 @@ use libc::{c_char, c_int, c_uint};
 
 use super::id;
 use crate::abi::*;
+use crate::fork::Born;
 use crate::{guard, set_errno};
 
 /// The most private data any CM message carries (a REP's 196 bytes, a SIDR request's 216).
@@ -157,15 +158,18 @@ impl Events {
         self.wait_until(|e| ptr::eq(e.id, id), limit, gone)
     }
 
-    /// Waits for the next event of a request to the listening ID at `id`, as
-    /// [`wait_for`](Self::wait_for) does.
+    /// Waits for the next event of a request to the listening ID at `id`, or for the ID's
+    /// own `RDMA_CM_EVENT_DEVICE_REMOVAL` (its device failed), as [`wait_for`](Self::wait_for)
+    /// does.
     pub(crate) fn wait_for_listener(
         &self,
         id: *mut rdma_cm_id,
         limit: Duration,
         gone: &AtomicBool,
     ) -> Option<Box<Event>> {
-        self.wait_until(|e| ptr::eq(e.listen_id, id), limit, gone)
+        let removed =
+            |e: &rdma_cm_event| ptr::eq(e.id, id) && e.event == RDMA_CM_EVENT_DEVICE_REMOVAL;
+        self.wait_until(|e| ptr::eq(e.listen_id, id) || removed(e), limit, gone)
     }
 
     /// Waits for the next event that `wanted` takes, at most `limit`, and not once `gone` is
@@ -230,6 +234,9 @@ fn concerns(event: &Event, id: *mut rdma_cm_id) -> bool {
 pub(crate) struct Channel {
     pub ibv: rdma_event_channel,
     pub events: Arc<Events>,
+    /// The process generation that made it ([`crate::fork`]): a child reading its parent's
+    /// channel would take events from the descriptor the two share.
+    born: Born,
 }
 
 impl Channel {
@@ -241,6 +248,7 @@ impl Channel {
                 fd: events.fd.as_raw_fd(),
             },
             events,
+            born: Born::now(),
         }))
     }
 
@@ -252,7 +260,7 @@ impl Channel {
     /// `rdma_destroy_event_channel` has not freed.
     pub(crate) unsafe fn from_ibv<'a>(channel: *mut rdma_event_channel) -> Option<&'a Channel> {
         // SAFETY: per the contract, `channel` is the first field of a live `Channel`.
-        unsafe { channel.cast::<Channel>().as_ref() }
+        unsafe { channel.cast::<Channel>().as_ref() }.filter(|c| c.born.ours())
     }
 }
 

@@ -27,6 +27,7 @@ use super::link::{established_param, Link};
 use super::{ip_of, socket_addr, storage};
 use crate::abi::*;
 use crate::devices::{self, Context, FailureWatcher};
+use crate::fork::Born;
 use crate::qp::Qp;
 use crate::{errno_of, guard, say, set_errno, unsupported};
 
@@ -284,7 +285,7 @@ pub(crate) struct Id {
     /// that the port is free again when `rdma_destroy_id` returns.
     listening: Option<std::thread::JoinHandle<()>>,
     /// The process generation that made it ([`crate::fork`]).
-    generation: u32,
+    born: Born,
 }
 
 impl Id {
@@ -321,7 +322,7 @@ impl Id {
             own,
             qp_attr: None,
             listening: None,
-            generation: crate::fork::generation(),
+            born: Born::now(),
         }));
         // SAFETY: `raw` was just made and is ours alone; `shared` has no other holder yet.
         unsafe {
@@ -343,7 +344,7 @@ impl Id {
     /// ([`Owners`]), and the calls that change nothing read single fields.
     unsafe fn from_ibv<'a>(id: *mut rdma_cm_id) -> Option<&'a mut Id> {
         // SAFETY: per the contract, `id` is the first field of a live `Id`.
-        unsafe { id.cast::<Id>().as_mut() }.filter(|id| crate::fork::ours(id.generation))
+        unsafe { id.cast::<Id>().as_mut() }.filter(|id| id.born.ours())
     }
 
     fn local(&self) -> SocketAddr {
@@ -574,7 +575,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         let this = id.cast::<Id>();
         // SAFETY: a live ID's field, written only when it was made.
-        if !crate::fork::ours(unsafe { (*this).generation }) {
+        if !unsafe { (*this).born }.ours() {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -1113,6 +1114,10 @@ pub unsafe extern "C" fn rdma_get_request(
             set_errno(ended_wait(&shared));
             return -1;
         };
+        if event.ibv.event == RDMA_CM_EVENT_DEVICE_REMOVAL {
+            set_errno(libc::ENODEV);
+            return -1;
+        }
         if event.ibv.event != RDMA_CM_EVENT_CONNECT_REQUEST {
             continue;
         }
@@ -1533,17 +1538,19 @@ impl Id {
     }
 
     /// Destroys the CQs and channels the ID names: those [`make_cqs`](Self::make_cqs) made.
+    /// One a QP of the program's still uses (`EBUSY`) stays the ID's, with its channel.
     fn destroy_cqs(&mut self) {
         let cqs = [
             (&mut self.ibv.send_cq, &mut self.ibv.send_cq_channel),
             (&mut self.ibv.recv_cq, &mut self.ibv.recv_cq_channel),
         ];
         for (cq, channel) in cqs {
-            let (cq, channel) = (std::mem::take(cq), std::mem::take(channel));
-            if !cq.is_null() {
-                // SAFETY: a CQ `make_cqs` made, destroyed once, before its channel.
-                unsafe { crate::cq::ibv_destroy_cq(cq) };
+            // SAFETY: a CQ `make_cqs` made, destroyed once (if it goes), before its channel.
+            if !cq.is_null() && unsafe { crate::cq::ibv_destroy_cq(*cq) } != 0 {
+                continue;
             }
+            *cq = ptr::null_mut();
+            let channel = std::mem::take(channel);
             if !channel.is_null() {
                 // SAFETY: a channel `make_cqs` made, destroyed once.
                 unsafe { crate::cq::ibv_destroy_comp_channel(channel) };

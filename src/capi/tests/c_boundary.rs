@@ -372,6 +372,7 @@ fn objects_in_use_are_not_destroyed() {
             "pd in use: 1",
             "cq still polls: 1",
             "qp still queries: 1",
+            "destroyed again: EINVAL",
             "pd with a region: 1",
             "pd with an address handle and a window: 1",
             "pd with a window: 1",

@@ -27,7 +27,15 @@ int main(void) {
     struct ibv_qp_init_attr got;
     printf("qp still queries: %d\n", ibv_query_qp(qp, &attr, IBV_QP_STATE, &got) == 0 &&
                                      got.send_cq == cq && got.srq == srq);
+    /* Destroyed with its event held, it stays allocated until the acknowledgement: a second
+     * destroy changes nothing (its uses were let go of at the first). */
+    struct ibv_qp_attr to_error = { .qp_state = IBV_QPS_ERR };
+    CHECK(ibv_modify_qp(qp, &to_error, IBV_QP_STATE) == 0, "to ERROR");
+    struct ibv_async_event event;
+    CHECK(ibv_get_async_event(ctx, &event) == 0 && event.element.qp == qp, "its event");
     CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+    printf("destroyed again: %s\n", ibv_destroy_qp(qp) == EINVAL ? "EINVAL" : "other");
+    ibv_ack_async_event(&event);
 
     printf("pd with a region: %d\n", ibv_dealloc_pd(pd) == EBUSY);
     CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
