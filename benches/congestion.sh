@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two RDMA WRITE flows and a SEND ping-pong share one bottleneck that marks CE, between network
 # namespaces, with softroce's congestion control on (the default: ECT(0), CNPs, DCQCN) and off
-# (`--cc off`, as kernel rxe). Prints the README's congestion table: each flow's goodput, the
-# ping-pong's typical latency (the queue's delay), and what the bottleneck marked and dropped.
+# (`--cc off`, as kernel rxe). Prints docs/congestion-control.md's congestion table: each flow's
+# goodput, the ping-pong's typical latency (the queue's delay), and what the bottleneck marked and
+# dropped.
 # Needs root (namespaces, packet sockets) and ethtool. Takes about a minute.
 #
 # The bottleneck: host A's veth leads to a namespace where `examples/ecn_switch.rs` forwards

@@ -536,7 +536,7 @@ struct DeviceArgs {
     /// softroce: congestion control, on by default as on ConnectX: ECT(0) on every packet,
     /// CNPs for CE marks, DCQCN for CNPs. `off` (none of it, as kernel rxe), `on`, and
     /// mlx5's parameter names, comma-separated, e.g. `rp_time_reset=55,rp_ai_rate=40` or
-    /// `dcqcn=off` (also `ecn=off`, `np=off`); see the README's "Congestion control".
+    /// `dcqcn=off` (also `ecn=off`, `np=off`); see docs/congestion-control.md.
     #[arg(long, value_name = "SETTINGS", default_value = "on")]
     cc: CongestionConfig,
     /// softroce: who runs the engine. `hybrid`: the tool's own CQ polls and waits while it

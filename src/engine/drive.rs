@@ -149,7 +149,7 @@ const COARSE_SLACK: Duration = Duration::from_millis(5);
 /// command: it runs turns itself). There, looks that chase the datagrams cost the spinning
 /// application a wake-up each and find each WRITE a look's period late: in the lab's guests,
 /// `ib_write_lat` took 496-613 µs a message that way, 352-370 µs with the takeover; the other
-/// rows stayed within their spread (the README has the runs). `ib_write_lat` has one of each kind a
+/// rows stayed within their spread (docs/performance.md has the runs). `ib_write_lat` has one of each kind a
 /// round trip (its peer's WRITE, and its own WRITE's ACK, which comes while it polls its send
 /// CQ), which keeps the takeover; an application that polls has the thread find its datagrams
 /// as it takes them, which ends it (one that is also sent WRITEs, only once the datagrams for

@@ -270,7 +270,7 @@ pub trait Backend: Send + 'static {
     fn counters(&self) -> IoCounters;
 }
 
-/// The socket buffers asked for; the kernel caps them at net.core.[rw]mem_max.
+/// The socket buffers asked for; the kernel caps them at `net.core.{r,w}mem_max`.
 const SOCKET_BUFFER: usize = 8 << 20;
 
 /// Asks for large socket buffers, best effort. A burst of full-MTU packets that no window holds

@@ -5,7 +5,7 @@
 //!
 //! Frames seen through a UDP socket get synthesised Ethernet and IP headers: addresses and
 //! ports are real; over IPv4 the ID is the one that makes the ICRC verify (found with
-//! [`solve_ipv4_id`](crate::wire::solve_ipv4_id); 0 when none does, so a bad ICRC shows as
+//! [`crate::wire::solve_ipv4_id`]; 0 when none does, so a bad ICRC shows as
 //! bad), TTL 64, DF; the DSCP and ECN as sent or received (`IP_RECVTOS`); MAC addresses are made up from the IP addresses (02:00 and the last four
 //! bytes). A raw backend's received IP header is used as it is. The file is buffered, and
 //! complete once the device is closed.

@@ -41,8 +41,8 @@
 //! message, and is handed over datagram by datagram.
 //!
 //! Measured by `cargo bench --bench udp_baseline`: 32 datagrams of 4,112 bytes (a 4 KiB WRITE
-//! MIDDLE) sent and then received on one core over 127.0.0.1, Linux 6.18, the 2-core VM of the
-//! README, two runs, per datagram:
+//! MIDDLE) sent and then received on one core over 127.0.0.1, Linux 6.18, the 2-core VM of
+//! docs/performance.md, two runs, per datagram:
 //!
 //! | path | send + receive |
 //! |---|---|

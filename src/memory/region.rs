@@ -339,7 +339,7 @@ impl MemoryRegion {
     }
 
     /// Lets go of the region's memory, once this is its last handle: after a region over a
-    /// program's memory ([`ForeignMemory`](super::ForeignMemory)) is deregistered and this
+    /// program's memory ([`super::ForeignMemory`]) is deregistered and this
     /// succeeds, softroce touches that memory no more, and the program may free it. While the
     /// device's registration or a packet queued and not yet built ([`HeldSpan`]) still holds
     /// it, the handle comes back.

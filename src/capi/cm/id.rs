@@ -401,7 +401,7 @@ impl Id {
     }
 
     /// Starts `work` on a thread of the ID's, on the ID's device: a panic there fails the
-    /// device ([`DeviceEntry::spawn_guarded`]).
+    /// device ([`devices::DeviceEntry::spawn_guarded`]).
     fn spawn(&self, work: impl FnOnce() + Send + 'static) -> Result<(), c_int> {
         self.spawn_joinable(work).map(drop)
     }
