@@ -681,6 +681,12 @@ pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
 
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
 pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
 pub const IBV_ACCESS_ON_DEMAND: c_uint = 1 << 6;
 

@@ -80,6 +80,8 @@ pub(crate) struct Mr {
     pd: ProtectionDomain,
     /// Until the memory is the program's again.
     region: Option<MemoryRegion>,
+    /// The access flags it was registered with, as the program gave them.
+    access_flags: c_uint,
     /// Deregistered already: a call that answered `EBUSY` is being made again.
     deregistered: bool,
     born: Born,
@@ -213,43 +215,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let Some(rights) = access(access_flags) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        // On-demand paging, which softroce does not have (the kernel's ib_check_mr_access).
-        if access_flags & IBV_ACCESS_ON_DEMAND != 0 {
-            set_errno(crate::unsupported("ibv_reg_mr with IBV_ACCESS_ON_DEMAND"));
-            return ptr::null_mut();
-        }
-        // IBTA C10-70 (and the kernel's ib_check_mr_access): remote write or atomic access
-        // needs local write.
-        let needs_local = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        if rights.intersects(needs_local) && !rights.contains(Access::LOCAL_WRITE) {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        }
-        let iova = if access_flags & IBV_ACCESS_ZERO_BASED != 0 {
-            0
-        } else {
-            iova
-        };
-        // What the kernel's pin would refuse: pages not mapped, or without the rights the
-        // region grants (`ib_access_writable`: any write, or binding windows).
-        let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-        let writable = rights.intersects(writes | Access::MW_BIND);
-        if let Err(errno) = crate::mapping::check(addr as usize, length, writable) {
-            set_errno(errno);
-            return ptr::null_mut();
-        }
-        // SAFETY: the program registers memory of its own, which verbs require it to keep
-        // until `ibv_dereg_mr` returns; that call returns only once `try_close` has succeeded,
-        // after which softroce no longer reaches the memory (see `ibv_dereg_mr`).
-        let Some(memory) = (unsafe { ForeignMemory::new(addr.cast(), length) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        match owner.pd.register_foreign(memory, iova, rights) {
+        // SAFETY: the program's memory, as it registers it.
+        match unsafe { register(owner, addr, length, iova, access_flags) } {
             Ok(region) => {
                 let mr = Box::new(Mr {
                     ibv: ibv_mr {
@@ -263,22 +230,104 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
                     },
                     pd: owner.pd.clone(),
                     region: Some(region),
+                    access_flags,
                     deregistered: false,
                     born: Born::now(),
                 });
                 owner.users.add();
                 Box::into_raw(mr).cast()
             }
-            Err(e) => {
-                set_errno(crate::errno_of(&e));
+            Err(errno) => {
+                set_errno(errno);
                 ptr::null_mut()
             }
         }
     })
 }
 
+/// Registers the program's `length` bytes at `addr` on `owner`, addressed by peers at `iova`
+/// (0 with `IBV_ACCESS_ZERO_BASED`), with `access_flags`: the region, or the errno.
+///
+/// # Safety
+///
+/// The memory is the program's, which it keeps until the region is deregistered and closed.
+unsafe fn register(
+    owner: &Pd,
+    addr: *mut c_void,
+    length: size_t,
+    iova: u64,
+    access_flags: c_uint,
+) -> Result<MemoryRegion, c_int> {
+    let rights = access(access_flags).ok_or(libc::EINVAL)?;
+    // On-demand paging, which softroce does not have (the kernel's ib_check_mr_access).
+    if access_flags & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(crate::unsupported("ibv_reg_mr with IBV_ACCESS_ON_DEMAND"));
+    }
+    // IBTA C10-70 (and the kernel's ib_check_mr_access): remote write or atomic access needs
+    // local write.
+    let needs_local = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    if rights.intersects(needs_local) && !rights.contains(Access::LOCAL_WRITE) {
+        return Err(libc::EINVAL);
+    }
+    let iova = if access_flags & IBV_ACCESS_ZERO_BASED != 0 {
+        0
+    } else {
+        iova
+    };
+    // What the kernel's pin would refuse: pages not mapped, or without the rights the region
+    // grants (`ib_access_writable`: any write, or binding windows).
+    let writes = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    let writable = rights.intersects(writes | Access::MW_BIND);
+    crate::mapping::check(addr as usize, length, writable)?;
+    // SAFETY: the program registers memory of its own, which verbs require it to keep until
+    // `ibv_dereg_mr` (or `ibv_rereg_mr`) returns; those return only once `try_close` has
+    // succeeded, after which softroce no longer reaches the memory (see `close`).
+    let memory = unsafe { ForeignMemory::new(addr.cast(), length) }.ok_or(libc::EINVAL)?;
+    owner
+        .pd
+        .register_foreign(memory, iova, rights)
+        .map_err(|e| crate::errno_of(&e))
+}
+
+/// Stops `region`'s keys (unless `stopped` says they are), then waits until no transfer holds
+/// its memory, which is then the program's: `Err` with the errno and the region if windows
+/// are bound over it (nothing changed) or transfers still held it after the wait (its keys
+/// stopped). A failed device's keys reach nothing any more, and a stopped device's engines
+/// build nothing more: the memory is the program's at once. rdma-core answers a failed
+/// device's deregistration with EIO unless RDMAV_ALLOW_DISASSOC_DESTROY is set; the memory is
+/// the program's again either way.
+fn close(
+    region: MemoryRegion,
+    pd: &ProtectionDomain,
+    stopped: &mut bool,
+) -> Result<(), (c_int, MemoryRegion)> {
+    if !*stopped {
+        match pd.deregister(&region) {
+            Ok(()) | Err(Error::DeviceFailed(_) | Error::DeviceClosed) => {}
+            Err(Error::Memory(MemoryError::WindowsBound { .. })) => {
+                return Err((libc::EBUSY, region))
+            }
+            Err(_) => return Err((libc::EINVAL, region)),
+        }
+        *stopped = true;
+    }
+    let start = Instant::now();
+    let mut region = region;
+    loop {
+        match region.try_close() {
+            Ok(()) => return Ok(()),
+            Err(_) if pd.device().is_stopped() => return Ok(()),
+            Err(still) if start.elapsed() < DEREG_WAIT => {
+                region = still;
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(still) => return Err((libc::EBUSY, still)),
+        }
+    }
+}
+
 /// `ibv_dereg_mr`: both keys stop at once; the call returns once no transfer holds the memory,
-/// or its device has failed, and the memory is then the program's to free. `EBUSY` if windows
+/// or its device has stopped, and the memory is then the program's to free. `EBUSY` if windows
 /// are bound over it (nothing changed), or if transfers still held it after a wait (the keys are
 /// stopped; call again).
 #[no_mangle]
@@ -296,45 +345,110 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let Some(region) = this.region.take() else {
             return libc::EINVAL;
         };
-        if !this.deregistered {
-            match this.pd.deregister(&region) {
-                Ok(()) => {}
-                // A failed device's keys reach nothing any more: the region is as good as
-                // deregistered (rdma-core answers EIO here unless RDMAV_ALLOW_DISASSOC_DESTROY
-                // is set; the memory is the program's again either way).
-                Err(Error::DeviceFailed(_) | Error::DeviceClosed) => {}
-                Err(e) => {
-                    this.region = Some(region);
-                    return match e {
-                        Error::Memory(MemoryError::WindowsBound { .. }) => libc::EBUSY,
-                        _ => libc::EINVAL,
-                    };
-                }
-            }
-            this.deregistered = true;
-        }
-        let start = Instant::now();
-        let mut region = region;
-        loop {
-            match region.try_close() {
-                Ok(()) => break,
-                // A stopped device's engines build nothing more, and hold what they held for
-                // good: the memory is the program's again.
-                Err(_) if this.pd.device().is_stopped() => break,
-                Err(still) if start.elapsed() < DEREG_WAIT => {
-                    region = still;
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                Err(still) => {
-                    this.region = Some(still);
-                    return libc::EBUSY;
-                }
-            }
+        if let Err((errno, region)) = close(region, &this.pd, &mut this.deregistered) {
+            this.region = Some(region);
+            return errno;
         }
         // SAFETY: the region's PD, alive while the region counted in it.
         unsafe { Pd::release(this.ibv.pd) };
         // SAFETY: as above; the region is gone, and so is the last use of the box.
         drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        0
+    })
+}
+
+/// `ibv_rereg_mr`: the region again, with another range (`IBV_REREG_MR_CHANGE_TRANSLATION`),
+/// PD (`_CHANGE_PD`) or access (`_CHANGE_ACCESS`), in the same `ibv_mr`, whose keys change
+/// (as the kernel's rereg may change them). The new region is registered first, and the old
+/// deregistered after, as `ibv_dereg_mr` does: a registration that fails, or windows bound
+/// over the old region, leave the old as it was. 0, or `IBV_REREG_MR_ERR_INPUT` for arguments
+/// rdma-core refuses, `IBV_REREG_MR_ERR_CMD` for a registration or deregistration that failed,
+/// with `errno`; after either the program still deregisters the `ibv_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: size_t,
+    access_flags: c_int,
+) -> c_int {
+    guard(IBV_REREG_MR_ERR_CMD, || {
+        let refused = |errno| {
+            set_errno(errno);
+            IBV_REREG_MR_ERR_INPUT
+        };
+        let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        let known = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD;
+        if mr.is_null() || flags & !(known | IBV_REREG_MR_CHANGE_ACCESS) != 0 {
+            return refused(libc::EINVAL);
+        }
+        if (translation && (length == 0 || addr.is_null()))
+            || (access_flags != 0 && flags & IBV_REREG_MR_CHANGE_ACCESS == 0)
+        {
+            return refused(libc::EINVAL);
+        }
+        // SAFETY: a leaked `Box<Mr>` the program registered and has not deregistered; it does
+        // not use it from another thread meanwhile.
+        let this = unsafe { &mut *mr.cast::<Mr>() };
+        let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+            pd
+        } else {
+            this.ibv.pd
+        };
+        // SAFETY: the program's PD, or the region's.
+        let owner = unsafe { Pd::from_ibv(new_pd) };
+        let (Some(owner), Some(old)) = (owner, this.region.as_ref()) else {
+            return refused(libc::EINVAL);
+        };
+        if !this.born.ours() || owner.ibv.context != this.ibv.context {
+            return refused(libc::EINVAL);
+        }
+        let (addr, length, iova) = if translation {
+            (addr, length, addr as u64)
+        } else {
+            (this.ibv.addr, this.ibv.length, old.iova())
+        };
+        let access_flags = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            access_flags as c_uint
+        } else {
+            this.access_flags
+        };
+        // SAFETY: the program's memory, as it registers it again.
+        let new = match unsafe { register(owner, addr, length, iova, access_flags) } {
+            Ok(new) => new,
+            Err(errno) => {
+                set_errno(errno);
+                return IBV_REREG_MR_ERR_CMD;
+            }
+        };
+        let old = this.region.take().expect("looked at above");
+        if let Err((errno, old)) = close(old, &this.pd, &mut this.deregistered) {
+            // Windows are bound over the old region (it stays as it was), or its keys are
+            // stopped but a transfer still held its memory after the wait (as `ibv_dereg_mr`
+            // answers EBUSY): the old region stays the `ibv_mr`'s, which the program
+            // deregisters after a failed rereg, as verbs require. The new one, which nobody
+            // has seen, goes.
+            let mut stopped = false;
+            let _ = close(new, &owner.pd, &mut stopped);
+            this.region = Some(old);
+            set_errno(errno);
+            return IBV_REREG_MR_ERR_CMD;
+        }
+        if new_pd != this.ibv.pd {
+            owner.users.add();
+            // SAFETY: the old region's PD, alive while the region counted in it.
+            unsafe { Pd::release(this.ibv.pd) };
+        }
+        this.ibv.pd = new_pd;
+        this.ibv.addr = addr;
+        this.ibv.length = length;
+        (this.ibv.lkey, this.ibv.rkey) = (new.lkey().0, new.rkey().0);
+        this.ibv.handle = new.lkey().0;
+        this.pd = owner.pd.clone();
+        this.access_flags = access_flags;
+        this.deregistered = false;
+        this.region = Some(new);
         0
     })
 }

@@ -564,10 +564,13 @@ mod tests {
     /// was written, and writes never touch a byte outside the range.
     #[test]
     fn bytes_outside_the_range_are_never_touched() {
-        let mut buffer = vec![0xeeu8; 96];
-        let base = buffer.as_mut_ptr();
         for start in 8..16 {
             for len in 0..72 {
+                // A buffer for each range: the unguarded accesses (Miri's) take a byte as part
+                // of a word or alone as the range has it, and Miri cannot follow one byte's
+                // atomic accesses of two sizes.
+                let mut buffer = vec![0xeeu8; 96];
+                let base = buffer.as_mut_ptr();
                 // SAFETY: the range lies inside `buffer`, which outlives `memory`, and is
                 // reached only through `memory` meanwhile.
                 let memory = unsafe { ForeignMemory::new(base.add(start), len) }.unwrap();

@@ -9,35 +9,13 @@ mod common;
 
 use std::io::Write;
 use std::process::Stdio;
-use std::time::Duration;
 
-use common::{finish, program, succeeded};
-
-const LIMIT: Duration = Duration::from_secs(60);
+use common::{finish, program, run_c_expecting as run_expecting, succeeded, C_LIMIT as LIMIT};
 
 /// `source`, after `c/common.h`, compiled with `libs`: the program's path.
 fn compile(name: &str, source: &str, libs: &[&str]) -> String {
     let built = common::compile_c_with_common(name, source, libs);
     built.to_str().unwrap().to_string()
-}
-
-/// Runs `name` (built from `source` with `libs`) on `addrs` with `args`, within the limit, and
-/// asserts it succeeded and printed each of `lines`.
-fn run_expecting(
-    name: &str,
-    source: &str,
-    libs: &[&str],
-    addrs: &str,
-    args: &[&str],
-    lines: &[&str],
-) {
-    let path = compile(name, source, libs);
-    let child = program(addrs, &path, args).spawn().unwrap();
-    let output = finish(name, child, LIMIT);
-    let out = succeeded(name, &output);
-    for line in lines {
-        assert!(out.contains(line), "no {line:?} in:\n{out}");
-    }
 }
 
 /// Runs `c/stress.c` built with `sanitizer` (`-fsanitize=...`) on two addresses of

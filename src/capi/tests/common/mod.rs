@@ -277,6 +277,30 @@ static int wait_blocked(void) {
     format!("{HELPERS}{source}")
 }
 
+/// How long a C program of the tests may take.
+pub const C_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs the C program `name`, built from `source` after `c/common.h` with `libs`, on `addrs`
+/// with `args`, within [`C_LIMIT`], and asserts it succeeded and printed each of `lines`.
+pub fn run_c_expecting(
+    name: &str,
+    source: &str,
+    libs: &[&str],
+    addrs: &str,
+    args: &[&str],
+    lines: &[&str],
+) {
+    let path = compile_c_with_common(name, source, libs);
+    let child = program(addrs, path.to_str().unwrap(), args)
+        .spawn()
+        .unwrap();
+    let output = finish(name, child, C_LIMIT);
+    let out = succeeded(name, &output);
+    for line in lines {
+        assert!(out.contains(line), "{name}: no {line:?} in:\n{out}");
+    }
+}
+
 /// Compiles the C program `source` after `c/common.h` (CHECK, `next_wc`, and two connected RC
 /// QPs of one process), as [`compile_c`] does.
 pub fn compile_c_with_common(name: &str, source: &str, libs: &[&str]) -> PathBuf {
