@@ -393,7 +393,7 @@ pub(crate) fn cm_context(entry: &'static DeviceEntry) -> Result<*mut ibv_context
 }
 
 /// The GID table's length: one entry.
-const GID_TABLE_LEN: c_int = 1;
+pub(crate) const GID_TABLE_LEN: c_int = 1;
 
 /// An open device, as `ibv_open_device` hands it out: the program's `ibv_context` is the end of
 /// the `verbs_context`, which begins this structure.
@@ -1150,45 +1150,6 @@ pub unsafe extern "C" fn ibv_query_gid(
                 set_errno(errno);
                 -1
             }
-        }
-    })
-}
-
-/// `_ibv_query_gid_ex` (what `ibv_query_gid_ex` calls): the GID and its type, RoCE v2.
-#[no_mangle]
-pub unsafe extern "C" fn _ibv_query_gid_ex(
-    context: *mut ibv_context,
-    port_num: u32,
-    gid_index: u32,
-    entry: *mut ibv_gid_entry,
-    flags: u32,
-    entry_size: size_t,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the program passes a context it opened and has not closed.
-        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
-            return libc::EINVAL;
-        };
-        if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-            return libc::EINVAL;
-        }
-        let (Ok(port), Ok(index)) = (u8::try_from(port_num), c_int::try_from(gid_index)) else {
-            return libc::EINVAL;
-        };
-        match context.gid(port, index) {
-            Ok(gid) => {
-                let found = ibv_gid_entry {
-                    gid,
-                    gid_index,
-                    port_num,
-                    gid_type: IBV_GID_TYPE_ROCE_V2,
-                    ndev_ifindex: 0,
-                };
-                // SAFETY: `entry` points to at least one `ibv_gid_entry` (checked size).
-                unsafe { entry.write(found) };
-                0
-            }
-            Err(errno) => errno,
         }
     })
 }

@@ -245,6 +245,24 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
+/// `ibv_reg_dmabuf_mr`: a region over a dma-buf (a GPU's or another device's memory), which
+/// a process's own memory is not: `EOPNOTSUPP`, as rdma-core answers for rxe, whose provider
+/// has no such call.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ibv_pd,
+    _offset: u64,
+    _length: size_t,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ibv_mr {
+    guard(ptr::null_mut(), || {
+        set_errno(crate::unsupported("ibv_reg_dmabuf_mr"));
+        ptr::null_mut()
+    })
+}
+
 /// Registers the program's `length` bytes at `addr` on `owner`, addressed by peers at `iova`
 /// (0 with `IBV_ACCESS_ZERO_BASED`), with `access_flags`: the region, or the errno.
 ///

@@ -876,3 +876,29 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 ) -> c_int {
     guard(libc::EOPNOTSUPP, || unsupported("ibv_detach_mcast"))
 }
+
+/// `ibv_query_ece`: a softroce QP has no vendor options to offer (`EOPNOTSUPP`, as rxe's
+/// provider answers).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
+    guard(libc::EOPNOTSUPP, || unsupported("ibv_query_ece"))
+}
+
+/// `ibv_set_ece`: as [`ibv_query_ece`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
+    guard(libc::EOPNOTSUPP, || unsupported("ibv_set_ece"))
+}
+
+/// `ibv_query_qp_data_in_order`: 0, no promise that a message's data lands in order, as rxe's
+/// provider answers (it has no such call, and rdma-core answers 0 for it). softroce places a
+/// message's packets in PSN order, but its copies into the program's memory are not ordered
+/// for another CPU's reads byte by byte, which is what the promise would mean.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_uint,
+    _flags: u32,
+) -> c_int {
+    0
+}

@@ -98,9 +98,10 @@ pub extern "C" fn ibv_port_state_str(state: c_uint) -> *const c_char {
     text(NAMES.get(state as usize).copied().unwrap_or(b"unknown\0"))
 }
 
-/// `enum ibv_rate` to a multiple of 2.5 Gb/s, as rdma-core's table has it; -1 for a value the
-/// table lacks.
-const RATES: [(c_int, c_int, c_int); 21] = [
+/// Each `enum ibv_rate`, its multiple of 2.5 Gb/s where rdma-core's `ibv_rate_to_mult` gives
+/// one (0 where it gives none: the FDR and EDR rates, whose lanes are not multiples of 2.5), and
+/// its Mb/s, as rdma-core's tables (verbs.c) have them.
+const RATES: [(c_int, c_int, c_int); 23] = [
     // (ibv_rate, multiple of 2.5 Gb/s, Mb/s)
     (2, 1, 2500),
     (5, 2, 5000),
@@ -111,28 +112,54 @@ const RATES: [(c_int, c_int, c_int); 21] = [
     (8, 24, 60000),
     (9, 32, 80000),
     (10, 48, 120000),
-    (11, 6, 14062),
-    (12, 22, 56250),
-    (13, 45, 112500),
-    (14, 67, 168750),
-    (15, 10, 25781),
-    (16, 40, 103125),
-    (17, 80, 206250),
-    (18, 120, 309375),
-    (19, 20, 51562),
-    (20, 80, 200000),
-    (21, 160, 400000),
-    (22, 240, 600000),
+    (11, 0, 14062),
+    (12, 0, 56250),
+    (13, 0, 112500),
+    (14, 0, 168750),
+    (15, 0, 25781),
+    (16, 0, 103125),
+    (17, 0, 206250),
+    (18, 0, 309375),
+    (19, 11, 28125),
+    (20, 20, 53125),
+    (21, 160, 425000),
+    (22, 240, 637500),
+    (23, 320, 850000),
+    (24, 480, 1275000),
 ];
 
-/// `ibv_rate_to_mult`.
+/// `IBV_RATE_MAX`: what the reverse lookups answer for a value no rate has.
+const IBV_RATE_MAX: c_int = 0;
+
+/// `ibv_rate_to_mult`: the rate as a multiple of 2.5 Gb/s, or -1.
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+    RATES
+        .iter()
+        .find(|r| r.0 == rate && r.1 != 0)
+        .map_or(-1, |r| r.1)
 }
 
-/// `ibv_rate_to_mbps`.
+/// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s, or `IBV_RATE_MAX`.
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
+    RATES
+        .iter()
+        .find(|r| r.1 == mult && mult != 0)
+        .map_or(IBV_RATE_MAX, |r| r.0)
+}
+
+/// `ibv_rate_to_mbps`: the rate in Mb/s, or -1.
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
     RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+}
+
+/// `mbps_to_ibv_rate`: the rate of exactly `mbps` Mb/s, or `IBV_RATE_MAX`.
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
+    RATES
+        .iter()
+        .find(|r| r.2 == mbps)
+        .map_or(IBV_RATE_MAX, |r| r.0)
 }

@@ -69,6 +69,7 @@ pub(crate) enum CmCommand {
     },
     Reject {
         conn: ConnId,
+        reason: RejReason,
         private_data: Vec<u8>,
         reply: Reply<Result<(), CmError>>,
     },
@@ -239,10 +240,10 @@ impl CmRouter {
             }
             CmCommand::Reject {
                 conn,
+                reason,
                 private_data,
                 reply,
             } => {
-                let reason = RejReason::CONSUMER_DEFINED;
                 let _ = reply.send(self.agent.cm_mut().reject(now, conn, reason, &private_data));
             }
             CmCommand::Disconnect { conn, reply } => {

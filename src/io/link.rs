@@ -6,11 +6,13 @@ use std::net::IpAddr;
 
 use nix::ifaddrs::{getifaddrs, InterfaceAddress};
 
-/// A network interface and its IP MTU.
+/// A network interface, its index and its IP MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
     /// The interface's name, e.g. `eth0`; an alias's label is cut at the colon.
     pub name: String,
+    /// Its index in this network namespace (what a GID entry's `ndev_ifindex` names).
+    pub index: u32,
     /// The interface's IP MTU, in bytes.
     pub mtu: u32,
 }
@@ -57,6 +59,7 @@ pub fn link_of(address: IpAddr) -> io::Result<Link> {
             ))
         })
         .ok_or_else(|| io::Error::other(format!("interface {name}: no link-layer entry")))?;
+    let index = here.0.parse().map_err(io::Error::other)?;
     let there = (
         sysfs("ifindex")?,
         here.1.as_ref().map(|_| sysfs("address")).transpose()?,
@@ -74,7 +77,7 @@ pub fn link_of(address: IpAddr) -> io::Result<Link> {
             format!("/sys/class/net/{name}/mtu: not an MTU: {mtu:?}"),
         )
     })?;
-    Ok(Link { name, mtu })
+    Ok(Link { name, index, mtu })
 }
 
 fn interface_ip(i: &InterfaceAddress) -> Option<IpAddr> {
@@ -115,6 +118,8 @@ mod tests {
             let link = link_of(address.into()).unwrap();
             assert_eq!(link.name, "lo", "{address}");
             assert_eq!(link.mtu, loopback_mtu());
+            let index = std::fs::read_to_string("/sys/class/net/lo/ifindex").unwrap();
+            assert_eq!(link.index.to_string(), index.trim());
         }
     }
 

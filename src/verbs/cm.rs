@@ -53,7 +53,7 @@ use crate::cm::{
 };
 use crate::engine::{CmCommand, Command};
 use crate::transport::{AddressHandle, ConnectOptions, QpAttr, QpType, UdDest};
-use crate::wire::cm::{PortSpace, ServiceId, SidrStatus};
+use crate::wire::cm::{PortSpace, RejReason, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
 /// Requests a listener holds for the application before the CM refuses more ("no
@@ -383,12 +383,19 @@ impl ConnectionRequest {
 
     /// Rejects with up to 148 bytes of private data (REJ reason 28, consumer defined, as
     /// `rdma_reject`).
-    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(RejReason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// Rejects for `reason` (librdmacm's `rdma_reject_ece` sends 35, vendor option not
+    /// supported), with up to 148 bytes of private data.
+    pub fn reject_with(mut self, reason: RejReason, private_data: &[u8]) -> Result<()> {
         self.answered = true;
         let (conn, private_data) = (self.conn, private_data.to_vec());
         Ok(self.device.engine().call(|reply| {
             Command::Cm(CmCommand::Reject {
                 conn,
+                reason,
                 private_data,
                 reply,
             })

@@ -220,12 +220,13 @@ pub unsafe extern "C" fn rdma_create_ep(
     })
 }
 
-/// `rdma_destroy_ep`: the ID's QP (and the CQs librdmacm made for it), then the ID.
+/// `rdma_destroy_ep`: the ID's QP and SRQ (and the CQs librdmacm made for them), then the ID.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     // SAFETY: the program passes an ID it holds, once.
     guard((), || unsafe {
         rdma_destroy_qp(id);
+        super::srq::rdma_destroy_srq(id);
         rdma_destroy_id(id);
     })
 }

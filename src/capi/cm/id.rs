@@ -20,6 +20,7 @@ use softroce::verbs::{
     Connection, ConnectionRequest, DatagramRequest, Device, Error as VerbsError, ManualConnection,
     QueuePair,
 };
+use softroce::wire::cm::RejReason;
 use softroce::wire::{Qpn, RnrTimer};
 
 use super::channel::{Channel, Event, Events};
@@ -445,7 +446,7 @@ impl Id {
 }
 
 /// What a call on an ID returns: a value now, or, on a synchronous ID, what its event says.
-enum Outcome {
+pub(super) enum Outcome {
     Now(c_int),
     Wait(SyncWait),
 }
@@ -458,7 +459,7 @@ impl From<c_int> for Outcome {
 
 /// A synchronous ID's wait for the event of its call: it holds the queue and what the ID's
 /// threads share, not the ID, which another thread may destroy meanwhile (the wait then ends).
-struct SyncWait {
+pub(super) struct SyncWait {
     events: Arc<Events>,
     shared: Arc<Shared>,
     success: u32,
@@ -502,7 +503,7 @@ fn gid(ip: IpAddr) -> ibv_gid {
 /// Runs an exported call's body on the ID behind `id`: -1 with `EINVAL` for null, -1 with
 /// the errno `body` returns, or what it returns: a value, or a synchronous ID's wait, which
 /// runs once the borrow of the ID has ended.
-fn with_id<T: Into<Outcome>>(
+pub(super) fn with_id<T: Into<Outcome>>(
     id: *mut rdma_cm_id,
     body: impl FnOnce(&mut Id) -> Result<T, c_int>,
 ) -> c_int {
@@ -1291,6 +1292,30 @@ pub unsafe extern "C" fn rdma_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
+    // SAFETY: as the program calls it.
+    unsafe {
+        reject(
+            id,
+            private_data,
+            private_data_len,
+            RejReason::CONSUMER_DEFINED,
+        )
+    }
+}
+
+/// Answers the request `id` holds with a REJ for `reason` (a refused service resolution on a
+/// UD ID, whatever the reason, as the kernel's `rdma_reject` sends).
+///
+/// # Safety
+///
+/// `id` is an ID the program holds; `private_data` is null or `private_data_len` readable
+/// bytes.
+pub(super) unsafe fn reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+    reason: RejReason,
+) -> c_int {
     with_id(id, |this| {
         let request = match std::mem::replace(&mut *this.stage(), Stage::Ended) {
             Stage::Requested(request) => request,
@@ -1309,7 +1334,7 @@ pub unsafe extern "C" fn rdma_reject(
             .to_vec()
         };
         let rejected = match request {
-            Request::Rc(request) => request.reject(&data),
+            Request::Rc(request) => request.reject_with(reason, &data),
             Request::Ud(request) => request.reject(),
         };
         rejected.map(|()| 0).map_err(|e| errno_of(&e))
@@ -1379,6 +1404,10 @@ pub unsafe extern "C" fn rdma_create_qp(
             return Err(libc::EINVAL);
         }
         this.make_cqs(context, attr)?;
+        // The SRQ `rdma_create_srq` made on the ID, unless the attributes name one.
+        if attr.srq.is_null() {
+            attr.srq = this.ibv.srq;
+        }
         // SAFETY: forwarded as the program gave them, with a live PD and CQs.
         let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
         if qp.is_null() {
@@ -1539,7 +1568,7 @@ impl Id {
 
     /// Destroys the CQs and channels the ID names: those [`make_cqs`](Self::make_cqs) made.
     /// One a QP of the program's still uses (`EBUSY`) stays the ID's, with its channel.
-    fn destroy_cqs(&mut self) {
+    pub(super) fn destroy_cqs(&mut self) {
         let cqs = [
             (&mut self.ibv.send_cq, &mut self.ibv.send_cq_channel),
             (&mut self.ibv.recv_cq, &mut self.ibv.recv_cq_channel),
@@ -1706,6 +1735,19 @@ pub unsafe extern "C" fn rdma_join_multicast(
 ) -> c_int {
     guard(-1, || {
         set_errno(unsupported("rdma_join_multicast"));
+        -1
+    })
+}
+
+/// `rdma_join_multicast_ex`: softroce has no multicast.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    _id: *mut rdma_cm_id,
+    _attr: *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        set_errno(unsupported("rdma_join_multicast_ex"));
         -1
     })
 }

@@ -1,6 +1,7 @@
 //! librdmacm over softroce's connection manager: event channels (`channel.rs`), IDs and what
 //! they do (`id.rs`), what a connected ID holds (`link.rs`: the QP the CM moved, or a QP the
-//! program moves itself), `rdma_getaddrinfo` and the synchronous calls (`addrinfo.rs`).
+//! program moves itself), an ID's SRQ (`srq.rs`), enhanced connection establishment
+//! (`ece.rs`), `rdma_getaddrinfo` and the synchronous calls (`addrinfo.rs`).
 //!
 //! softroce's CM calls block (`softroce::verbs::Connection::connect`, `Listener::next_request`,
 //! `ConnectionRequest::accept`, `Connection::disconnect`), where librdmacm's return at once
@@ -12,8 +13,10 @@
 
 mod addrinfo;
 mod channel;
+mod ece;
 mod id;
 mod link;
+mod srq;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 

@@ -214,6 +214,20 @@ fn layouts() -> Vec<Layout> {
             srq_context,
             attr
         ),
+        layout!(ibv_tm_cap, "struct ibv_tm_cap", max_num_tags, max_ops),
+        layout!(
+            ibv_srq_init_attr_ex,
+            "struct ibv_srq_init_attr_ex",
+            srq_context,
+            attr,
+            comp_mask,
+            srq_type,
+            pd,
+            xrcd,
+            cq,
+            tm_cap
+        ),
+        layout!(ibv_ece, "struct ibv_ece", vendor_id, options, comp_mask),
         layout!(
             ibv_qp_cap,
             "struct ibv_qp_cap",

@@ -162,3 +162,131 @@ int main(int argc, char **argv)
     let out = Command::new(&program).arg(&lib).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
 }
+
+/// Where the dynamic loader finds `soname` (`ldconfig -p`): Debian's own library.
+fn system_library(soname: &str) -> PathBuf {
+    let out = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .expect("ldconfig");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.trim_start().starts_with(&format!("{soname} ")))
+        .find_map(|line| line.split("=> ").nth(1).map(|p| PathBuf::from(p.trim())))
+        .unwrap_or_else(|| panic!("{soname} is not installed (apt-get install {soname})"))
+}
+
+/// What rdma-core 44 defines and softroce does not, each group with why:
+///
+/// - the ABI of libibverbs 1.0 (before 2006): the verbs at IBVERBS_1.0 that rdma-core keeps
+///   beside their 1.1 versions for programs that old, which take the 1.0 structures;
+/// - rsockets, librdmacm's socket API over RDMA (`rsocket`, `rsend`, ...): not built yet;
+/// - the kernel ABI's copy helpers and provider calls (`ibv_copy_*_kern`,
+///   `ibv_register_driver`, and the IBVERBS_PRIVATE_34 calls no vendor library Debian ships
+///   for perftest reaches), which only a provider over the kernel's uverbs uses.
+fn not_defined(version: &str, name: &str, rdma_core: &BTreeSet<(String, String)>) -> bool {
+    let old_abi = version == "IBVERBS_1.0"
+        && rdma_core.contains(&("IBVERBS_1.1".to_string(), name.to_string()));
+    // `rpoll` is poll(2) here, for programs that wait on librdmacm's descriptors with it.
+    let rsockets = version == "RDMACM_1.0"
+        && name.starts_with('r')
+        && !name.starts_with("rdma_")
+        && name != "rpoll";
+    const KERNEL_ABI: [&str; 14] = [
+        "ibv_copy_ah_attr_from_kern",
+        "ibv_copy_path_rec_from_kern",
+        "ibv_copy_path_rec_to_kern",
+        "ibv_copy_qp_attr_from_kern",
+        "ibv_register_driver",
+        "__ioctl_final_num_attrs",
+        "ibv_cmd_create_cq",
+        "ibv_cmd_create_qp",
+        "ibv_cmd_poll_cq",
+        "ibv_cmd_post_recv",
+        "ibv_cmd_post_send",
+        "ibv_cmd_post_srq_recv",
+        "ibv_cmd_req_notify_cq",
+        "ibv_read_ibdev_sysfs_file",
+    ];
+    old_abi || rsockets || KERNEL_ABI.contains(&name)
+}
+
+/// Every symbol Debian's libibverbs.so.1 and librdmacm.so.1 define, at its version, softroce's
+/// library defines, but for the groups [`not_defined`] names and says why; and every version
+/// node theirs have, its has. (A symbol added to the library leaves the list; one rdma-core
+/// adds joins the failures until it is built or listed.)
+#[test]
+fn rdma_cores_symbols_and_versions_are_all_defined_but_the_listed_groups() {
+    let ours = symbols(
+        &PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")),
+        |ndx, _| ndx != "UND",
+    );
+    let mut rdma_core = BTreeSet::new();
+    for soname in ["libibverbs.so.1", "librdmacm.so.1"] {
+        rdma_core.extend(symbols(&system_library(soname), |ndx, v| {
+            ndx != "UND" && (v.starts_with("IBVERBS_") || v.starts_with("RDMACM_"))
+        }));
+    }
+    let (mut missing, mut listed_but_defined) = (Vec::new(), Vec::new());
+    for (version, name) in &rdma_core {
+        let defined = ours.contains(&(version.clone(), name.clone()));
+        match (defined, not_defined(version, name, &rdma_core)) {
+            (false, false) => missing.push(format!("{name}@{version}")),
+            (true, true) => listed_but_defined.push(format!("{name}@{version}")),
+            _ => {}
+        }
+    }
+    assert!(missing.is_empty(), "not defined: {missing:?}");
+    assert!(
+        listed_but_defined.is_empty(),
+        "defined, but listed as not: {listed_but_defined:?}"
+    );
+    let versions = |set: &BTreeSet<(String, String)>| -> BTreeSet<String> {
+        set.iter().map(|(v, _)| v.clone()).collect()
+    };
+    let ours_versions = versions(&ours);
+    let absent: Vec<_> = versions(&rdma_core)
+        .into_iter()
+        .filter(|v| !ours_versions.contains(v))
+        .collect();
+    assert!(absent.is_empty(), "version nodes not defined: {absent:?}");
+}
+
+/// The libraries of the middleware on top of verbs bind every verbs and RDMA-CM symbol they
+/// name when they load, so one missing kills every program on them: libfabric (all of its
+/// programs, whatever provider), pyverbs (`import pyverbs`), Open MPI's verbs components. Each
+/// finds every one in softroce's library, at its version.
+#[test]
+fn the_middlewares_libraries_find_every_symbol_they_import() {
+    let exported = symbols(
+        &PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")),
+        |ndx, _| ndx != "UND",
+    );
+    let rdma = |v: &str| v.starts_with("IBVERBS_") || v.starts_with("RDMACM_");
+    let pyverbs = Path::new("/usr/lib/python3/dist-packages/pyverbs");
+    let mut libraries = vec![
+        system_library("libfabric.so.1"),
+        system_library("libmca_common_verbs.so.40"),
+    ];
+    let modules = std::fs::read_dir(pyverbs).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (apt-get install python3-pyverbs)",
+            pyverbs.display()
+        )
+    });
+    libraries.extend(
+        modules
+            .map(|entry| entry.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "so")),
+    );
+    assert!(libraries.len() > 10, "pyverbs's modules: {libraries:?}");
+    let mut missing = BTreeSet::new();
+    for library in &libraries {
+        for wanted in symbols(library, |ndx, v| ndx == "UND" && rdma(v)) {
+            if !exported.contains(&wanted) {
+                missing.insert(format!("{}@{} ({})", wanted.1, wanted.0, library.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}

@@ -58,6 +58,9 @@ impl RejReason {
     /// 28: the application said no (`rdma_reject`), or the RDMA-CM found no matching listener
     /// address; may carry private data.
     pub const CONSUMER_DEFINED: RejReason = RejReason(28);
+    /// 35: the application does not take the options the other side's REQ or REP offered
+    /// (enhanced connection establishment: `rdma_reject_ece`).
+    pub const VENDOR_OPTION_NOT_SUPPORTED: RejReason = RejReason(35);
 
     /// The name IBTA table 112 (and the kernel's `ib_cm_rej_reason`) gives the reason.
     pub fn name(self) -> &'static str {

@@ -1,0 +1,168 @@
+/* The calls rdma-core added after the first verbs, as a program meets them.
+ * Usage: newer_verbs rates   - prints the rate tables and sysfs path: the test runs it over
+ *                              Debian's libibverbs and over softroce's, and compares.
+ *        newer_verbs device  - the GID table, and what a softroce device does not have.
+ *        newer_verbs srq IP  - an ID's SRQ (rdma_create_srq), and ECE on an ID.
+ *        newer_verbs reject IP PORT - listens, and rejects the first request with
+ *                              rdma_reject_ece. */
+#include <net/if.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+/* Declared by rdma-core's driver.h only, which programs do not include; Open MPI declares it
+ * so too. */
+const char *ibv_get_sysfs_path(void);
+
+static void rates(void) {
+    for (int rate = -1; rate <= 24; rate++)
+        printf("rate %d: mult %d, mbps %d\n", rate, ibv_rate_to_mult(rate),
+               ibv_rate_to_mbps(rate));
+    for (int mult = -1; mult <= 500; mult++)
+        printf("mult %d: rate %d\n", mult, mult_to_ibv_rate(mult));
+    static const int mbps[] = { -1, 0, 2500, 5000, 10000, 14062, 14063, 20000, 25781, 28125,
+                                30000, 40000, 53125, 56250, 60000, 80000, 103125, 112500,
+                                120000, 168750, 200000, 206250, 309375, 425000, 637500,
+                                850000, 1275000 };
+    for (unsigned i = 0; i < sizeof mbps / sizeof mbps[0]; i++)
+        printf("mbps %d: rate %d\n", mbps[i], mbps_to_ibv_rate(mbps[i]));
+    printf("sysfs: %s\n", ibv_get_sysfs_path());
+}
+
+static void device(void) {
+    struct side a, b;
+    connect_pair(&a, &b);
+    struct ibv_gid_entry table[4];
+    memset(table, 0xff, sizeof table);
+    ssize_t n = ibv_query_gid_table(a.ctx, table, 4, 0);
+    union ibv_gid gid;
+    CHECK(ibv_query_gid(a.ctx, 1, 0, &gid) == 0, "ibv_query_gid");
+    printf("gid table: %zd, entry: %d\n", n,
+           n == 1 && !memcmp(&table[0].gid, &gid, sizeof gid) && table[0].gid_index == 0 &&
+               table[0].port_num == 1 && table[0].gid_type == IBV_GID_TYPE_ROCE_V2 &&
+               table[0].ndev_ifindex == if_nametoindex("lo"));
+    struct ibv_gid_entry one;
+    printf("gid entry: %d\n", ibv_query_gid_ex(a.ctx, 1, 0, &one, 0) == 0 &&
+                                  !memcmp(&one, &table[0], sizeof one));
+    printf("table too small: %d, flags: %d\n", ibv_query_gid_table(a.ctx, table, 0, 0) == -EINVAL,
+           ibv_query_gid_table(a.ctx, table, 4, 1) == -EINVAL);
+
+    static char buffer[4096];
+    errno = 0;
+    printf("dmabuf: %d\n", !ibv_reg_dmabuf_mr(a.pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) &&
+                               errno == EOPNOTSUPP);
+    errno = 0;
+    int imports = !ibv_import_device(a.ctx->cmd_fd) && errno == EOPNOTSUPP;
+    errno = 0;
+    imports &= !ibv_import_pd(a.ctx, 1) && errno == EOPNOTSUPP;
+    errno = 0;
+    imports &= !ibv_import_mr(a.pd, 1) && errno == EOPNOTSUPP;
+    errno = 0;
+    imports &= !ibv_import_dm(a.ctx, 1) && errno == EOPNOTSUPP;
+    printf("imports: %d\n", imports);
+    /* Nothing was imported: unimporting the program's own PD leaves it as it was. */
+    ibv_unimport_pd(a.pd);
+    struct ibv_mr *mr = ibv_reg_mr(a.pd, buffer, sizeof buffer, ALL_ACCESS);
+    printf("pd after unimport: %d\n", mr != NULL);
+    struct ibv_ece ece = { 0 };
+    printf("ece: %d %d\n", ibv_query_ece(a.qp, &ece) == EOPNOTSUPP,
+           ibv_set_ece(a.qp, &ece) == EOPNOTSUPP);
+    printf("data in order: %d\n", ibv_query_qp_data_in_order(a.qp, IBV_WR_RDMA_WRITE, 0));
+    /* The connection works all the same. */
+    struct ibv_mr *target = ibv_reg_mr(b.pd, buffer + 2048, 1024, ALL_ACCESS);
+    CHECK(target, "ibv_reg_mr");
+    memset(buffer, 7, 64);
+    enum ibv_wc_status st = post_one(&a, IBV_WR_RDMA_WRITE, buffer, 64, mr->lkey,
+                                     (uintptr_t)buffer + 2048, target->rkey);
+    printf("write: %d\n", st == IBV_WC_SUCCESS && buffer[2048 + 63] == 7);
+}
+
+static void srq(const char *ip) {
+    struct rdma_cm_id *id;
+    struct addrinfo *addr;
+    CHECK(getaddrinfo(ip, "7300", NULL, &addr) == 0, "getaddrinfo");
+    CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+    CHECK(rdma_bind_addr(id, addr->ai_addr) == 0, "rdma_bind_addr");
+
+    struct ibv_ece ece = { .vendor_id = 0 };
+    errno = 0;
+    int no_vendor = rdma_set_local_ece(id, &ece) == -1 && errno == EINVAL;
+    ece.vendor_id = 0x02c9;
+    ece.options = 1;
+    int offered = rdma_set_local_ece(id, &ece) == 0;
+    memset(&ece, 0xff, sizeof ece);
+    int none = rdma_get_remote_ece(id, &ece) == 0 && ece.vendor_id == 0 && ece.options == 0 &&
+               ece.comp_mask == 0;
+    printf("ece: no vendor refused %d, offered %d, remote none %d\n", no_vendor, offered, none);
+
+    struct ibv_srq_init_attr_ex ex = { .attr = { .max_wr = 8, .max_sge = 1 },
+                                       .comp_mask = IBV_SRQ_INIT_ATTR_PD };
+    errno = 0;
+    printf("srq_ex without a type: %d\n", rdma_create_srq_ex(id, &ex) == -1 && errno == EINVAL);
+    ex.comp_mask |= IBV_SRQ_INIT_ATTR_TYPE;
+    ex.srq_type = IBV_SRQT_XRC;
+    errno = 0;
+    printf("xrc srq: %d\n", rdma_create_srq_ex(id, &ex) == -1 && errno == EOPNOTSUPP);
+
+    struct ibv_srq_init_attr attr = { .attr = { .max_wr = 8, .max_sge = 1 } };
+    CHECK(rdma_create_srq(id, NULL, &attr) == 0, "rdma_create_srq");
+    printf("srq: %d, pd: %d\n", id->srq != NULL, id->pd != NULL);
+    errno = 0;
+    printf("a second srq: %d\n", rdma_create_srq(id, NULL, &attr) == -1 && errno == EINVAL);
+    static char buffer[64];
+    struct ibv_mr *mr = ibv_reg_mr(id->pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_sge sge = { .addr = (uintptr_t)buffer, .length = sizeof buffer, .lkey = mr->lkey };
+    struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *bad;
+    printf("srq takes receives: %d\n", ibv_post_srq_recv(id->srq, &wr, &bad) == 0);
+
+    struct ibv_qp_init_attr qp_attr = { .cap = { .max_send_wr = 4, .max_send_sge = 1 },
+                                        .qp_type = IBV_QPT_RC };
+    CHECK(rdma_create_qp(id, NULL, &qp_attr) == 0, "rdma_create_qp");
+    printf("qp on the srq: %d\n", id->qp->srq == id->srq);
+    errno = 0;
+    printf("ece with a qp: %d\n", rdma_set_local_ece(id, &ece) == -1 && errno == EINVAL);
+    rdma_destroy_qp(id);
+    CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+    rdma_destroy_srq(id);
+    printf("srq gone: %d\n", id->srq == NULL);
+    CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+    errno = 0;
+    printf("multicast: %d\n", rdma_join_multicast_ex(NULL, NULL, NULL) == -1 && errno == EOPNOTSUPP);
+}
+
+static void reject(const char *ip, const char *port) {
+    struct rdma_event_channel *channel = rdma_create_event_channel();
+    struct rdma_cm_id *listener;
+    struct addrinfo *addr;
+    CHECK(channel && getaddrinfo(ip, port, NULL, &addr) == 0, "getaddrinfo");
+    CHECK(rdma_create_id(channel, &listener, NULL, RDMA_PS_TCP) == 0 &&
+              rdma_bind_addr(listener, addr->ai_addr) == 0 && rdma_listen(listener, 1) == 0,
+          "listen");
+    printf("listening\n");
+    struct rdma_cm_event *event;
+    CHECK(rdma_get_cm_event(channel, &event) == 0, "rdma_get_cm_event");
+    CHECK(event->event == RDMA_CM_EVENT_CONNECT_REQUEST, "a request");
+    struct ibv_ece ece;
+    memset(&ece, 0xff, sizeof ece);
+    int none = rdma_get_remote_ece(event->id, &ece) == 0 && ece.vendor_id == 0;
+    printf("request's ece none: %d, rejected: %d\n", none,
+           rdma_reject_ece(event->id, "no", 2) == 0);
+    struct rdma_cm_id *id = event->id;
+    rdma_ack_cm_event(event);
+    CHECK(rdma_destroy_id(id) == 0 && rdma_destroy_id(listener) == 0, "rdma_destroy_id");
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "rates"))
+        rates();
+    else if (argc >= 2 && !strcmp(argv[1], "device"))
+        device();
+    else if (argc >= 3 && !strcmp(argv[1], "srq"))
+        srq(argv[2]);
+    else if (argc >= 4 && !strcmp(argv[1], "reject"))
+        reject(argv[2], argv[3]);
+    else
+        return 2;
+    printf("done\n");
+    return 0;
+}

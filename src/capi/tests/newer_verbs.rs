@@ -1,0 +1,140 @@
+//! The calls rdma-core 44 has beyond the first verbs (issue 50, item 2), through softroce's
+//! library as a program meets them (`c/newer_verbs.c`): what a softroce device can do is done
+//! as rdma-core does it, and what it cannot is answered as rdma-core answers for a device
+//! without the feature.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{finish, program, run_c_expecting, succeeded, C_LIMIT};
+
+const SOURCE: &str = include_str!("c/newer_verbs.c");
+const LIBS: [&str; 2] = ["-lrdmacm", "-libverbs"];
+
+/// The rate conversions and the sysfs path, as Debian's libibverbs answers them, value for
+/// value: the same program runs over both libraries, with and without `SYSFS_PATH`.
+#[test]
+fn rates_and_the_sysfs_path_are_rdma_cores() {
+    let path = common::compile_c_with_common("newer_verbs_rates", SOURCE, &LIBS);
+    for sysfs in [None, Some("/tmp/sysfs//"), Some("/")] {
+        let run = |ours: bool| {
+            let mut command = Command::new(&path);
+            command.arg("rates").stdin(Stdio::null());
+            if ours {
+                command.env("LD_LIBRARY_PATH", common::lib_dir());
+            }
+            match sysfs {
+                Some(dir) => command.env("SYSFS_PATH", dir),
+                None => command.env_remove("SYSFS_PATH"),
+            };
+            let output = command.output().unwrap();
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8(output.stdout).unwrap()
+        };
+        let (debian, softroce) = (run(false), run(true));
+        assert!(debian.contains("rate 17: mult -1, mbps 206250"), "{debian}");
+        for (a, b) in debian.lines().zip(softroce.lines()) {
+            assert_eq!(a, b, "Debian's libibverbs, then softroce's");
+        }
+        assert_eq!(debian.lines().count(), softroce.lines().count());
+    }
+}
+
+/// The GID table (one RoCE v2 GID on `lo`, as `ibv_query_gid` and `ibv_query_gid_ex` give it),
+/// and the features a softroce device lacks, each `EOPNOTSUPP` as for rxe: dma-buf regions,
+/// imports, ECE on a QP; no promise of in-order data; the connection unharmed after.
+#[test]
+fn the_gid_table_and_the_features_a_device_lacks() {
+    run_c_expecting(
+        "newer_verbs_device",
+        SOURCE,
+        &LIBS,
+        "127.0.50.4,127.0.50.5",
+        &["device"],
+        &[
+            "gid table: 1, entry: 1",
+            "gid entry: 1",
+            "table too small: 1, flags: 1",
+            "dmabuf: 1",
+            "imports: 1",
+            "pd after unimport: 1",
+            "ece: 1 1",
+            "data in order: 0",
+            "write: 1",
+            "done",
+        ],
+    );
+}
+
+/// `rdma_create_srq` gives the ID an SRQ on its PD, which takes receives and which
+/// `rdma_create_qp` gives the ID's QP; `rdma_destroy_srq` takes it away. ECE on an ID is
+/// checked as librdmacm checks it; no peer's offer is reported (softroce's CM carries none).
+#[test]
+fn an_ids_srq_serves_its_qp() {
+    run_c_expecting(
+        "newer_verbs_srq",
+        SOURCE,
+        &LIBS,
+        "127.0.50.6",
+        &["srq", "127.0.50.6"],
+        &[
+            "ece: no vendor refused 1, offered 1, remote none 1",
+            "srq_ex without a type: 1",
+            "xrc srq: 1",
+            "srq: 1, pd: 1",
+            "a second srq: 1",
+            "srq takes receives: 1",
+            "qp on the srq: 1",
+            "ece with a qp: 1",
+            "srq gone: 1",
+            "multicast: 1",
+            "done",
+        ],
+    );
+}
+
+/// `rdma_reject_ece` rejects with reason 35 (vendor option not supported), where
+/// `rdma_reject` sends 28: the peer learns which, with the private data.
+#[test]
+fn rdma_reject_ece_rejects_for_an_unsupported_option() {
+    use softroce::cm::Failure;
+    use softroce::verbs::{Connection, Device, DeviceConfig, Error};
+    use softroce::wire::cm::RejReason;
+
+    let path = common::compile_c_with_common("newer_verbs_reject", SOURCE, &LIBS);
+    let server = "127.0.50.7";
+    let mut child = program(server, path.to_str().unwrap(), &["reject", server, "7301"])
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "listening");
+    let client = Device::open(DeviceConfig::udp("127.0.50.8".parse().unwrap())).unwrap();
+    let (pd, cq) = (client.alloc_pd().unwrap(), client.create_cq(8).unwrap());
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = SocketAddr::new(server.parse().unwrap(), 7301);
+    let options = softroce::transport::ConnectOptions::default();
+    let refused = Connection::connect_timeout(qp, to, &options, &[], Duration::from_secs(20));
+    match refused {
+        Err(Error::ConnectFailed(Failure::Rejected {
+            reason,
+            private_data,
+        })) => {
+            assert_eq!(reason, RejReason::VENDOR_OPTION_NOT_SUPPORTED);
+            assert_eq!(&private_data[..2], b"no");
+        }
+        other => panic!("{:?}", other.map(|_| "connected")),
+    }
+    child.stdout = Some(out.into_inner());
+    let output = finish("newer_verbs_reject", child, C_LIMIT);
+    let printed = succeeded("newer_verbs_reject", &output);
+    assert!(
+        printed.contains("request's ece none: 1, rejected: 1"),
+        "{printed}"
+    );
+}
