@@ -349,6 +349,22 @@ fn opcode_code(opcode: WcOpcode) -> u32 {
     }
 }
 
+/// What a UD receive's `sl` says on ConnectX, and so what UCX reads there (1.13 to 1.18,
+/// `uct_ud_iface_check_grh`) to tell which header the receive buffer's 40-byte GRH area holds:
+/// the packet type of the adapters' PRM, bit 3 for a UDP header (RoCE v2) and the L3 header
+/// type below it, 2 for IPv4 (the area is 20 bytes of nothing, then the IPv4 header) and 1 for
+/// IPv6. 0 for any other completion. Kernel rxe reports 0 here (its user CQ entry has no field
+/// for the header type), and a UCX without `UCX_UD_ETH_DGID_CHECK=n` then compares the wrong
+/// 16 bytes with its GID and drops every datagram.
+fn roce_packet_type(wc: &WorkCompletion) -> u8 {
+    const UDP: u8 = 1 << 3;
+    match wc.src_addr.filter(|_| wc.grh).map(|a| a.to_canonical()) {
+        Some(std::net::IpAddr::V4(_)) => UDP | 2,
+        Some(std::net::IpAddr::V6(_)) => UDP | 1,
+        None => 0,
+    }
+}
+
 /// The program's `ibv_wc` for `wc`.
 fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
     let mut flags = 0;
@@ -365,6 +381,7 @@ fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
         flags |= IBV_WC_GRH;
     }
     ibv_wc {
+        sl: roce_packet_type(&wc),
         wr_id: wc.wr_id,
         status: status_code(wc.status),
         opcode: opcode_code(wc.opcode),
@@ -376,7 +393,6 @@ fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
         dlid_path_bits: 0,
     }
 }

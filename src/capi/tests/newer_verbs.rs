@@ -138,3 +138,22 @@ fn rdma_reject_ece_rejects_for_an_unsupported_option() {
         "{printed}"
     );
 }
+
+/// A datagram's receive completion says, in `sl`, which header the GRH area holds, as ConnectX
+/// says it (the PRM's packet type: 8 for a UDP header, plus 2 for IPv4), where UCX 1.13 reads
+/// it to find the destination GID; kernel rxe says 0 there, and UCX then drops every datagram.
+#[test]
+fn a_datagrams_completion_says_its_header_as_connectx_does() {
+    run_c_expecting(
+        "newer_verbs_ud",
+        SOURCE,
+        &LIBS,
+        "127.0.50.9,127.0.50.10",
+        &["ud"],
+        &[
+            "sl: 10, grh: 1, ipv4 header: 1, destination: 1, data: 1",
+            "reply address: 1",
+            "done",
+        ],
+    );
+}

@@ -4,7 +4,8 @@
  *        newer_verbs device  - the GID table, and what a softroce device does not have.
  *        newer_verbs srq IP  - an ID's SRQ (rdma_create_srq), and ECE on an ID.
  *        newer_verbs reject IP PORT - listens, and rejects the first request with
- *                              rdma_reject_ece. */
+ *                              rdma_reject_ece.
+ *        newer_verbs ud      - a datagram's receive completion, as UCX reads it. */
 #include <net/if.h>
 #include <netdb.h>
 #include <rdma/rdma_cma.h>
@@ -152,6 +153,65 @@ static void reject(const char *ip, const char *port) {
     CHECK(rdma_destroy_id(id) == 0 && rdma_destroy_id(listener) == 0, "rdma_destroy_id");
 }
 
+/* A UD QP on the device at `index`, in RTS, with a CQ of its own. */
+static struct ibv_qp *ud_qp(int index, struct ibv_context **ctx, struct ibv_pd **pd,
+                            struct ibv_cq **cq) {
+    *ctx = open_device(index);
+    *pd = ibv_alloc_pd(*ctx);
+    *cq = ibv_create_cq(*ctx, 8, NULL, NULL, 0);
+    CHECK(*pd && *cq, "pd and cq");
+    struct ibv_qp_init_attr init = { .send_cq = *cq, .recv_cq = *cq, .qp_type = IBV_QPT_UD,
+        .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ibv_qp *qp = ibv_create_qp(*pd, &init);
+    CHECK(qp, "ibv_create_qp");
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111 };
+    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                       IBV_QP_QKEY) == 0, "to INIT");
+    attr.qp_state = IBV_QPS_RTR;
+    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "to RTR");
+    attr.qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "to RTS");
+    return qp;
+}
+
+static void ud(void) {
+    struct ibv_context *ctx[2];
+    struct ibv_pd *pd[2];
+    struct ibv_cq *cq[2];
+    struct ibv_qp *qp[2] = { ud_qp(0, &ctx[0], &pd[0], &cq[0]), ud_qp(1, &ctx[1], &pd[1], &cq[1]) };
+    static char buffer[2][4096];
+    struct ibv_mr *mr[2] = { ibv_reg_mr(pd[0], buffer[0], 4096, IBV_ACCESS_LOCAL_WRITE),
+                             ibv_reg_mr(pd[1], buffer[1], 4096, IBV_ACCESS_LOCAL_WRITE) };
+    CHECK(mr[0] && mr[1], "ibv_reg_mr");
+    struct ibv_sge recv_sge = { .addr = (uintptr_t)buffer[1], .length = 4096, .lkey = mr[1]->lkey };
+    struct ibv_recv_wr recv = { .wr_id = 2, .sg_list = &recv_sge, .num_sge = 1 }, *bad_recv;
+    CHECK(ibv_post_recv(qp[1], &recv, &bad_recv) == 0, "ibv_post_recv");
+    struct ibv_ah_attr ah_attr = { .is_global = 1, .port_num = 1 };
+    CHECK(ibv_query_gid(ctx[1], 1, 0, &ah_attr.grh.dgid) == 0, "ibv_query_gid");
+    struct ibv_ah *ah = ibv_create_ah(pd[0], &ah_attr);
+    CHECK(ah, "ibv_create_ah");
+    strcpy(buffer[0], "datagram");
+    struct ibv_sge sge = { .addr = (uintptr_t)buffer[0], .length = 9, .lkey = mr[0]->lkey };
+    struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+                              .send_flags = IBV_SEND_SIGNALED }, *bad;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = qp[1]->qp_num;
+    wr.wr.ud.remote_qkey = 0x11111111;
+    CHECK(ibv_post_send(qp[0], &wr, &bad) == 0, "ibv_post_send");
+    CHECK(next_wc(cq[0]).status == IBV_WC_SUCCESS, "the send");
+    struct ibv_wc wc = next_wc(cq[1]);
+    CHECK(wc.status == IBV_WC_SUCCESS, "the receive");
+    /* The area holds an IPv4 header after 20 bytes: its version nibble, and its destination
+     * where UCX looks when sl's L3 type says IPv4 (the area's last 4 bytes). */
+    union ibv_gid own;
+    CHECK(ibv_query_gid(ctx[1], 1, 0, &own) == 0, "ibv_query_gid");
+    printf("sl: %d, grh: %d, ipv4 header: %d, destination: %d, data: %d\n", wc.sl,
+           (wc.wc_flags & IBV_WC_GRH) != 0, ((uint8_t)buffer[1][20] >> 4) == 4,
+           !memcmp(buffer[1] + 36, own.raw + 12, 4), !strcmp(buffer[1] + 40, "datagram"));
+    struct ibv_ah *back = ibv_create_ah_from_wc(pd[1], &wc, (struct ibv_grh *)buffer[1], 1);
+    printf("reply address: %d\n", back != NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "rates"))
         rates();
@@ -159,6 +219,8 @@ int main(int argc, char **argv) {
         device();
     else if (argc >= 3 && !strcmp(argv[1], "srq"))
         srq(argv[2]);
+    else if (argc >= 2 && !strcmp(argv[1], "ud"))
+        ud();
     else if (argc >= 4 && !strcmp(argv[1], "reject"))
         reject(argv[2], argv[3]);
     else
