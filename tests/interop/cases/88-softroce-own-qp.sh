@@ -15,7 +15,9 @@ source "$(dirname "$0")/../cm.sh"
 
 softroce_build || exit 1
 prog=$LAB_RUN/own_qp
-cc -O1 -o "$prog" "$LAB_REPO/src/capi/tests/own_qp.c" -lrdmacm -libverbs || {
+# After c/common.h (CHECK), as the C library's tests compile it.
+cc -O1 -include "$LAB_REPO/src/capi/tests/c/common.h" -o "$prog" \
+  "$LAB_REPO/src/capi/tests/own_qp.c" -lrdmacm -libverbs || {
   echo "FAIL: cannot build own_qp.c (libibverbs-dev, librdmacm-dev)"; exit 1; }
 lab_guest_fetch "$prog" /tmp/own_qp vmB || { echo "FAIL: cannot copy own_qp into vmB"; exit 1; }
 
