@@ -90,35 +90,42 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             };
             // SAFETY: the program gives `max_entries` places of `entry_size` bytes, each with
             // room for an `ibv_gid_entry` (checked), of which this is one; unaligned if the
-            // program's size is not a multiple of the structure's alignment.
+            // program's size is not a multiple of the structure's alignment. What a larger
+            // place holds past the structure is zeroed, as the kernel's copy does.
             unsafe {
-                entries
-                    .cast::<u8>()
-                    .add(index as usize * entry_size)
-                    .cast::<ibv_gid_entry>()
-                    .write_unaligned(found)
+                let place = entries.cast::<u8>().add(index as usize * entry_size);
+                place.write_bytes(0, entry_size);
+                place.cast::<ibv_gid_entry>().write_unaligned(found)
             };
         }
         table as ssize_t
     })
 }
 
-/// `ibv_get_sysfs_path`: where sysfs is mounted, as rdma-core finds it: `$SYSFS_PATH` without
-/// its trailing slashes (empty if that is all it is), else `/sys`. Open MPI's verbs components
-/// ask.
+/// `ibv_get_sysfs_path`: where sysfs is mounted, as rdma-core finds it: `$SYSFS_PATH` (but
+/// in a set-user-ID program), at most 256 bytes of it, without its trailing slashes (empty if
+/// that is all it is); else `/sys`. Open MPI's verbs components ask.
 #[no_mangle]
 pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    /// rdma-core's `IBV_SYSFS_PATH_MAX`, with the NUL.
+    const MAX: usize = 256;
     static PATH: OnceLock<CString> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let mut path = std::env::var_os("SYSFS_PATH").map_or_else(
-            || b"/sys".to_vec(),
-            std::os::unix::ffi::OsStringExt::into_vec,
-        );
-        while path.last() == Some(&b'/') {
-            path.pop();
-        }
-        // An environment variable holds no NUL.
-        CString::new(path).unwrap_or_default()
+    guard(std::ptr::null(), || {
+        PATH.get_or_init(|| {
+            // SAFETY: getuid and geteuid have no preconditions and cannot fail.
+            let setuid = unsafe { libc::getuid() != libc::geteuid() };
+            let given = std::env::var_os("SYSFS_PATH").filter(|_| !setuid);
+            let mut path = given.map_or_else(
+                || b"/sys".to_vec(),
+                std::os::unix::ffi::OsStringExt::into_vec,
+            );
+            path.truncate(MAX - 1);
+            while path.last() == Some(&b'/') {
+                path.pop();
+            }
+            // An environment variable holds no NUL.
+            CString::new(path).unwrap_or_default()
+        })
+        .as_ptr()
     })
-    .as_ptr()
 }

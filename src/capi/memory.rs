@@ -380,8 +380,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 /// (as the kernel's rereg may change them). The new region is registered first, and the old
 /// deregistered after, as `ibv_dereg_mr` does: a registration that fails, or windows bound
 /// over the old region, leave the old as it was. 0, or `IBV_REREG_MR_ERR_INPUT` for arguments
-/// rdma-core refuses, `IBV_REREG_MR_ERR_CMD` for a registration or deregistration that failed,
-/// with `errno`; after either the program still deregisters the `ibv_mr`.
+/// rdma-core refuses, `IBV_REREG_MR_ERR_CMD` for what the kernel would refuse (no flag, a PD of
+/// another context) and a registration or deregistration that failed, with `errno`; after
+/// either the program still deregisters the `ibv_mr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -409,18 +410,29 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // SAFETY: a leaked `Box<Mr>` the program registered and has not deregistered; it does
         // not use it from another thread meanwhile.
         let this = unsafe { &mut *mr.cast::<Mr>() };
+        let Some(old) = this.region.as_ref().filter(|_| this.born.ours()) else {
+            return refused(libc::EINVAL);
+        };
+        // What rdma-core passes on and the kernel refuses (`ib_uverbs_rereg_mr`): no change
+        // asked for, or a PD it does not find in the region's context.
+        let failed = |errno| {
+            set_errno(errno);
+            IBV_REREG_MR_ERR_CMD
+        };
+        if flags == 0 {
+            return failed(libc::EINVAL);
+        }
         let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
             pd
         } else {
             this.ibv.pd
         };
         // SAFETY: the program's PD, or the region's.
-        let owner = unsafe { Pd::from_ibv(new_pd) };
-        let (Some(owner), Some(old)) = (owner, this.region.as_ref()) else {
-            return refused(libc::EINVAL);
+        let Some(owner) = (unsafe { Pd::from_ibv(new_pd) }) else {
+            return failed(libc::EINVAL);
         };
-        if !this.born.ours() || owner.ibv.context != this.ibv.context {
-            return refused(libc::EINVAL);
+        if owner.ibv.context != this.ibv.context {
+            return failed(libc::EINVAL);
         }
         let (addr, length, iova) = if translation {
             (addr, length, addr as u64)
@@ -435,10 +447,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // SAFETY: the program's memory, as it registers it again.
         let new = match unsafe { register(owner, addr, length, iova, access_flags) } {
             Ok(new) => new,
-            Err(errno) => {
-                set_errno(errno);
-                return IBV_REREG_MR_ERR_CMD;
-            }
+            Err(errno) => return failed(errno),
         };
         let old = this.region.take().expect("looked at above");
         if let Err((errno, old)) = close(old, &this.pd, &mut this.deregistered) {
@@ -450,8 +459,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             let mut stopped = false;
             let _ = close(new, &owner.pd, &mut stopped);
             this.region = Some(old);
-            set_errno(errno);
-            return IBV_REREG_MR_ERR_CMD;
+            return failed(errno);
         }
         if new_pd != this.ibv.pd {
             owner.users.add();

@@ -1381,7 +1381,10 @@ pub unsafe extern "C" fn rdma_create_qp(
         }
         // SAFETY: the ID's context is one of librdmacm's, open for the process's life.
         let context = unsafe { Context::from_ibv(this.ibv.verbs) }.ok_or(libc::EINVAL)?;
-        let pd = if pd.is_null() {
+        // The ID's PD when none is given, as librdmacm (`attr_ex.pd = pd ? pd : id->pd`).
+        let pd = if pd.is_null() && !this.ibv.pd.is_null() {
+            this.ibv.pd
+        } else if pd.is_null() {
             context.default_pd()?
         } else {
             // SAFETY: a PD the program allocated and has not freed.
@@ -1501,6 +1504,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             unsafe { crate::qp::ibv_destroy_qp(qp) };
         }
         this.destroy_cqs();
+        this.settle_pd();
         Ok(0)
     });
 }
@@ -1564,6 +1568,27 @@ impl Id {
             }
         }
         Ok(())
+    }
+
+    /// Names in `id->pd` a PD that lives while the ID names it: its QP's, else its SRQ's (each
+    /// keeps its PD from being deallocated), else its device's default PD, which lives with the
+    /// context. librdmacm leaves a destroyed QP's PD there, which the program may free after;
+    /// `rdma_create_qp` and `rdma_create_srq` take `id->pd` when given none, and must never
+    /// take a freed one.
+    pub(super) fn settle_pd(&mut self) {
+        // SAFETY: the ID's QP and SRQ, made by `rdma_create_qp` and `rdma_create_srq`, are
+        // live while it names them.
+        let owned = unsafe {
+            (self.ibv.qp.as_ref().map(|qp| qp.pd))
+                .or_else(|| self.ibv.srq.as_ref().map(|srq| srq.pd))
+        };
+        // SAFETY: the ID's context is one of librdmacm's, open for the process's life.
+        let default = || {
+            unsafe { Context::from_ibv(self.ibv.verbs) }?
+                .default_pd()
+                .ok()
+        };
+        self.ibv.pd = owned.or_else(default).unwrap_or(ptr::null_mut());
     }
 
     /// Destroys the CQs and channels the ID names: those [`make_cqs`](Self::make_cqs) made.

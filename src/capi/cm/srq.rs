@@ -26,6 +26,7 @@ pub unsafe extern "C" fn rdma_create_srq(
         }
         // SAFETY: the ID's context is one of librdmacm's, open for the process's life.
         let context = unsafe { Context::from_ibv(this.ibv.verbs) }.ok_or(libc::EINVAL)?;
+        // The ID's PD when none is given, as librdmacm: one that lives (see `settle_pd`).
         let pd = match (pd.is_null(), this.ibv.pd.is_null()) {
             (false, _) => pd,
             (true, false) => this.ibv.pd,
@@ -105,6 +106,7 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
             unsafe { crate::qp::ibv_destroy_srq(srq) };
         }
         this.destroy_cqs();
+        this.settle_pd();
         Ok(0)
     });
 }

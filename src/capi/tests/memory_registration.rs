@@ -6,7 +6,8 @@ mod common;
 use common::run_c_expecting;
 
 /// `ibv_rereg_mr` as verbs.h and rdma-core define it: the input rdma-core refuses before the
-/// provider (`IBV_REREG_MR_ERR_INPUT`, EINVAL), a new range, new rights and a new PD that the
+/// kernel (`IBV_REREG_MR_ERR_INPUT`, EINVAL) and what the kernel refuses (`_ERR_CMD`: no flag,
+/// another context's PD), a new range, new rights and a new PD that the
 /// peer's accesses then meet through the new keys, and the failures that leave the region as it
 /// was (`IBV_REREG_MR_ERR_CMD`): memory the kernel would not pin (EFAULT), windows bound over
 /// the region (EBUSY). The first keys are refused after.
@@ -23,6 +24,7 @@ fn rereg_changes_range_rights_and_pd_or_nothing() {
             "access without its flag: 1",
             "no length: 1",
             "another device's PD: 1",
+            "no change asked: 1",
             "read-only range: 1",
             "old region still written: 1",
             "new range: 1",

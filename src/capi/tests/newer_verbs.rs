@@ -24,8 +24,11 @@ fn rates_and_the_sysfs_path_are_rdma_cores() {
         let run = |ours: bool| {
             let mut command = Command::new(&path);
             command.arg("rates").stdin(Stdio::null());
+            command.env_remove("LD_PRELOAD");
             if ours {
                 command.env("LD_LIBRARY_PATH", common::lib_dir());
+            } else {
+                command.env_remove("LD_LIBRARY_PATH");
             }
             match sysfs {
                 Some(dir) => command.env("SYSFS_PATH", dir),
@@ -70,8 +73,9 @@ fn the_gid_table_and_the_features_a_device_lacks() {
     );
 }
 
-/// `rdma_create_srq` gives the ID an SRQ on its PD, which takes receives and which
-/// `rdma_create_qp` gives the ID's QP; `rdma_destroy_srq` takes it away. ECE on an ID is
+/// `rdma_create_srq` gives the ID an SRQ on its PD (or the one given), which takes receives and
+/// which `rdma_create_qp` gives the ID's QP; `rdma_destroy_srq` takes it away. A PD the
+/// program freed after its QP went is never the one an SRQ made without a PD takes. ECE on an ID is
 /// checked as librdmacm checks it; no peer's offer is reported (softroce's CM carries none).
 #[test]
 fn an_ids_srq_serves_its_qp() {
@@ -85,12 +89,14 @@ fn an_ids_srq_serves_its_qp() {
             "ece: no vendor refused 1, offered 1, remote none 1",
             "srq_ex without a type: 1",
             "xrc srq: 1",
-            "srq: 1, pd: 1",
+            "srq: 1, on the id's pd: 1",
             "a second srq: 1",
             "srq takes receives: 1",
             "qp on the srq: 1",
             "ece with a qp: 1",
             "srq gone: 1",
+            "srq on a given pd: 1, pd freed after: 1",
+            "a freed pd: taken 1, freed 1, not the id's 1, srq_ex on the id's 1",
             "multicast: 1",
             "done",
         ],

@@ -107,7 +107,8 @@ static void srq(const char *ip) {
 
     struct ibv_srq_init_attr attr = { .attr = { .max_wr = 8, .max_sge = 1 } };
     CHECK(rdma_create_srq(id, NULL, &attr) == 0, "rdma_create_srq");
-    printf("srq: %d, pd: %d\n", id->srq != NULL, id->pd != NULL);
+    printf("srq: %d, on the id's pd: %d\n", id->srq != NULL,
+           id->pd != NULL && id->srq->pd == id->pd);
     errno = 0;
     printf("a second srq: %d\n", rdma_create_srq(id, NULL, &attr) == -1 && errno == EINVAL);
     static char buffer[64];
@@ -126,6 +127,33 @@ static void srq(const char *ip) {
     CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
     rdma_destroy_srq(id);
     printf("srq gone: %d\n", id->srq == NULL);
+
+    /* A PD given is the SRQ's, and not the ID's. */
+    struct ibv_pd *given = ibv_alloc_pd(id->verbs);
+    CHECK(given && rdma_create_srq(id, given, &attr) == 0, "rdma_create_srq on a PD");
+    int on_given = id->srq->pd == given && id->pd != given;
+    rdma_destroy_srq(id);
+    printf("srq on a given pd: %d, pd freed after: %d\n", on_given, ibv_dealloc_pd(given) == 0);
+
+    /* The PD of a destroyed QP, freed by the program, is not the one an SRQ made without a PD
+     * takes (librdmacm would hand the freed PD on). */
+    struct ibv_pd *mine = ibv_alloc_pd(id->verbs);
+    struct ibv_qp_init_attr qp_attr2 = { .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+                                                  .max_send_sge = 1, .max_recv_sge = 1 },
+                                         .qp_type = IBV_QPT_RC };
+    CHECK(mine && rdma_create_qp(id, mine, &qp_attr2) == 0, "rdma_create_qp on a PD");
+    int took = id->pd == mine;
+    rdma_destroy_qp(id);
+    int freed = ibv_dealloc_pd(mine) == 0;
+    struct ibv_srq_init_attr_ex ex2 = { .attr = { .max_wr = 8, .max_sge = 1 },
+                                        .comp_mask = IBV_SRQ_INIT_ATTR_TYPE,
+                                        .srq_type = IBV_SRQT_BASIC };
+    CHECK(rdma_create_srq_ex(id, &ex2) == 0, "rdma_create_srq_ex");
+    printf("a freed pd: taken %d, freed %d, not the id's %d, srq_ex on the id's %d\n", took,
+           freed, id->pd != mine && id->pd != NULL,
+           ex2.pd == id->pd && id->srq->pd == id->pd &&
+               (ex2.comp_mask & IBV_SRQ_INIT_ATTR_PD) != 0);
+    rdma_destroy_srq(id);
     CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
     errno = 0;
     printf("multicast: %d\n", rdma_join_multicast_ex(NULL, NULL, NULL) == -1 && errno == EOPNOTSUPP);

@@ -1,6 +1,7 @@
-/* ibv_rereg_mr as a program and its peer see it: what rdma-core refuses before the provider,
- * a new range, new rights, another PD and back, and the failures that leave the region as it
- * was (memory the kernel would not pin, windows bound over it). Prints what it saw. */
+/* ibv_rereg_mr as a program and its peer see it: what rdma-core refuses before the kernel, and
+ * what the kernel refuses; a new range, new rights, another PD and back; and the failures that
+ * leave the region as it was (memory the kernel would not pin, windows bound over it). Prints
+ * what it saw. */
 #include <sys/mman.h>
 
 /* The peer `b` WRITEs `len` bytes of `from` to `addr` through `rkey`: the completion's status. */
@@ -30,7 +31,11 @@ int main(void) {
     printf("no length: %d\n", ret == IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
     errno = 0;
     ret = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, b.pd, NULL, 0, 0);
-    printf("another device's PD: %d\n", ret == IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+    printf("another device's PD: %d\n", ret == IBV_REREG_MR_ERR_CMD && errno == EINVAL);
+    errno = 0;
+    ret = ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0);
+    printf("no change asked: %d\n", ret == IBV_REREG_MR_ERR_CMD && errno == EINVAL &&
+                                     mr->rkey == first_rkey);
 
     void *readonly = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(readonly != MAP_FAILED, "mmap");
