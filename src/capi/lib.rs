@@ -35,6 +35,7 @@ mod gid;
 mod held;
 mod import;
 mod mapping;
+mod marshall;
 mod memory;
 mod post;
 mod provider;

@@ -20,6 +20,25 @@ pub static verbs_allow_disassociate_destroy: AtomicBool = AtomicBool::new(false)
 #[no_mangle]
 pub extern "C" fn verbs_register_driver_34(_driver: *const c_void) {}
 
+/// `ibv_register_driver`: the registration of a provider from before rdma-core 13, which
+/// rdma-core keeps as a function that does nothing, for old libraries that call it.
+#[no_mangle]
+pub extern "C" fn ibv_register_driver(_name: *const libc::c_char, _init: *const c_void) {}
+
+/// `ibv_read_ibdev_sysfs_file`: a device's sysfs file, which a softroce device does not have
+/// (as `ibv_read_sysfs_file`): -1, `ENOENT`. Its format's arguments, which rdma-core's takes
+/// as C varargs, are not read.
+#[no_mangle]
+pub extern "C" fn ibv_read_ibdev_sysfs_file(
+    _buf: *mut libc::c_char,
+    _size: libc::size_t,
+    _sysfs_dev: *const libc::c_char,
+    _fnfmt: *const libc::c_char,
+) -> c_int {
+    crate::set_errno(libc::ENOENT);
+    -1
+}
+
 /// Provider functions that return an errno.
 macro_rules! errno_stubs {
     ($($name:ident),* $(,)?) => {$(
@@ -61,6 +80,7 @@ macro_rules! void_stubs {
 }
 
 errno_stubs!(
+    __ioctl_final_num_attrs,
     execute_ioctl,
     ibv_cmd_advise_mr,
     ibv_cmd_alloc_dm,
@@ -70,9 +90,11 @@ errno_stubs!(
     ibv_cmd_close_xrcd,
     ibv_cmd_create_ah,
     ibv_cmd_create_counters,
+    ibv_cmd_create_cq,
     ibv_cmd_create_cq_ex,
     ibv_cmd_create_flow,
     ibv_cmd_create_flow_action_esp,
+    ibv_cmd_create_qp,
     ibv_cmd_create_qp_ex,
     ibv_cmd_create_qp_ex2,
     ibv_cmd_create_rwq_ind_table,
@@ -102,6 +124,10 @@ errno_stubs!(
     ibv_cmd_modify_wq,
     ibv_cmd_open_qp,
     ibv_cmd_open_xrcd,
+    ibv_cmd_poll_cq,
+    ibv_cmd_post_recv,
+    ibv_cmd_post_send,
+    ibv_cmd_post_srq_recv,
     ibv_cmd_query_context,
     ibv_cmd_query_device_any,
     ibv_cmd_query_mr,
@@ -112,6 +138,7 @@ errno_stubs!(
     ibv_cmd_reg_dm_mr,
     ibv_cmd_reg_dmabuf_mr,
     ibv_cmd_reg_mr,
+    ibv_cmd_req_notify_cq,
     ibv_cmd_rereg_mr,
     ibv_cmd_resize_cq,
     ibv_resolve_eth_l2_from_gid,

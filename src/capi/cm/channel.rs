@@ -381,15 +381,3 @@ pub extern "C" fn rdma_event_str(event: c_uint) -> *const c_char {
         .unwrap_or(b"UNKNOWN EVENT\0");
     name.as_ptr().cast()
 }
-
-/// `rpoll`, of librdmacm's rsockets: softroce has no rsockets, so every descriptor is an
-/// ordinary one and this is poll(2) (rping waits on its event channel's `fd` with it).
-#[no_mangle]
-pub unsafe extern "C" fn rpoll(
-    fds: *mut libc::pollfd,
-    nfds: libc::nfds_t,
-    timeout: c_int,
-) -> c_int {
-    // SAFETY: the program's array of `nfds` pollfds, as poll(2) takes it.
-    unsafe { libc::poll(fds, nfds, timeout) }
-}

@@ -1,7 +1,8 @@
 //! librdmacm over softroce's connection manager: event channels (`channel.rs`), IDs and what
 //! they do (`id.rs`), what a connected ID holds (`link.rs`: the QP the CM moved, or a QP the
 //! program moves itself), an ID's SRQ (`srq.rs`), enhanced connection establishment
-//! (`ece.rs`), `rdma_getaddrinfo` and the synchronous calls (`addrinfo.rs`).
+//! (`ece.rs`), `rdma_getaddrinfo` and the synchronous calls (`addrinfo.rs`), and rsockets'
+//! calls, which have no protocol behind them yet (`rsocket.rs`).
 //!
 //! softroce's CM calls block (`softroce::verbs::Connection::connect`, `Listener::next_request`,
 //! `ConnectionRequest::accept`, `Connection::disconnect`), where librdmacm's return at once
@@ -16,6 +17,7 @@ mod channel;
 mod ece;
 mod id;
 mod link;
+mod rsocket;
 mod srq;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};

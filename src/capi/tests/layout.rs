@@ -497,6 +497,121 @@ fn c_program(layouts: &[Layout], include: &str) -> String {
     c
 }
 
+/// The structures of the kernel's uverbs ABI and of rdma-core's `sa.h` that rdma-core's copy
+/// helpers (`ibv_copy_*_kern`) convert between, against those headers.
+#[test]
+fn the_kernel_abi_structures_match_their_headers() {
+    let layouts = vec![
+        layout!(
+            ibv_sa_path_rec,
+            "struct ibv_sa_path_rec",
+            dgid,
+            sgid,
+            dlid,
+            slid,
+            raw_traffic,
+            flow_label,
+            hop_limit,
+            traffic_class,
+            reversible,
+            numb_path,
+            pkey,
+            sl,
+            mtu_selector,
+            mtu,
+            rate_selector,
+            rate,
+            packet_life_time_selector,
+            packet_life_time,
+            preference
+        ),
+        layout!(
+            ib_user_path_rec,
+            "struct ib_user_path_rec",
+            dgid,
+            sgid,
+            dlid,
+            slid,
+            raw_traffic,
+            flow_label,
+            reversible,
+            mtu,
+            pkey,
+            hop_limit,
+            traffic_class,
+            numb_path,
+            sl,
+            mtu_selector,
+            rate_selector,
+            rate,
+            packet_life_time_selector,
+            packet_life_time,
+            preference
+        ),
+        layout!(
+            ib_uverbs_global_route,
+            "struct ib_uverbs_global_route",
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class,
+            reserved
+        ),
+        layout!(
+            ib_uverbs_ah_attr,
+            "struct ib_uverbs_ah_attr",
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num,
+            reserved
+        ),
+        layout!(
+            ib_uverbs_qp_attr,
+            "struct ib_uverbs_qp_attr",
+            qp_attr_mask,
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            ah_attr,
+            alt_ah_attr,
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
+            max_inline_data,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout,
+            reserved
+        ),
+    ];
+    check(
+        &layouts,
+        "#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>",
+    );
+}
+
 #[test]
 fn every_shared_structure_matches_the_header() {
     check(&layouts(), "#include <infiniband/verbs.h>");

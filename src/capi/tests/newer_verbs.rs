@@ -15,36 +15,76 @@ use common::{finish, program, run_c_expecting, succeeded, C_LIMIT};
 const SOURCE: &str = include_str!("c/newer_verbs.c");
 const LIBS: [&str; 2] = ["-lrdmacm", "-libverbs"];
 
+/// `newer_verbs MODE`, run over Debian's library (`ours` false, with neither
+/// `LD_LIBRARY_PATH` nor `LD_PRELOAD`, so that it cannot be softroce's) or softroce's, with
+/// `SYSFS_PATH` as given: what it printed.
+fn run_over(path: &std::path::Path, mode: &str, ours: bool, sysfs: Option<&str>) -> String {
+    let mut command = Command::new(path);
+    command
+        .arg(mode)
+        .stdin(Stdio::null())
+        .env_remove("LD_PRELOAD");
+    if ours {
+        command.env("LD_LIBRARY_PATH", common::lib_dir());
+    } else {
+        command.env_remove("LD_LIBRARY_PATH");
+    }
+    match sysfs {
+        Some(dir) => command.env("SYSFS_PATH", dir),
+        None => command.env_remove("SYSFS_PATH"),
+    };
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Asserts `debian`'s lines and `softroce`'s are the same, one by one.
+fn same_lines(debian: &str, softroce: &str) {
+    for (a, b) in debian.lines().zip(softroce.lines()) {
+        assert_eq!(a, b, "Debian's library, then softroce's");
+    }
+    assert_eq!(debian.lines().count(), softroce.lines().count());
+}
+
 /// The rate conversions and the sysfs path, as Debian's libibverbs answers them, value for
 /// value: the same program runs over both libraries, with and without `SYSFS_PATH`.
 #[test]
 fn rates_and_the_sysfs_path_are_rdma_cores() {
     let path = common::compile_c_with_common("newer_verbs_rates", SOURCE, &LIBS);
     for sysfs in [None, Some("/tmp/sysfs//"), Some("/")] {
-        let run = |ours: bool| {
-            let mut command = Command::new(&path);
-            command.arg("rates").stdin(Stdio::null());
-            command.env_remove("LD_PRELOAD");
-            if ours {
-                command.env("LD_LIBRARY_PATH", common::lib_dir());
-            } else {
-                command.env_remove("LD_LIBRARY_PATH");
-            }
-            match sysfs {
-                Some(dir) => command.env("SYSFS_PATH", dir),
-                None => command.env_remove("SYSFS_PATH"),
-            };
-            let output = command.output().unwrap();
-            assert!(output.status.success(), "{output:?}");
-            String::from_utf8(output.stdout).unwrap()
-        };
-        let (debian, softroce) = (run(false), run(true));
+        let debian = run_over(&path, "rates", false, sysfs);
         assert!(debian.contains("rate 17: mult -1, mbps 206250"), "{debian}");
-        for (a, b) in debian.lines().zip(softroce.lines()) {
-            assert_eq!(a, b, "Debian's libibverbs, then softroce's");
-        }
-        assert_eq!(debian.lines().count(), softroce.lines().count());
+        same_lines(&debian, &run_over(&path, "rates", true, sysfs));
     }
+}
+
+/// The kernel ABI's copy helpers (`ibv_copy_*_kern`) write what Debian's libibverbs writes,
+/// byte for byte, and leave what it leaves.
+#[test]
+fn the_kernel_abi_copies_are_rdma_cores() {
+    let path = common::compile_c_with_common("newer_verbs_marshall", SOURCE, &LIBS);
+    let debian = run_over(&path, "marshall", false, None);
+    assert_eq!(debian.lines().count(), 9, "{debian}");
+    same_lines(&debian, &run_over(&path, "marshall", true, None));
+}
+
+/// rsockets has no protocol behind it yet: `rsocket` fails with `EOPNOTSUPP`, a call on any
+/// other descriptor with `EBADF`, and `rselect` and `rpoll` are select(2) and poll(2).
+#[test]
+fn rsockets_cannot_be_made_and_poll_and_select_are_the_systems() {
+    run_c_expecting(
+        "newer_verbs_rsockets",
+        SOURCE,
+        &LIBS,
+        "127.0.50.11",
+        &["rsockets"],
+        &[
+            "rsocket: 1",
+            "not an rsocket: 1",
+            "rselect: 1, rpoll: 1",
+            "done",
+        ],
+    );
 }
 
 /// The GID table (one RoCE v2 GID on `lo`, as `ibv_query_gid` and `ibv_query_gid_ex` give it),

@@ -176,47 +176,19 @@ fn system_library(soname: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{soname} is not installed (apt-get install {soname})"))
 }
 
-/// What rdma-core 44 defines and softroce does not, each group with why:
-///
-/// - the ABI of libibverbs 1.0 (before 2006): the verbs at IBVERBS_1.0 that rdma-core keeps
-///   beside their 1.1 versions for programs that old, which take the 1.0 structures;
-/// - rsockets, librdmacm's socket API over RDMA (`rsocket`, `rsend`, ...): not built yet;
-/// - the kernel ABI's copy helpers and provider calls (`ibv_copy_*_kern`,
-///   `ibv_register_driver`, and the IBVERBS_PRIVATE_34 calls no vendor library Debian ships
-///   for perftest reaches), which only a provider over the kernel's uverbs uses.
+/// What rdma-core 44 defines and softroce does not: the ABI of libibverbs 1.0 (before 2006),
+/// the verbs at IBVERBS_1.0 that rdma-core keeps beside their 1.1 versions for programs that
+/// old, which take the 1.0 structures.
 fn not_defined(version: &str, name: &str, rdma_core: &BTreeSet<(String, String)>) -> bool {
-    let old_abi = version == "IBVERBS_1.0"
-        && rdma_core.contains(&("IBVERBS_1.1".to_string(), name.to_string()));
-    // `rpoll` is poll(2) here, for programs that wait on librdmacm's descriptors with it.
-    let rsockets = version == "RDMACM_1.0"
-        && name.starts_with('r')
-        && !name.starts_with("rdma_")
-        && name != "rpoll";
-    const KERNEL_ABI: [&str; 14] = [
-        "ibv_copy_ah_attr_from_kern",
-        "ibv_copy_path_rec_from_kern",
-        "ibv_copy_path_rec_to_kern",
-        "ibv_copy_qp_attr_from_kern",
-        "ibv_register_driver",
-        "__ioctl_final_num_attrs",
-        "ibv_cmd_create_cq",
-        "ibv_cmd_create_qp",
-        "ibv_cmd_poll_cq",
-        "ibv_cmd_post_recv",
-        "ibv_cmd_post_send",
-        "ibv_cmd_post_srq_recv",
-        "ibv_cmd_req_notify_cq",
-        "ibv_read_ibdev_sysfs_file",
-    ];
-    old_abi || rsockets || KERNEL_ABI.contains(&name)
+    version == "IBVERBS_1.0" && rdma_core.contains(&("IBVERBS_1.1".to_string(), name.to_string()))
 }
 
 /// Every symbol Debian's libibverbs.so.1 and librdmacm.so.1 define, at its version, softroce's
-/// library defines, but for the groups [`not_defined`] names and says why; and every version
+/// library defines, but for those [`not_defined`] names and says why; and every version
 /// node theirs have, its has. (A symbol added to the library leaves the list; one rdma-core
 /// adds joins the failures until it is built or listed.)
 #[test]
-fn rdma_cores_symbols_and_versions_are_all_defined_but_the_listed_groups() {
+fn rdma_cores_symbols_and_versions_are_all_defined_but_the_libibverbs_1_0_abi() {
     let ours = symbols(
         &PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")),
         |ndx, _| ndx != "UND",

@@ -5,15 +5,29 @@
  *        newer_verbs srq IP  - an ID's SRQ (rdma_create_srq), and ECE on an ID.
  *        newer_verbs reject IP PORT - listens, and rejects the first request with
  *                              rdma_reject_ece.
- *        newer_verbs ud      - a datagram's receive completion, as UCX reads it. */
+ *        newer_verbs ud      - a datagram's receive completion, as UCX reads it.
+ *        newer_verbs marshall - the kernel ABI's copy helpers on patterned structures: every
+ *                              byte of each result, for the test to compare between libraries.
+ *        newer_verbs rsockets - rsockets' calls, with no rsocket to be made. */
 #include <net/if.h>
 #include <netdb.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <rdma/rsocket.h>
+#include <rdma/ib_user_sa.h>
+#include <rdma/ib_user_verbs.h>
+#include <infiniband/sa.h>
+#include <sys/select.h>
+#include <unistd.h>
 
 /* Declared by rdma-core's driver.h only, which programs do not include; Open MPI declares it
  * so too. */
 const char *ibv_get_sysfs_path(void);
+/* Declared by rdma-core's marshall.h, which Debian does not ship. */
+void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, struct ib_uverbs_qp_attr *src);
+void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src);
+void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_path_rec *src);
+void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src);
 
 static void rates(void) {
     for (int rate = -1; rate <= 24; rate++)
@@ -240,6 +254,76 @@ static void ud(void) {
     printf("reply address: %d\n", back != NULL);
 }
 
+/* Fills `len` bytes with a pattern that differs from byte to byte and from `seed` to `seed`. */
+static void pattern(void *p, size_t len, unsigned seed) {
+    for (size_t i = 0; i < len; i++)
+        ((uint8_t *)p)[i] = (uint8_t)(seed * 131 + i * 29 + 7);
+}
+
+/* Prints `len` bytes of `p` in hex after `what`. */
+static void dump(const char *what, const void *p, size_t len) {
+    printf("%s:", what);
+    for (size_t i = 0; i < len; i++)
+        printf("%02x", ((const uint8_t *)p)[i]);
+    printf("\n");
+}
+
+/* Each helper over two seeds, its destination prefilled with a byte the source never has in
+ * the same place: what it leaves untouched shows too. */
+static void marshall(void) {
+    for (unsigned seed = 1; seed <= 2; seed++) {
+        struct ib_uverbs_qp_attr kqp;
+        struct ibv_qp_attr qp;
+        pattern(&kqp, sizeof kqp, seed);
+        memset(&qp, 0xa5, sizeof qp);
+        ibv_copy_qp_attr_from_kern(&qp, &kqp);
+        dump("qp_attr_from_kern", &qp, sizeof qp);
+
+        struct ib_uverbs_ah_attr kah;
+        struct ibv_ah_attr ah;
+        pattern(&kah, sizeof kah, seed + 10);
+        memset(&ah, 0xa5, sizeof ah);
+        ibv_copy_ah_attr_from_kern(&ah, &kah);
+        dump("ah_attr_from_kern", &ah, sizeof ah);
+
+        struct ib_user_path_rec kpath;
+        struct ibv_sa_path_rec path;
+        pattern(&kpath, sizeof kpath, seed + 20);
+        memset(&path, 0xa5, sizeof path);
+        ibv_copy_path_rec_from_kern(&path, &kpath);
+        dump("path_rec_from_kern", &path, sizeof path);
+
+        pattern(&path, sizeof path, seed + 30);
+        memset(&kpath, 0xa5, sizeof kpath);
+        ibv_copy_path_rec_to_kern(&kpath, &path);
+        dump("path_rec_to_kern", &kpath, sizeof kpath);
+    }
+}
+
+static void rsockets(void) {
+    errno = 0;
+    printf("rsocket: %d\n", rsocket(AF_INET, SOCK_STREAM, 0) == -1 && errno == EOPNOTSUPP);
+    int fds[2];
+    CHECK(pipe(fds) == 0, "pipe");
+    struct sockaddr_in sin = { .sin_family = AF_INET };
+    char byte;
+    errno = 0;
+    int badf = rbind(fds[0], (struct sockaddr *)&sin, sizeof sin) == -1 && errno == EBADF;
+    errno = 0;
+    badf &= rread(fds[0], &byte, 1) == -1 && errno == EBADF;
+    errno = 0;
+    badf &= riowrite(fds[1], &byte, 1, 0, 0) == (size_t)-1 && errno == EBADF;
+    printf("not an rsocket: %d\n", badf);
+    CHECK(write(fds[1], "x", 1) == 1, "write");
+    fd_set readable;
+    FD_ZERO(&readable);
+    FD_SET(fds[0], &readable);
+    struct timeval now = { 0 };
+    struct pollfd p = { .fd = fds[0], .events = POLLIN };
+    printf("rselect: %d, rpoll: %d\n", rselect(fds[0] + 1, &readable, NULL, NULL, &now) == 1,
+           rpoll(&p, 1, 0) == 1 && (p.revents & POLLIN));
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "rates"))
         rates();
@@ -249,6 +333,10 @@ int main(int argc, char **argv) {
         srq(argv[2]);
     else if (argc >= 2 && !strcmp(argv[1], "ud"))
         ud();
+    else if (argc >= 2 && !strcmp(argv[1], "marshall"))
+        marshall();
+    else if (argc >= 2 && !strcmp(argv[1], "rsockets"))
+        rsockets();
     else if (argc >= 4 && !strcmp(argv[1], "reject"))
         reject(argv[2], argv[3]);
     else
