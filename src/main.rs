@@ -181,6 +181,10 @@ enum Command {
         /// of several engines.
         #[arg(long)]
         trains_per_qp: bool,
+        /// Keep the host's /dev as it is: do not give the program a /dev/infiniband of its
+        /// own (which UCX needs to find the device).
+        #[arg(long)]
+        host_dev: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<std::ffi::OsString>,
@@ -1192,6 +1196,7 @@ fn main() -> ExitCode {
             cc,
             busy_poll,
             trains_per_qp,
+            host_dev,
             program,
         } => {
             let options = softroce::tools::run::RunOptions {
@@ -1201,6 +1206,7 @@ fn main() -> ExitCode {
                 congestion: cc.as_deref(),
                 busy_poll_us: *busy_poll,
                 trains_per_qp: *trains_per_qp,
+                device_nodes: !*host_dev,
             };
             let why = softroce::tools::run::exec(&options, &program[0], &program[1..]);
             eprintln!("softroce run: {why}");

@@ -96,3 +96,64 @@ fn run_passes_trains_per_qp_to_the_library_and_bad_values_are_refused() {
         assert_eq!(out.status.success(), !refused, "{value}: {said}");
     }
 }
+
+/// A program run by `softroce run` finds `/dev/infiniband/uverbsN` (one per device) and
+/// `rdma_cm` as character devices it may open, as UCX requires, while its /dev keeps the host's
+/// devices; nothing changes on the host; a user with no privilege gets the same (a user
+/// namespace), and `--host-dev` keeps the host's /dev.
+#[test]
+fn run_gives_the_program_its_own_dev_infiniband() {
+    let host_had_it = std::path::Path::new("/dev/infiniband").exists();
+    let check = "stat -c '%n %F' /dev/infiniband/uverbs0 /dev/infiniband/uverbs1 \
+                 /dev/infiniband/rdma_cm && test -r /dev/infiniband/uverbs1 \
+                 && test -w /dev/infiniband/uverbs1 && echo ok > /dev/null && test -d /dev/pts \
+                 && id -u";
+    let run = |user: Option<&str>, extra: &[&str]| {
+        let mut command = match user {
+            // setpriv (util-linux) drops to another user before `softroce run` starts.
+            Some(uid) => {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", uid, "--regid", uid, "--clear-groups"])
+                    .arg(env!("CARGO_BIN_EXE_softroce"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_softroce")),
+        };
+        command
+            .args(["run", "--addr", "127.0.3.24", "--addr", "127.0.3.25"])
+            .args(extra)
+            .args(["--", "sh", "-c", check])
+            .output()
+            .unwrap()
+    };
+    let out = run(None, &[]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for node in ["uverbs0", "uverbs1", "rdma_cm"] {
+        assert!(
+            said.contains(&format!("/dev/infiniband/{node} character special file")),
+            "{said}"
+        );
+    }
+    assert_eq!(
+        std::path::Path::new("/dev/infiniband").exists(),
+        host_had_it
+    );
+
+    if is_root() {
+        let out = run(Some("65534"), &[]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        // The program runs as the user who ran it, not as the namespace's root.
+        assert!(said.trim_end().ends_with("65534"), "{said}");
+    }
+    if !host_had_it {
+        let out = run(None, &["--host-dev"]);
+        assert!(!out.status.success(), "{out:?}");
+    }
+}
+
+fn is_root() -> bool {
+    let out = Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}

@@ -16,6 +16,7 @@
 
 pub mod daemon;
 mod daemon_cm;
+pub mod device_view;
 pub mod oob;
 pub mod perftest;
 pub mod perftest_cm;

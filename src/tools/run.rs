@@ -9,6 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::tools::device_view;
 use crate::transport::PathMtu;
 use crate::verbs::{
     C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR,
@@ -53,6 +54,9 @@ pub struct RunOptions<'a> {
     pub busy_poll_us: Option<u64>,
     /// Cut segmentation trains per QP (default: across QPs).
     pub trains_per_qp: bool,
+    /// Give the program `/dev/infiniband` nodes for its devices, in a mount namespace of its
+    /// own, where the host has none ([`device_view`]).
+    pub device_nodes: bool,
 }
 
 /// Runs `program` with `args` over softroce, its devices as `options` say. Returns only if the
@@ -87,6 +91,15 @@ pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> 
     }
     if options.trains_per_qp {
         command.env(C_TRAINS_PER_QP_VAR, "1");
+    }
+    if options.device_nodes {
+        if let Err(why) = device_view::give_device_nodes(options.addrs.len().max(1)) {
+            // Most programs never look at /dev/infiniband: run this one all the same.
+            eprintln!(
+                "softroce run: the program sees the host's /dev, with no /dev/infiniband/uverbs0 \
+                 (UCX will not find the device): {why}"
+            );
+        }
     }
     let error = command.exec();
     format!("cannot run {}: {error}", program.to_string_lossy())
