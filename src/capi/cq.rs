@@ -21,7 +21,7 @@ use crate::devices::Context;
 use crate::fork::Born;
 use crate::held::HeldEvents;
 use crate::users::Users;
-use crate::{guard, set_errno, unsupported};
+use crate::{guard, set_errno, unsupported, wait_readable};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
 pub(crate) const MAX_CQ: c_int = 1 << 20;
@@ -479,8 +479,6 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // From here on, the channel's core, not the channel (see `Channel::core`).
         let core = Arc::clone(&ch.core);
         let fd = core.epoll.as_raw_fd();
-        // SAFETY: fcntl on our own descriptor.
-        let blocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK == 0;
         loop {
             let taking = core.taking();
             let mut event = libc::epoll_event { events: 0, u64: 0 };
@@ -516,22 +514,15 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 return 0;
             }
             drop(taking);
-            if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return -1;
-            }
-            if !blocking {
-                set_errno(libc::EAGAIN);
+            if n < 0 {
                 return -1;
             }
             // Waits for a CQ's event without the lock: the epoll descriptor is readable while
-            // one waits.
-            let mut pollfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd of ours. EINTR, or another thread's take, loops.
-            unsafe { libc::poll(&mut pollfd, 1, -1) };
+            // one waits. Another thread's take loops.
+            if let Err(errno) = wait_readable(fd) {
+                set_errno(errno);
+                return -1;
+            }
         }
     })
 }

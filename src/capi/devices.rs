@@ -30,7 +30,7 @@ use crate::abi::*;
 use crate::config::{self, Addresses};
 use crate::fork::{self, Born};
 use crate::held::HeldEvents;
-use crate::{cq, guard, memory, post, qp, say, set_errno};
+use crate::{cq, guard, memory, post, qp, say, set_errno, wait_readable};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
 /// process, so a program may keep the pointer past `ibv_free_device_list`.
@@ -1272,18 +1272,10 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 }
                 Taken::None => {}
             }
-            // SAFETY: fcntl on our own descriptor.
-            if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-                set_errno(libc::EAGAIN);
+            if let Err(errno) = wait_readable(fd) {
+                set_errno(errno);
                 return -1;
             }
-            let mut pollfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd of ours.
-            unsafe { libc::poll(&mut pollfd, 1, -1) };
         }
     })
 }

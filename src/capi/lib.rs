@@ -76,6 +76,32 @@ pub(crate) fn set_errno(value: c_int) {
     unsafe { *libc::__errno_location() = value }
 }
 
+/// Waits until `fd`, the descriptor of one of the program's event channels (a completion
+/// channel, an async event queue, an RDMA-CM channel), is readable, as rdma-core's calls wait
+/// in `read()` on theirs: at once `EAGAIN` if the program made it non-blocking. A signal ends
+/// the wait with `EINTR`, as it ends rdma-core's `read()` when its handler lacks `SA_RESTART`:
+/// programs that time a test with an alarm (qperf, perftest's `-D`) end a wait for a message
+/// that will not come this way. (`poll` cannot be restarted as a `read()` could; a program
+/// whose handler has `SA_RESTART` also sees `EINTR`, which it may retry.)
+pub(crate) fn wait_readable(fd: std::os::fd::RawFd) -> Result<(), c_int> {
+    // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+        return Err(libc::EAGAIN);
+    }
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, ours, on the stack.
+    if unsafe { libc::poll(&mut pollfd, 1, -1) } < 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO));
+    }
+    Ok(())
+}
+
 /// Runs `body`, the whole of an exported function; if it panics (a bug in softroce), returns
 /// `failed` with `errno` set to `EIO` instead of unwinding into the C caller.
 pub(crate) fn guard<T>(failed: T, body: impl FnOnce() -> T) -> T {

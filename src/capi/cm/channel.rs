@@ -18,7 +18,7 @@ use libc::{c_char, c_int, c_uint};
 use super::id;
 use crate::abi::*;
 use crate::fork::Born;
-use crate::{guard, set_errno};
+use crate::{guard, set_errno, wait_readable};
 
 /// The most private data any CM message carries (a REP's 196 bytes, a SIDR request's 216).
 pub(crate) const MAX_PRIVATE_DATA: usize = 256;
@@ -320,18 +320,10 @@ pub unsafe extern "C" fn rdma_get_cm_event(
                 unsafe { *event = ptr::addr_of_mut!(Box::leak(next).ibv) };
                 return 0;
             }
-            // SAFETY: fcntl on our own descriptor.
-            if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-                set_errno(libc::EAGAIN);
+            if let Err(errno) = wait_readable(fd) {
+                set_errno(errno);
                 return -1;
             }
-            let mut pollfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd of ours.
-            unsafe { libc::poll(&mut pollfd, 1, -1) };
         }
     })
 }

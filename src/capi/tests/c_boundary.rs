@@ -311,6 +311,26 @@ fn no_panic_crosses_into_c_when_standard_error_is_gone() {
     }
 }
 
+/// Found with qperf (issue 50): a wait for an event went on through a signal, where
+/// rdma-core's `read()` returns `EINTR`, so a program that ends its last wait with an alarm
+/// (qperf at the end of each test) hung until its peer gave up.
+#[test]
+fn a_signal_ends_a_wait_for_an_event() {
+    run_expecting(
+        "interrupted",
+        include_str!("c/interrupted.c"),
+        &["-lrdmacm", "-libverbs"],
+        "127.0.49.24",
+        &[],
+        &[
+            "ibv_get_cq_event: -1 Interrupted system call, alarms 1",
+            "ibv_get_async_event: -1 Interrupted system call, alarms 2",
+            "rdma_get_cm_event: -1 Interrupted system call, alarms 3",
+            "done",
+        ],
+    );
+}
+
 /// Defect 6: a type 1 window could not be unbound (`ibv_bind_mw` with no region answered
 /// `EINVAL`), so its region could be deregistered only by deallocating the window.
 #[test]
