@@ -25,6 +25,13 @@ pub extern "C" fn verbs_register_driver_34(_driver: *const c_void) {}
 #[no_mangle]
 pub extern "C" fn ibv_register_driver(_name: *const libc::c_char, _init: *const c_void) {}
 
+/// `__verbs_log`: a provider's debug line, which rdma-core prints only when `VERBS_LOG_LEVEL`
+/// asks; softroce has no provider log, and prints nothing. (libfabric's efa provider logs
+/// through it as it looks for its devices, on every host.) Its arguments are C varargs, not
+/// read.
+#[no_mangle]
+pub extern "C" fn __verbs_log() {}
+
 /// `ibv_read_ibdev_sysfs_file`: a device's sysfs file, which a softroce device does not have
 /// (as `ibv_read_sysfs_file`): -1, `ENOENT`. Its format's arguments, which rdma-core's takes
 /// as C varargs, are not read.
@@ -146,12 +153,7 @@ errno_stubs!(
 
 null_stubs!(_verbs_init_and_alloc_context, verbs_open_device);
 
-void_stubs!(
-    __verbs_log,
-    verbs_init_cq,
-    verbs_set_ops,
-    verbs_uninit_context
-);
+void_stubs!(verbs_init_cq, verbs_set_ops, verbs_uninit_context);
 
 /// `ibv_dontfork_range`: softroce pins nothing, so a child after `fork` changes nothing a
 /// peer reaches; 0.

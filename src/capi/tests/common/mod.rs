@@ -226,8 +226,9 @@ pub fn has_result_line(out: &str) -> bool {
 }
 
 /// softroce's own command line, beside the C library: cargo builds both into one directory,
-/// or `SOFTROCE_BIN` names it (.ci/run's copy for nobody).
-pub fn softroce(addr: &str, args: &[&str]) -> Command {
+/// or `SOFTROCE_BIN` names it (.ci/run's copy for nobody, with the library in `rdma/` beside
+/// it, as `softroce run` finds it).
+pub fn softroce_bin() -> PathBuf {
     let bin = std::env::var_os("SOFTROCE_BIN").map_or_else(
         || PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")).with_file_name("softroce"),
         PathBuf::from,
@@ -237,10 +238,44 @@ pub fn softroce(addr: &str, args: &[&str]) -> Command {
         "{} is missing: build the workspace (cargo build)",
         bin.display()
     );
-    let mut command = Command::new(bin);
+    bin
+}
+
+/// softroce's own tool `args`, with its device on `addr`.
+pub fn softroce(addr: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(softroce_bin());
     command
         .args(args)
         .args(["--bind", addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// `softroce run --addr A [--addr B ...] -- program args...`: the program over softroce as a
+/// user runs it, a device on each of `addrs`, with its own `/dev/infiniband`. Panics, saying
+/// what to install, if the program (a name to find on `PATH`, or a path) is not there.
+pub fn softroce_run(addrs: &[&str], program: &str, args: &[&str]) -> Command {
+    let found = if program.contains('/') {
+        Path::new(program).is_file()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
+    };
+    assert!(
+        found,
+        "{program} is not installed: apt-get install ucx-utils openmpi-bin libopenmpi-dev \
+         libfabric-bin qperf python3-pyverbs"
+    );
+    let mut command = Command::new(softroce_bin());
+    command.arg("run");
+    for addr in addrs {
+        command.args(["--addr", addr]);
+    }
+    command
+        .args(["--", program])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -312,10 +347,15 @@ pub fn compile_c_with_common(name: &str, source: &str, libs: &[&str]) -> PathBuf
 /// into a directory of this test process's; panics with the compiler's message if it fails.
 /// Returns the executable.
 pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
+    compile_c_by("cc", name, source, libs)
+}
+
+/// [`compile_c`] with `compiler` (`mpicc`, ...).
+pub fn compile_c_by(compiler: &str, name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let dir = own_dir();
     let (file, program) = (dir.join(format!("{name}.c")), dir.join(name));
     std::fs::write(&file, source).unwrap();
-    let built = Command::new("cc")
+    let built = Command::new(compiler)
         .arg(&file)
         .arg("-o")
         .arg(&program)
