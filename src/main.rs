@@ -196,6 +196,8 @@ The program loads softroce's libibverbs.so.1 and librdmacm.so.1 (beside this exe
 rdma/) instead of rdma-core's, through LD_LIBRARY_PATH; SOFTROCE_ADDR names its addresses. The
 same works without this command:
   LD_LIBRARY_PATH=target/release/rdma SOFTROCE_ADDR=127.0.0.2 ib_write_bw -x 0 127.0.0.1
+The program also gets /dev/infiniband/uverbsN and rdma_cm (each /dev/null, in a mount namespace
+of its own; nothing changes outside it), which UCX looks for; --host-dev turns this off.
 
 Example, perftest's ib_write_bw, server and client on one host:
   softroce run --addr 127.0.0.1 -- ib_write_bw -x 0
