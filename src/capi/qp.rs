@@ -166,8 +166,9 @@ fn addr_gid(addr: IpAddr) -> ibv_gid {
 fn peer_of(ah: &ibv_ah_attr) -> Result<IpAddr, &'static str> {
     if ah.is_global == 0 {
         return Err(
-            "the address vector has no GRH: RoCE addresses a peer by its GID \
-                    (is_global = 1, its GID in grh.dgid; ibv_*_pingpong take -g 0)",
+            "the address vector has no GRH: RoCE finds a peer by its GID, so an address \
+             vector needs is_global = 1 and the peer's GID in grh.dgid (the program's GID \
+             option, index 0 here), or an RDMA-CM connection, which fills it in",
         );
     }
     if ah.grh.sgid_index != 0 {
