@@ -8,7 +8,7 @@
 // The fields and constants are the header's, documented there.
 #![allow(non_camel_case_types, missing_docs)]
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t, size_t};
 
@@ -618,6 +618,128 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
+/// A callback of `ibv_cq_ex` that reads one field of the current completion.
+pub type CqRead<T> = Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> T>;
+
+/// `struct ibv_cq_ex`: an `ibv_cq` (the same fields first), the current completion's status
+/// and `wr_id`, and the calls that poll and read it (`ibv_start_poll`, `ibv_wc_read_*`).
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    /// As `ibv_cq`'s.
+    pub comp_events_completed: AtomicU32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    /// The current completion's status, written by `start_poll`/`next_poll` while the program
+    /// may read it from another call: atomics of the fields' layouts.
+    pub status: AtomicU32,
+    pub wr_id: AtomicU64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: CqRead<c_int>,
+    pub end_poll: CqRead<()>,
+    pub read_opcode: CqRead<c_uint>,
+    pub read_vendor_err: CqRead<u32>,
+    pub read_byte_len: CqRead<u32>,
+    pub read_imm_data: CqRead<u32>,
+    pub read_qp_num: CqRead<u32>,
+    pub read_src_qp: CqRead<u32>,
+    pub read_wc_flags: CqRead<c_uint>,
+    pub read_slid: CqRead<u32>,
+    pub read_sl: CqRead<u8>,
+    pub read_dlid_path_bits: CqRead<u8>,
+    pub read_completion_ts: Absent,
+    pub read_cvlan: Absent,
+    pub read_flow_tag: Absent,
+    pub read_tm_info: Absent,
+    pub read_completion_wallclock_ns: Absent,
+}
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// `IBV_WC_STANDARD_FLAGS`: the fields of a completion an extended CQ may be asked to keep
+/// that softroce's (as rxe's) has: byte count, immediate data, QP, source QP, SLID, SL, DLID
+/// path bits. Timestamps, VLANs, flow tags and tag matching are not.
+pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`, and the one flag softroce takes there (a hint, ignored):
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+
+/// `struct ibv_data_buf`: one buffer of `ibv_wr_set_inline_data_list`.
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: size_t,
+}
+
+/// `struct ibv_qp_ex`: an `ibv_qp`, then the `ibv_wr_*` interface: the next request's
+/// `wr_id` and flags, which the program sets, and the calls that build and post requests.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, u16, u16)>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, size_t)>,
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, size_t, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, size_t, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
+}
+
+/// `enum ibv_qp_create_send_ops_flags`.
+pub const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
+pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+pub const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+
 /// `struct ibv_ah`.
 #[repr(C)]
 #[derive(Debug)]
@@ -715,8 +837,9 @@ pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 pub type Absent = Option<unsafe extern "C" fn()>;
 
 /// `struct verbs_context`: the extended ops table, placed before the `ibv_context` it ends with.
-/// Only `query_port` is filled; the other entries are null, which `verbs_get_ctx_op` reads as
-/// "not supported".
+/// `query_port`, `create_cq_ex` and `create_qp_ex` are filled; the other entries are null,
+/// which `verbs_get_ctx_op` reads as "not supported" (`ibv_query_device_ex` and
+/// `ibv_create_srq_ex` then fall back to the legacy verbs, as `verbs.h` has them).
 #[repr(C)]
 pub struct verbs_context {
     pub query_port:
@@ -745,7 +868,8 @@ pub struct verbs_context {
     pub modify_wq: Absent,
     pub create_wq: Absent,
     pub query_rt_values: Absent,
-    pub create_cq_ex: Absent,
+    pub create_cq_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
     pub query_device_ex: Absent,
     pub ibv_destroy_flow: Absent,
@@ -753,7 +877,8 @@ pub struct verbs_context {
     pub ibv_create_flow: Absent,
     pub abi_placeholder1: Absent,
     pub open_qp: Absent,
-    pub create_qp_ex: Absent,
+    pub create_qp_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
     pub get_srq_num: Absent,
     pub create_srq_ex: Absent,
     pub open_xrcd: Absent,

@@ -8,7 +8,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::{c_int, c_void};
@@ -28,11 +28,15 @@ pub(crate) const MAX_CQ: c_int = 1 << 20;
 /// Entries a CQ holds at most: the library's limit.
 pub(crate) const MAX_CQE: c_int = softroce::verbs::MAX_CQ_CAPACITY as c_int;
 
-/// A completion queue: the program's `ibv_cq`, first.
+/// A completion queue: the program's `ibv_cq`, first, as the first part of an `ibv_cq_ex`
+/// (whose polling calls are filled for a CQ `ibv_create_cq_ex` made: [`crate::cq_ex`]).
 #[repr(C)]
 pub(crate) struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: ibv_cq_ex,
     pub cq: CompletionQueue,
+    /// The completion `ibv_start_poll` or `ibv_next_poll` took last, which the `ibv_wc_read_*`
+    /// calls read.
+    pub current: Mutex<ibv_wc>,
     /// Its completion and asynchronous events the program holds: a thread that got the CQ
     /// from its channel may still poll, re-arm and acknowledge it while another thread
     /// destroys it.
@@ -188,75 +192,116 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
-    guard(ptr::null_mut(), || {
-        // SAFETY: the program passes a context it opened and has not closed.
-        let Some(ctx) = (unsafe { Context::from_ibv(context) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        if !(1..=MAX_CQE).contains(&cqe) {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        }
-        let cq = match ctx.device.create_cq(cqe as usize) {
-            Ok(cq) => cq,
-            Err(e) => {
-                set_errno(crate::errno_of(&e));
-                return ptr::null_mut();
-            }
-        };
-        let boxed = Box::new(Cq {
-            ibv: ibv_cq {
-                context,
-                channel,
-                cq_context,
-                handle: 0,
-                cqe,
-                // SAFETY: all-zero pthread objects are their static initialisers on glibc.
-                mutex: unsafe { std::mem::zeroed() },
-                // SAFETY: as above.
-                cond: unsafe { std::mem::zeroed() },
-                comp_events_completed: AtomicU32::new(0),
-                async_events_completed: 0,
-            },
-            cq,
-            held: HeldEvents::default(),
-            users: Users::default(),
-            born: Born::now(),
-        });
-        let raw = Box::into_raw(boxed);
-        // SAFETY: `raw` was just made; the program does not have it yet.
-        let cq = unsafe { &*raw };
-        let ch = channel.cast::<Channel>();
-        // SAFETY: a non-null channel is one the program created and has not destroyed; only
-        // its core is borrowed, and its count written through the pointer, since another
-        // thread may be in `ibv_get_cq_event` on it.
-        if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
-            let mut event = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: raw as u64,
-            };
-            let fd = cq.cq.as_raw_fd();
-            // SAFETY: both descriptors are open; `event` is a valid epoll_event.
-            let added = unsafe {
-                libc::epoll_ctl(core.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event)
-            };
-            if added != 0 {
-                // SAFETY: `raw` is ours alone still.
-                drop(unsafe { Box::from_raw(raw) });
-                return ptr::null_mut();
-            }
-            let _taking = core.taking();
-            // SAFETY: as above; under the lock its other changes and its check take.
-            unsafe { (*ch).ibv.refcnt += 1 };
-        }
-        ctx.objects
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .cqs
-            .push(raw as usize);
-        raw.cast()
+    // SAFETY: the program's context and channel, as `create` requires.
+    guard(ptr::null_mut(), || unsafe {
+        create(context, cqe, cq_context, channel, |_| {}).cast()
     })
+}
+
+/// A CQ of at least `cqe` entries on `context`, notifying `channel` if it is not null, its
+/// `ibv_cq_ex` part finished by `extend`; null with `errno` set if not.
+///
+/// # Safety
+///
+/// `context` and a non-null `channel` are the program's, open.
+pub(crate) unsafe fn create(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    extend: impl FnOnce(&mut ibv_cq_ex),
+) -> *mut Cq {
+    // SAFETY: per the contract.
+    let Some(ctx) = (unsafe { Context::from_ibv(context) }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    if !(1..=MAX_CQE).contains(&cqe) {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let cq = match ctx.device.create_cq(cqe as usize) {
+        Ok(cq) => cq,
+        Err(e) => {
+            set_errno(crate::errno_of(&e));
+            return ptr::null_mut();
+        }
+    };
+    let mut ibv = ibv_cq_ex {
+        context,
+        channel,
+        cq_context,
+        handle: 0,
+        cqe,
+        // SAFETY: all-zero pthread objects are their static initialisers on glibc.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        comp_events_completed: AtomicU32::new(0),
+        async_events_completed: 0,
+        comp_mask: 0,
+        status: AtomicU32::new(0),
+        wr_id: AtomicU64::new(0),
+        start_poll: None,
+        next_poll: None,
+        end_poll: None,
+        read_opcode: None,
+        read_vendor_err: None,
+        read_byte_len: None,
+        read_imm_data: None,
+        read_qp_num: None,
+        read_src_qp: None,
+        read_wc_flags: None,
+        read_slid: None,
+        read_sl: None,
+        read_dlid_path_bits: None,
+        read_completion_ts: None,
+        read_cvlan: None,
+        read_flow_tag: None,
+        read_tm_info: None,
+        read_completion_wallclock_ns: None,
+    };
+    extend(&mut ibv);
+    let boxed = Box::new(Cq {
+        ibv,
+        cq,
+        // SAFETY: `ibv_wc` is plain integers, for which all zeroes are a value.
+        current: Mutex::new(unsafe { std::mem::zeroed() }),
+        held: HeldEvents::default(),
+        users: Users::default(),
+        born: Born::now(),
+    });
+    let raw = Box::into_raw(boxed);
+    // SAFETY: `raw` was just made; the program does not have it yet.
+    let cq = unsafe { &*raw };
+    let ch = channel.cast::<Channel>();
+    // SAFETY: a non-null channel is one the program created and has not destroyed; only
+    // its core is borrowed, and its count written through the pointer, since another
+    // thread may be in `ibv_get_cq_event` on it.
+    if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: raw as u64,
+        };
+        let fd = cq.cq.as_raw_fd();
+        // SAFETY: both descriptors are open; `event` is a valid epoll_event.
+        let added =
+            unsafe { libc::epoll_ctl(core.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        if added != 0 {
+            // SAFETY: `raw` is ours alone still.
+            drop(unsafe { Box::from_raw(raw) });
+            return ptr::null_mut();
+        }
+        let _taking = core.taking();
+        // SAFETY: as above; under the lock its other changes and its check take.
+        unsafe { (*ch).ibv.refcnt += 1 };
+    }
+    ctx.objects
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .cqs
+        .push(raw as usize);
+    raw
 }
 
 /// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
@@ -366,7 +411,7 @@ fn roce_packet_type(wc: &WorkCompletion) -> u8 {
 }
 
 /// The program's `ibv_wc` for `wc`.
-fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
+pub(crate) fn ibv_wc(wc: WorkCompletion) -> ibv_wc {
     let mut flags = 0;
     let mut imm = 0;
     if let Some(data) = wc.imm_data {

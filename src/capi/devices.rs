@@ -812,7 +812,8 @@ impl DeviceEntry {
 }
 
 impl verbs_context {
-    /// The extended table softroce fills: `query_port`, and its size.
+    /// The extended table softroce fills: `query_port`, `create_cq_ex`, `create_qp_ex`, and
+    /// its size.
     fn new() -> verbs_context {
         verbs_context {
             query_port: Some(query_port_ex),
@@ -840,7 +841,7 @@ impl verbs_context {
             modify_wq: None,
             create_wq: None,
             query_rt_values: None,
-            create_cq_ex: None,
+            create_cq_ex: Some(crate::cq_ex::create_cq_ex),
             priv_: ptr::null_mut(),
             query_device_ex: None,
             ibv_destroy_flow: None,
@@ -848,7 +849,7 @@ impl verbs_context {
             ibv_create_flow: None,
             abi_placeholder1: None,
             open_qp: None,
-            create_qp_ex: None,
+            create_qp_ex: Some(crate::qp_ex::create_qp_ex),
             get_srq_num: None,
             create_srq_ex: None,
             open_xrcd: None,

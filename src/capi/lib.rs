@@ -29,6 +29,7 @@ pub mod abi;
 mod cm;
 mod config;
 mod cq;
+mod cq_ex;
 mod devices;
 mod fork;
 mod gid;
@@ -40,6 +41,7 @@ mod memory;
 mod post;
 mod provider;
 mod qp;
+mod qp_ex;
 mod strings;
 mod users;
 

@@ -29,7 +29,7 @@ pub(crate) const MAX_INLINE: u32 = 256;
 /// # Safety
 ///
 /// `sg_list` points to `num_sge` SGEs, or `num_sge` is 0.
-unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeList> {
+pub(crate) unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> Option<SgeList> {
     if num_sge == 0 {
         return Some(SgeList::new());
     }
@@ -64,22 +64,54 @@ unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Inline
     }
     // SAFETY: per the contract.
     let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
-    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+    // SAFETY: per the contract.
+    unsafe {
+        gather_inline(
+            list.iter()
+                .map(|s| (s.addr as *const u8, s.length as usize)),
+        )
+    }
+}
+
+/// The bytes of `parts` (each a pointer and a length), read now, in one inline payload; `None`
+/// if they are more than [`MAX_INLINE`].
+///
+/// # Safety
+///
+/// Each part names that many readable bytes.
+pub(crate) unsafe fn gather_inline(
+    parts: impl Iterator<Item = (*const u8, usize)> + Clone,
+) -> Option<InlineData> {
+    let total: u64 = parts.clone().map(|(_, len)| len as u64).sum();
     if total > u64::from(MAX_INLINE) {
         return None;
     }
     // Up to INLINE_BYTES in the request itself: a small inline post allocates nothing.
     let mut bytes = InlineData::with_capacity(total as usize);
-    for sge in list {
-        if sge.length == 0 {
+    for (addr, len) in parts {
+        if len == 0 {
             continue;
         }
-        // SAFETY: per the contract, `length` readable bytes at `addr`.
-        let part =
-            unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
-        bytes.extend_from_slice(part);
+        // SAFETY: per the contract, `len` readable bytes at `addr`.
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(addr, len) });
     }
     Some(bytes)
+}
+
+/// Where a UD send goes: the address handle's peer, its QP and Q_Key; `None` for a handle
+/// that is not the program's.
+///
+/// # Safety
+///
+/// A non-null `ah` is one the program created and has not destroyed.
+pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) -> Option<UdDest> {
+    // SAFETY: per the contract.
+    let ah = unsafe { Ah::from_ibv(ah) }?;
+    Some(UdDest {
+        ah: ah.handle,
+        remote_qpn: Qpn::new(remote_qpn & 0xff_ffff),
+        remote_qkey: QKey(remote_qkey),
+    })
 }
 
 /// softroce's send request for the program's `wr` on `qp`; `None` if it is malformed.
@@ -160,16 +192,11 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
     request.signaled = flags & IBV_SEND_SIGNALED != 0 || qp.sq_sig_all;
     request.fence = flags & IBV_SEND_FENCE != 0;
     request.solicited = flags & IBV_SEND_SOLICITED != 0;
-    if qp.ibv.qp_type == IBV_QPT_UD {
+    if qp.ibv.qp_base.qp_type == IBV_QPT_UD {
         // SAFETY: on a UD QP, `wr.ud` is the member the program wrote.
         let ud = unsafe { wr.wr.ud };
         // SAFETY: a non-null `ah` is one the program created and has not destroyed.
-        let ah = unsafe { Ah::from_ibv(ud.ah) }?;
-        request.ud = Some(UdDest {
-            ah: ah.handle,
-            remote_qpn: Qpn::new(ud.remote_qpn & 0xff_ffff),
-            remote_qkey: QKey(ud.remote_qkey),
-        });
+        request.ud = Some(unsafe { ud_dest(ud.ah, ud.remote_qpn, ud.remote_qkey) }?);
     }
     Some(request)
 }
@@ -181,19 +208,28 @@ unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
 /// The window and region pointers are null or the program's live objects.
 unsafe fn bind(b: &send_wr_bind_mw) -> Option<BindMw> {
     // SAFETY: per the contract.
-    let (mw, mr) = unsafe {
-        (
-            b.mw.cast::<Mw>().as_ref()?,
-            b.bind_info.mr.cast::<Mr>().as_ref()?,
-        )
-    };
+    unsafe { bind_of(b.mw, b.rkey, &b.bind_info) }
+}
+
+/// The bind of window `mw` to `info`'s region and range, under the new key `rkey`.
+///
+/// # Safety
+///
+/// `mw` and `info.mr` are null or the program's live objects.
+pub(crate) unsafe fn bind_of(
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: &ibv_mw_bind_info,
+) -> Option<BindMw> {
+    // SAFETY: per the contract.
+    let (mw, mr) = unsafe { (mw.cast::<Mw>().as_ref()?, info.mr.cast::<Mr>().as_ref()?) };
     Some(BindMw {
         window: mw.window.rkey(),
-        new_rkey: RKey(b.rkey),
+        new_rkey: RKey(rkey),
         region: LKey(mr.ibv.lkey),
-        addr: b.bind_info.addr,
-        len: b.bind_info.length,
-        access: access(b.bind_info.mw_access_flags)?,
+        addr: info.addr,
+        len: info.length,
+        access: access(info.mw_access_flags)?,
     })
 }
 

@@ -9,7 +9,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use libc::{c_int, c_uint, c_void};
+use libc::{c_int, c_uint};
 use softroce::memory::{Access, BindMw};
 use softroce::transport::{
     AddressVector, AsyncEvent, PathMtu, QpAttr, QpState, QpType, SendOp, SendWr, SgeList, SrqId,
@@ -35,10 +35,13 @@ pub(crate) const MAX_WR: c_int = 1 << 16;
 /// `ibv_device_cap_flags`: RNR NAKs, memory windows of type 1 and 2B, a system image GUID.
 pub(crate) const DEVICE_CAP_FLAGS: c_uint = (1 << 12) | (1 << 17) | (1 << 24) | (1 << 11);
 
-/// A queue pair: the program's `ibv_qp`, first.
+/// A queue pair: the program's `ibv_qp`, first, as the first part of an `ibv_qp_ex` (whose
+/// `ibv_wr_*` calls are filled for a QP created with `send_ops_flags`: [`crate::qp_ex`]).
 #[repr(C)]
 pub(crate) struct Qp {
-    pub ibv: ibv_qp,
+    pub ibv: ibv_qp_ex,
+    /// The requests the `ibv_wr_*` calls are building.
+    pub batch: Mutex<crate::qp_ex::Batch>,
     pub qp: Arc<QueuePair>,
     /// `sq_sig_all`: every send request completes, signalled or not.
     pub sq_sig_all: bool,
@@ -306,109 +309,136 @@ pub unsafe extern "C" fn ibv_create_qp(
     init_attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     guard(ptr::null_mut(), || {
-        // SAFETY: the program passes a PD it allocated and its own attributes.
-        let (Some(owner), Some(init)) =
-            (unsafe { Pd::from_ibv(pd) }, unsafe { init_attr.as_mut() })
-        else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        // SAFETY: the CQs and SRQ named are the program's live objects.
-        let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_ibv(init.send_cq) }, unsafe {
-            Cq::from_ibv(init.recv_cq)
-        }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        // SAFETY: as above.
-        let srq = unsafe { Srq::from_ibv(init.srq) };
-        let qp_type = match init.qp_type {
-            IBV_QPT_RC => QpType::Rc,
-            IBV_QPT_UC => QpType::Uc,
-            IBV_QPT_UD => QpType::Ud,
-            _ => {
-                set_errno(unsupported(
-                    "ibv_create_qp of this QP type (RC, UC and UD are)",
-                ));
-                return ptr::null_mut();
+        // SAFETY: the program's PD and attributes, or null.
+        match unsafe { init_attr.as_mut() } {
+            // SAFETY: as above.
+            Some(init) => unsafe { create(pd, init, false) },
+            None => {
+                set_errno(libc::EINVAL);
+                ptr::null_mut()
             }
-        };
-        let cap = &mut init.cap;
-        let limits_ok = cap.max_send_wr <= MAX_WR as u32
-            && cap.max_recv_wr <= MAX_WR as u32
-            && cap.max_send_sge <= MAX_SGE as u32
-            && cap.max_recv_sge <= MAX_SGE as u32
-            && cap.max_inline_data <= MAX_INLINE;
-        if !limits_ok {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
         }
-        let mut builder = owner
-            .pd
-            .create_qp()
-            .qp_type(qp_type)
-            .send_cq(&send_cq.cq)
-            .recv_cq(&recv_cq.cq)
-            .max_send_wr(cap.max_send_wr.max(1) as usize)
-            .max_recv_wr(cap.max_recv_wr.max(1) as usize);
-        if let Some(srq) = srq {
-            builder = builder.srq(&srq.srq);
-        }
-        let qp = match builder.build() {
-            Ok(qp) => Arc::new(qp),
-            Err(e) => {
-                set_errno(errno_of(&e));
-                return ptr::null_mut();
-            }
-        };
-        cap.max_send_wr = cap.max_send_wr.max(1);
-        cap.max_recv_wr = if srq.is_some() {
-            0
-        } else {
-            cap.max_recv_wr.max(1)
-        };
-        cap.max_send_sge = MAX_SGE as u32;
-        cap.max_recv_sge = MAX_SGE as u32;
-        cap.max_inline_data = MAX_INLINE;
-        let qpn = qp.qpn();
-        let boxed = Box::new(Qp {
-            ibv: ibv_qp {
-                context: owner.ibv.context,
-                qp_context: init.qp_context,
-                pd,
-                send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
-                srq: init.srq,
-                handle: qpn.value(),
-                qp_num: qpn.value(),
-                state: AtomicU32::new(0),
-                qp_type: init.qp_type,
-                // SAFETY: all-zero pthread objects are their static initialisers on glibc.
-                mutex: unsafe { std::mem::zeroed() },
-                // SAFETY: as above.
-                cond: unsafe { std::mem::zeroed() },
-                events_completed: 0,
-            },
-            qp,
-            sq_sig_all: init.sq_sig_all != 0,
-            cap: *cap,
-            held: HeldEvents::default(),
-            born: Born::now(),
-        });
-        let raw = Box::into_raw(boxed);
-        owner.users.add();
-        send_cq.users.add();
-        recv_cq.users.add();
-        if let Some(srq) = srq {
-            srq.users.add();
-        }
-        // SAFETY: the PD's context is open while the PD lives.
-        if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
-            let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
-            objects.qps.push((qpn, raw as usize));
-        }
-        raw.cast()
     })
+}
+
+/// A QP as `ibv_create_qp` makes it, with the `ibv_wr_*` interface if `extended`; null with
+/// `errno` set if not.
+///
+/// # Safety
+///
+/// `pd` is null or a PD the program allocated and has not deallocated; `init`'s CQs and SRQ
+/// are null or the program's live objects.
+pub(crate) unsafe fn create(
+    pd: *mut ibv_pd,
+    init: &mut ibv_qp_init_attr,
+    extended: bool,
+) -> *mut ibv_qp {
+    // SAFETY: per the contract.
+    let Some(owner) = (unsafe { Pd::from_ibv(pd) }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    // SAFETY: the CQs and SRQ named are the program's live objects.
+    let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_ibv(init.send_cq) }, unsafe {
+        Cq::from_ibv(init.recv_cq)
+    }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    // SAFETY: as above.
+    let srq = unsafe { Srq::from_ibv(init.srq) };
+    let qp_type = match init.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        _ => {
+            set_errno(unsupported(
+                "ibv_create_qp of this QP type (RC, UC and UD are)",
+            ));
+            return ptr::null_mut();
+        }
+    };
+    let cap = &mut init.cap;
+    let limits_ok = cap.max_send_wr <= MAX_WR as u32
+        && cap.max_recv_wr <= MAX_WR as u32
+        && cap.max_send_sge <= MAX_SGE as u32
+        && cap.max_recv_sge <= MAX_SGE as u32
+        && cap.max_inline_data <= MAX_INLINE;
+    if !limits_ok {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let mut builder = owner
+        .pd
+        .create_qp()
+        .qp_type(qp_type)
+        .send_cq(&send_cq.cq)
+        .recv_cq(&recv_cq.cq)
+        .max_send_wr(cap.max_send_wr.max(1) as usize)
+        .max_recv_wr(cap.max_recv_wr.max(1) as usize);
+    if let Some(srq) = srq {
+        builder = builder.srq(&srq.srq);
+    }
+    let qp = match builder.build() {
+        Ok(qp) => Arc::new(qp),
+        Err(e) => {
+            set_errno(errno_of(&e));
+            return ptr::null_mut();
+        }
+    };
+    cap.max_send_wr = cap.max_send_wr.max(1);
+    cap.max_recv_wr = if srq.is_some() {
+        0
+    } else {
+        cap.max_recv_wr.max(1)
+    };
+    cap.max_send_sge = MAX_SGE as u32;
+    cap.max_recv_sge = MAX_SGE as u32;
+    cap.max_inline_data = MAX_INLINE;
+    let qpn = qp.qpn();
+    let base = ibv_qp {
+        context: owner.ibv.context,
+        qp_context: init.qp_context,
+        pd,
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        handle: qpn.value(),
+        qp_num: qpn.value(),
+        state: AtomicU32::new(0),
+        qp_type: init.qp_type,
+        // SAFETY: all-zero pthread objects are their static initialisers on glibc.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        events_completed: 0,
+    };
+    let mut ibv = crate::qp_ex::unextended(base);
+    if extended {
+        crate::qp_ex::fill(&mut ibv);
+    }
+    let boxed = Box::new(Qp {
+        ibv,
+        batch: Mutex::default(),
+        qp,
+        sq_sig_all: init.sq_sig_all != 0,
+        cap: *cap,
+        held: HeldEvents::default(),
+        born: Born::now(),
+    });
+    let raw = Box::into_raw(boxed);
+    owner.users.add();
+    send_cq.users.add();
+    recv_cq.users.add();
+    if let Some(srq) = srq {
+        srq.users.add();
+    }
+    // SAFETY: the PD's context is open while the PD lives.
+    if let Some(ctx) = unsafe { Context::from_ibv(owner.ibv.context) } {
+        let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
+        objects.qps.push((qpn, raw as usize));
+    }
+    raw.cast()
 }
 
 /// `ibv_modify_qp`: 0, or the errno (`EINVAL` for a transition or attribute softroce
@@ -440,7 +470,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         match this.qp.modify(&wanted) {
             Ok(()) => {
                 if let Some(state) = wanted.state {
-                    this.ibv.state.store(state_code(state), Relaxed);
+                    this.ibv.qp_base.state.store(state_code(state), Relaxed);
                 }
                 0
             }
@@ -478,16 +508,16 @@ pub unsafe extern "C" fn ibv_query_qp(
         out.path_mtu = 3;
         out.port_num = 1;
         write_qp_attr(&now, out);
-        this.ibv.state.store(out.qp_state, Relaxed);
+        this.ibv.qp_base.state.store(out.qp_state, Relaxed);
         out.cur_qp_state = out.qp_state;
         out.cap = this.cap;
         *init = ibv_qp_init_attr {
-            qp_context: this.ibv.qp_context,
-            send_cq: this.ibv.send_cq,
-            recv_cq: this.ibv.recv_cq,
-            srq: this.ibv.srq,
+            qp_context: this.ibv.qp_base.qp_context,
+            send_cq: this.ibv.qp_base.send_cq,
+            recv_cq: this.ibv.qp_base.recv_cq,
+            srq: this.ibv.qp_base.srq,
             cap: this.cap,
-            qp_type: this.ibv.qp_type,
+            qp_type: this.ibv.qp_base.qp_type,
             sq_sig_all: this.sq_sig_all.into(),
         };
         0
@@ -527,7 +557,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // stopped: there is nothing left to destroy then.
         let _ = this.qp.destroy();
         // SAFETY: the QP's context is open while the QP lives.
-        if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.context) } {
+        if let Some(ctx) = unsafe { Context::from_ibv(this.ibv.qp_base.context) } {
             let mut objects = ctx.objects.lock().unwrap_or_else(|p| p.into_inner());
             objects.qps.retain(|&(q, _)| q != qpn);
             drop(objects);
@@ -540,13 +570,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: the QP's PD, CQs and SRQ, alive while the QP counted in them.
         unsafe {
-            Pd::release(this.ibv.pd);
-            for cq in [this.ibv.send_cq, this.ibv.recv_cq] {
+            Pd::release(this.ibv.qp_base.pd);
+            for cq in [this.ibv.qp_base.send_cq, this.ibv.qp_base.recv_cq] {
                 if let Some(cq) = Cq::from_ibv(cq) {
                     cq.users.remove();
                 }
             }
-            if let Some(srq) = Srq::from_ibv(this.ibv.srq) {
+            if let Some(srq) = Srq::from_ibv(this.ibv.qp_base.srq) {
                 srq.users.remove();
             }
         }
@@ -558,14 +588,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // Otherwise the acknowledgement of its last event frees it (`ibv_ack_async_event`).
         0
     })
-}
-
-/// `ibv_qp_to_qp_ex`: softroce has no extended QPs (`ibv_wr_*`); null, as rdma-core answers
-/// for a QP created without them. perftest and the pingpongs then post with `ibv_post_send`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    set_errno(libc::EOPNOTSUPP);
-    ptr::null_mut()
 }
 
 /// `ibv_create_srq`.

@@ -1375,6 +1375,21 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
+    // SAFETY: the program's ID and attributes, forwarded.
+    unsafe { create_qp_on(id, pd, attr, false) }
+}
+
+/// `rdma_create_qp`'s work, the QP with the `ibv_wr_*` interface if `extended`.
+///
+/// # Safety
+///
+/// As `rdma_create_qp`'s arguments.
+unsafe fn create_qp_on(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+    extended: bool,
+) -> c_int {
     with_id(id, |this| {
         if this.ibv.verbs.is_null() || attr.is_null() || !this.ibv.qp.is_null() {
             return Err(libc::EINVAL);
@@ -1412,7 +1427,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             attr.srq = this.ibv.srq;
         }
         // SAFETY: forwarded as the program gave them, with a live PD and CQs.
-        let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
+        let qp = unsafe { crate::qp::create(pd, attr, extended) };
         if qp.is_null() {
             let errno = crate::cm::last_errno();
             this.destroy_cqs();
@@ -1451,9 +1466,8 @@ fn ready_datagram(qp: &QueuePair) -> softroce::verbs::Result<()> {
         .try_for_each(|step| qp.modify(step))
 }
 
-/// `rdma_create_qp_ex`: as `rdma_create_qp`, with the extended attributes' PD. Its
-/// `send_ops_flags` ask for the `ibv_wr_*` interface, which softroce does not have
-/// (`ibv_qp_to_qp_ex` answers null); the QP takes every operation through `ibv_post_send`.
+/// `rdma_create_qp_ex`: as `rdma_create_qp`, with the extended attributes' PD, and the
+/// `ibv_wr_*` interface if they name `send_ops_flags` (`ibv_qp_to_qp_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
@@ -1465,29 +1479,21 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             set_errno(libc::EINVAL);
             return -1;
         };
-        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if ex.comp_mask & !known != 0 {
-            set_errno(unsupported(
-                "rdma_create_qp_ex beyond a PD and send operations",
-            ));
-            return -1;
-        }
+        let extended = match crate::qp_ex::send_ops(ex, "rdma_create_qp_ex") {
+            Ok(ops) => ops.is_some(),
+            Err(errno) => {
+                set_errno(errno);
+                return -1;
+            }
+        };
         let pd = if ex.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
             ex.pd
         } else {
             ptr::null_mut()
         };
-        let mut plain = ibv_qp_init_attr {
-            qp_context: ex.qp_context,
-            send_cq: ex.send_cq,
-            recv_cq: ex.recv_cq,
-            srq: ex.srq,
-            cap: ex.cap,
-            qp_type: ex.qp_type,
-            sq_sig_all: ex.sq_sig_all,
-        };
+        let mut plain = crate::qp_ex::plain(ex);
         // SAFETY: forwarded with the same meaning.
-        let made = unsafe { rdma_create_qp(id, pd, &mut plain) };
+        let made = unsafe { create_qp_on(id, pd, &mut plain, extended) };
         ex.cap = plain.cap;
         made
     })

@@ -225,8 +225,9 @@ fn libfabric_verbs_datagrams() {
 
 /// pyverbs, rdma-core 44's Python binding (whose modules need version nodes up to
 /// IBVERBS_1.14 and RDMACM_1.3: `import pyverbs` failed before): two devices of one process, an
-/// RC QP on each connected by GID, an RDMA WRITE of 4 KiB with its bytes checked
-/// (`py/rc_write.py`).
+/// RC QP on each connected by GID, an RDMA WRITE of 4 KiB with its bytes checked, posted with
+/// `ibv_post_send`, then with the extended QP's `ibv_wr_*` calls and polled on an extended CQ
+/// (`QPEx`, `CQEX`: `EOPNOTSUPP` before) (`py/rc_write.py`).
 #[test]
 fn pyverbs_rc_write() {
     let _one = one_at_a_time();
@@ -241,8 +242,10 @@ fn pyverbs_rc_write() {
     let out = output_of("pyverbs", &mut command);
     for line in [
         "devices: softroce0 softroce1",
-        "write completion: True",
-        "data checked: True",
+        "plain write completion: True",
+        "plain data checked: True",
+        "extended write completion: True",
+        "extended data checked: True",
     ] {
         assert!(out.contains(line), "no {line:?} in:\n{out}");
     }

@@ -203,3 +203,48 @@ fn a_datagrams_completion_says_its_header_as_connectx_does() {
         ],
     );
 }
+
+/// The extended verbs, as rxe's provider has them (`c/extended.c`): before, `ibv_create_cq_ex`
+/// and `ibv_create_qp_ex` with `send_ops_flags` answered `EOPNOTSUPP` and `ibv_qp_to_qp_ex`
+/// null, so a program written against `ibv_wr_*` (pyverbs' `QPEx`, rdma-core's tests) could not
+/// run.
+#[test]
+fn the_extended_cq_and_qp_post_and_poll_every_operation() {
+    run_c_expecting(
+        "extended",
+        include_str!("c/extended.c"),
+        &["-lrdmacm", "-libverbs"],
+        "127.0.50.12,127.0.50.13",
+        &[],
+        &[
+            "write posted: 0",
+            "write completed: 1",
+            "write landed: 1",
+            "write with immediate posted: 0",
+            "immediate received: 1",
+            "inline landed: 1",
+            "batch posted: 0",
+            "batch completed: 1",
+            "send received: 1",
+            "read returned: 1",
+            "fetch and add: 1",
+            "compare and swap: 1",
+            "setter before an operation: 1",
+            "inline beyond the limit: 1",
+            "inline READ: 1",
+            "nothing posted: 1",
+            "ibv_poll_cq on it: 1",
+            "plain QP has no qp_ex: 1",
+            "ibv_query_device_ex: 1",
+            "timestamps refused: 1",
+            "UD WRITE refused: 1",
+            "UD send without an address: 1",
+            "UD send posted: 0",
+            "UD received: 1",
+            "UD sl says IPv4: 1",
+            "UD send completed: 1",
+            "rdma_create_qp_ex has qp_ex: 1",
+            "done",
+        ],
+    );
+}
