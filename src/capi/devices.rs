@@ -356,13 +356,18 @@ pub(crate) fn all() -> &'static [&'static DeviceEntry] {
     devices().as_deref().unwrap_or(&[])
 }
 
-/// The device at `ip`, or for a wildcard address the first device.
+/// The device an RDMA-CM ID bound to `ip` is on: the device at `ip`; for a wildcard address,
+/// or a loopback address no device has, the first device. (The kernel binds a loopback address
+/// to its first active device, `cma_bind_loopback`: libfabric's verbs provider binds
+/// `localhost` to find a server's device.)
 pub(crate) fn entry_for(ip: IpAddr) -> Option<&'static DeviceEntry> {
     let list = all();
-    if ip.is_unspecified() {
+    let ip = ip.to_canonical();
+    let exact = list.iter().copied().find(|e| e.addr == ip);
+    if exact.is_none() && (ip.is_unspecified() || ip.is_loopback()) {
         return list.first().copied();
     }
-    list.iter().copied().find(|e| e.addr == ip.to_canonical())
+    exact
 }
 
 /// The address of the device a connection to `dst` goes from, without a source address: the

@@ -70,9 +70,47 @@ fn sockaddr_copy(addr: SocketAddr) -> (*mut libc::sockaddr, libc::socklen_t) {
     (copy, len)
 }
 
+/// Where a lookup's result points: its source and destination.
+type Ends = (Option<SocketAddr>, Option<SocketAddr>);
+
+/// The ends `node` and `service` name, by the system's resolver: the source of a passive
+/// lookup, else the destination, with the hints' source. With neither `node` nor `service`,
+/// the hints' own addresses, as rdma-core takes them (libfabric's verbs provider looks up its
+/// endpoints so): `EINVAL` if they have none.
+///
+/// # Safety
+///
+/// `node` and `service` are null or C strings; the hints' addresses are null or sockaddrs of
+/// their lengths.
+unsafe fn ends(
+    node: *const c_char,
+    service: *const c_char,
+    hints: Option<&rdma_addrinfo>,
+    passive: bool,
+) -> Result<Ends, c_int> {
+    // SAFETY: per the contract.
+    let hinted = |addr: *mut libc::sockaddr| unsafe { socket_addr(addr) };
+    let hint_src = hints.and_then(|h| hinted(h.ai_src_addr));
+    if node.is_null() && service.is_null() {
+        let hint_dst = hints.and_then(|h| hinted(h.ai_dst_addr));
+        if hint_src.is_none() && hint_dst.is_none() {
+            return Err(libc::EINVAL);
+        }
+        return Ok((hint_src, hint_dst));
+    }
+    // SAFETY: per the contract.
+    let addr = unsafe { resolve(node, service, passive) }?;
+    Ok(if passive {
+        (Some(addr), None)
+    } else {
+        (hint_src, Some(addr))
+    })
+}
+
 /// `rdma_getaddrinfo`: one result, the address `node` and `service` name, as the source of a
-/// passive (`RAI_PASSIVE`) lookup or the destination of an active one, in the port space and
-/// QP type the hints ask (TCP and RC by default). 0, or -1 with `errno`.
+/// passive (`RAI_PASSIVE`) lookup or the destination of an active one (or, with neither, the
+/// hints' addresses), in the port space and QP type the hints ask (TCP and RC by default). 0,
+/// or -1 with `errno`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
@@ -89,9 +127,9 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         let hints = unsafe { hints.as_ref() };
         let flags = hints.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
-        // SAFETY: the program's strings, or null.
-        let addr = match unsafe { resolve(node, service, passive) } {
-            Ok(addr) => addr,
+        // SAFETY: the program's strings and hints.
+        let (src, dst) = match unsafe { ends(node, service, hints, passive) } {
+            Ok(ends) => ends,
             Err(errno) => {
                 set_errno(errno);
                 return -1;
@@ -107,7 +145,7 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         // SAFETY: `info` was just allocated and zeroed.
         let out = unsafe { &mut *info };
         out.ai_flags = flags;
-        out.ai_family = if addr.is_ipv4() {
+        out.ai_family = if dst.or(src).is_some_and(|a| a.is_ipv4()) {
             libc::AF_INET
         } else {
             libc::AF_INET6
@@ -121,15 +159,11 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             _ if out.ai_port_space == RDMA_PS_UDP as c_int => IBV_QPT_UD as c_int,
             _ => IBV_QPT_RC as c_int,
         };
-        let (copy, len) = sockaddr_copy(addr);
-        if passive {
-            (out.ai_src_addr, out.ai_src_len) = (copy, len);
-        } else {
-            (out.ai_dst_addr, out.ai_dst_len) = (copy, len);
-            // SAFETY: the hints' source, if any, is a sockaddr of its length.
-            if let Some(src) = hints.and_then(|h| unsafe { socket_addr(h.ai_src_addr) }) {
-                (out.ai_src_addr, out.ai_src_len) = sockaddr_copy(src);
-            }
+        if let Some(src) = src {
+            (out.ai_src_addr, out.ai_src_len) = sockaddr_copy(src);
+        }
+        if let Some(dst) = dst {
+            (out.ai_dst_addr, out.ai_dst_len) = sockaddr_copy(dst);
         }
         // SAFETY: the program's out-pointer, checked above.
         unsafe { *res = info };

@@ -25,6 +25,7 @@ use softroce::wire::{Qpn, RnrTimer};
 
 use super::channel::{Channel, Event, Events};
 use super::link::{established_param, Link};
+use super::ports::PortClaim;
 use super::{ip_of, socket_addr, storage};
 use crate::abi::*;
 use crate::devices::{self, Context, FailureWatcher};
@@ -285,6 +286,8 @@ pub(crate) struct Id {
     /// A listening ID's thread, which takes its requests: joined when the ID is destroyed, so
     /// that the port is free again when `rdma_destroy_id` returns.
     listening: Option<std::thread::JoinHandle<()>>,
+    /// The RDMA-CM port it is bound to, held from its bind to its destroy.
+    port: Option<PortClaim>,
     /// The process generation that made it ([`crate::fork`]).
     born: Born,
 }
@@ -323,6 +326,7 @@ impl Id {
             own,
             qp_attr: None,
             listening: None,
+            port: None,
             born: Born::now(),
         }));
         // SAFETY: `raw` was just made and is ours alone; `shared` has no other holder yet.
@@ -369,6 +373,9 @@ impl Id {
     /// Binds the ID to the device of `addr` (the first device for a wildcard address).
     fn bind(&mut self, addr: SocketAddr) -> Result<(), c_int> {
         let entry = devices::entry_for(addr.ip()).ok_or(libc::EADDRNOTAVAIL)?;
+        // A port bound before (an address resolved after a bind) is this ID's to take again.
+        self.port = None;
+        let claim = PortClaim::claim(entry.index, self.ibv.ps, addr.port())?;
         let context = devices::cm_context(entry)?;
         // SAFETY: librdmacm's contexts stay open for the process's life.
         let pd = unsafe { Context::from_ibv(context) }
@@ -381,12 +388,19 @@ impl Id {
         self.ibv.pd = pd;
         self.ibv.port_num = 1;
         self.ibv.route.addr.ibaddr.pkey = 0xffffu16.to_be();
-        let local = if addr.ip().is_unspecified() {
-            SocketAddr::new(entry.addr, addr.port())
+        // A wildcard, or a loopback address that is no device's, binds the device's own
+        // address, where the kernel keeps the address given: a peer in another process, on a
+        // device of its own, reaches this one only there (its listener's address, which
+        // libfabric hands a client, says so).
+        let local = if entry.addr == addr.ip().to_canonical() {
+            let mut local = addr;
+            local.set_port(claim.port());
+            local
         } else {
-            addr
+            SocketAddr::new(entry.addr, claim.port())
         };
         self.set_local(local);
+        self.port = Some(claim);
         Ok(())
     }
 
@@ -583,8 +597,13 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // SAFETY: every ID is a leaked `Box<Id>`, destroyed once. Only these two fields are
         // borrowed, not the whole ID, which a thread of the program's holding one of its
         // events may read meanwhile; it becomes a box again only to be freed.
-        let (shared, listening) =
-            unsafe { (Arc::clone(&(*this).shared), (*this).listening.take()) };
+        let (shared, listening, port) = unsafe {
+            (
+                Arc::clone(&(*this).shared),
+                (*this).listening.take(),
+                (*this).port.take(),
+            )
+        };
         let events = shared.destroy();
         // The connection's end goes to the CM now (its DREQ queued), not when the ID's watcher
         // lets go of it: the program may exit right after.
@@ -595,6 +614,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if let Some(listening) = listening {
             let _ = listening.join();
         }
+        // Its port is free again once its listener has stopped.
+        drop(port);
         // Its events still queued go; one taken before this is counted in `held` already
         // (`hand_out` counts under the queue's lock, which `forget` takes). A request no one
         // read goes with its ID, which refuses it (the peer hears at once, rather than at

@@ -17,6 +17,7 @@ mod channel;
 mod ece;
 mod id;
 mod link;
+mod ports;
 mod rsocket;
 mod srq;
 

@@ -248,3 +248,28 @@ fn the_extended_cq_and_qp_post_and_poll_every_operation() {
         ],
     );
 }
+
+/// librdmacm's address calls as the kernel and rdma-core answer them, which libfabric's verbs
+/// provider relies on (`c/cm_addresses.c`): before, `rdma_getaddrinfo` with the addresses only
+/// in the hints failed with EINVAL, a bind to `localhost` with EADDRNOTAVAIL, port 0 stayed 0
+/// (so a listener named itself with port 0), and two IDs could bind one port.
+#[test]
+fn rdma_cm_addresses_as_the_kernel_gives_them() {
+    run_c_expecting(
+        "cm_addresses",
+        include_str!("c/cm_addresses.c"),
+        &["-lrdmacm", "-libverbs"],
+        "127.0.50.14",
+        &["127.0.50.14"],
+        &[
+            "addresses from the hints: 1",
+            "no addresses at all: 1",
+            "localhost binds the device: 1",
+            "port 0 is an ephemeral port: 1",
+            "it listens there: 1",
+            "a port held: 1",
+            "free again: 1",
+            "done",
+        ],
+    );
+}

@@ -1,0 +1,83 @@
+//! The RDMA-CM ports this process's IDs are bound to, per device and port space: a port a
+//! bound ID holds is not another's (`EADDRINUSE`, as the kernel's `cma_get_port` answers), and
+//! port 0 takes a free port of the kernel's ephemeral range
+//! (`/proc/sys/net/ipv4/ip_local_port_range`, as `cma_alloc_any_port`), so that an ID bound
+//! with port 0 listens, and names itself to a peer, on a real port (libfabric's `ofi_rxm`
+//! hands its peers the name of a listener bound so). The port goes back when the ID is
+//! destroyed or bound again.
+
+use std::collections::HashSet;
+use std::ops::RangeInclusive;
+use std::sync::{Mutex, OnceLock};
+
+use libc::c_int;
+
+/// A bound port: the device's index, the port space, the port.
+type Key = (usize, u32, u16);
+
+/// Every port bound in this process.
+static BOUND: Mutex<Option<HashSet<Key>>> = Mutex::new(None);
+
+/// The kernel's ephemeral port range (Linux's default where it cannot be read).
+fn ephemeral() -> RangeInclusive<u16> {
+    static RANGE: OnceLock<RangeInclusive<u16>> = OnceLock::new();
+    RANGE
+        .get_or_init(|| {
+            let read = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
+            let bounds: Option<Vec<u16>> = read.and_then(|text| {
+                text.split_whitespace()
+                    .map(|n| n.parse().ok())
+                    .collect::<Option<Vec<u16>>>()
+            });
+            match bounds.as_deref() {
+                Some(&[low, high]) if 0 < low && low <= high => low..=high,
+                _ => 32768..=60999,
+            }
+        })
+        .clone()
+}
+
+/// A port an ID holds, given back when dropped.
+#[derive(Debug)]
+pub(super) struct PortClaim(Key);
+
+impl PortClaim {
+    /// Claims `port` of port space `ps` on device `device`, or for port 0 a free ephemeral
+    /// one, starting from a point that varies from call to call (the kernel picks at random);
+    /// `EADDRINUSE` if `port` is taken or no ephemeral one is free.
+    pub(super) fn claim(device: usize, ps: u32, port: u16) -> Result<PortClaim, c_int> {
+        let mut bound = BOUND.lock().unwrap_or_else(|p| p.into_inner());
+        let bound = bound.get_or_insert_with(HashSet::new);
+        let chosen = if port != 0 {
+            port
+        } else {
+            let range = ephemeral();
+            let (low, count) = (u32::from(*range.start()), range.len() as u32);
+            let start = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            (0..count)
+                .map(|i| (low + (start + i) % count) as u16)
+                .find(|&p| !bound.contains(&(device, ps, p)))
+                .ok_or(libc::EADDRINUSE)?
+        };
+        if !bound.insert((device, ps, chosen)) {
+            return Err(libc::EADDRINUSE);
+        }
+        Ok(PortClaim((device, ps, chosen)))
+    }
+
+    /// The port claimed.
+    pub(super) fn port(&self) -> u16 {
+        self.0 .2
+    }
+}
+
+impl Drop for PortClaim {
+    fn drop(&mut self) {
+        let mut bound = BOUND.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bound) = bound.as_mut() {
+            bound.remove(&self.0);
+        }
+    }
+}
