@@ -1,7 +1,7 @@
 #!/bin/bash
 # build.sh KVER OUTDIR: assemble the lab guest from the host's installed Debian packages.
 #   OUTDIR/vmlinux            ELF kernel extracted from /boot/vmlinuz-KVER (QEMU boots it via PVH)
-#   OUTDIR/initramfs.cpio.gz  busybox + rdma_rxe & friends + rdma-core/perftest/rping/tc/tcpdump
+#   OUTDIR/initramfs.cpio.gz  busybox + rdma_rxe & friends + rdma-core/perftest/rping/ucx/tc/tcpdump
 # Called by lib.sh:lab_build_guest, which caches OUTDIR under a key that hashes this file, so any
 # edit here triggers a rebuild.
 set -euo pipefail
@@ -93,6 +93,11 @@ for b in $BINS; do
   # keep the binaries reachable from the guest's PATH whatever their host directory
   [ -e "$R/usr/bin/$(basename "$b")" ] || ln -s "$b" "$R/usr/bin/$(basename "$b")"
 done
+# UCX's ucx_perftest (ucx-utils), and the transport modules libuct dlopen()s from its ucx/
+# directory (rc and ud over verbs, RDMA-CM): the middleware case runs it against softroce
+[ -x /usr/bin/ucx_perftest ] || { echo "missing /usr/bin/ucx_perftest (ucx-utils)" >&2; exit 1; }
+copy_with_libs /usr/bin/ucx_perftest
+for m in /usr/lib/$MULTIARCH/ucx/libuct_*.so*; do copy_with_libs "$m"; done
 # the rxe verbs provider is dlopen()ed by libibverbs, found through /etc/libibverbs.d/rxe.driver
 for p in /usr/lib/$MULTIARCH/libibverbs/librxe-rdmav*.so; do copy_with_libs "$p"; done
 mkdir -p "$R/etc/libibverbs.d"
