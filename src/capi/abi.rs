@@ -701,8 +701,10 @@ pub struct ibv_data_buf {
 pub struct ibv_qp_ex {
     pub qp_base: ibv_qp,
     pub comp_mask: u64,
-    pub wr_id: u64,
-    pub wr_flags: c_uint,
+    /// The next request's `wr_id` and flags, which the program writes between calls while
+    /// other threads of its may use the QP: atomics of the fields' layouts.
+    pub wr_id: AtomicU64,
+    pub wr_flags: AtomicU32,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
     pub wr_bind_mw:

@@ -37,6 +37,8 @@ pub(crate) struct Cq {
     /// The completion `ibv_start_poll` or `ibv_next_poll` took last, which the `ibv_wc_read_*`
     /// calls read.
     pub current: Mutex<ibv_wc>,
+    /// Held from an `ibv_start_poll` that found a completion to its `ibv_end_poll`.
+    pub polling: crate::section::Section,
     /// Its completion and asynchronous events the program holds: a thread that got the CQ
     /// from its channel may still poll, re-arm and acknowledge it while another thread
     /// destroys it.
@@ -267,6 +269,7 @@ pub(crate) unsafe fn create(
         cq,
         // SAFETY: `ibv_wc` is plain integers, for which all zeroes are a value.
         current: Mutex::new(unsafe { std::mem::zeroed() }),
+        polling: Default::default(),
         held: HeldEvents::default(),
         users: Users::default(),
         born: Born::now(),

@@ -110,6 +110,8 @@ unsafe fn take_next(cq: *mut ibv_cq_ex) -> c_int {
 }
 
 /// `ibv_start_poll`: the first completion of a polling pass (`attr`'s `comp_mask` must be 0).
+/// A pass that found one is the thread's until `ibv_end_poll` ([`crate::section`]); one that
+/// found none (`ENOENT`) or failed has ended already, as `ibv_create_cq_ex(3)` has it.
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program's attributes, or null.
@@ -117,7 +119,16 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
             return libc::EINVAL;
         }
         // SAFETY: the program's CQ, as `ibv_start_poll` requires.
-        unsafe { take_next(cq) }
+        let Some(this) = (unsafe { Cq::from_ibv(cq.cast()) }) else {
+            return libc::EINVAL;
+        };
+        this.polling.enter();
+        // SAFETY: as above.
+        let found = unsafe { take_next(cq) };
+        if found != 0 {
+            this.polling.leave();
+        }
+        found
     })
 }
 
@@ -128,7 +139,14 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
 }
 
 /// `ibv_end_poll`: the pass ends; a completion taken is already off the queue.
-unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    guard((), || {
+        // SAFETY: the program's CQ, as `ibv_end_poll` requires.
+        if let Some(this) = unsafe { Cq::from_ibv(cq.cast()) } {
+            this.polling.leave();
+        }
+    })
+}
 
 /// One field of `cq`'s current completion, or `T::default()` for a CQ that is not the
 /// program's.

@@ -42,6 +42,7 @@ mod post;
 mod provider;
 mod qp;
 mod qp_ex;
+mod section;
 mod strings;
 mod users;
 
@@ -81,27 +82,52 @@ pub(crate) fn set_errno(value: c_int) {
 /// Waits until `fd`, the descriptor of one of the program's event channels (a completion
 /// channel, an async event queue, an RDMA-CM channel), is readable, as rdma-core's calls wait
 /// in `read()` on theirs: at once `EAGAIN` if the program made it non-blocking. A signal ends
-/// the wait with `EINTR`, as it ends rdma-core's `read()` when its handler lacks `SA_RESTART`:
-/// programs that time a test with an alarm (qperf, perftest's `-D`) end a wait for a message
-/// that will not come this way. (`poll` cannot be restarted as a `read()` could; a program
-/// whose handler has `SA_RESTART` also sees `EINTR`, which it may retry.)
+/// the wait with `EINTR` as it ends rdma-core's `read()`: when its handler lacks `SA_RESTART`
+/// (programs that time a test with an alarm, qperf and perftest's `-D`, end a wait for a
+/// message that will not come this way); else the wait goes on, as the kernel restarts the
+/// `read()`. `poll` is never restarted, and which signal came is not known, so the wait ends
+/// if any handler the program installed lacks `SA_RESTART` ([`every_handler_restarts`]).
 pub(crate) fn wait_readable(fd: std::os::fd::RawFd) -> Result<(), c_int> {
-    // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
-    if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-        return Err(libc::EAGAIN);
-    }
-    let mut pollfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd, ours, on the stack.
-    if unsafe { libc::poll(&mut pollfd, 1, -1) } < 0 {
-        return Err(std::io::Error::last_os_error()
+    loop {
+        // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
+        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
+            return Err(libc::EAGAIN);
+        }
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, ours, on the stack.
+        if unsafe { libc::poll(&mut pollfd, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let errno = std::io::Error::last_os_error()
             .raw_os_error()
-            .unwrap_or(libc::EIO));
+            .unwrap_or(libc::EIO);
+        if errno != libc::EINTR || !every_handler_restarts() {
+            return Err(errno);
+        }
     }
-    Ok(())
+}
+
+/// Whether every signal handler installed has `SA_RESTART` (none installed: true). The fault
+/// signals are left out: they come from an instruction, never during a wait (and the library's
+/// own guard of the program's memory handles SIGSEGV and SIGBUS).
+fn every_handler_restarts() -> bool {
+    let synchronous = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+    (1..=libc::SIGRTMAX())
+        .filter(|s| !synchronous.contains(s))
+        .all(|signal| {
+            // SAFETY: sigaction reads the disposition into `old`, ours; a signal it refuses
+            // (SIGKILL, SIGSTOP, one glibc keeps) has no handler of the program's.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            if unsafe { libc::sigaction(signal, std::ptr::null(), &mut old) } != 0 {
+                return true;
+            }
+            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+            !handled || old.sa_flags & libc::SA_RESTART != 0
+        })
 }
 
 /// Runs `body`, the whole of an exported function; if it panics (a bug in softroce), returns

@@ -82,12 +82,15 @@ unsafe fn inline_bytes(sg_list: *const ibv_sge, num_sge: c_int) -> Option<Inline
 pub(crate) unsafe fn gather_inline(
     parts: impl Iterator<Item = (*const u8, usize)> + Clone,
 ) -> Option<InlineData> {
-    let total: u64 = parts.clone().map(|(_, len)| len as u64).sum();
-    if total > u64::from(MAX_INLINE) {
+    // Checked: a program's lengths may add up past any integer.
+    let total = parts
+        .clone()
+        .try_fold(0usize, |sum, (_, len)| sum.checked_add(len))?;
+    if total > MAX_INLINE as usize {
         return None;
     }
     // Up to INLINE_BYTES in the request itself: a small inline post allocates nothing.
-    let mut bytes = InlineData::with_capacity(total as usize);
+    let mut bytes = InlineData::with_capacity(total);
     for (addr, len) in parts {
         if len == 0 {
             continue;

@@ -42,6 +42,8 @@ pub(crate) struct Qp {
     pub ibv: ibv_qp_ex,
     /// The requests the `ibv_wr_*` calls are building.
     pub batch: Mutex<crate::qp_ex::Batch>,
+    /// Held from `ibv_wr_start` to `ibv_wr_complete` or `ibv_wr_abort`.
+    pub building: crate::section::Section,
     pub qp: Arc<QueuePair>,
     /// `sq_sig_all`: every send request completes, signalled or not.
     pub sq_sig_all: bool,
@@ -420,6 +422,7 @@ pub(crate) unsafe fn create(
     let boxed = Box::new(Qp {
         ibv,
         batch: Mutex::default(),
+        building: Default::default(),
         qp,
         sq_sig_all: init.sq_sig_all != 0,
         cap: *cap,

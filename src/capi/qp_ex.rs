@@ -6,13 +6,16 @@
 //! [`SendWr`]s in the QP ([`Batch`]): each operation call (`ibv_wr_send`, `ibv_wr_rdma_write`,
 //! ...) begins a request with the `wr_id` and `wr_flags` the program set in the `ibv_qp_ex`,
 //! and the setters that follow give it its data (`ibv_wr_set_sge`, `ibv_wr_set_inline_data`,
-//! ...) and, on UD, its destination. `ibv_wr_complete` posts the batch as one chain, with one
-//! doorbell, as `ibv_post_send` posts a list; a call that could not be honoured (a malformed
-//! setter, an operation softroce lacks) makes it post nothing and return the error, as rxe's
-//! does; `ibv_wr_abort` drops the batch. Inline data is copied when it is set, as verbs
-//! require. The operations a QP may ask for are rxe's for its type.
+//! ...) and, on UD, its destination. `ibv_wr_complete` posts the batch whole, with one
+//! doorbell, or nothing: a call that could not be honoured (a malformed setter, an operation
+//! softroce lacks) or a request the send queue has no room for makes it post nothing and
+//! return the error, as `ibv_wr_post(3)` has it; `ibv_wr_abort` drops the batch. From start to
+//! complete the batch is the thread's that started it ([`crate::section`]). Inline data is
+//! copied when it is set, as verbs require. The operations a QP may ask for are rxe's for its
+//! type.
 
 use std::ptr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::MutexGuard;
 
 use libc::{c_int, c_void, size_t};
@@ -129,8 +132,8 @@ pub(crate) fn unextended(base: ibv_qp) -> ibv_qp_ex {
     ibv_qp_ex {
         qp_base: base,
         comp_mask: 0,
-        wr_id: 0,
-        wr_flags: 0,
+        wr_id: AtomicU64::new(0),
+        wr_flags: AtomicU32::new(0),
         wr_atomic_cmp_swp: None,
         wr_atomic_fetch_add: None,
         wr_bind_mw: None,
@@ -238,8 +241,9 @@ unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
     // SAFETY: per the contract.
     unsafe {
         with_batch(qp, |this, mut batch| {
-            let flags = this.ibv.wr_flags;
-            let mut request = SendWr::new(this.ibv.wr_id, op, Payload::Sges(SgeList::new()));
+            let flags = this.ibv.wr_flags.load(Relaxed);
+            let wr_id = this.ibv.wr_id.load(Relaxed);
+            let mut request = SendWr::new(wr_id, op, Payload::Sges(SgeList::new()));
             request.signaled = flags & IBV_SEND_SIGNALED != 0 || this.sq_sig_all;
             request.fence = flags & IBV_SEND_FENCE != 0;
             request.solicited = flags & IBV_SEND_SOLICITED != 0;
@@ -283,37 +287,57 @@ unsafe fn lacks(qp: *mut ibv_qp_ex, verb: &str) {
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
-    // SAFETY: the program's QP, as `ibv_wr_start` requires.
-    unsafe { with_batch(qp, |_, mut batch| batch.clear()) }
+    guard((), || {
+        // SAFETY: the program's QP, as `ibv_wr_start` requires.
+        if let Some(this) = unsafe { Qp::from_ibv(qp.cast()) } {
+            // Until `ibv_wr_complete` or `ibv_wr_abort`, the QP's batch is this thread's.
+            this.building.enter();
+            this.batch.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    })
 }
 
+/// `ibv_wr_complete`: posts the batch whole (0), or nothing with the error: the first of its
+/// calls' (`EINVAL` for a malformed one, `EOPNOTSUPP`), or the post's (`ENOMEM` for a send
+/// queue without room for all of it, `EINVAL` for a request the QP cannot send). `EINVAL` for
+/// a QP that is not the program's; `EIO` if softroce failed.
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
-    // SAFETY: the program's QP, as `ibv_wr_complete` requires.
-    unsafe {
-        with_batch(qp, |this, mut batch| {
+    guard(libc::EIO, || {
+        // SAFETY: the program's QP, as `ibv_wr_complete` requires.
+        let Some(this) = (unsafe { Qp::from_ibv(qp.cast()) }) else {
+            return libc::EINVAL;
+        };
+        let posted = {
+            let mut batch = this.batch.lock().unwrap_or_else(|p| p.into_inner());
             let unaddressed = this.ibv.qp_base.qp_type == IBV_QPT_UD
                 && batch.requests.iter().any(|r| r.ud.is_none());
             if unaddressed {
                 batch.fail(libc::EINVAL);
             }
             let error = batch.error;
-            if error != 0 {
-                batch.clear();
-                return error;
-            }
-            let posted = this.qp.post_send_batch(batch.requests.drain(..));
+            let posted = if error != 0 {
+                Err(error)
+            } else {
+                this.qp
+                    .post_send_all(&mut batch.requests)
+                    .map_err(|e| errno_of(&e))
+            };
             batch.clear();
-            match posted {
-                Ok(_) => 0,
-                Err(partial) => errno_of(&partial.error),
-            }
-        })
-    }
+            posted
+        };
+        this.building.leave();
+        posted.err().unwrap_or(0)
+    })
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
-    // SAFETY: the program's QP, as `ibv_wr_abort` requires.
-    unsafe { with_batch(qp, |_, mut batch| batch.clear()) }
+    guard((), || {
+        // SAFETY: the program's QP, as `ibv_wr_abort` requires.
+        if let Some(this) = unsafe { Qp::from_ibv(qp.cast()) } {
+            this.batch.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            this.building.leave();
+        }
+    })
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {

@@ -35,6 +35,11 @@ impl Queue {
     /// Takes a slot if fewer than `max` are outstanding. Posters race only with each other
     /// (a compare-and-swap on their own line); the engine's retirements only make room.
     fn take(&self, max: usize) -> bool {
+        self.take_n(1, max)
+    }
+
+    /// Takes `n` slots at once if no more than `max` would then be outstanding, else none.
+    fn take_n(&self, n: usize, max: usize) -> bool {
         loop {
             // `retired` first: a request is retired only after it was posted, so a `retired`
             // read before `posted` is never ahead of it. Read the other way round, another
@@ -42,12 +47,12 @@ impl Queue {
             // and refuse a post to an empty queue.
             let retired = self.retired.0.load(Ordering::Acquire);
             let posted = self.posted.0.load(Ordering::Acquire);
-            if posted.wrapping_sub(retired) >= max {
+            if posted.wrapping_sub(retired).saturating_add(n) > max {
                 return false;
             }
             let taken = self.posted.0.compare_exchange_weak(
                 posted,
-                posted.wrapping_add(1),
+                posted.wrapping_add(n),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             );
@@ -82,6 +87,11 @@ impl QueueSlots {
     /// A slot for a send request, if fewer than `max` are outstanding.
     pub fn take_send(&self, max: usize) -> bool {
         self.send.take(max)
+    }
+
+    /// Slots for `n` send requests, all or none, if no more than `max` would be outstanding.
+    pub fn take_sends(&self, n: usize, max: usize) -> bool {
+        self.send.take_n(n, max)
     }
 
     /// A slot for a receive request, if fewer than `max` are outstanding.
@@ -123,5 +133,16 @@ mod tests {
             (4, 1),
             "a refused take leaves the count as it was"
         );
+    }
+
+    #[test]
+    fn several_slots_are_taken_all_or_none() {
+        let slots = QueueSlots::default();
+        assert!(slots.take_sends(3, 4));
+        assert!(!slots.take_sends(2, 4), "two more would be five");
+        assert_eq!(slots.outstanding(), (3, 0), "a refused take takes nothing");
+        assert!(slots.take_sends(1, 4) && !slots.take_send(4));
+        slots.retire_sends(4);
+        assert!(slots.take_sends(4, 4));
     }
 }

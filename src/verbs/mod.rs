@@ -848,6 +848,35 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Posts every request of `wrs`, in order, or none: each is checked as
+    /// [`post_send`](Self::post_send) checks it, and slots for all are taken at once, before
+    /// any reaches the device; then one wake-up. What the extended QP's `ibv_wr_complete`
+    /// promises ("the entire posting is aborted" on a failure). `wrs` is emptied either way.
+    /// Returns how many were posted.
+    pub fn post_send_all(&self, wrs: &mut Vec<SendWr>) -> Result<usize> {
+        let checked = wrs.iter().try_for_each(|wr| self.check_send(wr));
+        let n = wrs.len();
+        if let Err(refused) = checked {
+            wrs.clear();
+            return Err(refused);
+        }
+        if !self.queues.slots.take_sends(n, self.depths.0) {
+            wrs.clear();
+            return Err(Error::QueueFull);
+        }
+        for (handed, wr) in wrs.drain(..).enumerate() {
+            if let Err(gone) = self.hand_over(&self.queues.send, wr, QueueSlots::retire_sends) {
+                // The device stopped: the slots of the requests not handed over go back.
+                self.queues.slots.retire_sends(n - handed - 1);
+                return Err(gone);
+            }
+        }
+        if n > 0 {
+            self.engine().ring(&self.queues)?;
+        }
+        Ok(n)
+    }
+
     /// Posts `wrs` in order, waking the device once for all of them: what a linked list of
     /// work requests is to `ibv_post_send`. Stops at the first request refused, as
     /// [`post_send`](Self::post_send) would refuse it; the ones before it are posted, and

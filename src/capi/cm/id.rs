@@ -370,11 +370,12 @@ impl Id {
         self.ibv.route.addr.ibaddr.dgid = gid(addr.ip());
     }
 
-    /// Binds the ID to the device of `addr` (the first device for a wildcard address).
+    /// Binds the ID, unbound yet, to the device of `addr` (the first device for a wildcard
+    /// address, or a loopback address no device has), and to its port (an ephemeral one for
+    /// port 0).
     fn bind(&mut self, addr: SocketAddr) -> Result<(), c_int> {
         let entry = devices::entry_for(addr.ip()).ok_or(libc::EADDRNOTAVAIL)?;
-        // A port bound before (an address resolved after a bind) is this ID's to take again.
-        self.port = None;
+        // Until the bind is done, a failure gives the port back (`claim` drops).
         let claim = PortClaim::claim(entry.index, self.ibv.ps, addr.port())?;
         let context = devices::cm_context(entry)?;
         // SAFETY: librdmacm's contexts stay open for the process's life.
@@ -723,6 +724,10 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
     with_id(id, |this| {
         // SAFETY: the program passes a sockaddr of its family's length.
         let addr = unsafe { socket_addr(addr) }.ok_or(libc::EAFNOSUPPORT)?;
+        // An ID binds once, as the kernel's binds only an idle ID.
+        if !this.ibv.verbs.is_null() {
+            return Err(libc::EINVAL);
+        }
         this.bind(addr)?;
         this.shared.set(Stage::Bound);
         Ok(0)
@@ -741,9 +746,10 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     with_id(id, |this| {
         // SAFETY: the program passes sockaddrs of their families' lengths, or null for src.
         let dst = unsafe { socket_addr(dst) }.ok_or(libc::EINVAL)?;
+        // A bound ID keeps its address (the kernel binds `src` only for an idle ID).
         // SAFETY: as above.
         match unsafe { socket_addr(src) } {
-            Some(src) => this.bind(src)?,
+            Some(src) if this.ibv.verbs.is_null() => this.bind(src)?,
             None if this.ibv.verbs.is_null() => {
                 let wildcard = SocketAddr::new(
                     devices::default_for(dst.ip()).ok_or(libc::EADDRNOTAVAIL)?,
@@ -751,7 +757,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
                 );
                 this.bind(wildcard)?;
             }
-            None => {}
+            _ => {}
         }
         this.set_peer(dst);
         this.shared.set(Stage::AddrResolved);

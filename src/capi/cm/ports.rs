@@ -4,19 +4,30 @@
 //! (`/proc/sys/net/ipv4/ip_local_port_range`, as `cma_alloc_any_port`), so that an ID bound
 //! with port 0 listens, and names itself to a peer, on a real port (libfabric's `ofi_rxm`
 //! hands its peers the name of a listener bound so). The port goes back when the ID is
-//! destroyed or bound again.
+//! destroyed. A child after `fork()` starts with none: its parent's IDs are not its own.
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use libc::c_int;
+
+use crate::fork::Born;
 
 /// A bound port: the device's index, the port space, the port.
 type Key = (usize, u32, u16);
 
-/// Every port bound in this process.
-static BOUND: Mutex<Option<HashSet<Key>>> = Mutex::new(None);
+/// Every port bound in this process, and the process generation they were bound in.
+static BOUND: Mutex<Option<(Born, HashSet<Key>)>> = Mutex::new(None);
+
+/// This process's bound ports: those of a parent before `fork()` are forgotten.
+fn bound() -> MutexGuard<'static, Option<(Born, HashSet<Key>)>> {
+    let mut bound = BOUND.lock().unwrap_or_else(|p| p.into_inner());
+    if !bound.as_ref().is_some_and(|(born, _)| born.current()) {
+        *bound = Some((Born::now(), HashSet::new()));
+    }
+    bound
+}
 
 /// The kernel's ephemeral port range (Linux's default where it cannot be read).
 fn ephemeral() -> RangeInclusive<u16> {
@@ -46,8 +57,10 @@ impl PortClaim {
     /// one, starting from a point that varies from call to call (the kernel picks at random);
     /// `EADDRINUSE` if `port` is taken or no ephemeral one is free.
     pub(super) fn claim(device: usize, ps: u32, port: u16) -> Result<PortClaim, c_int> {
-        let mut bound = BOUND.lock().unwrap_or_else(|p| p.into_inner());
-        let bound = bound.get_or_insert_with(HashSet::new);
+        let mut table = bound();
+        let Some((_, bound)) = table.as_mut() else {
+            return Err(libc::EADDRINUSE);
+        };
         let chosen = if port != 0 {
             port
         } else {
@@ -75,8 +88,7 @@ impl PortClaim {
 
 impl Drop for PortClaim {
     fn drop(&mut self) {
-        let mut bound = BOUND.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(bound) = bound.as_mut() {
+        if let Some((_, bound)) = bound().as_mut() {
             bound.remove(&self.0);
         }
     }

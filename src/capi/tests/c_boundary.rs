@@ -313,19 +313,21 @@ fn no_panic_crosses_into_c_when_standard_error_is_gone() {
 
 /// Found with qperf (issue 50): a wait for an event went on through a signal, where
 /// rdma-core's `read()` returns `EINTR`, so a program that ends its last wait with an alarm
-/// (qperf at the end of each test) hung until its peer gave up.
+/// (qperf at the end of each test) hung until its peer gave up. A handler with `SA_RESTART`
+/// lets the wait go on, as the kernel restarts the `read()`.
 #[test]
 fn a_signal_ends_a_wait_for_an_event() {
     run_expecting(
         "interrupted",
         include_str!("c/interrupted.c"),
-        &["-lrdmacm", "-libverbs"],
+        &["-lrdmacm", "-libverbs", "-lpthread"],
         "127.0.49.24",
         &[],
         &[
             "ibv_get_cq_event: -1 Interrupted system call, alarms 1",
             "ibv_get_async_event: -1 Interrupted system call, alarms 2",
             "rdma_get_cm_event: -1 Interrupted system call, alarms 3",
+            "restarted: 0 RDMA_CM_EVENT_ADDR_RESOLVED, alarms 4",
             "done",
         ],
     );

@@ -213,7 +213,7 @@ fn the_extended_cq_and_qp_post_and_poll_every_operation() {
     run_c_expecting(
         "extended",
         include_str!("c/extended.c"),
-        &["-lrdmacm", "-libverbs"],
+        &["-lrdmacm", "-libverbs", "-lpthread"],
         "127.0.50.12,127.0.50.13",
         &[],
         &[
@@ -238,6 +238,7 @@ fn the_extended_cq_and_qp_post_and_poll_every_operation() {
             "ibv_query_device_ex: 1",
             "timestamps refused: 1",
             "UD WRITE refused: 1",
+            "two threads' batches: 0 refused",
             "UD send without an address: 1",
             "UD send posted: 0",
             "UD received: 1",
@@ -267,6 +268,7 @@ fn rdma_cm_addresses_as_the_kernel_gives_them() {
             "localhost binds the device: 1",
             "port 0 is an ephemeral port: 1",
             "it listens there: 1",
+            "a bound ID binds once: 1",
             "a port held: 1",
             "free again: 1",
             "done",

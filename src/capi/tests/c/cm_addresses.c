@@ -1,7 +1,8 @@
 /* What librdmacm's address calls answer as the kernel and rdma-core do, where libfabric's
  * verbs provider relies on it: rdma_getaddrinfo with the addresses only in the hints, a bind to
  * a loopback address that no device has (the first device, at its own address), port 0 (an
- * ephemeral port, at the bind), and a port another ID holds (EADDRINUSE until it is destroyed).
+ * ephemeral port, at the bind), a port another ID holds (EADDRINUSE until it is destroyed), and
+ * a second bind of one ID (EINVAL, the first kept).
  * SOFTROCE_ADDR names one address, given again as argv[1]. Prints what it saw. */
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
@@ -61,6 +62,11 @@ int main(int argc, char **argv) {
 
     struct sockaddr_in fixed = ipv4(device, 7471);
     CHECK(rdma_bind_addr(first, (struct sockaddr *)&fixed) == 0, "rdma_bind_addr");
+    struct sockaddr_in elsewhere = ipv4(device, 7472);
+    errno = 0;
+    ret = rdma_bind_addr(first, (struct sockaddr *)&elsewhere);
+    printf("a bound ID binds once: %d\n", ret == -1 && errno == EINVAL &&
+                                          ntohs(rdma_get_src_port(first)) == 7471);
     errno = 0;
     ret = rdma_bind_addr(second, (struct sockaddr *)&fixed);
     printf("a port held: %d\n", ret == -1 && errno == EADDRINUSE);

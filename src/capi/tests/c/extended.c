@@ -2,9 +2,12 @@
  * ibv_create_qp_ex with send_ops_flags and the ibv_wr_* calls (RC: WRITE, WRITE with
  * immediate, SEND with immediate, READ, both atomics, inline data, SGE lists, a batch of two,
  * abort, malformed batches; UD: SEND with its address), ibv_qp_to_qp_ex, ibv_query_device_ex
- * and rdma_create_qp_ex. Two devices of one process (SOFTROCE_ADDR names two addresses).
+ * and rdma_create_qp_ex; two threads building batches on one QP at once, which the library
+ * serialises from ibv_wr_start to ibv_wr_complete. Two devices of one process (SOFTROCE_ADDR
+ * names two addresses).
  * Prints what it saw. */
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <time.h>
 
@@ -297,8 +300,56 @@ static void cm(void) {
     rdma_destroy_event_channel(channel);
 }
 
+/* What each thread of concurrent() posts through. */
+struct poster {
+    struct ibv_qp_ex *qpx;
+    uint32_t lkey, rkey;
+    uint8_t *local, *remote;
+    int refused; /* wr_complete's errors other than a full queue */
+};
+
+static void *post_many(void *arg) {
+    struct poster *p = arg;
+    for (int i = 0; i < 2000; i++) {
+        int ret;
+        do {
+            ibv_wr_start(p->qpx);
+            p->qpx->wr_id = i;
+            p->qpx->wr_flags = 0;
+            ibv_wr_rdma_write(p->qpx, p->rkey, (uintptr_t)p->remote);
+            ibv_wr_set_sge(p->qpx, p->lkey, (uintptr_t)p->local, 8);
+            ret = ibv_wr_complete(p->qpx);
+        } while (ret == ENOMEM);
+        if (ret)
+            p->refused++;
+    }
+    return NULL;
+}
+
+static void concurrent(void) {
+    struct ex_side a, b;
+    open_ex(0, IBV_QPT_RC, RC_OPS, &a);
+    open_ex(1, IBV_QPT_RC, RC_OPS, &b);
+    to_rts(&a.s, &b.s);
+    to_rts(&b.s, &a.s);
+    static uint8_t local[8], remote[8];
+    struct ibv_mr *lmr = ibv_reg_mr(a.s.pd, local, sizeof local, ALL_ACCESS);
+    struct ibv_mr *rmr = ibv_reg_mr(b.s.pd, remote, sizeof remote, ALL_ACCESS);
+    CHECK(lmr && rmr, "ibv_reg_mr");
+    struct poster posters[2];
+    pthread_t threads[2];
+    for (int t = 0; t < 2; t++) {
+        posters[t] = (struct poster){ a.qpx, lmr->lkey, rmr->rkey, local, remote, 0 };
+        CHECK(pthread_create(&threads[t], NULL, post_many, &posters[t]) == 0, "pthread_create");
+    }
+    for (int t = 0; t < 2; t++)
+        pthread_join(threads[t], NULL);
+    printf("two threads' batches: %d refused\n", posters[0].refused + posters[1].refused);
+}
+
 int main(void) {
     rc();
+    concurrent();
     ud();
     cm();
     printf("done\n");
