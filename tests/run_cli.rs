@@ -99,8 +99,8 @@ fn run_passes_trains_per_qp_to_the_library_and_bad_values_are_refused() {
 
 /// A program run by `softroce run` finds `/dev/infiniband/uverbsN` (one per device) and
 /// `rdma_cm` as character devices it may open, as UCX requires, while its /dev keeps the host's
-/// devices; nothing changes on the host; a user with no privilege gets the same (a user
-/// namespace), and `--host-dev` keeps the host's /dev.
+/// devices (and, as root, new pseudo-terminals); nothing changes on the host; a user with no
+/// privilege gets the same (a user namespace), and `--host-dev` keeps the host's /dev.
 #[test]
 fn run_gives_the_program_its_own_dev_infiniband() {
     let host_had_it = std::path::Path::new("/dev/infiniband").exists();
@@ -141,6 +141,26 @@ fn run_gives_the_program_its_own_dev_infiniband() {
     );
 
     if is_root() {
+        // A new pseudo-terminal opens: as root, /dev/ptmx is a node of the view's own (a bind
+        // of the host's would not find its devpts).
+        let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+            .args([
+                "run",
+                "--addr",
+                "127.0.3.24",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+            ])
+            .arg("import os, pty; m, s = pty.openpty(); print(os.ttyname(s))")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.starts_with("/dev/pts/"),
+            "{out:?}"
+        );
+
         let out = run(Some("65534"), &[]);
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");

@@ -15,8 +15,17 @@
 //! Root gets a mount namespace directly. Anyone else gets it inside a user namespace that maps
 //! their own user and group to themselves, so the program runs as who ran it, with no
 //! privilege (a user namespace's capabilities are dropped at `exec` for a non-root user).
-//! Where neither is allowed (a container whose seccomp profile refuses `unshare`), the program
-//! runs with the host's `/dev` and [`give_device_nodes`] says why.
+//! Where neither is allowed (a container whose seccomp profile refuses `unshare`), or the copy
+//! fails halfway (undone: the host's `/dev` shows again), the program runs with the host's
+//! `/dev` and [`give_device_nodes`] says why; only a user namespace whose user could not be
+//! mapped stops the program ([`ViewError::fatal`]).
+//!
+//! The copy's limits: `/dev` is the host's as it was at the start (a node made later does not
+//! show); `/dev/ptmx` is a new node as root, and in a user namespace a link to `pts/ptmx`,
+//! which works only where the host's `devpts` lets users open it (`ptmxmode`; Debian's does
+//! not: new pseudo-terminals then fail, as README says); a bind of the host's
+//! `ptmx` would not work at all, since the kernel finds a `ptmx`'s `devpts` beside it. Mounts
+//! the host makes later still reach the program (the namespace is a slave of the host's).
 
 use std::fs::{self, File};
 use std::io;
@@ -25,8 +34,9 @@ use std::os::unix::fs::{symlink, FileTypeExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::mount::{mount, MsFlags};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nix::unistd::{getgid, getuid};
 
 /// Where rdma-core's programs look for a device's nodes.
@@ -39,6 +49,9 @@ pub struct ViewError {
     step: String,
     /// The system's answer.
     error: io::Error,
+    /// Whether the process is left unfit to run the program: in a user namespace whose user
+    /// could not be mapped, where it would run as nobody.
+    pub fatal: bool,
 }
 
 impl std::fmt::Display for ViewError {
@@ -56,6 +69,7 @@ fn step<T>(
     result.map_err(|error| ViewError {
         step: step(),
         error: error.into(),
+        fatal: false,
     })
 }
 
@@ -83,15 +97,15 @@ pub fn give_device_nodes(devices: usize) -> Result<bool, ViewError> {
     if host_has_nodes(devices) {
         return Ok(false);
     }
-    enter_mount_namespace()?;
-    // Mounts made from here on stay in this namespace: none propagates back to the host's.
+    let in_user_namespace = enter_mount_namespace()?;
+    // Mounts made from here on stay in this namespace; the host's later ones still come in.
     step(
-        || "making this mount namespace's mounts private".into(),
+        || "making this mount namespace a slave of the host's".into(),
         mount(
             None::<&str>,
             "/",
             None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            MsFlags::MS_REC | MsFlags::MS_SLAVE,
             None::<&str>,
         ),
     )?;
@@ -100,30 +114,40 @@ pub fn give_device_nodes(devices: usize) -> Result<bool, ViewError> {
     let host_dev = step(|| "opening /dev".into(), File::open(dev))?;
     let host_path = PathBuf::from(format!("/proc/self/fd/{}", host_dev.as_raw_fd()));
     let infiniband = Path::new(DEV_INFINIBAND);
-    if infiniband.is_dir() {
-        cover_with_copy(infiniband, &host_path.join("infiniband"))?;
-    } else {
-        cover_with_copy(dev, &host_path)?;
-        step(
-            || format!("creating {DEV_INFINIBAND}"),
-            fs::create_dir(infiniband),
-        )?;
-    }
-    let null = host_path.join("null");
-    for name in node_names(devices) {
-        let node = infiniband.join(name);
-        if !node.exists() {
-            bind(&null, &node, false)?;
+    let covered = if infiniband.is_dir() { infiniband } else { dev };
+    let made = cover_with_copy(covered, &host_path, in_user_namespace).and_then(|()| {
+        if !infiniband.is_dir() {
+            step(
+                || format!("creating {DEV_INFINIBAND}"),
+                fs::create_dir(infiniband),
+            )?;
+        }
+        let null = host_path.join("null");
+        for name in node_names(devices) {
+            let node = infiniband.join(name);
+            if !node.exists() {
+                bind(&null, &node, false)?;
+            }
+        }
+        Ok(())
+    });
+    match made {
+        Ok(()) => Ok(true),
+        Err(why) => {
+            // Undone: the tmpfs goes, with every bind under it, and the host's /dev shows
+            // again, in this namespace.
+            let _ = umount2(covered, MntFlags::MNT_DETACH);
+            Err(why)
         }
     }
-    Ok(true)
 }
 
 /// Enters a mount namespace of this process's own: directly where it may (root), else inside
-/// a user namespace that maps its user and group to themselves.
-fn enter_mount_namespace() -> Result<(), ViewError> {
+/// a user namespace that maps its user and group to themselves. Returns whether it is in a
+/// user namespace.
+fn enter_mount_namespace() -> Result<bool, ViewError> {
     match unshare(CloneFlags::CLONE_NEWNS) {
-        Ok(()) => return Ok(()),
+        Ok(()) => return Ok(false),
         Err(Errno::EPERM) => {}
         Err(error) => return step(|| "making a mount namespace".into(), Err(error)),
     }
@@ -138,15 +162,19 @@ fn enter_mount_namespace() -> Result<(), ViewError> {
         ("/proc/self/uid_map", format!("{uid} {uid} 1")),
         ("/proc/self/gid_map", format!("{gid} {gid} 1")),
     ] {
-        step(|| format!("writing {file}"), fs::write(file, line))?;
+        // The user namespace cannot be left: unmapped, the program would run as nobody.
+        step(|| format!("writing {file}"), fs::write(file, line)).map_err(|mut why| {
+            why.fatal = true;
+            why
+        })?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Mounts a tmpfs on `dir` and fills it with `original`'s entries: each directory, device,
 /// socket and file bind-mounted from there (with the mounts below it), each symbolic link made
-/// again with its target.
-fn cover_with_copy(dir: &Path, original: &Path) -> Result<(), ViewError> {
+/// again with its target, and `ptmx` made anew ([`pseudo_terminal_multiplexer`]).
+fn cover_with_copy(dir: &Path, original: &Path, in_user_namespace: bool) -> Result<(), ViewError> {
     let entries: Vec<fs::DirEntry> = step(
         || format!("reading {}", dir.display()),
         fs::read_dir(dir).and_then(|list| list.collect::<io::Result<Vec<_>>>()),
@@ -165,7 +193,9 @@ fn cover_with_copy(dir: &Path, original: &Path) -> Result<(), ViewError> {
         let name = entry.file_name();
         let (from, to) = (original.join(&name), dir.join(&name));
         let kind = step(|| format!("reading {}", to.display()), entry.file_type())?;
-        if kind.is_symlink() {
+        if name == "ptmx" && dir == Path::new("/dev") {
+            pseudo_terminal_multiplexer(&to, in_user_namespace)?;
+        } else if kind.is_symlink() {
             let target = step(
                 || format!("reading {}", from.display()),
                 fs::read_link(&from),
@@ -176,6 +206,28 @@ fn cover_with_copy(dir: &Path, original: &Path) -> Result<(), ViewError> {
         }
     }
     Ok(())
+}
+
+/// `/dev/ptmx` at `to`: the kernel finds the `devpts` of a `ptmx` beside it, in its own mount,
+/// so a bind of the host's fails (ENOENT). Root makes the node (5, 2) in the tmpfs, which
+/// finds the bound `/dev/pts`; in a user namespace, where nodes cannot be made, a link to
+/// `pts/ptmx`, which opens only where the host's `devpts` allows users to.
+fn pseudo_terminal_multiplexer(to: &Path, in_user_namespace: bool) -> Result<(), ViewError> {
+    if in_user_namespace {
+        return step(
+            || format!("linking {}", to.display()),
+            symlink("pts/ptmx", to),
+        );
+    }
+    step(
+        || format!("making {}", to.display()),
+        mknod(
+            to,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(5, 2),
+        ),
+    )
 }
 
 /// Bind-mounts `from` (with the mounts below it) on a new directory or empty file `to`.

@@ -93,12 +93,14 @@ pub fn exec(options: &RunOptions<'_>, program: &OsString, args: &[OsString]) -> 
         command.env(C_TRAINS_PER_QP_VAR, "1");
     }
     if options.device_nodes {
-        if let Err(why) = device_view::give_device_nodes(options.addrs.len().max(1)) {
+        match device_view::give_device_nodes(options.addrs.len().max(1)) {
+            Ok(_) => {}
+            Err(why) if why.fatal => return format!("cannot give the program its /dev: {why}"),
             // Most programs never look at /dev/infiniband: run this one all the same.
-            eprintln!(
+            Err(why) => eprintln!(
                 "softroce run: the program sees the host's /dev, with no /dev/infiniband/uverbs0 \
                  (UCX will not find the device): {why}"
-            );
+            ),
         }
     }
     let error = command.exec();
