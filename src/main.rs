@@ -1101,7 +1101,7 @@ fn rping(args: &RpingArgs) -> ExitCode {
         // rping's exit(-1) from its CM event handler.
         Err(
             e @ tools::Error::Device {
-                error: softroce::verbs::Error::ConnectFailed(_),
+                error: softroce::verbs::Error::ConnectFailed { .. },
                 ..
             },
         ) => {

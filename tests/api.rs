@@ -256,10 +256,13 @@ fn queue_depths_are_exact() {
     for wr_id in 0..4 {
         a.post_send(write(wr_id)).unwrap();
     }
-    assert!(matches!(a.post_send(write(4)), Err(Error::QueueFull)));
+    assert!(matches!(
+        a.post_send(write(4)),
+        Err(Error::QueueFull { .. })
+    ));
     let batch = a.post_send_batch((5..7).map(write)).unwrap_err();
     assert_eq!(batch.posted, 0);
-    assert!(matches!(batch.error, Error::QueueFull));
+    assert!(matches!(batch.error, Error::QueueFull { .. }));
 
     b.init(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     for wr_id in 0..4 {
@@ -267,7 +270,10 @@ fn queue_depths_are_exact() {
             .unwrap();
     }
     let recv = RecvWr::new(4, b_mr.sge(0, 64).unwrap());
-    assert!(matches!(b.post_recv(recv.clone()), Err(Error::QueueFull)));
+    assert!(matches!(
+        b.post_recv(recv.clone()),
+        Err(Error::QueueFull { .. })
+    ));
 
     // b connects: a's WRITEs are acknowledged (the retry timer resends them), their slots
     // come back, and a SEND consumes one of b's receives, whose slot comes back too.

@@ -364,7 +364,10 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     for wr_id in 100..116 {
         post(wr_id).unwrap();
     }
-    assert!(matches!(post(116), Err(softroce::verbs::Error::QueueFull)));
+    assert!(matches!(
+        post(116),
+        Err(softroce::verbs::Error::QueueFull { .. })
+    ));
     post_ud_send(&a_qp, 2, a_mr.sge(0, 29).unwrap(), to_b);
     let got = b_cq
         .wait(Duration::from_secs(5))
@@ -378,10 +381,16 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
     };
     assert!(b_srq.modify(shrink(15)).is_err(), "16 are posted");
     b_srq.modify(shrink(16)).unwrap();
-    assert!(matches!(post(117), Err(softroce::verbs::Error::QueueFull)));
+    assert!(matches!(
+        post(117),
+        Err(softroce::verbs::Error::QueueFull { .. })
+    ));
     b_srq.modify(shrink(17)).unwrap();
     post(117).unwrap();
-    assert!(matches!(post(118), Err(softroce::verbs::Error::QueueFull)));
+    assert!(matches!(
+        post(118),
+        Err(softroce::verbs::Error::QueueFull { .. })
+    ));
     // Below the size it was created with: the posts are held to the new size.
     a_srq.modify(shrink(2)).unwrap();
     for wr_id in 0..2 {
@@ -390,7 +399,10 @@ fn ud_and_a_shared_receive_queue_over_real_sockets() {
             .unwrap();
     }
     let third = a_srq.post_recv(RecvWr::new(2, [a_mr.sge(0, 64).unwrap()]));
-    assert!(matches!(third, Err(softroce::verbs::Error::QueueFull)));
+    assert!(matches!(
+        third,
+        Err(softroce::verbs::Error::QueueFull { .. })
+    ));
 }
 
 #[test]
@@ -975,7 +987,7 @@ fn requests_posted_to_a_full_queue_go_out_without_another_post() {
     loop {
         match qp.post_send(write(posted)) {
             Ok(()) => posted += 1,
-            Err(softroce::verbs::Error::QueueFull) => break,
+            Err(softroce::verbs::Error::QueueFull { .. }) => break,
             Err(e) => panic!("{e}"),
         }
         assert!(posted < 64, "the queue never filled");

@@ -146,7 +146,10 @@ fn a_connect_to_a_silent_peer_gives_up_at_its_timeout() {
     assert!(
         matches!(
             tried,
-            Err(Error::ConnectFailed(softroce::cm::Failure::TimedOut))
+            Err(Error::ConnectFailed {
+                failure: softroce::cm::Failure::TimedOut,
+                ..
+            })
         ),
         "{tried:?}"
     );
@@ -210,12 +213,42 @@ fn a_connect_to_an_address_with_no_device_fails_with_unreachable() {
     assert!(
         matches!(
             tried,
-            Err(Error::ConnectFailed(softroce::cm::Failure::Unreachable))
+            Err(Error::ConnectFailed {
+                failure: softroce::cm::Failure::Unreachable,
+                ..
+            })
         ),
         "{tried:?}"
+    );
+    // In a user's words, with the address.
+    assert_eq!(
+        tried.err().unwrap().to_string(),
+        "no RoCE device at 127.0.6.34 (UDP 4791 unreachable)"
     );
     let (_, io) = client.counters().unwrap();
     assert!(io.icmp_unreachable >= 1, "{io:?}");
     let (cm, _) = client.cm_counters().unwrap();
     assert_eq!(cm.icmp_accepted, 1);
+}
+
+/// A connect to a device with no listener on the port is rejected at once (REJ 8, invalid
+/// service ID), and says so in a user's words, with the address and port.
+#[test]
+fn a_connect_to_a_port_with_no_listener_says_so() {
+    let _server = device("127.0.6.40");
+    let client = device("127.0.6.41");
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = "127.0.6.40:7175".parse().unwrap();
+    let tried = Connection::connect_timeout(qp, to, &ConnectOptions::default(), &[], WAIT);
+    let Err(error) = tried else {
+        panic!("no listener, and the connect succeeded");
+    };
+    assert_eq!(
+        error.to_string(),
+        "no listener on 127.0.6.40:7175 (REJ 8, invalid service ID)"
+    );
+    // The REJ's zero-padded private data stays out of Debug.
+    assert!(!format!("{error:?}").contains("private_data"), "{error:?}");
 }

@@ -176,11 +176,11 @@ pub(crate) fn errno_of(e: &softroce::verbs::Error) -> c_int {
     match e {
         Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
         Error::Memory(m) | Error::Verbs(VerbsError::Memory(m)) => memory(m),
-        Error::QueueFull | Error::Verbs(VerbsError::QueueFull) => libc::ENOMEM,
+        Error::QueueFull { .. } | Error::Verbs(VerbsError::QueueFull) => libc::ENOMEM,
         Error::Verbs(VerbsError::OutOfResources(_)) => libc::ENOMEM,
         Error::Verbs(_) => libc::EINVAL,
         Error::DeviceClosed | Error::DeviceFailed(_) => libc::EIO,
-        Error::Cm(_) | Error::ConnectFailed(_) | Error::Disconnected | Error::Unresolved(_) => {
+        Error::Cm(_) | Error::ConnectFailed { .. } | Error::Disconnected | Error::Unresolved(_) => {
             libc::EINVAL
         }
     }

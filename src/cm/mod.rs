@@ -237,7 +237,7 @@ pub struct Reply {
 }
 
 /// Why a connection attempt or a connection ended without a DREQ.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Failure {
     /// The peer rejected it (REJ), with its reason and private data.
     Rejected {
@@ -254,6 +254,32 @@ pub enum Failure {
     /// The peer's host cannot be reached: the network refused our MADs (an ICMP port
     /// unreachable where no RoCE device listens, or no route).
     Unreachable,
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Rejected {
+                reason,
+                private_data,
+            } => {
+                let mut rejected = f.debug_struct("Rejected");
+                rejected.field("reason", reason);
+                // A REJ's 148 bytes are zero-padded by its sender: only what it wrote shows.
+                let written = private_data
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .map_or(0, |last| last + 1);
+                if written > 0 {
+                    rejected.field("private_data", &&private_data[..written]);
+                }
+                rejected.finish()
+            }
+            Failure::TimedOut => f.write_str("TimedOut"),
+            Failure::Qp(e) => f.debug_tuple("Qp").field(e).finish(),
+            Failure::Unreachable => f.write_str("Unreachable"),
+        }
+    }
 }
 
 impl fmt::Display for Failure {

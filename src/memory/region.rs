@@ -418,7 +418,10 @@ impl MemoryRegion {
 
     /// A scatter/gather element for `len` bytes at `offset` into the region, checked here: a
     /// range that leaves the region, or is longer than an SGE holds (2^32 - 1 bytes), is
-    /// refused at the call rather than failing the work request later.
+    /// refused at the call rather than failing the work request later. Not checked here: the
+    /// QP it is posted on. A region of another protection domain than the QP's makes the
+    /// request complete with LOC_PROT_ERR (the key is checked against the QP's PD when the
+    /// request runs, IBTA 10.6.3), not an error at the post.
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge, MemoryError> {
         self.range(offset, len)?;
         let len = u32::try_from(len).map_err(|_| MemoryError::OutOfBounds {

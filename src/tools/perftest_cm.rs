@@ -66,10 +66,13 @@ fn control_options(device: &Device) -> ConnectOptions {
 fn retry_rejected(error: &verbs::Error) -> bool {
     matches!(
         error,
-        verbs::Error::ConnectFailed(Failure::Rejected {
-            reason: RejReason::INVALID_SERVICE_ID,
+        verbs::Error::ConnectFailed {
+            failure: Failure::Rejected {
+                reason: RejReason::INVALID_SERVICE_ID,
+                ..
+            },
             ..
-        })
+        }
     )
 }
 

@@ -146,7 +146,7 @@ pub fn run(o: &Options, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> 
         client(o, out)
     };
     if let Err(Error::Device {
-        error: verbs::Error::ConnectFailed(failure),
+        error: verbs::Error::ConnectFailed { failure, .. },
         ..
     }) = &result
     {

@@ -232,7 +232,7 @@ fn client(o: &Options, server: IpAddr, out: &mut dyn Write) -> Result<()> {
         let (node, qp) = Node::new(&device, o)?;
         let to = SocketAddr::new(server, o.port);
         let conn = Connection::connect(qp, to, &options, &[]).map_err(|error| {
-            if let verbs::Error::ConnectFailed(failure) = &error {
+            if let verbs::Error::ConnectFailed { failure, .. } = &error {
                 let (event, status) = super::cm_event(failure);
                 let _ = writeln!(out, "cmatose: event: {event}, error: {status}");
             }

@@ -236,7 +236,7 @@ fn client(o: &Options, server: IpAddr, out: &mut dyn Write) -> Result<()> {
                 verbs::Error::Unresolved(status) => {
                     ("RDMA_CM_EVENT_UNREACHABLE", i32::from(status.0))
                 }
-                verbs::Error::ConnectFailed(failure) => super::cm_event(failure),
+                verbs::Error::ConnectFailed { failure, .. } => super::cm_event(failure),
                 _ => ("RDMA_CM_EVENT_ADDR_ERROR", -22),
             };
             let _ = writeln!(out, "udaddy: event: {event}, error: {status}");

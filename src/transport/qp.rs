@@ -638,12 +638,37 @@ pub struct QpEndpoint {
 }
 
 /// The attributes [`connect_steps`] sets, with the values ibv_rc_pingpong and perftest use.
+///
+/// The defaults a user should know: the peer may write, read and do atomics on whatever
+/// memory this side's regions grant it (the QP's own access is the widest; each region's
+/// access still limits what its key allows), 7 retries of each kind, and 16 READs or atomics
+/// in flight each way.
+///
+/// ```
+/// use softroce::memory::Access;
+/// use softroce::verbs::ConnectOptions;
+///
+/// let o = ConnectOptions::default();
+/// assert_eq!(
+///     o.access,
+///     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+/// );
+/// assert_eq!((o.retry_cnt, o.rnr_retry, o.max_rd_atomic), (7, 7, 16));
+/// assert_eq!(o.mtu, None); // the smaller of the two ports'
+/// // A QP whose peer may only read:
+/// let read_only = ConnectOptions {
+///     access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+///     ..ConnectOptions::default()
+/// };
+/// # let _ = read_only;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// The path MTU. `None` (the default): the smaller of the peer's [`QpEndpoint::mtu`] and
     /// this port's active MTU.
     pub mtu: Option<PathMtu>,
-    /// What the peer may do to this side's memory through the QP.
+    /// What the peer may do to this side's memory through the QP. Default: write, read and
+    /// atomics (and local write), each region's own access limiting it further.
     pub access: Access,
     /// 4.096 µs × 2^timeout.
     pub timeout: u8,

@@ -110,7 +110,10 @@ impl Device {
                     ..
                 }) => return Err(Error::Unresolved(status)),
                 Some(CmEvent::SidrTimedOut { .. }) => {
-                    return Err(Error::ConnectFailed(Failure::TimedOut))
+                    return Err(Error::ConnectFailed {
+                        to,
+                        failure: Failure::TimedOut,
+                    })
                 }
                 Some(_) | None => {}
             }

@@ -104,7 +104,10 @@ impl Link {
             }
             CmEvent::Failed { failure, .. } => {
                 self.end_with(ConnectionEvent::Failed(failure.clone()));
-                return Some(Err(Error::ConnectFailed(failure)));
+                return Some(Err(Error::ConnectFailed {
+                    to: self.peer,
+                    failure,
+                }));
             }
             CmEvent::Disconnected { .. } => {
                 self.end_with(ConnectionEvent::Disconnected);
@@ -126,7 +129,10 @@ impl Link {
                 wait = wait.min(deadline.saturating_duration_since(Instant::now()));
                 if wait.is_zero() {
                     self.end_with(ConnectionEvent::Failed(Failure::TimedOut));
-                    return Err(Error::ConnectFailed(Failure::TimedOut));
+                    return Err(Error::ConnectFailed {
+                        to: self.peer,
+                        failure: Failure::TimedOut,
+                    });
                 }
             }
             if let Some(event) = receive(self.device.engine(), &self.events, wait)? {
@@ -386,7 +392,8 @@ impl Connection {
         &self.link.private_data
     }
 
-    /// Whether the connection has ended, as far as events taken so far say.
+    /// Whether the connection still stands: true until an end (the peer's DREQ, a failure, or
+    /// our own [`disconnect`](Self::disconnect)) is among the events taken so far, then false.
     pub fn is_connected(&self) -> bool {
         self.link.end.get().is_none()
     }

@@ -31,7 +31,7 @@ pub mod private_data;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -51,7 +51,7 @@ use crate::transport::{
     RecvWr, SendOp, SendWr, SgeList, SrqAttr, SrqId, VerbsError, WorkCompletion,
 };
 pub use crate::transport::{AddressHandle, ConnectOptions, QpEndpoint, SrqModify};
-use crate::wire::cm::SidrStatus;
+use crate::wire::cm::{RejReason, SidrStatus};
 use crate::wire::{LKey, Psn, QKey, Qpn, RKey};
 pub(crate) use inbox::receive;
 
@@ -74,8 +74,13 @@ pub enum Error {
     Verbs(VerbsError),
     /// A memory registration or access refused the request.
     Memory(MemoryError),
-    /// The queue holds as many requests as it was created for.
-    QueueFull,
+    /// The queue holds as many requests as it was created for: `depth`.
+    QueueFull {
+        /// Which queue.
+        queue: WorkQueue,
+        /// The requests it holds at most (`max_send_wr`, `max_recv_wr`, an SRQ's `max_wr`).
+        depth: usize,
+    },
     /// The device was closed: every handle to it was dropped.
     DeviceClosed,
     /// The device stopped because its socket failed, with this error; its outstanding work
@@ -85,9 +90,15 @@ pub enum Error {
     DeviceFailed(Arc<io::Error>),
     /// The connection manager refused the call.
     Cm(CmError),
-    /// A connection attempt failed: the peer rejected it (with its reason and private data),
-    /// never answered, or the QP refused what was negotiated.
-    ConnectFailed(Failure),
+    /// A connection attempt to `to` failed: the peer rejected it (with its reason and private
+    /// data), never answered, no RoCE device answers at its address, or the QP refused what was
+    /// negotiated.
+    ConnectFailed {
+        /// Where the connection was to go.
+        to: SocketAddr,
+        /// Why it failed, in the CM's terms.
+        failure: Failure,
+    },
     /// The peer disconnected before the connection was established.
     Disconnected,
     /// The peer answered a UD service resolution with this status: no one serves the port
@@ -101,14 +112,14 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "device: {e}"),
             Error::Verbs(e) => e.fmt(f),
             Error::Memory(e) => e.fmt(f),
-            Error::QueueFull => f.write_str("the queue is full"),
+            Error::QueueFull { queue, depth } => write!(f, "{queue} full (depth {depth})"),
             Error::DeviceClosed => f.write_str("the device is closed"),
             Error::DeviceFailed(e) if e.raw_os_error().is_some() => {
                 write!(f, "the device stopped: its socket failed: {e}")
             }
             Error::DeviceFailed(e) => write!(f, "the device stopped: {e}"),
             Error::Cm(e) => write!(f, "connection manager: {e}"),
-            Error::ConnectFailed(failure) => write!(f, "connection failed: {failure}"),
+            Error::ConnectFailed { to, failure } => connect_failed(f, *to, failure),
             Error::Disconnected => f.write_str("the peer disconnected"),
             Error::Unresolved(status) => {
                 write!(
@@ -122,6 +133,55 @@ impl fmt::Display for Error {
     }
 }
 
+/// A failed connection to `to`, in a user's words, the CM's kept in brackets.
+fn connect_failed(f: &mut fmt::Formatter<'_>, to: SocketAddr, failure: &Failure) -> fmt::Result {
+    match failure {
+        Failure::Rejected { reason, .. } if *reason == RejReason::INVALID_SERVICE_ID => {
+            write!(
+                f,
+                "no listener on {to} (REJ {}, {})",
+                reason.0,
+                reason.name()
+            )
+        }
+        Failure::Rejected { reason, .. } => write!(
+            f,
+            "{to} rejected the connection (REJ {}, {})",
+            reason.0,
+            reason.name()
+        ),
+        Failure::TimedOut => write!(f, "{to} did not answer, however often asked"),
+        Failure::Unreachable => write!(
+            f,
+            "no RoCE device at {} (UDP {} unreachable)",
+            to.ip(),
+            crate::wire::ROCEV2_UDP_PORT
+        ),
+        Failure::Qp(e) => write!(f, "the QP refused what {to} negotiated: {e}"),
+    }
+}
+
+/// Which work queue a request was refused by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkQueue {
+    /// A QP's send queue.
+    Send,
+    /// A QP's receive queue.
+    Receive,
+    /// A shared receive queue.
+    SharedReceive,
+}
+
+impl fmt::Display for WorkQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WorkQueue::Send => "send queue",
+            WorkQueue::Receive => "receive queue",
+            WorkQueue::SharedReceive => "shared receive queue",
+        })
+    }
+}
+
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -130,9 +190,9 @@ impl std::error::Error for Error {
             Error::Memory(e) => Some(e),
             Error::DeviceFailed(e) => Some(e.as_ref()),
             Error::Cm(e) => Some(e),
-            Error::QueueFull
+            Error::QueueFull { .. }
             | Error::DeviceClosed
-            | Error::ConnectFailed(_)
+            | Error::ConnectFailed { .. }
             | Error::Disconnected
             | Error::Unresolved(_) => None,
         }
@@ -483,7 +543,10 @@ impl SharedReceiveQueue {
         let engine = self.device.engine_at(self.engine);
         let max_wr = self.queues.max_wr.load(Ordering::SeqCst);
         if !self.queues.slots.take_recv(max_wr) {
-            return Err(Error::QueueFull);
+            return Err(Error::QueueFull {
+                queue: WorkQueue::SharedReceive,
+                depth: max_wr,
+            });
         }
         if self.queues.recv.push(wr).is_err() {
             self.queues.slots.retire_recvs(1);
@@ -814,11 +877,19 @@ impl QueuePair {
         }
     }
 
+    /// The error of a post its send queue has no room for.
+    fn send_queue_full(&self) -> Error {
+        Error::QueueFull {
+            queue: WorkQueue::Send,
+            depth: self.depths.0,
+        }
+    }
+
     /// Hands `wr` to the engine's queue, in a slot taken first; the caller rings.
     fn enqueue_send(&self, wr: SendWr) -> Result<()> {
         self.check_send(&wr)?;
         if !self.queues.slots.take_send(self.depths.0) {
-            return Err(Error::QueueFull);
+            return Err(self.send_queue_full());
         }
         self.hand_over(&self.queues.send, wr, QueueSlots::retire_sends)
     }
@@ -862,7 +933,7 @@ impl QueuePair {
         }
         if !self.queues.slots.take_sends(n, self.depths.0) {
             wrs.clear();
-            return Err(Error::QueueFull);
+            return Err(self.send_queue_full());
         }
         for (handed, wr) in wrs.drain(..).enumerate() {
             if let Err(gone) = self.hand_over(&self.queues.send, wr, QueueSlots::retire_sends) {
@@ -924,7 +995,10 @@ impl QueuePair {
     /// Posts a receive request; a QP built with an SRQ takes them from the SRQ instead.
     ///
     /// Refused at the call in RESET (rxe_verbs.c `rxe_post_recv`), on a QP with an SRQ, and
-    /// once [`max_recv_wr`](QpBuilder::max_recv_wr) receives wait ([`Error::QueueFull`]).
+    /// once [`max_recv_wr`](QpBuilder::max_recv_wr) receives wait ([`Error::QueueFull`]). A
+    /// new QP is in RESET: to have receives waiting before a connection is accepted (a peer
+    /// may send as soon as it is established), take it to INIT first with
+    /// [`init`](Self::init).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if self.has_srq {
             return Err(Error::Verbs(VerbsError::InvalidRequest(
@@ -937,7 +1011,10 @@ impl QueuePair {
             return Err(VerbsError::WrongState(state).into());
         }
         if !self.queues.slots.take_recv(self.depths.1) {
-            return Err(Error::QueueFull);
+            return Err(Error::QueueFull {
+                queue: WorkQueue::Receive,
+                depth: self.depths.1,
+            });
         }
         self.hand_over(&self.queues.recv, wr, QueueSlots::retire_recvs)?;
         self.engine().ring(&self.queues)?;
@@ -1143,5 +1220,54 @@ impl Future for NextCompletion<'_> {
             self.get_mut().watch = watch;
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    fn rejected(reason: RejReason, private_data: &[u8]) -> Failure {
+        let mut data = private_data.to_vec();
+        data.resize(148, 0);
+        Failure::Rejected {
+            reason,
+            private_data: data,
+        }
+    }
+
+    /// The errors a user reads name the address, the port and the queue, in a user's words,
+    /// the CM's kept in brackets; a REJ's zero padding stays out of Debug.
+    #[test]
+    fn errors_say_where_and_which_in_a_users_words() {
+        let to: SocketAddr = "192.0.2.7:7471".parse().unwrap();
+        let failed = |failure| Error::ConnectFailed { to, failure }.to_string();
+        assert_eq!(
+            failed(rejected(RejReason::INVALID_SERVICE_ID, &[])),
+            "no listener on 192.0.2.7:7471 (REJ 8, invalid service ID)"
+        );
+        assert_eq!(
+            failed(Failure::Unreachable),
+            "no RoCE device at 192.0.2.7 (UDP 4791 unreachable)"
+        );
+        assert_eq!(
+            failed(Failure::TimedOut),
+            "192.0.2.7:7471 did not answer, however often asked"
+        );
+        assert!(failed(rejected(RejReason::CONSUMER_DEFINED, b"busy"))
+            .starts_with("192.0.2.7:7471 rejected the connection (REJ 28, "));
+        let full = Error::QueueFull {
+            queue: WorkQueue::Send,
+            depth: 16,
+        };
+        assert_eq!(full.to_string(), "send queue full (depth 16)");
+
+        let quiet = format!("{:?}", rejected(RejReason::INVALID_SERVICE_ID, &[]));
+        assert_eq!(quiet, "Rejected { reason: RejReason(8) }");
+        let said = format!("{:?}", rejected(RejReason::CONSUMER_DEFINED, b"busy"));
+        assert!(
+            said.contains("private_data: [98, 117, 115, 121] }"),
+            "{said}"
+        );
     }
 }

@@ -841,20 +841,26 @@ fn watch(shared: Arc<Shared>, conn: Link) {
 fn failed(error: &VerbsError) -> Box<Event> {
     use softroce::cm::Failure;
     match error {
-        VerbsError::ConnectFailed(Failure::Rejected {
-            reason,
-            private_data,
-        }) => {
+        VerbsError::ConnectFailed {
+            failure:
+                Failure::Rejected {
+                    reason,
+                    private_data,
+                },
+            ..
+        } => {
             // SAFETY: the parameters are plain data, for which zero (null) is valid.
             let conn: rdma_conn_param = unsafe { std::mem::zeroed() };
             Event::new(RDMA_CM_EVENT_REJECTED, reason.0.into()).conn(conn, private_data)
         }
-        VerbsError::ConnectFailed(Failure::TimedOut) => {
-            Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
-        }
-        VerbsError::ConnectFailed(Failure::Unreachable) => {
-            Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH)
-        }
+        VerbsError::ConnectFailed {
+            failure: Failure::TimedOut,
+            ..
+        } => Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+        VerbsError::ConnectFailed {
+            failure: Failure::Unreachable,
+            ..
+        } => Event::new(RDMA_CM_EVENT_UNREACHABLE, -libc::EHOSTUNREACH),
         VerbsError::Unresolved(status) => Event::new(RDMA_CM_EVENT_UNREACHABLE, status.0.into()),
         _ => Event::new(RDMA_CM_EVENT_CONNECT_ERROR, -errno_of(error)),
     }

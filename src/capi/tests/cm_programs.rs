@@ -502,8 +502,10 @@ fn a_listener_destroyed_with_a_request_unread_refuses_it() {
     // The REJ a request's ID sends when dropped unanswered (cm/teardown.rs), not some other
     // failure (an unreachable device: a program that died), and not the connect's timeout.
     match connected {
-        Err(Error::ConnectFailed(Failure::Rejected { reason, .. }))
-            if reason == RejReason::CONSUMER_DEFINED => {}
+        Err(Error::ConnectFailed {
+            failure: Failure::Rejected { reason, .. },
+            ..
+        }) if reason == RejReason::CONSUMER_DEFINED => {}
         other => panic!("{other:?}:\n{out}"),
     }
 }

@@ -167,10 +167,14 @@ fn rdma_reject_ece_rejects_for_an_unsupported_option() {
     let options = softroce::transport::ConnectOptions::default();
     let refused = Connection::connect_timeout(qp, to, &options, &[], Duration::from_secs(20));
     match refused {
-        Err(Error::ConnectFailed(Failure::Rejected {
-            reason,
-            private_data,
-        })) => {
+        Err(Error::ConnectFailed {
+            failure:
+                Failure::Rejected {
+                    reason,
+                    private_data,
+                },
+            ..
+        }) => {
             assert_eq!(reason, RejReason::VENDOR_OPTION_NOT_SUPPORTED);
             assert_eq!(&private_data[..2], b"no");
         }
