@@ -376,7 +376,7 @@ fn a_region_goes_when_its_last_handle_does() {
 
 /// A receive that completes in error gives its slot back too: a SEND longer than the receive
 /// (LOC_LEN_ERR, the QP to ERROR) leaves a QP of depth 1 that still takes a receive, flushed at
-/// once, instead of one that refuses every receive for good.
+/// once, instead of one that refuses every receive for good; and a send, flushed too.
 #[test]
 fn a_receive_that_fails_gives_its_slot_back() {
     let devices = ["127.0.0.53", "127.0.0.54"]
@@ -419,4 +419,13 @@ fn a_receive_that_fails_gives_its_slot_back() {
         .unwrap()
         .expect("a flushed receive");
     assert_eq!((flushed.wr_id, flushed.status), (3, WcStatus::WrFlushErr));
+    // A send on the QP in ERROR is taken too and flushed, as rdma-core's providers do
+    // (`QueuePair::post_send`'s docs).
+    b.post_send(SendWr::send(4, b_mr.sge(0, 16).unwrap()))
+        .expect("a QP in ERROR takes a send");
+    let flushed = b_cq
+        .wait(Duration::from_secs(5))
+        .unwrap()
+        .expect("a flushed send");
+    assert_eq!((flushed.wr_id, flushed.status), (4, WcStatus::WrFlushErr));
 }

@@ -908,11 +908,13 @@ impl QueuePair {
         })
     }
 
-    /// `ibv_post_send`. Refused at the call, with the reason, when the QP is not ready to
-    /// send, the request is not one its type carries (or names a destination wrongly), or
-    /// [`max_send_wr`](QpBuilder::max_send_wr) requests are outstanding
-    /// ([`Error::QueueFull`]). What only the device can know (a key that names no region, a
-    /// peer that refuses) completes in error instead.
+    /// `ibv_post_send`. Refused at the call, with the reason, when the QP is not yet ready to
+    /// send (RESET, INIT, RTR), the request is not one its type carries (or names a
+    /// destination wrongly), or [`max_send_wr`](QpBuilder::max_send_wr) requests are
+    /// outstanding ([`Error::QueueFull`]). A QP in ERROR takes the post and completes it with
+    /// WR_FLUSH_ERR, as rdma-core's providers do (a program learns of the error from the
+    /// completion). What only the device can know (a key that names no region, a peer that
+    /// refuses) completes in error too.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         self.enqueue_send(wr)?;
         self.engine().ring(&self.queues)?;
@@ -995,7 +997,8 @@ impl QueuePair {
     /// Posts a receive request; a QP built with an SRQ takes them from the SRQ instead.
     ///
     /// Refused at the call in RESET (rxe_verbs.c `rxe_post_recv`), on a QP with an SRQ, and
-    /// once [`max_recv_wr`](QpBuilder::max_recv_wr) receives wait ([`Error::QueueFull`]). A
+    /// once [`max_recv_wr`](QpBuilder::max_recv_wr) receives wait ([`Error::QueueFull`]); in
+    /// ERROR taken and flushed (WR_FLUSH_ERR), as rdma-core's providers do. A
     /// new QP is in RESET: to have receives waiting before a connection is accepted (a peer
     /// may send as soon as it is established), take it to INIT first with
     /// [`init`](Self::init).

@@ -236,6 +236,7 @@ fn the_extended_cq_and_qp_post_and_poll_every_operation() {
             "setter before an operation: 1",
             "inline beyond the limit: 1",
             "inline READ: 1",
+            "a batch beyond the queue: 1",
             "nothing posted: 1",
             "ibv_poll_cq on it: 1",
             "plain QP has no qp_ex: 1",

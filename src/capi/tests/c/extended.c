@@ -188,6 +188,16 @@ static void rc(void) {
     ibv_wr_rdma_read(a.qpx, rmr->rkey, (uintptr_t)remote);
     ibv_wr_set_inline_data(a.qpx, big, 8);
     printf("inline READ: %d\n", ibv_wr_complete(a.qpx) == EINVAL);
+    /* A batch larger than the send queue (16) posts none of its requests: ENOMEM, and no
+     * completion, though the first 16 would fit. */
+    ibv_wr_start(a.qpx);
+    a.qpx->wr_flags = IBV_SEND_SIGNALED;
+    for (int i = 0; i < 20; i++) {
+        a.qpx->wr_id = 100 + i;
+        ibv_wr_rdma_write(a.qpx, rmr->rkey, (uintptr_t)remote);
+        ibv_wr_set_sge(a.qpx, lmr->lkey, (uintptr_t)local, 8);
+    }
+    printf("a batch beyond the queue: %d\n", ibv_wr_complete(a.qpx) == ENOMEM);
     struct timespec pause = { 0, 50 * 1000 * 1000 };
     nanosleep(&pause, NULL);
     printf("nothing posted: %d\n", ibv_start_poll(a.cq, &attr) == ENOENT);
