@@ -21,6 +21,8 @@ use crate::devices::Context;
 use crate::fork::Born;
 use crate::held::HeldEvents;
 use crate::users::Users;
+use crate::verbs_1_0::abi::ibv_cq_1_0;
+use crate::verbs_1_0::Legacy;
 use crate::{guard, set_errno, unsupported, wait_readable};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
@@ -45,6 +47,8 @@ pub(crate) struct Cq {
     pub held: HeldEvents,
     /// The QPs created with it.
     pub users: Users,
+    /// Its libibverbs 1.0 structure, if a 1.0 program made it.
+    pub legacy: Legacy<ibv_cq_1_0>,
     born: Born,
 }
 
@@ -109,12 +113,14 @@ pub(crate) fn find(cqs: &[usize], id: CqId) -> Option<usize> {
     })
 }
 
-/// `ibv_create_comp_channel`.
+/// `ibv_create_comp_channel`, on a context of today's ABI or of libibverbs 1.0's.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
     guard(ptr::null_mut(), || {
+        // A program of libibverbs 1.0 passes its 1.0 context.
+        let context = crate::verbs_1_0::today_context(context);
         // SAFETY: the program passes a context it opened and has not closed.
         let Some(context) = (unsafe { Context::from_ibv(context) }) else {
             set_errno(libc::EINVAL);
@@ -272,6 +278,7 @@ pub(crate) unsafe fn create(
         polling: Default::default(),
         held: HeldEvents::default(),
         users: Users::default(),
+        legacy: Legacy::default(),
         born: Born::now(),
     });
     let raw = Box::into_raw(boxed);

@@ -45,6 +45,7 @@ mod qp_ex;
 mod section;
 mod strings;
 mod users;
+pub mod verbs_1_0;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};

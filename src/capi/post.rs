@@ -122,7 +122,7 @@ pub(crate) unsafe fn ud_dest(ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32)
 /// # Safety
 ///
 /// `wr` is a work request the program built, whose pointers are valid as verbs require.
-unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
+pub(crate) unsafe fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Option<SendWr> {
     let flags = wr.send_flags;
     // Only the fields the opcode names are read, each by itself: the program wrote those, and
     // may have left the others unset (a request built on the stack), the union's larger
@@ -236,11 +236,52 @@ pub(crate) unsafe fn bind_of(
     })
 }
 
+/// A send request of a chain the program posts: today's `ibv_send_wr`, or libibverbs 1.0's
+/// (`crate::verbs_1_0`), each read where it lies.
+pub(crate) trait SendRequest {
+    /// The request after this one; null at the chain's end.
+    fn next(&self) -> *mut Self;
+
+    /// softroce's request for this one on `qp`; `None` if it is malformed.
+    ///
+    /// # Safety
+    ///
+    /// A work request the program built, whose pointers are valid as verbs require.
+    unsafe fn request(&self, qp: &Qp) -> Option<SendWr>;
+}
+
+impl SendRequest for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+
+    unsafe fn request(&self, qp: &Qp) -> Option<SendWr> {
+        // SAFETY: per the contract.
+        unsafe { send_wr(qp, self) }
+    }
+}
+
 /// The context op `post_send` (`ibv_post_send`).
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the program's QP, chain and out-pointer.
+    unsafe { post_send_chain(qp, wr, bad_wr) }
+}
+
+/// Posts the chain from `wr` on `qp` in one batch; on a request that cannot be posted, points
+/// `bad_wr` at it and returns the error.
+///
+/// # Safety
+///
+/// `qp` is null or a QP the program created; the chain is the program's list of live
+/// requests, null-terminated; `bad_wr` is null or the program's out-pointer.
+pub(crate) unsafe fn post_send_chain<W: SendRequest>(
+    qp: *mut ibv_qp,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and has not destroyed.
@@ -253,9 +294,9 @@ pub(crate) unsafe extern "C" fn post_send(
             // SAFETY: the chain is the program's list of live requests, null-terminated.
             let current = unsafe { next.as_ref() }?;
             // SAFETY: as above.
-            match unsafe { send_wr(this, current) } {
+            match unsafe { current.request(this) } {
                 Some(request) => {
-                    next = current.next;
+                    next = current.next();
                     Some(request)
                 }
                 None => {
@@ -280,16 +321,36 @@ pub(crate) unsafe extern "C" fn post_send(
 }
 
 /// The `n`th request of the chain from `wr`.
-fn nth_send(mut wr: *mut ibv_send_wr, n: usize) -> *mut ibv_send_wr {
+fn nth_send<W: SendRequest>(mut wr: *mut W, n: usize) -> *mut W {
     for _ in 0..n {
         // SAFETY: the chain holds more than `n` requests: the engine refused the one after
         // the `n` it posted.
         match unsafe { wr.as_ref() } {
-            Some(current) => wr = current.next,
+            Some(current) => wr = current.next(),
             None => break,
         }
     }
     wr
+}
+
+/// A receive request of a chain the program posts: today's `ibv_recv_wr`, or libibverbs 1.0's
+/// (`crate::verbs_1_0`), which has the same members in another order.
+pub(crate) trait RecvRequest {
+    /// The request after this one; null at the chain's end.
+    fn next(&self) -> *mut Self;
+
+    /// Its `wr_id`, `sg_list` and `num_sge`.
+    fn parts(&self) -> (u64, *const ibv_sge, c_int);
+}
+
+impl RecvRequest for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+
+    fn parts(&self) -> (u64, *const ibv_sge, c_int) {
+        (self.wr_id, self.sg_list, self.num_sge)
+    }
 }
 
 /// softroce's receive request for the program's `wr`; `None` if it is malformed.
@@ -297,11 +358,12 @@ fn nth_send(mut wr: *mut ibv_send_wr, n: usize) -> *mut ibv_send_wr {
 /// # Safety
 ///
 /// As for [`sges`].
-unsafe fn recv_wr(wr: &ibv_recv_wr) -> Option<RecvWr> {
+unsafe fn recv_wr(wr: &impl RecvRequest) -> Option<RecvWr> {
+    let (wr_id, sg_list, num_sge) = wr.parts();
     Some(RecvWr {
-        wr_id: wr.wr_id,
+        wr_id,
         // SAFETY: per the contract.
-        sges: unsafe { sges(wr.sg_list, wr.num_sge) }?,
+        sges: unsafe { sges(sg_list, num_sge) }?,
     })
 }
 
@@ -312,9 +374,9 @@ unsafe fn recv_wr(wr: &ibv_recv_wr) -> Option<RecvWr> {
 ///
 /// The chain is the program's list of live requests, null-terminated; `bad_wr` is null or the
 /// program's out-pointer.
-unsafe fn post_receives(
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
+unsafe fn post_receives<W: RecvRequest>(
+    wr: *mut W,
+    bad_wr: *mut *mut W,
     post: impl Fn(RecvWr) -> Result<(), c_int>,
 ) -> c_int {
     let mut next = wr;
@@ -332,7 +394,7 @@ unsafe fn post_receives(
             }
             return errno;
         }
-        next = current.next;
+        next = current.next();
     }
     0
 }
@@ -342,6 +404,20 @@ pub(crate) unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the program's QP, chain and out-pointer.
+    unsafe { post_recv_chain(qp, wr, bad_wr) }
+}
+
+/// Posts each receive of the chain from `wr` on `qp`, as [`post_receives`].
+///
+/// # Safety
+///
+/// `qp` is null or a QP the program created; as [`post_receives`] for the rest.
+pub(crate) unsafe fn post_recv_chain<W: RecvRequest>(
+    qp: *mut ibv_qp,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and has not destroyed.
@@ -362,6 +438,20 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the program's SRQ, chain and out-pointer.
+    unsafe { post_srq_recv_chain(srq, wr, bad_wr) }
+}
+
+/// Posts each receive of the chain from `wr` on `srq`, as [`post_receives`].
+///
+/// # Safety
+///
+/// `srq` is null or an SRQ the program created; as [`post_receives`] for the rest.
+pub(crate) unsafe fn post_srq_recv_chain<W: RecvRequest>(
+    srq: *mut ibv_srq,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes an SRQ it created and has not destroyed.

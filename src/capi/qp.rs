@@ -26,6 +26,8 @@ use crate::held::HeldEvents;
 use crate::memory::{access, Pd};
 use crate::post::{MAX_INLINE, MAX_SGE};
 use crate::users::Users;
+use crate::verbs_1_0::abi::{ibv_qp_1_0, ibv_srq_1_0};
+use crate::verbs_1_0::Legacy;
 use crate::{errno_of, guard, set_errno, unsupported};
 
 /// QPs a device holds at most: the QP number table's practical limit (`softroce::keyed`).
@@ -55,6 +57,8 @@ pub(crate) struct Qp {
     /// reach nothing from then on, and a verb called on it meanwhile fails
     /// ([`QueuePair::destroy`]) without reading freed memory, since the handle stays.
     pub held: HeldEvents,
+    /// Its libibverbs 1.0 structure, if a 1.0 program made it.
+    pub legacy: Legacy<ibv_qp_1_0>,
     born: Born,
 }
 
@@ -70,6 +74,8 @@ pub(crate) struct Srq {
     pub held: HeldEvents,
     /// The QPs created with it.
     pub users: Users,
+    /// Its libibverbs 1.0 structure, if a 1.0 program made it.
+    pub legacy: Legacy<ibv_srq_1_0>,
     born: Born,
 }
 
@@ -427,6 +433,7 @@ pub(crate) unsafe fn create(
         sq_sig_all: init.sq_sig_all != 0,
         cap: *cap,
         held: HeldEvents::default(),
+        legacy: Legacy::default(),
         born: Born::now(),
     });
     let raw = Box::into_raw(boxed);
@@ -641,6 +648,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             attr: Mutex::new(init.attr),
             held: HeldEvents::default(),
             users: Users::default(),
+            legacy: Legacy::default(),
             born: Born::now(),
         });
         let raw = Box::into_raw(boxed);

@@ -56,34 +56,57 @@ static void open_side(int index, struct side *s) {
     CHECK(s->qp, "ibv_create_qp");
 }
 
+/* One modify of a QP's way from RESET to RTS: its attributes and mask, and what to call it. */
+struct qp_step {
+    struct ibv_qp_attr attr;
+    int mask;
+    const char *what;
+};
+
+/* The three steps that take an RC QP to RTS towards QP `dest_qpn` at `dgid`. */
+static void rc_steps(uint32_t dest_qpn, const union ibv_gid *dgid, struct qp_step steps[3]) {
+    memset(steps, 0, 3 * sizeof *steps);
+    steps[0] = (struct qp_step){ .what = "to INIT",
+        .attr = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = ALL_ACCESS },
+        .mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS };
+    steps[1] = (struct qp_step){ .what = "to RTR",
+        .attr = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest_qpn,
+                  .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+                  .ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = *dgid } } },
+        .mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER };
+    steps[2] = (struct qp_step){ .what = "to RTS",
+        .attr = { .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+                  .max_rd_atomic = 1 },
+        .mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC };
+}
+
+/* The three steps that take a UD QP to RTS, with Q_Key 0x11111111. */
+static void ud_steps(struct qp_step steps[3]) {
+    memset(steps, 0, 3 * sizeof *steps);
+    steps[0] = (struct qp_step){ .what = "UD to INIT",
+        .attr = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111 },
+        .mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY };
+    steps[1] = (struct qp_step){ .what = "UD to RTR", .attr = { .qp_state = IBV_QPS_RTR },
+                                 .mask = IBV_QP_STATE };
+    steps[2] = (struct qp_step){ .what = "UD to RTS", .attr = { .qp_state = IBV_QPS_RTS },
+                                 .mask = IBV_QP_STATE | IBV_QP_SQ_PSN };
+}
+
+/* Takes `qp` through `steps` with ibv_modify_qp. */
+static void take_steps(struct ibv_qp *qp, struct qp_step steps[3]) {
+    for (int i = 0; i < 3; i++)
+        CHECK(ibv_modify_qp(qp, &steps[i].attr, steps[i].mask) == 0, steps[i].what);
+}
+
 /* Takes `s`'s QP through INIT and RTR to RTS, towards `peer`'s QP. */
 static void to_rts(struct side *s, struct side *peer) {
-    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-                                .qp_access_flags = ALL_ACCESS };
-    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                          IBV_QP_ACCESS_FLAGS) == 0, "to INIT");
-    memset(&attr, 0, sizeof attr);
-    attr.qp_state = IBV_QPS_RTR;
-    attr.path_mtu = IBV_MTU_1024;
-    attr.dest_qp_num = peer->qp->qp_num;
-    attr.max_dest_rd_atomic = 1;
-    attr.min_rnr_timer = 12;
-    attr.ah_attr.is_global = 1;
-    attr.ah_attr.port_num = 1;
-    CHECK(ibv_query_gid(peer->ctx, 1, 0, &attr.ah_attr.grh.dgid) == 0, "ibv_query_gid");
-    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                                          IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
-          "to RTR");
-    memset(&attr, 0, sizeof attr);
-    attr.qp_state = IBV_QPS_RTS;
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = 1;
-    CHECK(ibv_modify_qp(s->qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                          IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                          IBV_QP_MAX_QP_RD_ATOMIC) == 0, "to RTS");
+    union ibv_gid dgid;
+    CHECK(ibv_query_gid(peer->ctx, 1, 0, &dgid) == 0, "ibv_query_gid");
+    struct qp_step steps[3];
+    rc_steps(peer->qp->qp_num, &dgid, steps);
+    take_steps(s->qp, steps);
 }
 
 /* A side on device 0 and one on device 1, their QPs connected to each other. */

@@ -206,13 +206,9 @@ static struct ibv_qp *ud_qp(int index, struct ibv_context **ctx, struct ibv_pd *
         .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
     struct ibv_qp *qp = ibv_create_qp(*pd, &init);
     CHECK(qp, "ibv_create_qp");
-    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111 };
-    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                       IBV_QP_QKEY) == 0, "to INIT");
-    attr.qp_state = IBV_QPS_RTR;
-    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "to RTR");
-    attr.qp_state = IBV_QPS_RTS;
-    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "to RTS");
+    struct qp_step steps[3];
+    ud_steps(steps);
+    take_steps(qp, steps);
     return qp;
 }
 
