@@ -386,17 +386,27 @@ fn a_task_awaiting_a_cq_learns_that_its_engine_panicked() {
 }
 
 /// Two tasks await CQs of a device at `ip(last)` (its peer at `ip(last + 1)`) when `fault`
-/// breaks it: one CQ with a SEND outstanding, one that nothing completes into. What each got:
-/// the completions, then the error that ended its wait.
+/// breaks it ([`awaiting_tasks_when`]).
 fn awaiting_tasks_when_the_device_breaks(
     last: u8,
     progress: Progress,
     fault: u8,
 ) -> [(Vec<(u64, WcStatus)>, Error); 2] {
     let (a, switch) = breakable(last, progress);
+    awaiting_tasks_when(&a, last + 1, || switch.store(fault, Ordering::Relaxed))
+}
+
+/// Two tasks await CQs of `a` (its peer at `ip(peer)`) when `end` ends its device: one CQ
+/// with a SEND outstanding, one that nothing completes into. What each got: the completions,
+/// then the error that ended its wait.
+fn awaiting_tasks_when(
+    a: &End,
+    peer: u8,
+    end: impl FnOnce(),
+) -> [(Vec<(u64, WcStatus)>, Error); 2] {
     let idle = a.device.create_cq(4).unwrap();
-    let b = open(ip(last + 1));
-    connect(&a, &b);
+    let b = open(ip(peer));
+    connect(a, &b);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -415,7 +425,7 @@ fn awaiting_tasks_when_the_device_breaks(
         a.qp.post_send(SendWr::send(1, a.mr.sge(0, 8).unwrap()))
             .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        switch.store(fault, Ordering::Relaxed);
+        end();
     };
     // Tasks of their own, so that one being woken does not poll the other.
     let all = async {
@@ -431,6 +441,38 @@ fn awaiting_tasks_when_the_device_breaks(
     let error = a.device.alloc_pd().unwrap_err();
     assert_eq!(error.to_string(), ended[1].1.to_string());
     ended
+}
+
+/// A device whose handle a waiting task holds (through the CQ it awaits) could not be ended:
+/// the task waited for ever, and the device's thread and address stayed taken for the rest of
+/// the process (the next `Device::open` there got EADDRINUSE). `Device::close` ends it
+/// whatever is held: the outstanding work is flushed, every waiting task is woken with
+/// `DeviceClosed`, and the address is free at once, with each kind of progress.
+#[test]
+fn closing_a_device_ends_every_wait_and_frees_its_address() {
+    for (last, progress) in [
+        (31, Progress::Thread),
+        (33, Progress::Hybrid),
+        (35, Progress::Inline),
+    ] {
+        let config = DeviceConfig {
+            progress,
+            ..DeviceConfig::udp(ip(last))
+        };
+        let a = end_on(Device::open(config).unwrap());
+        let [busy, idle] = awaiting_tasks_when(&a, last + 1, || a.device.close());
+        assert_eq!(busy.0, [(1, WcStatus::WrFlushErr)], "{progress:?}");
+        for (_, error) in [&busy, &idle] {
+            assert!(
+                matches!(error, Error::DeviceClosed),
+                "{progress:?}: {error}"
+            );
+        }
+        // Every handle of `a` is still held.
+        let again = Device::open(DeviceConfig::udp(ip(last)));
+        assert!(again.is_ok(), "{progress:?}: {:?}", again.err());
+        a.device.close();
+    }
 }
 
 /// A destination the host cannot send to at all (here the kernel's EINVAL for a

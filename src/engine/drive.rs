@@ -88,7 +88,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
 };
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -307,10 +307,49 @@ pub(super) fn guarded_turn(engine: &mut dyn Turn, wait: Option<Duration>, by: Ru
 /// Who runs the turns of a running engine.
 pub(super) enum Driver {
     /// The engine thread alone.
-    Thread(Option<JoinHandle<()>>),
+    Thread(Joiner),
     /// The application's calls, beside a thread that takes over when they stop (hybrid) or
     /// alone (inline: no thread).
-    Shared(Arc<Shared>, Option<JoinHandle<()>>),
+    Shared(Arc<Shared>, Option<Joiner>),
+}
+
+/// An engine's thread, joined once by whichever shutdown comes first: the device's
+/// [`close`](crate::verbs::Device::close), or its last handle's drop.
+pub(super) struct Joiner(Mutex<Option<JoinHandle<()>>>);
+
+impl Joiner {
+    fn new(thread: JoinHandle<()>) -> Joiner {
+        Joiner(Mutex::new(Some(thread)))
+    }
+
+    /// Waits for the thread to end (at once if it was joined already); `unpark`s it first,
+    /// for a hybrid thread parked while the application runs the engine.
+    fn join(&self, unpark: bool) {
+        let thread = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(thread) = thread {
+            if unpark {
+                thread.thread().unpark();
+            }
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What stands in for an engine the application's calls could run once it has shut down: its
+/// socket and its memory are freed ([`EngineHandle::shut_down`]), and every later turn finds
+/// it stopped.
+struct Stopped;
+
+impl Turn for Stopped {
+    fn turn(&mut self, _wait: Option<Duration>, _by: Runner) -> bool {
+        false
+    }
+
+    fn found_work(&self) -> Option<Found> {
+        None
+    }
+
+    fn abandon(&mut self) {}
 }
 
 /// An engine the application's calls can run.
@@ -525,7 +564,7 @@ impl Driver {
         let ThreadName { full, kernel } = name;
         let thread = thread::Builder::new().name(full);
         Ok(match progress {
-            Progress::Thread => Driver::Thread(Some(thread.spawn(move || {
+            Progress::Thread => Driver::Thread(Joiner::new(thread.spawn(move || {
                 thread_start(&kernel);
                 run(engine)
             })?)),
@@ -538,7 +577,7 @@ impl Driver {
                     run_beside(&beside, &doorbell)
                 })?;
                 let _ = shared.watchers.thread.set(thread.thread().clone());
-                Driver::Shared(shared, Some(thread))
+                Driver::Shared(shared, Some(Joiner::new(thread)))
             }
         })
     }
@@ -922,25 +961,24 @@ impl EngineHandle {
         Ok(Driven::Ran)
     }
 
-    /// Asks the engine to shut down, and waits until it has.
-    pub fn shut_down(&mut self) {
+    /// Asks the engine to shut down, and waits until it has: its thread has ended, and the
+    /// engine, its socket with it, is freed now, even while the application's handles stay
+    /// (an engine the application's calls run is replaced by [`Stopped`]). A second call
+    /// finds it done.
+    pub fn shut_down(&self) {
         let _ = self.command(Command::Shutdown);
-        match &mut self.driver {
-            Driver::Thread(thread) => join(thread.take()),
+        match &self.driver {
+            Driver::Thread(thread) => thread.join(false),
             Driver::Shared(shared, thread) => {
                 shared.stopping.store(true, SeqCst);
-                if let Some(thread) = thread.take() {
-                    thread.thread().unpark();
-                    join(Some(thread));
+                if let Some(thread) = thread {
+                    thread.join(true);
                 }
+                // Once whoever holds it lets go: a call in a turn finishes that turn first.
+                let mut engine = shared.engine.lock().unwrap_or_else(PoisonError::into_inner);
+                *engine = Box::new(Stopped);
             }
         }
-    }
-}
-
-fn join(thread: Option<JoinHandle<()>>) {
-    if let Some(thread) = thread {
-        let _ = thread.join();
     }
 }
 
@@ -1030,9 +1068,13 @@ mod tests {
             let Driver::Shared(shared, Some(thread)) = driver else {
                 panic!("not hybrid");
             };
+            let thread = thread
+                .0
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner);
             let hybrid = ActiveHybrid {
                 shared,
-                thread: Some(thread),
+                thread,
                 turns: seen,
                 let_go,
                 finds,

@@ -214,13 +214,20 @@ pub(super) struct DeviceInner {
     busy_poll: Duration,
 }
 
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
+impl DeviceInner {
+    /// Shuts every engine down and waits until each has (a second call finds them done).
+    fn shut_down(&self) {
         // The first engine first: it alone may be waiting on another (its CM), which is then
         // still there to answer.
-        for engine in self.engines.iter_mut() {
+        for engine in self.engines.iter() {
             engine.shut_down();
         }
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 
@@ -230,6 +237,28 @@ fn refused(why: String) -> Error {
 }
 
 /// An open device: a socket and the engine thread that drives it.
+///
+/// # Closing
+///
+/// A device runs until [`close`](Self::close) or until its last handle is dropped; every
+/// object made on it (a PD, a region, a CQ, a QP, a listener, a connection) holds a handle,
+/// so a task that awaits a CQ's completions holds the device open through the CQ: the device
+/// cannot know that the task is the last user. `close` ends it whatever is held:
+///
+/// ```
+/// use softroce::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let device = Device::open(DeviceConfig::udp("127.0.0.46".parse()?))?;
+/// let cq = device.create_cq(8)?;
+/// let waiting = tokio::spawn(async move { cq.next_completion().await });
+/// device.close(); // the task holds the CQ, and so the device: it ends now
+/// assert!(matches!(waiting.await?, Err(Error::DeviceClosed)));
+/// // Its socket is free: the address can be opened again at once.
+/// let _again = Device::open(DeviceConfig::udp("127.0.0.46".parse()?))?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Device {
     pub(super) inner: Arc<DeviceInner>,
@@ -403,6 +432,18 @@ impl Device {
                 busy_poll,
             }),
         })
+    }
+
+    /// Closes the device now, for every handle of it: its QPs are flushed (their outstanding
+    /// work completes with `WR_FLUSH_ERR`, as at a destroy), every pending wait and future of
+    /// the device (a CQ's, a listener's, a connection's, [`AsyncEvents::wait`]) ends, then or
+    /// once the completions before the close are taken, with [`Error::DeviceClosed`], and so
+    /// does every later call; its threads have ended and its socket is closed when this
+    /// returns. Connections are not told: a connection dropped before the close sends its
+    /// DREQ, one still held sends none, and its peer learns it by its own timers. Closing a
+    /// closed device does nothing.
+    pub fn close(&self) {
+        self.inner.shut_down();
     }
 
     /// The address the device is bound to, which peers reach it at.
