@@ -62,6 +62,7 @@ async fn serve(
                 let how = match end? {
                     ConnectionEvent::Disconnected => "disconnected".to_string(),
                     ConnectionEvent::Failed(why) => format!("failed: {why}"),
+                    ConnectionEvent::QpFailed(event) => format!("its QP failed: {event:?}"),
                 };
                 println!("server: {peer} {how} after {echoed} messages");
                 return Ok(echoed);

@@ -252,3 +252,82 @@ fn a_connect_to_a_port_with_no_listener_says_so() {
     // The REJ's zero-padded private data stays out of Debug.
     assert!(!format!("{error:?}").contains("private_data"), "{error:?}");
 }
+
+/// A QP that went to ERROR left its connection standing: after a WRITE with a bad rkey both
+/// QPs were in ERROR, yet `is_connected()` stayed true on both sides and the server's `ended()`
+/// never resolved, so a task per connection sat on a dead QP until the client left. Now each
+/// QP's failure ends its connection, with the event that says why: the responder's access
+/// error, the requester's fatal error (its request refused for good). The CM's connection
+/// stands until it is disconnected, as librdmacm reports nothing for a QP's error
+/// (`wait_cm_end`), and the disconnect ends it as before.
+#[test]
+fn a_qp_that_fails_ends_its_connection_on_both_sides() {
+    use softroce::memory::Access;
+    use softroce::transport::{AsyncEvent, Payload, SendOp, SendWr, WcStatus};
+
+    let server = device("127.0.6.42");
+    let listener = server.listen(7176).unwrap();
+    let accepted = std::thread::spawn(move || {
+        let request = listener.next_request(WAIT).unwrap().expect("a request");
+        let pd = server.alloc_pd().unwrap();
+        let cq = server.create_cq(4).unwrap();
+        let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+        let options = ConnectOptions {
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            ..ConnectOptions::default()
+        };
+        let conn = request.accept(qp, &options, &[]).unwrap();
+        (server, conn)
+    });
+    let client = device("127.0.6.43");
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = "127.0.6.42:7176".parse().unwrap();
+    let conn = Connection::connect(qp, to, &ConnectOptions::default(), &[]).unwrap();
+    let (_server, server_conn) = accepted.join().unwrap();
+    assert!(conn.is_connected() && server_conn.is_connected());
+
+    let op = SendOp::Write {
+        remote_addr: 0x1000,
+        rkey: softroce::wire::RKey(0xbad),
+    };
+    let write = SendWr::new(1, op, Payload::Sges([mr.sge(0, 8).unwrap()].into()));
+    conn.post_send(write).unwrap();
+    let wc = cq.wait(WAIT).unwrap().expect("the WRITE's completion");
+    assert_eq!(wc.status, WcStatus::RemAccessErr);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server_end = runtime
+        .block_on(async { tokio::time::timeout(WAIT, server_conn.ended()).await })
+        .expect("the server's connection ended")
+        .unwrap();
+    let server_qpn = server_conn.qp().qpn();
+    assert_eq!(
+        server_end,
+        ConnectionEvent::QpFailed(AsyncEvent::QpAccessError { qpn: server_qpn })
+    );
+    let client_qpn = conn.qp().qpn();
+    assert_eq!(
+        conn.wait_event(WAIT).unwrap(),
+        Some(ConnectionEvent::QpFailed(AsyncEvent::QpFatal {
+            qpn: client_qpn
+        }))
+    );
+    assert!(!conn.is_connected() && !server_conn.is_connected());
+    assert_eq!(server_conn.wait_cm_end(Duration::ZERO).unwrap(), None);
+
+    conn.disconnect().unwrap();
+    assert_eq!(
+        server_conn.wait_cm_end(WAIT).unwrap(),
+        Some(ConnectionEvent::Disconnected)
+    );
+    assert_eq!(
+        conn.wait_cm_end(WAIT).unwrap(),
+        Some(ConnectionEvent::Disconnected)
+    );
+}

@@ -14,13 +14,25 @@ use crate::cm::AppQps;
 use crate::cm::{
     CmConfig, CmCounters, CmError, CmEvent, ConnId, ConnectRequest, ListenerId, SidrId,
 };
-use crate::transport::{ConnectOptions, Endpoint, Resources};
+use crate::transport::{AsyncEvent, ConnectOptions, Endpoint, Resources};
 use crate::wire::cm::{RejReason, ServiceId, SidrStatus};
 use crate::wire::{QKey, Qpn};
 
-/// Where the CM's events for a listener, a connection or a SIDR request go: a channel the
-/// application may wait on from a thread or await from a task (`verbs::inbox`).
+/// Where the CM's events for a listener or a SIDR request go: a channel the application may
+/// wait on from a thread or await from a task (`verbs::inbox`).
 pub(crate) type EventSender = flume::Sender<CmEvent>;
+
+/// What a connection's handle hears on its channel: the CM's events, and the failure of the QP
+/// the CM connected (from the QP's own engine, [`super::Command::WatchQp`]).
+#[derive(Debug)]
+pub(crate) enum ConnEvent {
+    Cm(CmEvent),
+    /// The QP met an error and went to ERROR: `QpAccessError` or `QpFatal`, the first of them.
+    QpFailed(AsyncEvent),
+}
+
+/// Where a connection's events go.
+pub(crate) type ConnSender = flume::Sender<ConnEvent>;
 
 /// The bytes of the agent's receive buffers, kept apart from the application's regions.
 pub(super) const AGENT_REGION: u64 = 64 * 1024;
@@ -48,7 +60,7 @@ pub(crate) enum CmCommand {
     /// Sends a REQ; the connection's events go to `events`.
     Connect {
         call: Box<ConnectCall>,
-        events: EventSender,
+        events: ConnSender,
         reply: Reply<Result<ConnId, CmError>>,
     },
     /// Accepts a request with a QP; the connection's events go to `events`.
@@ -59,7 +71,7 @@ pub(crate) enum CmCommand {
         options: Box<ConnectOptions>,
         private_data: Vec<u8>,
         mover: QpMover,
-        events: EventSender,
+        events: ConnSender,
         reply: Reply<Result<(), CmError>>,
     },
     /// Sends the RTU of a connection whose QP the application moves (`rdma_establish`).
@@ -118,7 +130,7 @@ pub(crate) enum CmCommand {
 pub(super) struct CmRouter {
     agent: Agent,
     listeners: HashMap<ListenerId, EventSender>,
-    conns: HashMap<ConnId, EventSender>,
+    conns: HashMap<ConnId, ConnSender>,
     sidr: HashMap<SidrId, EventSender>,
     /// Waiting for the disconnects in flight to settle, each until its deadline.
     lingering: Vec<(Duration, Sender<bool>)>,
@@ -325,7 +337,7 @@ impl CmRouter {
         &mut self,
         now: Duration,
         conn: ConnId,
-        events: EventSender,
+        events: ConnSender,
     ) -> Result<ConnId, CmError> {
         if self.conns.contains_key(&conn) {
             self.agent.abort(now, conn);
@@ -406,7 +418,7 @@ impl CmRouter {
             | CmEvent::Failed { conn, .. }
             | CmEvent::Disconnected { conn } => {
                 if let Some(tx) = self.conns.get(&conn) {
-                    let _ = tx.try_send(event);
+                    let _ = tx.try_send(ConnEvent::Cm(event));
                 }
                 true
             }

@@ -32,7 +32,7 @@ use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rustc_hash::FxHashMap;
 
-pub(crate) use cm::{CmCommand, ConnectCall};
+pub(crate) use cm::{CmCommand, ConnEvent, ConnSender, ConnectCall};
 pub use drive::Progress;
 pub(crate) use drive::Watch;
 pub(crate) use drive::{Driven, HANDBACK};
@@ -138,6 +138,9 @@ pub(crate) enum Command {
     QueryQp(Qpn, Reply<Option<QpAttr>>),
     /// Connection management ([`CmCommand`]).
     Cm(CmCommand),
+    /// The QP's failure goes to the connection the CM made with it, as well as to the
+    /// device's events: a QP of this engine, where the CM may run on another.
+    WatchQp(Qpn, ConnSender),
     /// Answered once every packet queued so far (the CM's included) is in the backend's
     /// hands: after the turn whose transmit left nothing waiting.
     Flush(Reply<()>),
@@ -324,6 +327,8 @@ struct Engine<B: Backend> {
     start: Instant,
     commands: Receiver<Command>,
     qps: FxHashMap<Qpn, QpPosts>,
+    /// The connections its QPs' failures go to ([`Command::WatchQp`]).
+    watchers: FxHashMap<Qpn, ConnSender>,
     /// The engine's ends of its SRQs' posting queues.
     srqs: FxHashMap<SrqId, SrqPosts>,
     /// Indexed by CQ number; `None` where a CQ was destroyed.
@@ -463,6 +468,7 @@ pub(crate) fn start<B: Backend>(
         start: Instant::now(),
         commands: command_rx,
         qps: FxHashMap::default(),
+        watchers: FxHashMap::default(),
         srqs: FxHashMap::default(),
         cqs: Vec::new(),
         events: Some(event_tx),
@@ -806,6 +812,9 @@ impl<B: Backend> Engine<B> {
                 Command::DestroyQp(qpn, reply) => {
                     let _ = reply.send(self.destroy_qp(now, qpn));
                 }
+                Command::WatchQp(qpn, events) => {
+                    self.watchers.insert(qpn, events);
+                }
                 Command::DestroyCq(cq, reply) => {
                     let destroyed = self.endpoint.destroy_cq(cq);
                     if destroyed.is_ok() {
@@ -919,6 +928,7 @@ impl<B: Backend> Engine<B> {
     /// Destroys a QP, flushing with the requests it held those still in its posting queues,
     /// which the application posted but the engine had not taken yet.
     fn destroy_qp(&mut self, now: Duration, qpn: Qpn) -> Result<(), VerbsError> {
+        self.watchers.remove(&qpn);
         let unposted: Vec<WorkCompletion> = match self.qps.remove(&qpn) {
             Some(posts) => {
                 let (sends, recvs) = posts.close();
@@ -1033,6 +1043,13 @@ impl<B: Backend> Engine<B> {
             }
         }
         while let Some(event) = self.endpoint.poll_event() {
+            if let AsyncEvent::QpAccessError { qpn } | AsyncEvent::QpFatal { qpn } = event {
+                // Once: the connection keeps the first, and its channel has room for what
+                // the CM still has to say.
+                if let Some(connection) = self.watchers.remove(&qpn) {
+                    let _ = connection.try_send(ConnEvent::QpFailed(event));
+                }
+            }
             if let Some(events) = &self.events {
                 let _ = events.try_send(event);
             }
@@ -1060,6 +1077,8 @@ impl<B: Backend> Engine<B> {
     fn let_go(&mut self) {
         self.cqs.clear();
         self.events = None;
+        // A connection's channel is gone once the CM's engine and this one let go of it.
+        self.watchers.clear();
         // Closes the SRQs' posting queues: a later post is refused, not lost (a hybrid or
         // inline engine stays in memory, stopped, for as long as the device's handles).
         self.srqs.clear();

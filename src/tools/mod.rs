@@ -331,7 +331,7 @@ pub(crate) fn disconnect_and_wait<'a>(
     }
     for conn in conns {
         while conn
-            .wait_event(Duration::from_secs(1))
+            .wait_cm_end(Duration::from_secs(1))
             .map_err(failed("rdma_get_cm_event"))?
             .is_none()
         {}

@@ -23,9 +23,7 @@ use crate::memory::{Access, MemoryRegion};
 use crate::transport::{
     ConnectOptions, PathMtu, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-use crate::verbs::{
-    self, CompletionQueue, Connection, ConnectionEvent, Device, ProtectionDomain, QueuePair,
-};
+use crate::verbs::{self, CompletionQueue, Connection, Device, ProtectionDomain, QueuePair};
 use crate::wire::RKey;
 
 /// rping's port.
@@ -274,10 +272,8 @@ impl<'a> Completions<'a> {
                         status: wc.status,
                     })
                 }
-                None => match self.conn.wait_event(Duration::ZERO).map_err(device)? {
-                    Some(ConnectionEvent::Disconnected | ConnectionEvent::Failed(_)) => {
-                        return Ok(None)
-                    }
+                None => match self.conn.wait_cm_end(Duration::ZERO).map_err(device)? {
+                    Some(_) => return Ok(None),
                     None => self.watch.expired()?,
                 },
             }

@@ -257,15 +257,15 @@ fn client(o: &Options, server: IpAddr, out: &mut dyn Write) -> Result<()> {
     // The server ends every connection (`disconnect_events`).
     for (_, conn) in &nodes {
         loop {
-            let event = conn.wait_event(Duration::from_secs(1));
+            let event = conn.wait_cm_end(Duration::from_secs(1));
             match event.map_err(|error| Error::Device {
                 doing: "rdma_get_cm_event".into(),
                 error,
             })? {
-                Some(ConnectionEvent::Disconnected) => break,
                 Some(ConnectionEvent::Failed(failure)) => {
                     return Err(Error::Exchange(format!("the connection failed: {failure}")))
                 }
+                Some(_) => break,
                 None => {}
             }
         }

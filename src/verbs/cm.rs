@@ -315,7 +315,7 @@ impl ConnectionRequest {
     ) -> Result<Connection> {
         let qp = qp.into();
         qp.live()?;
-        let link = self.answer((qp.qpn(), QpMover::Agent), options, private_data)?;
+        let link = self.answer((qp.qpn(), QpMover::Agent), Some(&qp), options, private_data)?;
         Ok(Connection::accepted(qp, link))
     }
 
@@ -339,19 +339,21 @@ impl ConnectionRequest {
     ) -> Result<ManualConnection> {
         let steps = self.qp_attrs(options);
         let mover = QpMover::Application(self.request.qp_type);
-        let link = self.answer((qpn, mover), options, private_data)?;
+        let link = self.answer((qpn, mover), None, options, private_data)?;
         Ok(ManualConnection::accepted(link, steps))
     }
 
-    /// Sends the REP naming `qpn`; the connection's handle from then on.
+    /// Sends the REP naming `qpn`; the connection's handle from then on. The failure of
+    /// `watched`, the QP if it is the device's, ends the connection too.
     fn answer(
         mut self,
         (qpn, mover): (Qpn, QpMover),
+        watched: Option<&QueuePair>,
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Link> {
         self.answered = true;
-        let (events, incoming) = flume::bounded(8);
+        let (events, incoming) = Link::channel(watched)?;
         let accepted = self.device.engine().call(|reply| {
             Command::Cm(CmCommand::Accept {
                 conn: self.conn,

@@ -13,7 +13,8 @@ use super::inbox::next_event;
 use super::{receive, Device, Error, QueuePair, Result};
 use crate::cm::agent::{active_steps, QpMover};
 use crate::cm::{CmError, CmEvent, ConnId, Failure, Reply};
-use crate::engine::{CmCommand, Command, ConnectCall};
+use crate::engine::{CmCommand, Command, ConnEvent, ConnSender, ConnectCall};
+use crate::transport::AsyncEvent;
 use crate::transport::{ConnectOptions, QpAttr, QpState, QpType};
 use crate::wire::cm::{PortSpace, ServiceId};
 use crate::wire::Qpn;
@@ -29,10 +30,13 @@ pub(super) struct Link {
     conn: ConnId,
     peer: SocketAddr,
     private_data: Vec<u8>,
-    events: flume::Receiver<CmEvent>,
-    /// How the connection ended, once it has (disconnected or failed): nothing more comes on
-    /// `events`, and every later wait says this.
+    events: flume::Receiver<ConnEvent>,
+    /// How the CM ended the connection, once it has (disconnected or failed): nothing more
+    /// comes on `events`, and every later wait says this.
     end: OnceLock<ConnectionEvent>,
+    /// The QP's failure, once it came: the connection carries nothing more, though the CM's
+    /// connection stands until it is disconnected or dropped.
+    qp_failed: OnceLock<AsyncEvent>,
     /// The connection was established (an accepted one waits for the peer's RTU).
     established: AtomicBool,
     /// The CM was told the application is done with it ([`close`](Self::close) or the drop).
@@ -40,15 +44,17 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// Sends a REQ naming `qpn` to the listener at `to`; the REP has not come yet.
+    /// Sends a REQ naming `qpn` to the listener at `to`; the REP has not come yet. The
+    /// failure of `watched`, the QP if it is the device's, ends the connection too.
     pub(super) fn connect(
         device: &Device,
         (qpn, mover): (Qpn, QpMover),
+        watched: Option<&QueuePair>,
         to: SocketAddr,
         options: &ConnectOptions,
         private_data: &[u8],
     ) -> Result<Link> {
-        let (events, incoming) = flume::bounded(8);
+        let (events, incoming) = Link::channel(watched)?;
         let call = Box::new(ConnectCall {
             qpn,
             dst: to.ip(),
@@ -67,13 +73,26 @@ impl Link {
         Ok(Link::new(device, conn, to, Vec::new(), incoming))
     }
 
+    /// A connection's channel: its sender for the CM, and for `watched`'s engine, which sends
+    /// the QP's failure there ([`Command::WatchQp`]).
+    pub(super) fn channel(
+        watched: Option<&QueuePair>,
+    ) -> Result<(ConnSender, flume::Receiver<ConnEvent>)> {
+        // The CM's few events and the QP's failure: never more than this waits.
+        let (events, incoming) = flume::bounded(8);
+        if let Some(qp) = watched {
+            qp.watch_failure(events.clone())?;
+        }
+        Ok((events, incoming))
+    }
+
     /// The handle of connection `conn` to `peer`, whose events come on `events`.
     pub(super) fn new(
         device: &Device,
         conn: ConnId,
         peer: SocketAddr,
         private_data: Vec<u8>,
-        events: flume::Receiver<CmEvent>,
+        events: flume::Receiver<ConnEvent>,
     ) -> Link {
         Link {
             device: device.clone(),
@@ -82,6 +101,7 @@ impl Link {
             private_data,
             events,
             end: OnceLock::new(),
+            qp_failed: OnceLock::new(),
             established: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
@@ -91,10 +111,18 @@ impl Link {
     /// established: `Some` ends the wait, with the REP if one came (kept in `got` meanwhile).
     fn absorb(
         &self,
-        event: CmEvent,
+        event: ConnEvent,
         reply_ends: bool,
         got: &mut Option<Box<Reply>>,
     ) -> Option<Result<Option<Box<Reply>>>> {
+        let event = match event {
+            ConnEvent::Cm(event) => event,
+            ConnEvent::QpFailed(failure) => {
+                // The CM goes on: its end, or the wait's deadline, ends the wait.
+                let _ = self.qp_failed.set(failure);
+                return None;
+            }
+        };
         match event {
             CmEvent::Reply { reply, .. } if reply_ends => return Some(Ok(Some(reply))),
             CmEvent::Reply { reply, .. } => *got = Some(reply),
@@ -175,29 +203,53 @@ impl Link {
         self.end.get_or_init(|| end).clone()
     }
 
-    /// Whether `event` ends the connection, and how.
-    fn end_of(&self, event: CmEvent) -> Option<ConnectionEvent> {
+    /// Whether `event` ends the connection, and how: the CM's end, or the QP's failure.
+    fn end_of(&self, event: ConnEvent) -> Option<ConnectionEvent> {
         match event {
-            CmEvent::Disconnected { .. } => Some(self.end_with(ConnectionEvent::Disconnected)),
-            CmEvent::Failed { failure, .. } => {
+            ConnEvent::Cm(CmEvent::Disconnected { .. }) => {
+                Some(self.end_with(ConnectionEvent::Disconnected))
+            }
+            ConnEvent::Cm(CmEvent::Failed { failure, .. }) => {
                 Some(self.end_with(ConnectionEvent::Failed(failure)))
             }
-            _ => None,
+            ConnEvent::QpFailed(failure) => {
+                let _ = self.qp_failed.set(failure);
+                Some(ConnectionEvent::QpFailed(failure))
+            }
+            ConnEvent::Cm(_) => None,
         }
     }
 
+    /// How the connection ended so far, if it has: the CM's end first, then the QP's failure.
+    fn end_so_far(&self) -> Option<ConnectionEvent> {
+        let failed = || self.qp_failed.get().map(|f| ConnectionEvent::QpFailed(*f));
+        self.end.get().cloned().or_else(failed)
+    }
+
     fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
-        if let Some(end) = self.end.get() {
-            return Ok(Some(end.clone()));
+        if let Some(end) = self.end_so_far() {
+            return Ok(Some(end));
         }
         let event = receive(self.device.engine(), &self.events, timeout)?;
         Ok(event.and_then(|event| self.end_of(event)))
     }
 
+    /// The CM's end only, waiting up to `timeout`: a QP's failure is kept, not returned.
+    fn wait_cm_end(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
+        if let Some(end) = self.end.get() {
+            return Ok(Some(end.clone()));
+        }
+        let event = receive(self.device.engine(), &self.events, timeout)?;
+        Ok(match event.and_then(|event| self.end_of(event)) {
+            Some(ConnectionEvent::QpFailed(_)) | None => None,
+            end => end,
+        })
+    }
+
     async fn ended(&self) -> Result<ConnectionEvent> {
         loop {
-            if let Some(end) = self.end.get() {
-                return Ok(end.clone());
+            if let Some(end) = self.end_so_far() {
+                return Ok(end);
             }
             let event = next_event(self.device.engine(), &self.events).await?;
             if let Some(end) = self.end_of(event) {
@@ -251,6 +303,12 @@ pub enum ConnectionEvent {
     Disconnected,
     /// It failed before it was established: rejected, unanswered, or refused by the QP.
     Failed(Failure),
+    /// Its QP met an error and went to ERROR ([`AsyncEvent::QpAccessError`]: a peer's request
+    /// broke its access rules; [`AsyncEvent::QpFatal`]: a request of its own failed for good,
+    /// its retries exhausted or refused by the peer), its outstanding work flushed: the
+    /// connection carries nothing more. The peer is not told until the connection is
+    /// disconnected or dropped (its own QP may have failed too, as after an access error).
+    QpFailed(AsyncEvent),
 }
 
 impl Connection {
@@ -294,7 +352,7 @@ impl Connection {
         let qp = qp.into();
         qp.live()?;
         let route = (qp.qpn(), QpMover::Agent);
-        let link = Link::connect(&qp.device, route, to, options, private_data)?;
+        let link = Link::connect(&qp.device, route, Some(&qp), to, options, private_data)?;
         let reply = link.wait(false, deadline)?;
         Ok(Connection::connected(qp, link, reply))
     }
@@ -340,7 +398,7 @@ impl Connection {
         async move {
             qp.live()?;
             let route = (qp.qpn(), QpMover::Agent);
-            let link = Link::connect(&qp.device, route, to, &options, &private_data)?;
+            let link = Link::connect(&qp.device, route, Some(&qp), to, &options, &private_data)?;
             let reply = link.wait_async(false).await?;
             Ok(Connection::connected(qp, link, reply))
         }
@@ -392,10 +450,11 @@ impl Connection {
         &self.link.private_data
     }
 
-    /// Whether the connection still stands: true until an end (the peer's DREQ, a failure, or
-    /// our own [`disconnect`](Self::disconnect)) is among the events taken so far, then false.
+    /// Whether the connection still stands: true until an end (the peer's DREQ, a failure,
+    /// our own [`disconnect`](Self::disconnect), or the QP's failure) is among the events
+    /// taken so far, then false.
     pub fn is_connected(&self) -> bool {
-        self.link.end.get().is_none()
+        self.link.end_so_far().is_none()
     }
 
     /// How the connection ended, waiting up to `timeout` for it: `None` while it stands.
@@ -403,9 +462,18 @@ impl Connection {
         self.link.wait_event(timeout)
     }
 
+    /// How the CM ended the connection ([`Disconnected`](ConnectionEvent::Disconnected) or
+    /// [`Failed`](ConnectionEvent::Failed)), waiting up to `timeout`: `None` while the CM's
+    /// connection stands, even after its QP failed, as librdmacm reports no event for a QP's
+    /// error. [`wait_event`](Self::wait_event) reports either.
+    pub fn wait_cm_end(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
+        self.link.wait_cm_end(timeout)
+    }
+
     /// How the connection ended, as a future that resolves when it does: the peer's DREQ, a
-    /// failure, or the end of our own [`disconnect`](Self::disconnect) (the peer's DREP, or
-    /// the DREQ's last retry going unanswered). One task at a time should await it.
+    /// failure, the end of our own [`disconnect`](Self::disconnect) (the peer's DREP, or the
+    /// DREQ's last retry going unanswered), or the QP's failure
+    /// ([`ConnectionEvent::QpFailed`]). One task at a time should await it.
     pub async fn ended(&self) -> Result<ConnectionEvent> {
         self.link.ended().await
     }
@@ -463,7 +531,7 @@ impl ManualConnection {
         private_data: &[u8],
     ) -> Result<ManualConnection> {
         let route = (qpn, QpMover::Application(qp_type));
-        let mut link = Link::connect(device, route, to, options, private_data)?;
+        let mut link = Link::connect(device, route, None, to, options, private_data)?;
         let Some(reply) = link.wait(true, None)? else {
             return Err(Error::Disconnected);
         };

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::Result;
-use crate::cm::CmEvent;
 use crate::engine::{Completions, Driven, EngineHandle, Watch, HANDBACK};
 use crate::transport::WorkCompletion;
 
@@ -144,10 +143,10 @@ pub(crate) fn receive<T>(
 /// to be polled again (it works, but it spins), as
 /// [`CompletionQueue::next_completion`](super::CompletionQueue::next_completion) does; a
 /// hybrid engine's thread runs the engine while the future is pending.
-pub(crate) fn next_event<'a>(
+pub(crate) fn next_event<'a, T>(
     engine: &'a EngineHandle,
-    channel: &'a flume::Receiver<CmEvent>,
-) -> NextEvent<'a> {
+    channel: &'a flume::Receiver<T>,
+) -> NextEvent<'a, T> {
     NextEvent {
         engine,
         recv: channel.recv_async(),
@@ -156,15 +155,15 @@ pub(crate) fn next_event<'a>(
 }
 
 /// The future of [`next_event`].
-pub(crate) struct NextEvent<'a> {
+pub(crate) struct NextEvent<'a, T> {
     engine: &'a EngineHandle,
-    recv: flume::r#async::RecvFut<'a, CmEvent>,
+    recv: flume::r#async::RecvFut<'a, T>,
     /// While pending on a hybrid engine: its thread runs the engine meanwhile.
     watch: Option<Watch>,
 }
 
-impl Future for NextEvent<'_> {
-    type Output = Result<CmEvent>;
+impl<T> Future for NextEvent<'_, T> {
+    type Output = Result<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let engine = self.engine;

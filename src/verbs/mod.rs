@@ -804,6 +804,14 @@ impl QueuePair {
             .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
     }
 
+    /// Has the QP's engine send its failure to a connection's channel ([`Command::WatchQp`]).
+    pub(crate) fn watch_failure(&self, events: crate::engine::ConnSender) -> Result<()> {
+        self.live()?;
+        self.engine()
+            .command(Command::WatchQp(self.qpn, events))
+            .map_err(Error::from)
+    }
+
     /// Records the state a modify made by others (the connection manager) left the QP in.
     pub(crate) fn note_state(&self, state: QpState) {
         let code = QpState::ALL.iter().position(|&s| s == state).unwrap_or(0);

@@ -23,10 +23,11 @@ pub(super) enum Link {
 }
 
 impl Link {
-    /// How the connection ended, waiting up to `timeout`: `None` while it stands.
+    /// How the CM ended the connection, waiting up to `timeout`: `None` while it stands. A
+    /// QP's failure is not an end here: librdmacm reports no event for it.
     pub(super) fn wait_event(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
         match self {
-            Link::Qp(conn) => conn.wait_event(timeout),
+            Link::Qp(conn) => conn.wait_cm_end(timeout),
             Link::Manual(conn) => conn.wait_event(timeout),
         }
     }
