@@ -113,16 +113,17 @@ pub(crate) fn find(cqs: &[usize], id: CqId) -> Option<usize> {
     })
 }
 
-/// `ibv_create_comp_channel`, on a context of today's ABI or of libibverbs 1.0's.
+/// `ibv_create_comp_channel`, on a context of today's ABI or of libibverbs 1.0's (which gets
+/// a channel of 1.0's shape: `crate::verbs_1_0`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
     guard(ptr::null_mut(), || {
-        // A program of libibverbs 1.0 passes its 1.0 context.
-        let context = crate::verbs_1_0::today_context(context);
+        // A program of libibverbs 1.0 passes its 1.0 context, and gets a 1.0 channel.
+        let for_1_0 = crate::verbs_1_0::today_context(context);
         // SAFETY: the program passes a context it opened and has not closed.
-        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
+        let Some(context) = (unsafe { Context::from_ibv(for_1_0.unwrap_or(context)) }) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
@@ -163,7 +164,12 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             }),
             born: Born::now(),
         });
-        Box::into_raw(channel).cast()
+        let made = Box::into_raw(channel).cast();
+        match for_1_0 {
+            // SAFETY: just made; the program does not have it yet.
+            Some(_) => unsafe { crate::verbs_1_0::channel_1_0(made) },
+            None => made,
+        }
     })
 }
 
@@ -171,6 +177,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     guard(libc::EIO, || {
+        // A 1.0 program's channel stands for one of today's.
+        let (given, channel) = (channel, crate::verbs_1_0::today_channel(channel));
         // SAFETY: the program passes a channel it created and has not destroyed.
         let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
         else {
@@ -186,6 +194,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         }
         // SAFETY: every channel is a leaked `Box<Channel>`, handed back once.
         drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+        crate::verbs_1_0::forget_channel(given);
         0
     })
 }

@@ -66,6 +66,21 @@ macro_rules! say {
 }
 pub(crate) use say;
 
+/// Gives each function, defined in the module that calls this, the name of a symbol at an
+/// older version node, not the default (the assembler's `.symver`): `at_version!("IBVERBS_1.0";
+/// ibv_open_device_1_0 => "ibv_open_device")` is what a program linked with libibverbs 1.0
+/// binds as `ibv_open_device@IBVERBS_1.0`. The directive must be in the object that defines
+/// the function, so each module names its own; `rdma.map` names the symbol in that node too
+/// (a versioned name is exported only if its node names it).
+macro_rules! at_version {
+    ($version:literal; $($function:ident => $symbol:literal),* $(,)?) => {
+        std::arch::global_asm!(
+            $(concat!(".symver ", stringify!($function), ", ", $symbol, "@", $version)),*
+        );
+    };
+}
+pub(crate) use at_version;
+
 /// What [`say!`] expands to.
 pub(crate) fn say_line(line: std::fmt::Arguments<'_>) {
     use std::io::Write;

@@ -49,21 +49,28 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(
     dst: *mut ibv_qp_attr,
     src: *const ib_uverbs_qp_attr,
 ) {
-    // SAFETY: the program's structures, or null.
-    let Some((dst, src)) = (unsafe { dst.as_mut().zip(src.as_ref()) }) else {
+    // SAFETY: the program's structure, or null.
+    let Some(src) = (unsafe { src.as_ref() }) else {
         return;
     };
     guard((), || {
-        // All but `qp_state`, which rdma-core's copy leaves as it was (the test compares).
-        copy_fields!(dst, src; cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
-            dest_qp_num, qp_access_flags);
-        copy_fields!(dst.cap, src; max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
-            max_inline_data);
-        ah_attr_from_kern(&mut dst.ah_attr, &src.ah_attr);
-        ah_attr_from_kern(&mut dst.alt_ah_attr, &src.alt_ah_attr);
-        copy_fields!(dst, src; pkey_index, alt_pkey_index, en_sqd_async_notify, sq_draining,
-            max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt,
-            rnr_retry, alt_port_num, alt_timeout);
+        // SAFETY: the program's structure (of any header's: `rate_limit` is not written), or
+        // null.
+        unsafe {
+            crate::qp::with_qp_attr(dst, |dst| {
+                // All but `qp_state`, which rdma-core's copy leaves as it was (the test
+                // compares).
+                copy_fields!(dst, src; cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn,
+                    sq_psn, dest_qp_num, qp_access_flags);
+                copy_fields!(dst.cap, src; max_send_wr, max_recv_wr, max_send_sge,
+                    max_recv_sge, max_inline_data);
+                ah_attr_from_kern(&mut dst.ah_attr, &src.ah_attr);
+                ah_attr_from_kern(&mut dst.alt_ah_attr, &src.alt_ah_attr);
+                copy_fields!(dst, src; pkey_index, alt_pkey_index, en_sqd_async_notify,
+                    sq_draining, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num,
+                    timeout, retry_cnt, rnr_retry, alt_port_num, alt_timeout);
+            })
+        };
     });
 }
 

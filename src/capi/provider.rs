@@ -21,9 +21,15 @@ pub static verbs_allow_disassociate_destroy: AtomicBool = AtomicBool::new(false)
 pub extern "C" fn verbs_register_driver_34(_driver: *const c_void) {}
 
 /// `ibv_register_driver`: the registration of a provider from before rdma-core 13, which
-/// rdma-core keeps as a function that does nothing, for old libraries that call it.
+/// rdma-core keeps as a function that does nothing, for old libraries that call it; at
+/// IBVERBS_1.1 but not its default, as rdma-core's, so that nothing new links with it.
 #[no_mangle]
-pub extern "C" fn ibv_register_driver(_name: *const libc::c_char, _init: *const c_void) {}
+pub extern "C" fn ibv_register_driver_1_1(_name: *const libc::c_char, _init: *const c_void) {}
+
+crate::at_version! {
+    "IBVERBS_1.1";
+    ibv_register_driver_1_1 => "ibv_register_driver",
+}
 
 /// `__verbs_log`: a provider's debug line, which rdma-core prints only when `VERBS_LOG_LEVEL`
 /// asks; softroce has no provider log, and prints nothing. (libfabric's efa provider logs

@@ -461,11 +461,12 @@ pub unsafe extern "C" fn ibv_modify_qp(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and its own attributes.
-        let (Some(this), Some(attr)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() })
-        else {
+        let (Some(this), Some(attr)) = (unsafe { Qp::from_ibv(qp) }, unsafe {
+            read_qp_attr(attr, attr_mask)
+        }) else {
             return libc::EINVAL;
         };
-        let mut wanted = match qp_attr(attr, attr_mask) {
+        let mut wanted = match qp_attr(&attr, attr_mask) {
             Ok(wanted) => wanted,
             Err(why) => return crate::report("ibv_modify_qp", libc::EINVAL, why),
         };
@@ -499,28 +500,33 @@ pub unsafe extern "C" fn ibv_query_qp(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: the program passes a QP it created and its own structures.
-        let (Some(this), Some(out), Some(init)) = (
-            unsafe { Qp::from_ibv(qp) },
-            unsafe { attr.as_mut() },
-            unsafe { init_attr.as_mut() },
-        ) else {
+        let (Some(this), Some(init)) = (unsafe { Qp::from_ibv(qp) }, unsafe { init_attr.as_mut() })
+        else {
             return libc::EINVAL;
         };
         let now = match this.qp.query() {
             Ok(now) => now,
             Err(e) => return errno_of(&e),
         };
-        // SAFETY: `ibv_qp_attr` is integers, for which zero is valid.
-        *out = unsafe { std::mem::zeroed() };
-        // What the QP lacks reads as a QP of the device's defaults: ERROR's code if it has no
-        // state, path MTU 1024 (3), port 1.
-        out.qp_state = 7;
-        out.path_mtu = 3;
-        out.port_num = 1;
-        write_qp_attr(&now, out);
-        this.ibv.qp_base.state.store(out.qp_state, Relaxed);
-        out.cur_qp_state = out.qp_state;
-        out.cap = this.cap;
+        // SAFETY: the program's structure, or null.
+        let written = unsafe {
+            with_qp_attr(attr, |out| {
+                // SAFETY: `ibv_qp_attr` is integers, for which zero is valid.
+                *out = std::mem::zeroed();
+                // What the QP lacks reads as a QP of the device's defaults: ERROR's code if it
+                // has no state, path MTU 1024 (3), port 1.
+                out.qp_state = 7;
+                out.path_mtu = 3;
+                out.port_num = 1;
+                write_qp_attr(&now, out);
+                this.ibv.qp_base.state.store(out.qp_state, Relaxed);
+                out.cur_qp_state = out.qp_state;
+                out.cap = this.cap;
+            })
+        };
+        if written.is_none() {
+            return libc::EINVAL;
+        }
         *init = ibv_qp_init_attr {
             qp_context: this.ibv.qp_base.qp_context,
             send_cq: this.ibv.qp_base.send_cq,
@@ -532,6 +538,63 @@ pub unsafe extern "C" fn ibv_query_qp(
         };
         0
     })
+}
+
+/// The bytes of `ibv_qp_attr` before `rate_limit`: all of it in libibverbs 1.0 and in
+/// rdma-core's headers before `rate_limit` was added, so all a program built then has.
+const QP_ATTR_BEFORE_RATE_LIMIT: usize = std::mem::offset_of!(ibv_qp_attr, rate_limit);
+
+/// The program's attributes for a modify, read as far as a program of any header has them:
+/// `rate_limit` only when `attr_mask` names it (a program built before it has no such field,
+/// nor sets the bit). `None` for null.
+///
+/// # Safety
+///
+/// A non-null `attr` is the program's `ibv_qp_attr`.
+unsafe fn read_qp_attr(attr: *const ibv_qp_attr, attr_mask: c_int) -> Option<ibv_qp_attr> {
+    if attr.is_null() {
+        return None;
+    }
+    // SAFETY: `ibv_qp_attr` is integers, for which zero is valid.
+    let mut read: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: per the contract, the bytes before `rate_limit` are the program's; `rate_limit`
+    // too when the mask names it.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            attr.cast::<u8>(),
+            ptr::from_mut(&mut read).cast::<u8>(),
+            QP_ATTR_BEFORE_RATE_LIMIT,
+        );
+        if attr_mask & IBV_QP_RATE_LIMIT != 0 {
+            read.rate_limit = ptr::addr_of!((*attr).rate_limit).read_unaligned();
+        }
+    }
+    Some(read)
+}
+
+/// Runs `f` on a copy of the program's attributes at `attr` and writes the copy back, both as
+/// far as a program of any header has them: the bytes before `rate_limit`, which `f` leaves
+/// alone (rdma-core's query and `rdma_init_qp_attr` never write it). `None` for null.
+///
+/// # Safety
+///
+/// A non-null `attr` is the program's `ibv_qp_attr`, of any header's.
+pub(crate) unsafe fn with_qp_attr<R>(
+    attr: *mut ibv_qp_attr,
+    f: impl FnOnce(&mut ibv_qp_attr) -> R,
+) -> Option<R> {
+    // SAFETY: per the contract.
+    let mut copy = unsafe { read_qp_attr(attr, 0) }?;
+    let result = f(&mut copy);
+    // SAFETY: per the contract, the bytes before `rate_limit` are the program's.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            ptr::from_ref(&copy).cast::<u8>(),
+            attr.cast::<u8>(),
+            QP_ATTR_BEFORE_RATE_LIMIT,
+        );
+    }
+    Some(result)
 }
 
 /// `ibv_access_flags` for `access`.

@@ -1779,13 +1779,19 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
     mask: *mut c_int,
 ) -> c_int {
     with_id(id, |this| {
-        // SAFETY: the program's attribute block and mask, or null.
-        let (Some(out), Some(mask)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
+        // SAFETY: the program's mask, or null.
+        let Some(mask) = (unsafe { mask.as_mut() }) else {
             return Err(libc::EINVAL);
         };
-        let state = crate::qp::state_of(out.qp_state).ok_or(libc::EINVAL)?;
-        let step = super::link::qp_attr(&this.stage(), &this.ibv, state).ok_or(libc::EINVAL)?;
-        *mask = crate::qp::write_qp_attr(&step, out);
+        // SAFETY: the program's attribute block (of any header's), or null.
+        let written: Option<Result<c_int, c_int>> = unsafe {
+            crate::qp::with_qp_attr(attr, |out| {
+                let state = crate::qp::state_of(out.qp_state).ok_or(libc::EINVAL)?;
+                let step = super::link::qp_attr(&this.stage(), &this.ibv, state);
+                Ok(crate::qp::write_qp_attr(&step.ok_or(libc::EINVAL)?, out))
+            })
+        };
+        *mask = written.ok_or(libc::EINVAL)??;
         Ok(0)
     })
 }

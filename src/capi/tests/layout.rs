@@ -776,6 +776,7 @@ fn the_libibverbs_1_0_structures_match_their_declarations() {
             num_comp_vectors,
             real_context,
         ),
+        layout!(ibv_comp_channel_1_0, "struct ibv_comp_channel_1_0", fd),
         layout!(ibv_pd_1_0, "struct ibv_pd_1_0", context, handle, real_pd),
         layout!(
             ibv_mr_1_0,

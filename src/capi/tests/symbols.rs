@@ -9,8 +9,18 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `(version, name)` of each dynamic symbol of `file` that `keep` takes, from readelf.
-fn symbols(file: &Path, keep: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, String)> {
+/// A dynamic symbol of a library, as readelf lists it.
+struct DynSym {
+    /// The section index: `UND` for an import.
+    ndx: String,
+    name: String,
+    version: String,
+    /// `name@@version`: what a program linked against the library now binds.
+    default: bool,
+}
+
+/// Every versioned dynamic symbol of `file`, from readelf.
+fn dyn_syms(file: &Path) -> Vec<DynSym> {
     let out = Command::new("readelf")
         .args(["--dyn-syms", "-W"])
         .arg(file)
@@ -23,9 +33,35 @@ fn symbols(file: &Path, keep: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, 
             let fields: Vec<&str> = line.split_whitespace().collect();
             let (ndx, name) = (fields.get(6)?, fields.get(7)?);
             let (name, version) = name.split_once('@')?;
+            let default = version.starts_with('@');
             let version = version.trim_start_matches('@').split(' ').next()?;
-            keep(ndx, version).then(|| (version.to_string(), name.to_string()))
+            Some(DynSym {
+                ndx: ndx.to_string(),
+                name: name.to_string(),
+                version: version.to_string(),
+                default,
+            })
         })
+        .collect()
+}
+
+/// `(version, name)` of each dynamic symbol of `file` that `keep` takes (given its section
+/// index and version).
+fn symbols(file: &Path, keep: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, String)> {
+    dyn_syms(file)
+        .into_iter()
+        .filter(|s| keep(&s.ndx, &s.version))
+        .map(|s| (s.version, s.name))
+        .collect()
+}
+
+/// The symbols `file` defines at their default version, of rdma-core's version nodes.
+fn defaults(file: &Path) -> BTreeSet<(String, String)> {
+    let rdma = |v: &str| v.starts_with("IBVERBS_") || v.starts_with("RDMACM_");
+    dyn_syms(file)
+        .into_iter()
+        .filter(|s| s.ndx != "UND" && s.default && rdma(&s.version))
+        .map(|s| (s.version, s.name))
         .collect()
 }
 
@@ -198,6 +234,18 @@ fn rdma_cores_symbols_and_versions_are_all_defined() {
         .map(|(version, name)| format!("{name}@{version}"))
         .collect();
     assert!(missing.is_empty(), "not defined: {missing:?}");
+    // And each at the same version by default: a program linked against softroce's library
+    // binds what it would bind against rdma-core's (ibv_open_device@@IBVERBS_1.1, never 1.0).
+    let ours_defaults = defaults(&PathBuf::from(env!("CARGO_BIN_EXE_softroce-rdma")));
+    let mut rdma_core_defaults = BTreeSet::new();
+    for soname in ["libibverbs.so.1", "librdmacm.so.1"] {
+        rdma_core_defaults.extend(defaults(&system_library(soname)));
+    }
+    let differ: Vec<_> = rdma_core_defaults
+        .symmetric_difference(&ours_defaults)
+        .map(|(version, name)| format!("{name}@@{version}"))
+        .collect();
+    assert!(differ.is_empty(), "default versions differ: {differ:?}");
     let versions = |set: &BTreeSet<(String, String)>| -> BTreeSet<String> {
         set.iter().map(|(v, _)| v.clone()).collect()
     };

@@ -4,8 +4,11 @@
 //! them. No header installs these any more; `tests/layout.rs` checks them against
 //! `tests/c/verbs_1_0.h`, the 1.0 declarations as the old `<infiniband/verbs.h>` had them.
 //!
-//! What did not change shape since 1.0 (`ibv_wc`, `ibv_sge`, the attribute structures, the
-//! async event) is today's, from [`crate::abi`].
+//! What did not change shape since 1.0 (`ibv_wc`, `ibv_sge`, the device attributes, the
+//! async event) is today's, from [`crate::abi`]. What grew at its end since (`ibv_qp_attr` by
+//! `rate_limit`, `ibv_port_attr` by `link_layer` and more) is today's too, read and written
+//! only as far as 1.0's went, as for any program built before the growth
+//! (`crate::qp::with_qp_attr`, the compat `ibv_query_port`).
 
 // The fields are the old header's.
 #![allow(non_camel_case_types, missing_docs)]
@@ -94,6 +97,12 @@ pub struct ibv_context_1_0 {
     pub async_fd: c_int,
     pub num_comp_vectors: c_int,
     pub real_context: *mut ibv_context,
+}
+
+/// `struct ibv_comp_channel` of 1.0: its descriptor alone.
+#[repr(C)]
+pub struct ibv_comp_channel_1_0 {
+    pub fd: c_int,
 }
 
 /// `struct ibv_pd` of 1.0.

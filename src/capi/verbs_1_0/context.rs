@@ -7,8 +7,9 @@ use std::sync::Mutex;
 use libc::{c_char, c_int, c_void};
 
 use super::abi::*;
-use super::{at_version_1_0, ops};
+use super::ops;
 use crate::abi::*;
+use crate::at_version;
 use crate::cq::Cq;
 use crate::qp::{Qp, Srq};
 use crate::{devices, guard};
@@ -65,24 +66,22 @@ pub(super) unsafe fn real_context(context: *mut ibv_context_1_0) -> *mut ibv_con
     unsafe { context.as_ref() }.map_or(ptr::null_mut(), |c| c.real_context)
 }
 
-/// The 1.0 contexts open, by address: [`today_context`] tells them from today's.
-static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The 1.0 contexts open, by address, each with today's context it stands for:
+/// [`today_context`] tells them from today's.
+static OPEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 /// The 1.0 contexts open.
-fn open_contexts() -> std::sync::MutexGuard<'static, Vec<usize>> {
+fn open_contexts() -> std::sync::MutexGuard<'static, Vec<(usize, usize)>> {
     OPEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Today's context for `context`, which may be a 1.0 context: `ibv_create_comp_channel` has one
-/// version since 1.0, which a 1.0 program calls with its 1.0 context (rdma-core would read it
-/// as today's). Any other pointer is returned as it is.
-pub(crate) fn today_context(context: *mut ibv_context) -> *mut ibv_context {
-    if open_contexts().contains(&(context as usize)) {
-        // SAFETY: an open 1.0 context of ours, which the program has not closed.
-        unsafe { (*context.cast::<ibv_context_1_0>()).real_context }
-    } else {
-        context
-    }
+/// Today's context that `context` stands for, if it is an open 1.0 context:
+/// `ibv_create_comp_channel` has one version since 1.0, which a 1.0 program calls with its
+/// 1.0 context (rdma-core would read it as today's).
+pub(crate) fn today_context(context: *mut ibv_context) -> Option<*mut ibv_context> {
+    let open = open_contexts();
+    let found = open.iter().find(|&&(legacy, _)| legacy == context as usize);
+    found.map(|&(_, today)| today as *mut ibv_context)
 }
 
 /// `ibv_get_device_list` of 1.0: the 1.0 devices, null-terminated. The slot before the first
@@ -165,7 +164,7 @@ pub unsafe extern "C" fn ibv_open_device_1_0(device: *mut ibv_device_1_0) -> *mu
             num_comp_vectors: opened.num_comp_vectors,
             real_context: real,
         }));
-        open_contexts().push(context as usize);
+        open_contexts().push((context as usize, real as usize));
         context
     })
 }
@@ -177,7 +176,7 @@ pub unsafe extern "C" fn ibv_close_device_1_0(context: *mut ibv_context_1_0) -> 
         // SAFETY: the program passes a context it opened and has not closed.
         let result = unsafe { devices::ibv_close_device(real_context(context)) };
         if result == 0 {
-            open_contexts().retain(|&open| open != context as usize);
+            open_contexts().retain(|&(open, _)| open != context as usize);
             // SAFETY: closed: the program hands the context back once.
             drop(unsafe { Box::from_raw(context) });
         }
@@ -207,7 +206,9 @@ impl Named {
     }
 }
 
-/// `ibv_get_async_event` of 1.0: today's event, naming the 1.0 object.
+/// `ibv_get_async_event` of 1.0: today's event, naming the 1.0 object. An event of an object
+/// that no 1.0 verb made (a program mixing the two ABIs) has no 1.0 structure to name it by,
+/// nor to be acknowledged through: it is acknowledged here, and names no object.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event_1_0(
     context: *mut ibv_context_1_0,
@@ -230,9 +231,10 @@ pub unsafe extern "C" fn ibv_get_async_event_1_0(
                 Named::Srq => (*element.cast::<Srq>()).legacy.get().cast(),
                 Named::Other => return 0,
             };
-            if !legacy.is_null() {
-                (*event).element = legacy;
+            if legacy.is_null() {
+                devices::ibv_ack_async_event(event);
             }
+            (*event).element = legacy;
         }
         0
     })
@@ -313,7 +315,8 @@ pub unsafe extern "C" fn ibv_query_pkey_1_0(
     unsafe { devices::ibv_query_pkey(real_context(context), port_num, index, pkey) }
 }
 
-at_version_1_0! {
+at_version! {
+    "IBVERBS_1.0";
     ibv_get_device_list_1_0 => "ibv_get_device_list",
     ibv_free_device_list_1_0 => "ibv_free_device_list",
     ibv_get_device_name_1_0 => "ibv_get_device_name",

@@ -19,29 +19,17 @@
 //! not one a 1.0 verb takes.
 
 pub mod abi;
+mod channel;
 mod context;
 mod objects;
 mod ops;
 
+pub(crate) use channel::{channel_1_0, forget_channel, today_channel};
 pub(crate) use context::today_context;
 
 use std::ptr;
 use std::sync::atomic::AtomicPtr;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
-
-/// Names each function, defined in the module that calls this, as a verb at `IBVERBS_1.0`
-/// (the assembler's `.symver`): a program linked with libibverbs 1.0 binds
-/// `ibv_open_device@IBVERBS_1.0` and reaches `ibv_open_device_1_0`. The directive must be in
-/// the object that defines the function, so each module names its own. (`rdma.map` names the
-/// verbs at `IBVERBS_1.0` too, which keeps them exported.)
-macro_rules! at_version_1_0 {
-    ($($function:ident => $verb:literal),* $(,)?) => {
-        std::arch::global_asm!(
-            $(concat!(".symver ", stringify!($function), ", ", $verb, "@IBVERBS_1.0")),*
-        );
-    };
-}
-use at_version_1_0;
 
 /// The 1.0 structure that stands for an object of today's ABI that a 1.0 program made, owned
 /// by that object so that it lives exactly as long. rdma-core frees it in the 1.0 destroy,

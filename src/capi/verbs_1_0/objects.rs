@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use libc::{c_int, c_void, size_t};
 
 use super::abi::*;
-use super::at_version_1_0;
 use super::context::real_context;
 use crate::abi::*;
+use crate::at_version;
 use crate::cq::Cq;
 use crate::qp::{Qp, Srq};
 use crate::{cq, guard, memory, qp, set_errno};
@@ -183,6 +183,7 @@ pub unsafe extern "C" fn ibv_create_cq_1_0(
     comp_vector: c_int,
 ) -> *mut ibv_cq_1_0 {
     guard(ptr::null_mut(), || {
+        let channel = crate::verbs_1_0::today_channel(channel);
         // SAFETY: the program passes a context it opened and a channel of its, or null.
         let made = unsafe {
             cq::ibv_create_cq(real_context(context), cqe, cq_context, channel, comp_vector)
@@ -224,7 +225,9 @@ pub unsafe extern "C" fn ibv_destroy_cq_1_0(cq: *mut ibv_cq_1_0) -> c_int {
     unsafe { cq::ibv_destroy_cq(real_cq(cq)) }
 }
 
-/// `ibv_get_cq_event` of 1.0: the 1.0 CQ whose event fired, and its context.
+/// `ibv_get_cq_event` of 1.0: the 1.0 CQ whose event fired, and its context. An event of a
+/// CQ that no 1.0 verb made (a program mixing the two ABIs) is acknowledged here and passed
+/// over: it has no 1.0 structure to name it by, nor to acknowledge it through.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event_1_0(
     channel: *mut ibv_comp_channel,
@@ -236,23 +239,27 @@ pub unsafe extern "C" fn ibv_get_cq_event_1_0(
             set_errno(libc::EINVAL);
             return -1;
         }
-        let (mut fired, mut context) = (ptr::null_mut(), ptr::null_mut());
-        // SAFETY: the program passes a channel it created; the out-pointers are ours.
-        let result = unsafe { cq::ibv_get_cq_event(channel, &mut fired, &mut context) };
-        if result != 0 {
-            return result;
-        }
-        // SAFETY: the CQ of the event, held allocated until the program acknowledges it.
-        let legacy = unsafe { (*fired.cast::<Cq>()).legacy.get() };
-        // SAFETY: the program's out-pointers, checked above; a CQ with a 1.0 structure is one
-        // a 1.0 verb made, whose context the structure keeps.
-        unsafe {
-            match legacy.as_ref() {
-                Some(made) => (*cq, *cq_context) = (legacy, made.cq_context),
-                None => (*cq, *cq_context) = (fired.cast(), context),
+        let channel = crate::verbs_1_0::today_channel(channel);
+        loop {
+            let (mut fired, mut context) = (ptr::null_mut(), ptr::null_mut());
+            // SAFETY: the program passes a channel it created; the out-pointers are ours.
+            let result = unsafe { cq::ibv_get_cq_event(channel, &mut fired, &mut context) };
+            if result != 0 {
+                return result;
             }
+            // SAFETY: the CQ of the event, held allocated until it is acknowledged.
+            let legacy = unsafe { (*fired.cast::<Cq>()).legacy.get() };
+            // SAFETY: as above; a CQ with a 1.0 structure is one a 1.0 verb made, whose
+            // context the structure keeps.
+            let Some(made) = (unsafe { legacy.as_ref() }) else {
+                // SAFETY: the event just taken, acknowledged once.
+                unsafe { cq::ibv_ack_cq_events(fired, 1) };
+                continue;
+            };
+            // SAFETY: the program's out-pointers, checked above.
+            unsafe { (*cq, *cq_context) = (legacy, made.cq_context) };
+            return 0;
         }
-        0
     })
 }
 
@@ -398,6 +405,9 @@ pub unsafe extern "C" fn ibv_query_qp_1_0(
         // SAFETY: the program's QP and attributes; the creation attributes are ours.
         let result = unsafe { qp::ibv_query_qp(legacy.real_qp, attr, attr_mask, &mut today_init) };
         if result == 0 {
+            // SAFETY: today's query refreshed the QP's state.
+            let state = unsafe { (*legacy.real_qp).state.load(Relaxed) };
+            legacy.state.store(state, Relaxed);
             *init = ibv_qp_init_attr_1_0 {
                 qp_context: legacy.qp_context,
                 send_cq: legacy.send_cq,
@@ -493,7 +503,8 @@ pub unsafe extern "C" fn ibv_detach_mcast_1_0(
     unsafe { qp::ibv_detach_mcast(real_qp(qp), gid, lid) }
 }
 
-at_version_1_0! {
+at_version! {
+    "IBVERBS_1.0";
     ibv_alloc_pd_1_0 => "ibv_alloc_pd",
     ibv_dealloc_pd_1_0 => "ibv_dealloc_pd",
     ibv_reg_mr_1_0 => "ibv_reg_mr",

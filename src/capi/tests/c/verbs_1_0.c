@@ -3,6 +3,8 @@
  * of 1.0's header through the context's ops. Two RC QPs (one with an SRQ) and two UD QPs, on
  * two devices of one process (SOFTROCE_ADDR names two addresses). */
 #include <arpa/inet.h>
+#include <poll.h>
+#include <stddef.h>
 
 #define AT_1_0(ret, name, ...)                                                              \
     ret name##_1_0(__VA_ARGS__);                                                            \
@@ -173,6 +175,19 @@ int main(void) {
     printf("query names 1.0 objects: %d\n",
            qinit.send_cq == b.cq && qinit.recv_cq == b_events && qinit.srq == NULL &&
                qinit.qp_context == &b && qattr.qp_state == IBV_QPS_RTS);
+    /* 1.0's struct ibv_qp_attr ended where today's rate_limit begins: nothing is written past
+     * it, and a modify reads no further. */
+    const uint64_t CANARY = 0x5afe5afe5afe5afeull;
+    struct {
+        uint64_t attr[offsetof(struct ibv_qp_attr, rate_limit) / 8];
+        uint64_t canary;
+    } old = { .canary = CANARY };
+    CHECK(ibv_query_qp_1_0(b.qp, (struct ibv_qp_attr *)old.attr, IBV_QP_STATE, &qinit) == 0,
+          "ibv_query_qp@1.0 into 1.0's attributes");
+    CHECK(ibv_modify_qp_1_0(b.qp, (struct ibv_qp_attr *)old.attr, IBV_QP_STATE) == 0,
+          "ibv_modify_qp@1.0 from 1.0's attributes");
+    printf("1.0's attributes, in bounds: %d %d\n", old.canary == CANARY,
+           ((struct ibv_qp_attr *)old.attr)->qp_state == IBV_QPS_RTS);
 
     strcpy(a.buf, "written at 1.0");
     struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 15, .lkey = a.mr->lkey };
@@ -195,6 +210,11 @@ int main(void) {
                                     .send_flags = IBV_SEND_SIGNALED,
                                     .imm_data = htonl(0x1234) };
     CHECK(post_send(a.qp, &send, &bad) == 0, "post_send@1.0");
+    /* 1.0's channel is its descriptor: the program polls it. */
+    struct pollfd readable = { .fd = ((struct ibv_comp_channel_1_0 *)events)->fd,
+                               .events = POLLIN };
+    printf("the 1.0 channel's descriptor polls: %d\n",
+           poll(&readable, 1, 10000) == 1 && readable.revents == POLLIN);
     struct ibv_cq_1_0 *fired = NULL;
     void *fired_context = NULL;
     CHECK(ibv_get_cq_event_1_0(events, &fired, &fired_context) == 0, "ibv_get_cq_event@1.0");
@@ -214,6 +234,12 @@ int main(void) {
     first.next = &second;
     int posted = post_send(a.qp, &first, &bad);
     printf("bad request: %d %d\n", posted == EINVAL, bad == &second);
+    struct ibv_recv_wr_1_0 bad_recv = { .wr_id = 10, .sg_list = &rsge, .num_sge = 1000 };
+    struct ibv_recv_wr_1_0 good_recv = { .wr_id = 10, .sg_list = &rsge, .num_sge = 1,
+                                         .next = &bad_recv };
+    rbad = NULL;
+    posted = post_recv(b.qp, &good_recv, &rbad);
+    printf("bad receive: %d %d\n", posted == EINVAL, rbad == &bad_recv);
     wc = wait_wc(a.cq);
     printf("the one before it completed: %d\n", wc.status == IBV_WC_SUCCESS);
 

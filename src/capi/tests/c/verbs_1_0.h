@@ -1,6 +1,8 @@
 /* libibverbs 1.0's objects, as a program built against libibverbs 1.0's <infiniband/verbs.h>
  * (2006) saw them, named with a _1_0 suffix beside today's. What kept its shape since (the
- * completion, the SGE, the attributes, the async event) is today's, from <infiniband/verbs.h>.
+ * completion, the SGE, the device attributes, the async event) is today's, from
+ * <infiniband/verbs.h>; what grew at its end since (struct ibv_qp_attr, which ended before
+ * today's rate_limit; struct ibv_port_attr) is today's cut short where 1.0's ended.
  * tests/layout.rs checks softroce's structures (verbs_1_0/abi.rs) against these. */
 #include <pthread.h>
 #include <infiniband/verbs.h>
@@ -34,6 +36,10 @@ struct ibv_context_ops_1_0 {
     int (*post_recv)(struct ibv_qp_1_0 *qp, struct ibv_recv_wr_1_0 *wr,
                      struct ibv_recv_wr_1_0 **bad_wr);
     void *create_ah, *destroy_ah, *attach_mcast, *detach_mcast;
+};
+
+struct ibv_comp_channel_1_0 {
+    int fd;
 };
 
 struct ibv_context_1_0 {
