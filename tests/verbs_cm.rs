@@ -2,6 +2,8 @@
 //! cannot show, the device's own waits.
 use std::time::{Duration, Instant};
 
+mod tool;
+
 use softroce::cm::{ib_timeout, CmConfig};
 use softroce::transport::ConnectOptions;
 use softroce::verbs::{Connection, ConnectionEvent, Device, DeviceConfig, Error};
@@ -253,6 +255,18 @@ fn a_connect_to_a_port_with_no_listener_says_so() {
     assert!(!format!("{error:?}").contains("private_data"), "{error:?}");
 }
 
+/// How `conn` ended, awaited (`Connection::ended`) for up to [`WAIT`].
+fn ended_within(conn: &Connection) -> ConnectionEvent {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(async { tokio::time::timeout(WAIT, conn.ended()).await })
+        .expect("the connection ended in time")
+        .unwrap()
+}
+
 /// A QP that went to ERROR left its connection standing: after a WRITE with a bad rkey both
 /// QPs were in ERROR, yet `is_connected()` stayed true on both sides and the server's `ended()`
 /// never resolved, so a task per connection sat on a dead QP until the client left. Now each
@@ -298,14 +312,7 @@ fn a_qp_that_fails_ends_its_connection_on_both_sides() {
     let wc = cq.wait(WAIT).unwrap().expect("the WRITE's completion");
     assert_eq!(wc.status, WcStatus::RemAccessErr);
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let server_end = runtime
-        .block_on(async { tokio::time::timeout(WAIT, server_conn.ended()).await })
-        .expect("the server's connection ended")
-        .unwrap();
+    let server_end = ended_within(&server_conn);
     let server_qpn = server_conn.qp().qpn();
     assert_eq!(
         server_end,
@@ -330,4 +337,50 @@ fn a_qp_that_fails_ends_its_connection_on_both_sides() {
         conn.wait_cm_end(WAIT).unwrap(),
         Some(ConnectionEvent::Disconnected)
     );
+}
+
+/// A client whose last request was acknowledged and that now only waits for its peer (the
+/// reply to a SEND, say) waited for ever when the peer's process was killed: no request of
+/// its own could go unanswered, so no completion came and `ended()` never resolved. With
+/// keepalive, on by default for a `Connection` (`DeviceConfig::keepalive`; 300 ms here, 5 s
+/// by default), the idle QP probes a peer it has not heard from, and the connection ends
+/// with `QpFailed(QpFatal)` once the probes go unanswered. The peer is `softroce rping`'s
+/// server in a process of its own, killed with SIGKILL; alive, it answers every probe.
+#[test]
+fn a_peer_killed_with_sigkill_ends_an_idle_connection() {
+    use softroce::transport::AsyncEvent;
+
+    let mut server = tool::Tool::start(&["rping", "-s", "-a", "127.0.6.44", "-p", "7177", "-d"]);
+    assert!(server.wait_for("rdma_listen"), "the server did not start");
+    let client = device("127.0.6.45");
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(4).unwrap();
+    let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+    let to = "127.0.6.44:7177".parse().unwrap();
+    let conn = Connection::connect(qp, to, &ConnectOptions::default(), &[]).unwrap();
+    let keepalive = Duration::from_millis(300);
+    conn.set_keepalive(Some(keepalive)).unwrap();
+
+    // Alive, the peer answers the probes: several intervals idle end nothing.
+    assert_eq!(conn.wait_event(keepalive * 5).unwrap(), None);
+    assert!(conn.is_connected());
+    let probed = client.counters().unwrap().0.keepalive_probes;
+    assert!(probed > 0, "an idle connection was not probed");
+
+    server.signal("KILL");
+    let killed = Instant::now();
+    let ended = ended_within(&conn);
+    let qpn = conn.qp().qpn();
+    assert_eq!(
+        ended,
+        ConnectionEvent::QpFailed(AsyncEvent::QpFatal { qpn })
+    );
+    // The interval, a sweep, and 8 probes of 250 ms: about 2.4 s.
+    assert!(
+        killed.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(!conn.is_connected());
+    server.end();
 }

@@ -779,6 +779,8 @@ impl DeviceEntry {
             segmentation: true,
             trains_per_qp,
         };
+        // librdmacm's connections send no probes (kernel rxe's and NICs' QPs send none).
+        config.keepalive = None;
         Device::open(config).map_err(|e| {
             let name = self.name();
             match &e {

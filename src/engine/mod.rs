@@ -141,6 +141,8 @@ pub(crate) enum Command {
     /// The QP's failure goes to the connection the CM made with it, as well as to the
     /// device's events: a QP of this engine, where the CM may run on another.
     WatchQp(Qpn, ConnSender),
+    /// [`Endpoint::set_keepalive`].
+    Keepalive(Qpn, Option<Duration>, Reply<Result<(), VerbsError>>),
     /// Answered once every packet queued so far (the CM's included) is in the backend's
     /// hands: after the turn whose transmit left nothing waiting.
     Flush(Reply<()>),
@@ -814,6 +816,9 @@ impl<B: Backend> Engine<B> {
                 }
                 Command::WatchQp(qpn, events) => {
                     self.watchers.insert(qpn, events);
+                }
+                Command::Keepalive(qpn, interval, reply) => {
+                    let _ = reply.send(self.endpoint.set_keepalive(now, qpn, interval));
                 }
                 Command::DestroyCq(cq, reply) => {
                     let destroyed = self.endpoint.destroy_cq(cq);

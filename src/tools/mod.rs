@@ -242,6 +242,8 @@ impl DeviceOptions {
             engines: self.engines,
             congestion: self.congestion,
             busy_poll: self.busy_poll,
+            // As rdma-core's tools, whose connections send no probes.
+            keepalive: None,
             ..DeviceConfig::udp(address)
         })
         .map_err(|error| Error::Device {

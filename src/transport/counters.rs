@@ -40,6 +40,11 @@ counters! {
     retransmitted_packets,
     /// Expiries of the RC retry timer with requests outstanding (rxe_comp.c's retransmit timer).
     retry_timeouts,
+    /// Probes of an idle RC QP's peer that it had heard nothing from for its keepalive
+    /// interval (`transport::keepalive`).
+    keepalive_probes,
+    /// RC QPs failed because their peer answered none of their keepalive probes.
+    keepalive_failures,
     /// NAKs the responder sent, RNR NAKs included.
     naks_sent,
     /// NAKs the requester received, RNR NAKs not included.

@@ -15,6 +15,7 @@ use rustc_hash::FxHashSet;
 use smallvec::SmallVec;
 
 use super::cq::{self, CompletionQueue};
+use super::keepalive::Keepalive;
 use super::outgoing::{Queued, Revoked, UnreliableSend};
 use super::requester::{Requester, SendChecks};
 use super::responder::RecvQueue;
@@ -106,6 +107,10 @@ pub struct Endpoint {
     counters: Counters,
     /// CQs that overran, whose QPs are yet to be put in error.
     overrun: Vec<CqId>,
+    /// The QPs with keepalive ([`Endpoint::set_keepalive`]), and when they are next looked
+    /// at: every quarter of the shortest interval among them.
+    kept_alive: Vec<Qpn>,
+    next_sweep: Option<Duration>,
 }
 
 /// The active QPs' earliest timer, and whether any has responses to build
@@ -188,6 +193,8 @@ impl Endpoint {
             last_now: Duration::ZERO,
             events: VecDeque::new(),
             counters: Counters::default(),
+            kept_alive: Vec::new(),
+            next_sweep: None,
             overrun: Vec::new(),
         }
     }
@@ -407,6 +414,7 @@ impl Endpoint {
                 received: 0,
                 slots: None,
                 cc: Default::default(),
+                keepalive: None,
             },
         );
         // The callers drew a number whose slot is free, or checked QP1's: a QP missing from its
@@ -1000,8 +1008,68 @@ impl Endpoint {
         self.err_overrun_qps(now);
     }
 
+    /// Gives RC QP `qpn` keepalive: a peer it has heard nothing from for `interval`, while it
+    /// has nothing outstanding, is probed, and the QP fails (`QpFatal`) if `retry_cnt` + 1
+    /// probes go unanswered (`transport::keepalive`). `None` stops it. Off unless set: a QP of
+    /// kernel rxe's or a NIC's sends no probes.
+    pub fn set_keepalive(
+        &mut self,
+        now: Duration,
+        qpn: Qpn,
+        interval: Option<Duration>,
+    ) -> Result<(), VerbsError> {
+        // Handled as any QP whose timers may change.
+        let (qp, _) = qp_and_ctx!(self, qpn, now);
+        let qp = qp.ok_or(VerbsError::UnknownQp(qpn))?;
+        if qp.qp_type != QpType::Rc {
+            return Err(VerbsError::InvalidRequest(
+                "keepalive is for RC QPs: only RC answers a probe",
+            ));
+        }
+        if interval.is_some_and(|i| i.is_zero()) {
+            return Err(VerbsError::InvalidRequest("a keepalive interval of zero"));
+        }
+        qp.keepalive = interval.map(|i| Keepalive::new(i, now, qp.received));
+        if interval.is_some() && !self.kept_alive.contains(&qpn) {
+            self.kept_alive.push(qpn);
+        }
+        self.next_sweep = self.sweep_every().map(|every| now + every);
+        Ok(())
+    }
+
+    /// How often the QPs with keepalive are looked at: a quarter of their shortest interval.
+    fn sweep_every(&self) -> Option<Duration> {
+        let intervals = self.kept_alive.iter().filter_map(|qpn| {
+            let qp = self.qps.get(qpn.value())?;
+            qp.keepalive.map(|k| k.interval())
+        });
+        intervals.min().map(|shortest| shortest / 4)
+    }
+
+    /// Looks at each QP with keepalive: one its peer has been silent to for its interval is
+    /// probed, if it is idle.
+    fn sweep(&mut self, now: Duration) {
+        let mut kept = std::mem::take(&mut self.kept_alive);
+        kept.retain(|qpn| {
+            let (qp, mut ctx) = qp_and_ctx!(self, *qpn, now);
+            match qp.filter(|qp| qp.keepalive.is_some()) {
+                Some(qp) => {
+                    qp.keepalive_sweep(&mut ctx);
+                    true
+                }
+                // Destroyed, or its number drawn again by a QP without keepalive.
+                None => false,
+            }
+        });
+        self.kept_alive = kept;
+        self.next_sweep = self.sweep_every().map(|every| now + every);
+    }
+
     /// Runs the timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
+        if self.next_sweep.is_some_and(|sweep| sweep <= now) {
+            self.sweep(now);
+        }
         self.settle();
         let mut due = std::mem::take(&mut self.due);
         due.clear();
@@ -1013,6 +1081,7 @@ impl Endpoint {
             let (qp, mut ctx) = qp_and_ctx!(self, qpn, now);
             if let Some(qp) = qp {
                 qp.on_timer(&mut ctx);
+                qp.keepalive_timer(&mut ctx);
                 qp.pump(&mut ctx);
             }
         }
@@ -1028,7 +1097,7 @@ impl Endpoint {
             self.qps.values().filter_map(|qp| qp.deadline()).min(),
             "a QP with a timer is missing from the active set"
         );
-        next
+        super::earliest(next, self.next_sweep)
     }
 
     /// The earliest timer and whether responses wait to be built, among the

@@ -23,6 +23,7 @@ mod cq;
 mod datagram;
 mod dcqcn;
 mod endpoint;
+mod keepalive;
 mod lane;
 mod outgoing;
 mod qp;
@@ -390,6 +391,8 @@ pub(crate) struct Qp {
     pub slots: Option<Arc<QueueSlots>>,
     /// Its CNPs, both ways, and its pacer.
     pub cc: QpCongestion,
+    /// Its probes of a silent peer, if it has keepalive ([`Endpoint::set_keepalive`]).
+    pub keepalive: Option<keepalive::Keepalive>,
 }
 
 impl Qp {
@@ -407,7 +410,8 @@ impl Qp {
 
     /// When its timers (retry, RNR wait) or its pacer next want it.
     fn deadline(&self) -> Option<Duration> {
-        earliest(self.req.deadline(), self.cc.deadline())
+        let probe = self.keepalive.and_then(|k| k.deadline());
+        earliest(earliest(self.req.deadline(), self.cc.deadline()), probe)
     }
 
     /// The path MTU; for UD, whose modify takes none, the port's (rxe_req.c `get_mtu`), which

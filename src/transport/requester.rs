@@ -177,6 +177,17 @@ impl Requester {
         self.una != self.high_psn
     }
 
+    /// Whether requests are posted and not yet completed, or packets sent and not yet
+    /// acknowledged: the QP is not idle.
+    pub(crate) fn has_outstanding(&self) -> bool {
+        self.outstanding() || !self.sq.is_empty()
+    }
+
+    /// The oldest PSN not yet acknowledged.
+    pub(crate) fn oldest_unacked(&self) -> Psn {
+        self.una
+    }
+
     /// Every request left completes with WR_FLUSH_ERR, in order; returns how many there were.
     pub fn flush(&mut self, qpn: Qpn, cq: CqId, ctx: &mut Ctx<'_>) -> usize {
         let flushed = self.sq.len();

@@ -408,15 +408,59 @@ impl Connection {
     /// out now. The REP's private data is the peer's.
     fn connected(qp: Arc<QueuePair>, mut link: Link, reply: Option<Box<Reply>>) -> Connection {
         link.private_data = reply.map(|r| r.private_data).unwrap_or_default();
-        qp.note_state(QpState::Rts);
-        Connection { qp, link }
+        Connection::in_rts(qp, link)
     }
 
     /// The connection of `qp`, accepted with `link`: the CM took the QP to RTS before its REP,
     /// so posts may go out now, as librdmacm's programs post once `rdma_accept` returns.
     pub(super) fn accepted(qp: Arc<QueuePair>, link: Link) -> Connection {
+        Connection::in_rts(qp, link)
+    }
+
+    /// The connection of `qp`, in RTS, with the device's keepalive if it is RC
+    /// ([`DeviceConfig::keepalive`](super::DeviceConfig::keepalive)). A keepalive the engine
+    /// cannot set (the device stopped, the QP destroyed) leaves nothing to watch.
+    fn in_rts(qp: Arc<QueuePair>, link: Link) -> Connection {
         qp.note_state(QpState::Rts);
+        if let (Some(interval), QpType::Rc) = (qp.device.inner.keepalive, qp.qp_type) {
+            let _ = qp.set_keepalive(Some(interval));
+        }
         Connection { qp, link }
+    }
+
+    /// Sets the keepalive of the connection's QP ([`QueuePair::set_keepalive`]): how long the
+    /// peer of an idle connection may be silent before it is probed, and the connection ends
+    /// with [`ConnectionEvent::QpFailed`] if it answers none of the probes. A connection
+    /// starts with [`DeviceConfig::keepalive`](super::DeviceConfig::keepalive)
+    /// ([`DEFAULT_KEEPALIVE`](super::DEFAULT_KEEPALIVE), 5 s, unless the device says
+    /// otherwise); `None` turns it off. Refused for UC.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use softroce::prelude::*;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let server = Device::open(DeviceConfig::udp("127.0.0.47".parse()?))?;
+    /// let client = Device::open(DeviceConfig::udp("127.0.0.48".parse()?))?;
+    /// let listener = server.listen(7181)?;
+    /// let qp = |device: &Device| -> Result<QueuePair, Error> {
+    ///     let (pd, cq) = (device.alloc_pd()?, device.create_cq(8)?);
+    ///     pd.create_qp().send_cq(&cq).recv_cq(&cq).build()
+    /// };
+    /// let server_qp = qp(&server)?;
+    /// let accepting = std::thread::spawn(move || -> Result<Connection, Error> {
+    ///     let request = listener.next_request(Duration::from_secs(10))?.expect("a request");
+    ///     request.accept(server_qp, &ConnectOptions::default(), &[])
+    /// });
+    /// let to = "127.0.0.47:7181".parse()?;
+    /// let conn = Connection::connect(qp(&client)?, to, &ConnectOptions::default(), &[])?;
+    /// let _accepted = accepting.join().unwrap()?;
+    /// // A peer silent for 1 s is probed; one that answers no probe ends the connection.
+    /// conn.set_keepalive(Some(Duration::from_secs(1)))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_keepalive(&self, interval: Option<Duration>) -> Result<()> {
+        self.qp.set_keepalive(interval)
     }
 
     /// Waits for a connection accepted with

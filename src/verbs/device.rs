@@ -137,7 +137,20 @@ pub struct DeviceConfig {
     /// 31 µs without, 70 with), nor on one CPU. `Some(Duration::ZERO)` turns it off; at most
     /// [`MAX_BUSY_POLL`].
     pub busy_poll: Option<Duration>,
+    /// The keepalive each [`Connection`](super::Connection) of the device starts with: its QP
+    /// probes a peer it has heard nothing from for this long while it has nothing outstanding,
+    /// and fails (the connection ends with [`ConnectionEvent::QpFailed`]) when `retry_cnt` + 1
+    /// probes, each given the ACK timeout but at least 250 ms, go unanswered: a dead peer of an
+    /// idle connection is noticed in about this long and 2 s more. [`DEFAULT_KEEPALIVE`] by
+    /// default; `None` for none, as with librdmacm. A QP connected without the CM has none
+    /// unless [`QueuePair::set_keepalive`](super::QueuePair::set_keepalive) gives it one.
+    ///
+    /// [`ConnectionEvent::QpFailed`]: super::ConnectionEvent::QpFailed
+    pub keepalive: Option<Duration>,
 }
+
+/// [`DeviceConfig::keepalive`]'s default: 5 s of silence on an idle connection.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 
 impl DeviceConfig {
     /// Its UDP socket's set-up: the address, and the ECN and CNP DSCP of `congestion`.
@@ -164,6 +177,7 @@ impl DeviceConfig {
             engines: 1,
             congestion: CongestionConfig::default(),
             busy_poll: None,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 
@@ -212,6 +226,8 @@ pub(super) struct DeviceInner {
     pub(super) address: IpAddr,
     pub(super) port_mtu: PathMtu,
     busy_poll: Duration,
+    /// [`DeviceConfig::keepalive`].
+    pub(super) keepalive: Option<Duration>,
 }
 
 impl DeviceInner {
@@ -430,6 +446,7 @@ impl Device {
                 address,
                 port_mtu,
                 busy_poll,
+                keepalive: config.keepalive,
             }),
         })
     }

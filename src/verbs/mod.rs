@@ -61,8 +61,8 @@ pub use connection::{Connection, ConnectionEvent, ManualConnection};
 pub(crate) use device::random_psn;
 pub use device::{
     AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR,
-    C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL, MAX_BUSY_POLL,
-    MAX_CQ_CAPACITY,
+    C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL, DEFAULT_KEEPALIVE,
+    MAX_BUSY_POLL, MAX_CQ_CAPACITY,
 };
 
 /// What went wrong with a verb.
@@ -802,6 +802,21 @@ impl QueuePair {
         self.engine()
             .call(|reply| Command::QueryQp(qpn, reply))?
             .ok_or(Error::Verbs(VerbsError::UnknownQp(qpn)))
+    }
+
+    /// Gives this RC QP keepalive every `interval` (`None`: none, a QP's default unless a
+    /// [`Connection`] gave it [`DeviceConfig::keepalive`]): a peer it has heard nothing from
+    /// for that long while it has nothing outstanding is probed (a zero-length RDMA WRITE at
+    /// an acknowledged PSN, which any responder acknowledges and does not execute), and the QP
+    /// fails ([`AsyncEvent::QpFatal`](crate::transport::AsyncEvent), ERROR) if `retry_cnt` + 1
+    /// probes go unanswered. Nothing is sent while the peer is heard from: it costs nothing
+    /// while traffic flows. Refused for UC and UD QPs, which nothing answers.
+    pub fn set_keepalive(&self, interval: Option<Duration>) -> Result<()> {
+        self.live()?;
+        let qpn = self.qpn;
+        self.engine()
+            .call(|reply| Command::Keepalive(qpn, interval, reply))??;
+        Ok(())
     }
 
     /// Has the QP's engine send its failure to a connection's channel ([`Command::WatchQp`]).

@@ -94,7 +94,7 @@ pub fn connect_sharing(
 }
 
 /// An RC QP of `pd` completing into `cq`, deep enough that no test fills it.
-fn rc_init(pd: PdId, cq: CqId) -> QpInit {
+pub fn rc_init(pd: PdId, cq: CqId) -> QpInit {
     QpInit {
         qp_type: QpType::Rc,
         pd,

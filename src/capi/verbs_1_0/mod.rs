@@ -7,7 +7,7 @@
 //! points to the object of today's ABI it stands for, and each 1.0 verb calls today's verb of
 //! this library on it (so each answers exactly as today's does, error for error). Today's CQs,
 //! QPs and SRQs point back: their `cq_context`, `qp_context` and `srq_context` are the 1.0
-//! object, as rdma-core sets them, and each owns its 1.0 structure ([`Legacy`]).
+//! object, as rdma-core sets them, and each owns its 1.0 structure (`Legacy`).
 //!
 //! Where softroce does better than rdma-core's 1.0 layer: a 1.0 device lives as long as the
 //! process, so a context's `device` stays valid after the list is freed; a 1.0 CQ, QP or SRQ
