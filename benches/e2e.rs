@@ -7,11 +7,15 @@
 //!   (segmentation offload on send, GRO on receive: the cheapest way through the kernel, as
 //!   `benches/udp_baseline.rs` measured), which is the limit of the path softroce rides on, and
 //!   against a TCP stream;
-//! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong.
+//! - an 8-byte RC SEND ping-pong, half a round trip, against a UDP ping-pong;
+//! - an 8-byte RC WRITE awaited on a tokio task, one in flight: by its own future
+//!   (`CompletionRouter`) against the CQ's next completion (`next_completion`), what routing
+//!   a completion to its request costs.
 //!
 //! Run with `cargo bench --bench e2e`; it prints a markdown table. `SOFTROCE_BENCH_ONLY` keeps
 //! the rows whose name contains it (`write 64 B x1`, `write 1 MiB x8$`, `batches`, `idle`,
-//! `engines`, `in flight`, `pingpong thread`, `pingpong inline`, `pingpong hybrid`), for a
+//! `engines`, `in flight`, `pingpong thread`, `pingpong inline`, `pingpong hybrid`, `awaited`),
+//! for a
 //! profile of one row: baselines are then not run. The WRITE rows run the default progress,
 //! hybrid; `SOFTROCE_BENCH_PROGRESS=thread` runs them with the engine on a thread of its own
 //! (inline progress cannot run them: the receiving device's application calls nothing).
@@ -28,7 +32,8 @@ use nix::sys::socket::{setsockopt, sockopt};
 use softroce::memory::Access;
 use softroce::transport::{Payload, RecvWr, SendOp, SendWr, WcStatus};
 use softroce::verbs::{
-    BackendKind, CompletionQueue, ConnectOptions, Device, DeviceConfig, Progress, QueuePair,
+    BackendKind, CompletionQueue, CompletionRouter, ConnectOptions, Device, DeviceConfig, Progress,
+    QueuePair,
 };
 
 const SIZES: [usize; 4] = [64, 4096, 64 << 10, 1 << 20];
@@ -308,6 +313,34 @@ fn softroce_pingpong(id: u8, progress: Progress) -> f64 {
     })
 }
 
+/// The time of one 8-byte RC WRITE awaited on a tokio task, one in flight, in seconds: by its
+/// own future (`routed`: a [`CompletionRouter`]) or the CQ's next completion.
+fn softroce_awaited_write(id: u8, routed: bool) -> f64 {
+    let p = pair(1, (0, [1, 1]), 4096, id, Progress::Hybrid);
+    let (a, _) = &p.qps[0];
+    let (mr, remote) = (&p.mrs[0], p.mrs[1].remote());
+    let router = CompletionRouter::new(p.cqs[0].clone());
+    let iters = 20_000;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let start = Instant::now();
+        for _ in 0..iters {
+            let wr = SendWr::write(1, [mr.sge(0, 8).unwrap()], remote);
+            let wc = if routed {
+                router.send(a, wr).unwrap().await.unwrap()
+            } else {
+                a.post_send(wr).unwrap();
+                p.cqs[0].next_completion().await.unwrap()
+            };
+            assert_eq!(wc.status, WcStatus::Success);
+        }
+        start.elapsed().as_secs_f64() / iters as f64
+    })
+}
+
 /// A UDP blast of `datagram`-byte datagrams from one thread to another: payload bytes/s, where
 /// the payload is the datagram less the RoCE overhead, so the figure compares with goodput.
 fn udp_blast(datagram: usize) -> f64 {
@@ -580,6 +613,35 @@ fn main() {
             soft * 1e6,
             udp * 1e6,
             soft / udp
+        );
+    }
+    if selected("awaited") {
+        let mut time = |routed| {
+            median(
+                (0..runs)
+                    .map(|_| {
+                        id = id.wrapping_add(1) % 200;
+                        softroce_awaited_write(id, routed)
+                    })
+                    .collect(),
+            )
+        };
+        let (loop_time, routed_time) = (time(false), time(true));
+        println!(
+            "
+8-byte RC WRITE awaited on a tokio task, one in flight, median of {runs} runs
+"
+        );
+        println!("| awaited by | time per WRITE | ratio |");
+        println!("|---|---|---|");
+        println!(
+            "| the CQ's next completion | {:.1} µs | 1.00 |",
+            loop_time * 1e6
+        );
+        println!(
+            "| its own future (`CompletionRouter`) | {:.1} µs | {:.2} |",
+            routed_time * 1e6,
+            routed_time / loop_time
         );
     }
 }

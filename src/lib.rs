@@ -83,8 +83,8 @@ pub mod prelude {
         SgeList, UdDest, WcOpcode, WcStatus, WorkCompletion,
     };
     pub use crate::verbs::{
-        CompletionQueue, Connection, ConnectionEvent, Device, DeviceConfig, Error, Listener,
-        ProtectionDomain, QueuePair, SharedReceiveQueue,
+        CompletionQueue, CompletionRouter, Connection, ConnectionEvent, Device, DeviceConfig,
+        Error, Listener, ProtectionDomain, QueuePair, SharedReceiveQueue,
     };
     pub use crate::wire::{Psn, QKey, Qpn, RKey};
 }

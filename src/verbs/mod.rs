@@ -27,6 +27,7 @@ mod connection;
 mod device;
 mod inbox;
 pub mod private_data;
+mod router;
 
 use std::fmt;
 use std::future::Future;
@@ -64,6 +65,7 @@ pub use device::{
     C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL, DEFAULT_KEEPALIVE,
     MAX_BUSY_POLL, MAX_CQ_CAPACITY,
 };
+pub use router::{CompletionRouter, Routed};
 
 /// What went wrong with a verb.
 #[derive(Debug)]
