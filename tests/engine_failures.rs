@@ -475,6 +475,66 @@ fn closing_a_device_ends_every_wait_and_frees_its_address() {
     }
 }
 
+/// A thread blocked in `CompletionQueue::wait` when its device closes gets the flushed
+/// completion of its outstanding work, then the device's end, with each kind of progress:
+/// with hybrid and inline progress the wait ran the stopped engine first, failed, and lost
+/// the completion (only `poll` returned it).
+#[test]
+fn a_thread_waiting_on_a_cq_gets_the_work_flushed_by_a_close() {
+    for (last, progress) in [
+        (41, Progress::Thread),
+        (43, Progress::Hybrid),
+        (45, Progress::Inline),
+    ] {
+        let config = DeviceConfig {
+            progress,
+            ..DeviceConfig::udp(ip(last))
+        };
+        let a = end_on(Device::open(config).unwrap());
+        let b = open(ip(last + 1));
+        connect(&a, &b);
+        // B has no receive: the SEND waits in RNR retries.
+        a.qp.post_send(SendWr::send(1, a.mr.sge(0, 8).unwrap()))
+            .unwrap();
+        let cq = a.cq.clone();
+        let waiter = std::thread::spawn(move || (cq.wait(Duration::from_secs(10)), cq));
+        std::thread::sleep(Duration::from_millis(50));
+        a.device.close();
+        let (first, cq) = waiter.join().unwrap();
+        let wc = first.unwrap().expect("the flushed SEND");
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (1, WcStatus::WrFlushErr),
+            "{progress:?}"
+        );
+        let after = cq.wait(Duration::from_secs(1));
+        assert!(
+            matches!(after, Err(Error::DeviceClosed)),
+            "{progress:?}: {after:?}"
+        );
+    }
+}
+
+/// Two threads closing a device at once: each returns once the device has stopped and its
+/// address is free. The second used to return while the first still joined the engine's
+/// thread, the socket still bound.
+#[test]
+fn concurrent_closes_both_return_once_the_address_is_free() {
+    for round in 0..100 {
+        let device = Device::open(DeviceConfig {
+            progress: Progress::Thread,
+            ..DeviceConfig::udp(ip(47))
+        })
+        .unwrap();
+        let other = device.clone();
+        let closing = std::thread::spawn(move || other.close());
+        device.close();
+        let again = Device::open(DeviceConfig::udp(ip(47)));
+        assert!(again.is_ok(), "round {round}: {:?}", again.err());
+        closing.join().unwrap();
+    }
+}
+
 /// A destination the host cannot send to at all (here the kernel's EINVAL for a
 /// non-loopback address from a loopback one; without a route, ENETUNREACH) killed the whole
 /// device. Now the QP connected to it fails its work with LOC_QP_OP_ERR, as rxe fails a

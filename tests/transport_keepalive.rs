@@ -8,8 +8,9 @@ mod sim;
 use std::time::Duration;
 
 use sim::rc::{connect, post_recv, post_send, sge, Options, Side, IOVA};
-use sim::{drain, seed, Faults, Sim};
+use sim::{drain, forge, seed, Faults, Sim};
 use softroce::transport::{AsyncEvent, QpInit, QpState, QpType, SendOp, SendWr, WcStatus};
+use softroce::wire::{AckSyndrome, AethRepr, BthRepr, ExtHeaders, Msn, NakCode, Opcode, Psn};
 
 const INTERVAL: Duration = Duration::from_secs(1);
 
@@ -24,9 +25,12 @@ fn kept_alive(seed: u64) -> (Sim, Side, Side) {
     (sim, a, b)
 }
 
-/// Runs the simulation until `until` of virtual time.
+/// Runs the simulation until `until` of virtual time, and no further: a timer due later is
+/// not run.
 fn run_to(sim: &mut Sim, until: Duration) {
-    sim.run_until(until + Duration::from_secs(1), |s| s.now >= until);
+    while sim.now < until {
+        sim.step_with(Some(until));
+    }
 }
 
 fn write(a: &Side, b: &Side, wr_id: u64) -> SendWr {
@@ -129,15 +133,105 @@ fn traffic_that_flows_sends_no_probe() {
     }
 }
 
-/// Only RC has a peer that answers: keepalive is refused for a UC QP, and so is an interval of
-/// zero.
+/// Another QP's keepalive set again and again (a server accepting a connection every 200 ms)
+/// put off the sweep that looks at every QP: a QP whose peer had died was never probed. The
+/// sweep already due stays due.
+#[test]
+fn setting_another_qps_keepalive_does_not_put_off_the_sweep() {
+    let (mut sim, a, _b) = kept_alive(seed(76));
+    let start = sim.now;
+    sim.filter = Some(Box::new(|from, _| from != 1));
+    let pd = sim.nodes[0].alloc_pd();
+    let other = sim.nodes[0].create_qp(sim::rc::rc_init(pd, a.cq)).unwrap();
+    while sim.nodes[0].qp_state(a.qpn) == Some(QpState::Rts) {
+        let now = sim.now;
+        assert!(now < start + Duration::from_secs(10), "never failed");
+        sim.nodes[0]
+            .set_keepalive(now, other, Some(INTERVAL))
+            .unwrap();
+        run_to(&mut sim, now + Duration::from_millis(200));
+    }
+    assert!(
+        sim.now - start <= INTERVAL * 4,
+        "failed after {:?}",
+        sim.now - start
+    );
+}
+
+/// A request posted while the QP probes ends the probing: its own retries decide, and it
+/// completes with RETRY_EXC_ERR, as without keepalive. Probing went on before, and failed the
+/// QP first, flushing the request: here with an ACK timeout of 4.3 s, whose probes are as far
+/// apart, a WRITE posted after the sixth probe was flushed at the eighth's timeout.
+#[test]
+fn a_request_posted_while_probing_is_left_to_its_own_retries() {
+    let mut sim = Sim::new(2, seed(77), Faults::default());
+    let options = Options {
+        timeout: 20, // 4.3 s
+        ..Options::default()
+    };
+    let [a, b] = connect(&mut sim, options);
+    let start = sim.now;
+    sim.nodes[0]
+        .set_keepalive(start, a.qpn, Some(INTERVAL))
+        .unwrap();
+    sim.filter = Some(Box::new(|from, _| from != 1));
+    while sim.nodes[0].counters().keepalive_probes < 6 {
+        let now = sim.now;
+        run_to(&mut sim, now + Duration::from_millis(100));
+    }
+    post_send(&mut sim, 0, &a, write(&a, &b, 9));
+    sim.run_until(start + Duration::from_secs(120), |s| {
+        s.nodes[0].qp_state(a.qpn) == Some(QpState::Error)
+    });
+    let done = drain(&mut sim, 0, a.cq);
+    assert_eq!((done[0].wr_id, done[0].status), (9, WcStatus::RetryExcErr));
+    assert_eq!(sim.nodes[0].counters().keepalive_failures, 0);
+}
+
+/// A peer may refuse a probe (a duplicate WRITE at a PSN an earlier READ took) with a NAK: a
+/// sign of life, with nothing outstanding to fail, not a reason to kill a healthy QP.
+#[test]
+fn a_nak_answering_a_probe_is_a_sign_of_life() {
+    let (mut sim, a, _b) = kept_alive(seed(78));
+    let start = sim.now;
+    // The peer's answers are held back, and a NAK at the probe's PSN answers each instead.
+    sim.filter = Some(Box::new(|from, _| from != 1));
+    let probe_psn = Options::default().psn[0] - 1;
+    let nak = || {
+        let bth = BthRepr::new(Opcode::RcAck, a.qpn, Psn::new(probe_psn));
+        let ext = ExtHeaders {
+            aeth: Some(AethRepr {
+                syndrome: AckSyndrome::Nak(NakCode::InvalidRequest),
+                msn: Msn::new(0),
+            }),
+            ..Default::default()
+        };
+        forge(bth, ext, &[])
+    };
+    let mut naked = 0;
+    while sim.now < start + INTERVAL * 8 {
+        let probes = sim.nodes[0].counters().keepalive_probes;
+        let now = sim.now;
+        run_to(&mut sim, now + Duration::from_millis(100));
+        if sim.nodes[0].counters().keepalive_probes > probes {
+            sim.inject(1, 0, nak());
+            naked += 1;
+        }
+    }
+    assert!(naked >= 4, "{naked} probes");
+    assert_eq!(sim.nodes[0].qp_state(a.qpn), Some(QpState::Rts));
+    assert_eq!(sim.nodes[0].poll_event(), None);
+}
+
+/// Only RC has a peer that answers: keepalive is refused for a UC QP, and so is an interval
+/// under 10 ms, whose sweeps would keep the engine busy.
 #[test]
 fn keepalive_is_for_rc_qps_and_a_real_interval() {
     let (mut sim, a, _b) = kept_alive(seed(74));
     let now = sim.now;
-    assert!(sim.nodes[0]
-        .set_keepalive(now, a.qpn, Some(Duration::ZERO))
-        .is_err());
+    for short in [Duration::ZERO, Duration::from_millis(9)] {
+        assert!(sim.nodes[0].set_keepalive(now, a.qpn, Some(short)).is_err());
+    }
     let (pd, cq) = (sim.nodes[0].alloc_pd(), a.cq);
     let uc = sim.nodes[0]
         .create_qp(QpInit {

@@ -1,5 +1,5 @@
 //! `CompletionRouter`: requests awaited each by its own future (issue 54, item 5), on two
-//! devices on loopback (127.0.6.60 to 127.0.6.67). Before it, every request and response needed
+//! devices on loopback (127.0.6.60 to 127.0.6.69). Before it, every request and response needed
 //! a loop over the CQ that skipped the completions it was not waiting for.
 
 use std::time::Duration;
@@ -202,4 +202,79 @@ fn awaited_requests_of_a_closed_device_resolve() {
         let after = e.routers[0].send(&e.qps[0], SendWr::send(2, [e.mrs[0].sge(0, 8).unwrap()]));
         assert!(matches!(after, Err(Error::DeviceClosed)), "{after:?}");
     });
+}
+
+/// A task woken by a completion that was not its own, and that then does something else for a
+/// while (its future held, not polled: a `select!` arm, a timeout retried later), held the
+/// CQ's only waker when the CQ's waker was the last polled future's: another task's completion
+/// woke it, and nobody else. The CQ's waker is the router's now, and wakes every waiting task.
+#[test]
+fn a_task_holding_its_future_unpolled_does_not_starve_the_others() {
+    let e = ends(66, 16);
+    let rt = runtime();
+    rt.block_on(async {
+        // No receive on B yet: the SEND waits in RNR retries, and the WRITE behind it.
+        let send = e.routers[0]
+            .send(&e.qps[0], SendWr::send(1, [e.mrs[0].sge(0, 8).unwrap()]))
+            .unwrap();
+        let sender = tokio::spawn(send);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let write = SendWr::write(2, [e.mrs[0].sge(0, 8).unwrap()], e.mrs[1].remote());
+        let held = e.routers[0].send(&e.qps[0], write).unwrap();
+        let holder = tokio::spawn(async move {
+            let mut held = held;
+            // Polled once, then left: the task sleeps with its future in hand.
+            tokio::select! {
+                biased;
+                _ = &mut held => panic!("the WRITE completed before the SEND it follows"),
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            held.await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let recv = e.routers[1]
+            .recv(&e.qps[1], RecvWr::new(3, e.mrs[1].sge(0, 64).unwrap()))
+            .unwrap();
+        let wc = tokio::time::timeout(Duration::from_secs(2), sender)
+            .await
+            .expect("the SEND's task was woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+        assert_eq!(recv.await.unwrap().wr_id, 3);
+        let wc = holder.await.unwrap().unwrap();
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    });
+}
+
+/// Requests posted and let go of (a WRITE whose completion nobody awaits) left their
+/// completions in the CQ until some future was polled: a thousand of them overran a CQ of 256,
+/// and the QP went to ERROR. Each post takes what the CQ holds first.
+#[test]
+fn requests_let_go_of_do_not_pile_up_in_the_cq() {
+    let e = ends(68, 64);
+    let rt = runtime();
+    rt.block_on(async {
+        for i in 0..1000u64 {
+            loop {
+                let wr = SendWr::write(i, [e.mrs[0].sge(0, 8).unwrap()], e.mrs[1].remote());
+                match e.routers[0].send(&e.qps[0], wr) {
+                    Ok(routed) => {
+                        drop(routed);
+                        break;
+                    }
+                    Err(Error::QueueFull { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err(other) => panic!("WRITE {i}: {other}"),
+                }
+            }
+        }
+        let wr = SendWr::write(1000, [e.mrs[0].sge(0, 8).unwrap()], e.mrs[1].remote());
+        let routed = e.routers[0].send(&e.qps[0], wr).unwrap();
+        let wc = tokio::time::timeout(WAIT, routed).await.unwrap().unwrap();
+        assert_eq!((wc.wr_id, wc.status), (1000, WcStatus::Success));
+    });
+    assert_eq!(e.routers[0].strays(), 0);
 }

@@ -325,8 +325,10 @@ impl Joiner {
     /// Waits for the thread to end (at once if it was joined already); `unpark`s it first,
     /// for a hybrid thread parked while the application runs the engine.
     fn join(&self, unpark: bool) {
-        let thread = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(thread) = thread {
+        // Held through the join: a second shutdown returns only once the thread has ended, and
+        // the socket it held is closed. The engine thread never takes this lock.
+        let mut thread = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(thread) = thread.take() {
             if unpark {
                 thread.thread().unpark();
             }

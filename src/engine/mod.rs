@@ -1082,8 +1082,10 @@ impl<B: Backend> Engine<B> {
     fn let_go(&mut self) {
         self.cqs.clear();
         self.events = None;
-        // A connection's channel is gone once the CM's engine and this one let go of it.
+        // A connection's, a listener's and a SIDR request's channels are gone once the CM's
+        // engine and the QPs' let go of them: their waits learn that the device stopped.
         self.watchers.clear();
+        self.cm = None;
         // Closes the SRQs' posting queues: a later post is refused, not lost (a hybrid or
         // inline engine stays in memory, stopped, for as long as the device's handles).
         self.srqs.clear();

@@ -15,7 +15,7 @@ use rustc_hash::FxHashSet;
 use smallvec::SmallVec;
 
 use super::cq::{self, CompletionQueue};
-use super::keepalive::Keepalive;
+use super::keepalive::{Keepalive, MIN_INTERVAL as MIN_KEEPALIVE};
 use super::outgoing::{Queued, Revoked, UnreliableSend};
 use super::requester::{Requester, SendChecks};
 use super::responder::RecvQueue;
@@ -1026,14 +1026,22 @@ impl Endpoint {
                 "keepalive is for RC QPs: only RC answers a probe",
             ));
         }
-        if interval.is_some_and(|i| i.is_zero()) {
-            return Err(VerbsError::InvalidRequest("a keepalive interval of zero"));
+        if interval.is_some_and(|i| i < MIN_KEEPALIVE) {
+            return Err(VerbsError::InvalidRequest(
+                "a keepalive interval under 10 ms: its sweeps would keep the engine busy",
+            ));
         }
         qp.keepalive = interval.map(|i| Keepalive::new(i, now, qp.received));
         if interval.is_some() && !self.kept_alive.contains(&qpn) {
             self.kept_alive.push(qpn);
         }
-        self.next_sweep = self.sweep_every().map(|every| now + every);
+        // Never later than the sweep already due: setting one QP's keepalive must not put off
+        // the others'.
+        let due = self.sweep_every().map(|every| now + every);
+        self.next_sweep = match (self.next_sweep, due) {
+            (Some(next), Some(due)) => Some(next.min(due)),
+            (_, due) => due,
+        };
         Ok(())
     }
 

@@ -7,8 +7,15 @@
 //! a probe is a zero-length RDMA WRITE at the PSN before its oldest unacknowledged one, a
 //! duplicate, which a responder acknowledges without executing (IBTA 9.7.5.1.3; rxe_resp.c
 //! `duplicate_request`, and softroce's), whatever its rkey and access rights. Any packet from
-//! the peer ends the probing. After `retry_cnt` + 1 probes unanswered, the QP fails as a
+//! the peer ends the probing, a NAK too (a responder may refuse a duplicate WRITE at a PSN an
+//! earlier READ took: the requester, with nothing outstanding, takes any response as a sign
+//! of life and nothing more). After `retry_cnt` + 1 probes unanswered, the QP fails as a
 //! request whose retries ran out would: [`AsyncEvent::QpFatal`](super::AsyncEvent), ERROR.
+//! Probes go a quarter interval apart, at most 1 s and at least the ACK timeout. A request
+//! posted meanwhile ends the probing: its own retries decide.
+//!
+//! A peer must run its engine to answer: one whose process is stopped (a debugger, SIGSTOP)
+//! or whose application drives its engine inline and has stopped calling looks dead.
 //!
 //! It costs nothing while traffic flows: the receive path already counts the peer's packets
 //! ([`Qp::received`]), and the endpoint looks at those counts once a sweep (a quarter of the
@@ -22,10 +29,13 @@ use super::requester::ack_timeout;
 use super::{Ctx, Qp, QpState};
 use crate::wire::{BthRepr, ExtHeaders, Opcode, RKey, RethRepr};
 
-/// The shortest wait for a probe's answer: an ACK timeout of a few milliseconds suits a
-/// request in flight, but a probe of an idle connection must not call a peer dead for one
-/// scheduling hiccup of its host.
-pub(crate) const MIN_PROBE_WAIT: Duration = Duration::from_millis(250);
+/// The longest gap between probes (a quarter of the interval, up to this): an ACK timeout of
+/// a few milliseconds suits a request in flight, but a probe of an idle connection must not
+/// call a peer dead for one scheduling hiccup of its host.
+const MAX_PROBE_GAP: Duration = Duration::from_secs(1);
+
+/// The shortest interval: its sweep, a quarter of it, runs the engine that often.
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A QP's keepalive: its interval, and what the sweeps have seen.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +91,12 @@ impl Qp {
         let Some(mut keepalive) = self.keepalive else {
             return;
         };
-        let idle = self.state == QpState::Rts && !self.req.has_outstanding();
+        if self.state != QpState::Rts {
+            // Out of RTS (not yet connected, reset, in error): it starts over when it is back.
+            self.keepalive = Some(Keepalive::new(keepalive.interval, ctx.now, self.received));
+            return;
+        }
+        let idle = !self.req.has_outstanding();
         let silent = !keepalive.heard(self.received, ctx.now)
             && ctx.now.saturating_sub(keepalive.heard_at) >= keepalive.interval;
         if idle && silent && keepalive.probe_at.is_none() {
@@ -99,8 +114,11 @@ impl Qp {
             return;
         }
         keepalive.probe_at = None;
-        if keepalive.heard(self.received, ctx.now) || self.state != QpState::Rts {
-            // Answered; or the QP left RTS, and its own requests, if any, say the rest.
+        let posted = self.req.has_outstanding();
+        if keepalive.heard(self.received, ctx.now) || self.state != QpState::Rts || posted {
+            // Answered; or the QP left RTS, or has requests of its own now, whose retries
+            // say the rest: probing starts over at the next idle silence.
+            keepalive.probes = 0;
             self.keepalive = Some(keepalive);
             return;
         }
@@ -137,8 +155,8 @@ impl Qp {
         ctx.send(dst, bth, ext, 0, super::outgoing::Source::Empty);
         ctx.counters.keepalive_probes += 1;
         keepalive.probes += 1;
-        let wait =
-            ack_timeout(self.settings.timeout).map_or(MIN_PROBE_WAIT, |t| t.max(MIN_PROBE_WAIT));
+        let gap = (keepalive.interval / 4).min(MAX_PROBE_GAP);
+        let wait = ack_timeout(self.settings.timeout).map_or(gap, |t| t.max(gap));
         keepalive.probe_at = Some(ctx.now + wait);
     }
 }

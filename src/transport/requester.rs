@@ -753,6 +753,13 @@ impl Qp {
             ctx.counters.stale_responses += 1;
             return;
         }
+        if !self.req.has_outstanding() {
+            // Nothing to acknowledge or refuse: a late duplicate, or the answer to a keepalive
+            // probe, an ACK or a NAK, which counts only as a sign of life
+            // (`transport::keepalive`), never as a reason to fail.
+            ctx.counters.stale_responses += 1;
+            return;
+        }
         let Some(aeth) = repr.ext.aeth.or_else(|| {
             // READ_RESPONSE_MIDDLE carries no AETH: it is an ACK of its own PSN.
             (repr.bth.opcode == Opcode::RcReadResponseMiddle).then_some(AethRepr {

@@ -236,14 +236,23 @@ impl Link {
 
     /// The CM's end only, waiting up to `timeout`: a QP's failure is kept, not returned.
     fn wait_cm_end(&self, timeout: Duration) -> Result<Option<ConnectionEvent>> {
-        if let Some(end) = self.end.get() {
-            return Ok(Some(end.clone()));
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            if let Some(end) = self.end.get() {
+                return Ok(Some(end.clone()));
+            }
+            let left = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            let Some(event) = receive(self.device.engine(), &self.events, left)? else {
+                return Ok(None);
+            };
+            match self.end_of(event) {
+                Some(ConnectionEvent::QpFailed(_)) | None if !left.is_zero() => {}
+                Some(ConnectionEvent::QpFailed(_)) | None => return Ok(None),
+                end => return Ok(end),
+            }
         }
-        let event = receive(self.device.engine(), &self.events, timeout)?;
-        Ok(match event.and_then(|event| self.end_of(event)) {
-            Some(ConnectionEvent::QpFailed(_)) | None => None,
-            end => end,
-        })
     }
 
     async fn ended(&self) -> Result<ConnectionEvent> {
@@ -432,7 +441,7 @@ impl Connection {
     /// peer of an idle connection may be silent before it is probed, and the connection ends
     /// with [`ConnectionEvent::QpFailed`] if it answers none of the probes. A connection
     /// starts with [`DeviceConfig::keepalive`](super::DeviceConfig::keepalive)
-    /// ([`DEFAULT_KEEPALIVE`](super::DEFAULT_KEEPALIVE), 5 s, unless the device says
+    /// ([`DEFAULT_KEEPALIVE`](super::DEFAULT_KEEPALIVE), 30 s, unless the device says
     /// otherwise); `None` turns it off. Refused for UC.
     ///
     /// ```

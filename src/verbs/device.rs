@@ -140,17 +140,22 @@ pub struct DeviceConfig {
     /// The keepalive each [`Connection`](super::Connection) of the device starts with: its QP
     /// probes a peer it has heard nothing from for this long while it has nothing outstanding,
     /// and fails (the connection ends with [`ConnectionEvent::QpFailed`]) when `retry_cnt` + 1
-    /// probes, each given the ACK timeout but at least 250 ms, go unanswered: a dead peer of an
-    /// idle connection is noticed in about this long and 2 s more. [`DEFAULT_KEEPALIVE`] by
-    /// default; `None` for none, as with librdmacm. A QP connected without the CM has none
-    /// unless [`QueuePair::set_keepalive`](super::QueuePair::set_keepalive) gives it one.
+    /// probes go unanswered, a quarter interval apart (at most 1 s, at least the ACK timeout):
+    /// a dead peer of an idle connection is noticed in about this long and 8 s more.
+    /// [`DEFAULT_KEEPALIVE`] by default; `None` for none, as with librdmacm. A peer must run
+    /// its engine to answer: one stopped in a debugger longer than that, or driving its engine
+    /// inline ([`Progress::Inline`]) and calling nothing, looks dead. A QP connected without
+    /// the CM has none unless
+    /// [`QueuePair::set_keepalive`](super::QueuePair::set_keepalive) gives it one; at least
+    /// 10 ms.
     ///
     /// [`ConnectionEvent::QpFailed`]: super::ConnectionEvent::QpFailed
     pub keepalive: Option<Duration>,
 }
 
-/// [`DeviceConfig::keepalive`]'s default: 5 s of silence on an idle connection.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
+/// [`DeviceConfig::keepalive`]'s default: 30 s of silence on an idle connection, then probes
+/// 1 s apart.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
 
 impl DeviceConfig {
     /// Its UDP socket's set-up: the address, and the ECN and CNP DSCP of `congestion`.

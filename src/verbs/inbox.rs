@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::Result;
-use crate::engine::{Completions, Driven, EngineHandle, Watch, HANDBACK};
+use crate::engine::{Completions, Driven, EngineGone, EngineHandle, Watch, HANDBACK};
 use crate::transport::WorkCompletion;
 
 /// What a look at a channel found.
@@ -117,7 +117,15 @@ pub(crate) fn receive<T>(
     // another thread does that, wait on the channel its turns fill.
     // A timeout past the clock's range (`Duration::MAX`) waits as long as it takes.
     let deadline = Instant::now().checked_add(timeout);
-    engine.help()?;
+    // A stopped engine runs no turn, but what it handed out before it stopped (the completions
+    // its shutdown flushed) is still the caller's, message by message, before why it stopped.
+    let last_look = |gone: EngineGone| match channel.try_take() {
+        Take::Got(message) => Ok(Some(message)),
+        _ => Err(gone.into()),
+    };
+    if let Err(gone) = engine.help() {
+        return last_look(gone);
+    }
     loop {
         if let Some(message) = got(channel.try_take())? {
             return Ok(Some(message));
@@ -128,7 +136,11 @@ pub(crate) fn receive<T>(
         if left.is_zero() {
             return Ok(None);
         }
-        if engine.drive_wait(left, &|| channel.has_mail())? == Driven::Busy {
+        let driven = match engine.drive_wait(left, &|| channel.has_mail()) {
+            Ok(driven) => driven,
+            Err(gone) => return last_look(gone),
+        };
+        if driven == Driven::Busy {
             // That thread may stop running the engine at any time: look again soon.
             if let Some(message) = got(channel.take_within(left.min(HANDBACK)))? {
                 return Ok(Some(message));

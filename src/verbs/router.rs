@@ -4,15 +4,17 @@
 //!
 //! The router owns a CQ's completions: it posts each request with a `wr_id` of its own (a
 //! slot's index and generation), and whichever of its futures is polled takes what the CQ
-//! holds and hands each completion to its slot, waking the task that awaits it. Only one
-//! waker is the CQ's at a time (the last future polled); a future that finishes wakes another
-//! still waiting, which takes the CQ's waker over, so none is left with nobody to wake it.
+//! holds and hands each completion to its slot, waking the task that awaits it. The CQ's
+//! waker is the router's own, which wakes every task still waiting: no task's choice to do
+//! something else for a while (a `select!` arm, a timeout retried later) can leave the others
+//! unwoken. A post, and a future dropped before its completion, take what the CQ holds too, so
+//! requests posted and let go of (a send whose completion nobody awaits) do not pile up in it.
 //! Nothing here runs unless it is used: a CQ without a router is as before.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use super::{CompletionQueue, QueuePair, Result, SharedReceiveQueue};
 use crate::engine::Watch;
@@ -60,7 +62,28 @@ pub struct CompletionRouter {
 #[derive(Debug)]
 struct Inner {
     cq: CompletionQueue,
-    slots: Mutex<Slots>,
+    slots: Arc<Mutex<Slots>>,
+    /// The CQ's waker while a future waits: wakes every waiting task ([`WakeAll`]).
+    waker: Waker,
+}
+
+/// The router's waker: wakes every task that waits for a request's completion. It holds the
+/// slots alone, not the CQ: the engine that wakes it may hold the last reference, and must
+/// not be the one that destroys the CQ.
+struct WakeAll(Arc<Mutex<Slots>>);
+
+impl Wake for WakeAll {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        lock(&self.0).wake_waiters();
+    }
+}
+
+fn lock(slots: &Mutex<Slots>) -> MutexGuard<'_, Slots> {
+    slots.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The requests in flight, by slot: reused, so a steady stream allocates nothing.
@@ -131,16 +154,15 @@ impl Slots {
         }
     }
 
-    /// Wakes one task still waiting, to take the CQ's waker over.
-    fn wake_a_waiter(&self) {
-        let waiting = self.slots.iter().find_map(|slot| match slot {
-            Slot::Waiting {
+    /// Wakes every task still waiting: one of them takes what the CQ holds.
+    fn wake_waiters(&self) {
+        for slot in &self.slots {
+            if let Slot::Waiting {
                 waker: Some(waker), ..
-            } => Some(waker),
-            _ => None,
-        });
-        if let Some(waker) = waiting {
-            waker.wake_by_ref();
+            } = slot
+            {
+                waker.wake_by_ref();
+            }
         }
     }
 }
@@ -153,11 +175,10 @@ fn routed_id(index: u32, generation: u32) -> u64 {
 impl CompletionRouter {
     /// A router of `cq`'s completions.
     pub fn new(cq: CompletionQueue) -> CompletionRouter {
+        let slots = Arc::new(Mutex::new(Slots::default()));
+        let waker = Waker::from(Arc::new(WakeAll(Arc::clone(&slots))));
         CompletionRouter {
-            inner: Arc::new(Inner {
-                cq,
-                slots: Mutex::new(Slots::default()),
-            }),
+            inner: Arc::new(Inner { cq, slots, waker }),
         }
     }
 
@@ -198,7 +219,12 @@ impl CompletionRouter {
     /// Takes a slot for the caller's `wr_id` and posts with its `wr_id`; gives the slot back
     /// if the post is refused.
     fn post(&self, wr_id: u64, post: impl FnOnce(u64) -> Result<()>) -> Result<Routed> {
-        let (index, generation) = self.inner.slots().take(wr_id);
+        let (index, generation) = {
+            let mut slots = self.inner.slots();
+            // What came meanwhile: the completions of requests nobody awaits leave the CQ.
+            let _ = self.inner.drain(&mut slots);
+            slots.take(wr_id)
+        };
         match post(routed_id(index, generation)) {
             Ok(()) => Ok(Routed {
                 inner: Arc::clone(&self.inner),
@@ -216,7 +242,19 @@ impl CompletionRouter {
 
 impl Inner {
     fn slots(&self) -> MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.slots)
+    }
+
+    /// Hands every completion the CQ holds to its slot; the device's error once it has
+    /// stopped and every completion it flushed is taken.
+    fn drain(&self, slots: &mut Slots) -> Result<()> {
+        loop {
+            match self.cq.try_next() {
+                Some(Ok(wc)) => slots.route(wc),
+                Some(Err(error)) => return Err(error),
+                None => return Ok(()),
+            }
+        }
     }
 }
 
@@ -246,8 +284,6 @@ impl Routed {
             return None;
         };
         slots.release(self.index);
-        // The CQ's waker may be this task's: another waiter takes it over.
-        slots.wake_a_waiter();
         Some(wc)
     }
 }
@@ -268,29 +304,24 @@ impl Future for Routed {
         // nobody, and is taken by the second look.
         for armed in [false, true] {
             let mut slots = self.inner.slots();
-            loop {
-                if let Some(wc) = self.take_done(&mut slots, cx.waker()) {
-                    drop(slots);
-                    self.finished = true;
-                    return Poll::Ready(Ok(wc));
-                }
-                match cq.try_next() {
-                    Some(Ok(wc)) => slots.route(wc),
-                    Some(Err(error)) => {
-                        // The device stopped, and every completion it flushed is taken:
-                        // this request's will never come.
-                        slots.release(self.index);
-                        slots.wake_a_waiter();
-                        drop(slots);
-                        self.finished = true;
-                        return Poll::Ready(Err(error));
-                    }
-                    None => break,
-                }
+            let drained = self.inner.drain(&mut slots);
+            if let Some(wc) = self.take_done(&mut slots, cx.waker()) {
+                drop(slots);
+                self.finished = true;
+                return Poll::Ready(Ok(wc));
+            }
+            if let Err(error) = drained {
+                // The device stopped, and every completion it flushed is taken: this
+                // request's will never come. The others learn it as they look.
+                slots.release(self.index);
+                slots.wake_waiters();
+                drop(slots);
+                self.finished = true;
+                return Poll::Ready(Err(error));
             }
             drop(slots);
             if !armed {
-                cq.inner.notify.wait_with(cx.waker());
+                cq.inner.notify.wait_with(&self.inner.waker);
             }
         }
         if engine.calls_only() {
@@ -312,12 +343,10 @@ impl Drop for Routed {
         match slots.slots[at] {
             // Came meanwhile: nobody will take it.
             Slot::Done(_) => slots.release(self.index),
-            Slot::Waiting { .. } => {
-                slots.slots[at] = Slot::Abandoned;
-                // This task may have held the CQ's waker.
-                slots.wake_a_waiter();
-            }
+            Slot::Waiting { .. } => slots.slots[at] = Slot::Abandoned,
             Slot::Free | Slot::Abandoned => {}
         }
+        // Its completion may be in the CQ already, with no future left to take it.
+        let _ = self.inner.drain(&mut slots);
     }
 }
