@@ -16,6 +16,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 
+use smallvec::SmallVec;
+
 use super::{CompletionQueue, QueuePair, Result, SharedReceiveQueue};
 use crate::engine::Watch;
 use crate::transport::{RecvWr, SendWr, WorkCompletion};
@@ -65,12 +67,30 @@ struct Inner {
     slots: Arc<Mutex<Slots>>,
     /// The CQ's waker while a future waits: wakes every waiting task ([`WakeAll`]).
     waker: Waker,
+    wake_all: Arc<WakeAll>,
 }
 
-/// The router's waker: wakes every task that waits for a request's completion. It holds the
-/// slots alone, not the CQ: the engine that wakes it may hold the last reference, and must
-/// not be the one that destroys the CQ.
-struct WakeAll(Arc<Mutex<Slots>>);
+/// The router's waker: wakes every task that waits for a request's completion, the one that
+/// polled last first, before it takes the slots' lock (an application thread posting or
+/// polling meanwhile holds it: waking the likeliest taker after it doubled the time of an
+/// awaited WRITE). It holds the slots alone, not the CQ: the engine that wakes it may hold the
+/// last reference, and must not be the one that destroys the CQ.
+#[derive(Debug)]
+struct WakeAll {
+    slots: Arc<Mutex<Slots>>,
+    /// The task that polled last: woken first, with no other lock on the way.
+    last: Mutex<Option<Waker>>,
+}
+
+impl WakeAll {
+    /// Notes the task that polls now, to be woken first.
+    fn polled_by(&self, waker: &Waker) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if !last.as_ref().is_some_and(|kept| kept.will_wake(waker)) {
+            *last = Some(waker.clone());
+        }
+    }
+}
 
 impl Wake for WakeAll {
     fn wake(self: Arc<Self>) {
@@ -78,7 +98,28 @@ impl Wake for WakeAll {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        lock(&self.0).wake_waiters();
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(last) = &last {
+            last.wake_by_ref();
+        }
+        let mut woken = Woken::new();
+        lock(&self.slots).wake_waiters(&mut woken);
+        woken.retain(|w| !last.as_ref().is_some_and(|l| l.will_wake(w)));
+        wake(woken);
+    }
+}
+
+/// The tasks to wake, woken once the slots' lock is let go of: a task woken under it would
+/// run at once on the other CPU, find the lock held, and sleep on it again.
+type Woken = SmallVec<[Waker; 4]>;
+
+fn wake(woken: Woken) {
+    for waker in woken {
+        waker.wake();
     }
 }
 
@@ -130,8 +171,9 @@ impl Slots {
         self.free.push(index);
     }
 
-    /// Hands `wc` to the slot its `wr_id` names, waking its task; counts one that names none.
-    fn route(&mut self, mut wc: WorkCompletion) {
+    /// Hands `wc` to the slot its `wr_id` names, its task to be woken; counts one that names
+    /// none.
+    fn route(&mut self, mut wc: WorkCompletion, woken: &mut Woken) {
         let (index, generation) = ((wc.wr_id & 0xffff_ffff) as u32, (wc.wr_id >> 32) as u32);
         let at = index as usize;
         if self.generations.get(at) != Some(&generation) {
@@ -142,9 +184,7 @@ impl Slots {
             Slot::Waiting { wr_id, waker } => {
                 wc.wr_id = wr_id;
                 self.slots[at] = Slot::Done(wc);
-                if let Some(waker) = waker {
-                    waker.wake();
-                }
+                woken.extend(waker);
             }
             Slot::Abandoned => self.release(index),
             other => {
@@ -154,14 +194,14 @@ impl Slots {
         }
     }
 
-    /// Wakes every task still waiting: one of them takes what the CQ holds.
-    fn wake_waiters(&self) {
+    /// Every task still waiting, to be woken: one of them takes what the CQ holds.
+    fn wake_waiters(&self, woken: &mut Woken) {
         for slot in &self.slots {
             if let Slot::Waiting {
                 waker: Some(waker), ..
             } = slot
             {
-                waker.wake_by_ref();
+                woken.push(waker.clone());
             }
         }
     }
@@ -176,9 +216,18 @@ impl CompletionRouter {
     /// A router of `cq`'s completions.
     pub fn new(cq: CompletionQueue) -> CompletionRouter {
         let slots = Arc::new(Mutex::new(Slots::default()));
-        let waker = Waker::from(Arc::new(WakeAll(Arc::clone(&slots))));
+        let wake_all = Arc::new(WakeAll {
+            slots: Arc::clone(&slots),
+            last: Mutex::new(None),
+        });
+        let waker = Waker::from(Arc::clone(&wake_all));
         CompletionRouter {
-            inner: Arc::new(Inner { cq, slots, waker }),
+            inner: Arc::new(Inner {
+                cq,
+                slots,
+                waker,
+                wake_all,
+            }),
         }
     }
 
@@ -219,12 +268,14 @@ impl CompletionRouter {
     /// Takes a slot for the caller's `wr_id` and posts with its `wr_id`; gives the slot back
     /// if the post is refused.
     fn post(&self, wr_id: u64, post: impl FnOnce(u64) -> Result<()>) -> Result<Routed> {
+        let mut woken = Woken::new();
         let (index, generation) = {
             let mut slots = self.inner.slots();
             // What came meanwhile: the completions of requests nobody awaits leave the CQ.
-            let _ = self.inner.drain(&mut slots);
+            let _ = self.inner.drain(&mut slots, &mut woken);
             slots.take(wr_id)
         };
+        wake(woken);
         match post(routed_id(index, generation)) {
             Ok(()) => Ok(Routed {
                 inner: Arc::clone(&self.inner),
@@ -247,10 +298,10 @@ impl Inner {
 
     /// Hands every completion the CQ holds to its slot; the device's error once it has
     /// stopped and every completion it flushed is taken.
-    fn drain(&self, slots: &mut Slots) -> Result<()> {
+    fn drain(&self, slots: &mut Slots, woken: &mut Woken) -> Result<()> {
         loop {
             match self.cq.try_next() {
-                Some(Ok(wc)) => slots.route(wc),
+                Some(Ok(wc)) => slots.route(wc, woken),
                 Some(Err(error)) => return Err(error),
                 None => return Ok(()),
             }
@@ -303,10 +354,12 @@ impl Future for Routed {
         // Twice at most: a completion delivered before the CQ's waker was in place woke
         // nobody, and is taken by the second look.
         for armed in [false, true] {
+            let mut woken = Woken::new();
             let mut slots = self.inner.slots();
-            let drained = self.inner.drain(&mut slots);
+            let drained = self.inner.drain(&mut slots, &mut woken);
             if let Some(wc) = self.take_done(&mut slots, cx.waker()) {
                 drop(slots);
+                wake(woken);
                 self.finished = true;
                 return Poll::Ready(Ok(wc));
             }
@@ -314,13 +367,16 @@ impl Future for Routed {
                 // The device stopped, and every completion it flushed is taken: this
                 // request's will never come. The others learn it as they look.
                 slots.release(self.index);
-                slots.wake_waiters();
+                slots.wake_waiters(&mut woken);
                 drop(slots);
+                wake(woken);
                 self.finished = true;
                 return Poll::Ready(Err(error));
             }
             drop(slots);
+            wake(woken);
             if !armed {
+                self.inner.wake_all.polled_by(cx.waker());
                 cq.inner.notify.wait_with(&self.inner.waker);
             }
         }
@@ -347,6 +403,9 @@ impl Drop for Routed {
             Slot::Free | Slot::Abandoned => {}
         }
         // Its completion may be in the CQ already, with no future left to take it.
-        let _ = self.inner.drain(&mut slots);
+        let mut woken = Woken::new();
+        let _ = self.inner.drain(&mut slots, &mut woken);
+        drop(slots);
+        wake(woken);
     }
 }
