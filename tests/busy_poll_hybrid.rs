@@ -41,9 +41,11 @@ fn cpu_of(tid: u32) -> Duration {
 #[test]
 fn a_hybrid_engines_thread_polls_after_taking_over_then_sleeps() {
     let before = threads();
+    // The address to itself: a device that shares it starts its group's keeper thread too.
     let a = Device::open(DeviceConfig {
         progress: Progress::Hybrid,
         busy_poll: Some(MAX_BUSY_POLL),
+        share_address: false,
         ..DeviceConfig::udp("127.0.9.11".parse().unwrap())
     })
     .unwrap();

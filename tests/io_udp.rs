@@ -286,33 +286,39 @@ fn a_reuse_port_group_steers_each_datagram_to_its_qps_engine() {
     assert_eq!(got[0].3, [0x64, 0, 0, 0, 0]);
 }
 
-/// Equal packets to several QPs of one peer leave in one segmentation train, one system call,
-/// and arrive whole, in order, verified (the kernel numbers the IPv4 IDs across the train,
-/// whatever the QPs); a shorter one closes the train. With `trains_per_qp` a train ends where
-/// the QP changes. (`io::udp`, "Batching" and "Several engines".)
+/// Equal packets to several QPs of one peer process (QP numbers of one low byte, its place in
+/// its address's group) leave in one segmentation train, one system call, and arrive whole, in
+/// order, verified (the kernel numbers the IPv4 IDs across the train, whatever the QPs); a
+/// shorter one closes the train. A train ends where the low byte changes (another process on
+/// the peer's address: the kernel steers a train whole), and with `trains_per_qp` where the QP
+/// changes. (`io::udp`, "Batching" and "Several engines"; `io::group`.)
 #[test]
 fn equal_packets_to_several_qps_share_a_train_unless_cut_per_qp() {
     let mut b = UdpBackend::bind(v4(133)).unwrap();
-    for (per_qp, last) in [(false, 134), (true, 135)] {
+    // (cut per QP, the sender's address, the step between QP numbers, the calls for 10).
+    for (per_qp, last, step, calls) in [
+        (false, 134, 0x100, 2),
+        (true, 135, 0x100, 10),
+        (false, 136, 1, 10),
+    ] {
         let mut a = UdpBackend::with_config(UdpConfig {
             trains_per_qp: per_qp,
             ..UdpConfig::new(v4(last))
         })
         .unwrap();
         // Eight QPs, one packet each; a shorter one, which ends the train; one more.
-        let mut sent: Vec<Vec<u8>> = (0..8).map(|k| to_qp(0x20 + k, k)).collect();
+        let mut sent: Vec<Vec<u8>> = (0..8).map(|k| to_qp(0x11 + k * step, k)).collect();
         sent.push(packet(Opcode::RcSendOnly, 8, ExtHeaders::default(), 4));
-        sent.push(to_qp(0x20, 9));
+        sent.push(to_qp(0x11, 9));
         for p in &mut sent {
             a.send(b.local_addr(), p).unwrap();
         }
         a.flush().unwrap();
         let counters = a.counters();
-        let calls = if per_qp { 10 } else { 2 };
         assert_eq!(
             (counters.sent, counters.sends),
             (10, calls),
-            "per QP: {per_qp}"
+            "per QP: {per_qp}, step {step}"
         );
         let got = receive(&mut b, sent.len(), 64);
         assert_eq!(got.len(), sent.len(), "per QP: {per_qp}");
@@ -331,12 +337,12 @@ fn equal_packets_to_several_qps_share_a_train_unless_cut_per_qp() {
         let ids: Vec<Option<u16>> = (got.iter())
             .map(|(src, dst, _, bytes)| solve_ipv4_id(at(*src), at(*dst), bytes))
             .collect();
-        let expected: Vec<Option<u16>> = if per_qp {
+        let expected: Vec<Option<u16>> = if calls == 10 {
             vec![Some(0); 10]
         } else {
             (0..9).chain([0]).map(Some).collect()
         };
-        assert_eq!(ids, expected, "per QP: {per_qp}");
+        assert_eq!(ids, expected, "per QP: {per_qp}, step {step}");
     }
 }
 

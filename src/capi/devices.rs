@@ -785,10 +785,7 @@ impl DeviceEntry {
             let name = self.name();
             match &e {
                 softroce::verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
-                    say!("{name}: {}:4791 is taken (by another process on this address, or kernel rxe): \
-                         give this process another address, for example {}=127.0.0.2 \
-                         (softroce run --addr 127.0.0.2 -- ...)",
-                        self.addr,
+                    say!("{name}: {e}; for example {}=127.0.0.2 (softroce run --addr 127.0.0.2 -- ...)",
                         config::ADDR_VAR
                     );
                     libc::EADDRINUSE

@@ -570,6 +570,9 @@ pub struct CmEndpoint {
     events: VecDeque<CmEvent>,
     counters: CmCounters,
     now: Duration,
+    /// The low byte of every communication and SIDR request ID, on a device that shares its
+    /// address with other processes ([`CmEndpoint::end_ids_in`]).
+    id_place: Option<u8>,
 }
 
 impl fmt::Debug for CmEndpoint {
@@ -579,6 +582,15 @@ impl fmt::Debug for CmEndpoint {
             .field("connections", &self.conns.len())
             .field("listeners", &self.listeners.len())
             .finish()
+    }
+}
+
+/// A random ID, ending in `place`, the device's place in its address group, if it has one.
+fn draw_id(rng: &mut ChaCha20Rng, place: Option<u8>) -> u32 {
+    let id = rng.next_u32();
+    match place {
+        Some(place) => (id & !0xff) | u32::from(place),
+        None => id,
     }
 }
 
@@ -655,6 +667,7 @@ impl CmEndpoint {
             events: VecDeque::new(),
             counters: CmCounters::default(),
             now: Duration::ZERO,
+            id_place: None,
         }
     }
 
@@ -856,9 +869,17 @@ impl CmEndpoint {
     /// A fresh local communication ID: random, not zero, not in use (cm.c XORs a counter with
     /// a random word; a random draw needs no counter and says nothing of the next one).
     fn fresh_id(&mut self) -> Option<u32> {
+        let place = self.id_place;
         (0..64)
-            .map(|_| self.rng.next_u32())
+            .map(|_| draw_id(&mut self.rng, place))
             .find(|id| *id != 0 && !self.conns.contains_key(id))
+    }
+
+    /// Ends every communication and SIDR request ID drawn from now on in `place`: the device
+    /// shares its address with other processes, and the kernel steers a CM reply to the process
+    /// that its remote ID (or request ID) names by the ID's low byte (`io::group`).
+    pub fn end_ids_in(&mut self, place: u8) {
+        self.id_place = Some(place);
     }
 
     /// Our transaction ID for a connection: the agent's half and the communication ID

@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use rand_core::RngCore;
-
 use super::{
     check_peer, ib_timeout, private_data, CmEndpoint, CmError, CmEvent, SidrId, MRA_SERVICE_TIMEOUT,
 };
@@ -83,8 +81,9 @@ impl CmEndpoint {
             };
             header.emit(&mut CmaHeader::new_unchecked(&mut private[..]));
         }
+        let place = self.id_place;
         let request_id = (0..64)
-            .map(|_| self.rng.next_u32())
+            .map(|_| super::draw_id(&mut self.rng, place))
             .find(|id| *id != 0 && !self.sidr.resolving.contains_key(id))
             .ok_or(CmError::NoResources)?;
         let req = CmSidrReqRepr {

@@ -171,6 +171,11 @@ impl CmRouter {
         })
     }
 
+    /// Ends the CM's IDs in the device's place in its address group.
+    pub(super) fn end_ids_in(&mut self, place: u8) {
+        self.agent.cm_mut().end_ids_in(place);
+    }
+
     pub(super) fn next_deadline(&self) -> Option<Duration> {
         self.deadline
     }

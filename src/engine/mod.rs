@@ -392,7 +392,7 @@ fn refused(endpoint: &mut Endpoint, qpn: Qpn, wr_id: u64, opcode: WcOpcode) {
 }
 
 /// What every engine of a device is started with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct EngineSettings {
     /// The device's seed, which each engine varies for its QP numbers.
     pub seed: u64,
@@ -403,6 +403,9 @@ pub(crate) struct EngineSettings {
     /// How long after packets moved the engine's turns poll the socket rather than sleep in
     /// it (zero: never), resolved from [`DeviceConfig::busy_poll`](crate::verbs::DeviceConfig).
     pub busy_poll: Duration,
+    /// The device's membership of its address group, whose place its QP numbers and CM IDs
+    /// end in; `None` for a device that has its address to itself.
+    pub ledger: Option<Arc<dyn crate::transport::QpnLedger>>,
 }
 
 /// Starts the engine of a device: on a thread of its own, or for the application to drive.
@@ -418,6 +421,7 @@ pub(crate) fn start<B: Backend>(
         cm: cm_config,
         congestion,
         busy_poll,
+        ledger: _,
     } = *settings;
     let LaneStart {
         lane,
@@ -442,6 +446,9 @@ pub(crate) fn start<B: Backend>(
     };
     let mut endpoint = Endpoint::with_memory(config, memory);
     endpoint.set_port_mtu(port_mtu);
+    if let Some(ledger) = &settings.ledger {
+        endpoint.share_address(ledger.clone());
+    }
     // The CM's receive buffers take the first addresses; the application's regions follow.
     let first_iova = 0x1000_0000;
     let cm = if lane.index() == 0 {
@@ -458,7 +465,11 @@ pub(crate) fn start<B: Backend>(
             first_iova,
             (app_qps, sees_all_qps),
         );
-        Some(router.map_err(|e| io::Error::other(format!("the device's CM: {e}")))?)
+        let mut router = router.map_err(|e| io::Error::other(format!("the device's CM: {e}")))?;
+        if let Some(ledger) = &settings.ledger {
+            router.end_ids_in(ledger.place());
+        }
+        Some(router)
     } else {
         None
     };

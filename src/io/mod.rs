@@ -11,6 +11,7 @@
 //!   (DSCP, ECN, the IP ID, the per-QP UDP source port) and sees every received header, so it
 //!   verifies every ICRC fully.
 
+mod group;
 mod icmp;
 mod link;
 mod raw;
@@ -20,6 +21,7 @@ mod udp;
 use std::io;
 use std::net::IpAddr;
 
+pub use group::{GroupMember, PortBinding};
 pub use link::{link_of, Link};
 pub use raw::{IpIdMode, RawBackend, RawConfig, RawError};
 pub use recording::Recording;

@@ -186,8 +186,9 @@ struct Train {
     dst: SocketAddr,
     /// The TOS or traffic class byte of every packet in it.
     class: u8,
-    /// The BTH's DestQP bytes of every packet in it, when trains are cut per QP.
-    dest_qp: Option<[u8; 3]>,
+    /// The BTH's DestQP bytes of every packet in it when trains are cut per QP, else only its
+    /// low byte (the rest zero).
+    dest_qp: [u8; 3],
     start: usize,
     len: usize,
     segment: usize,
@@ -200,7 +201,7 @@ impl Train {
         &self,
         dst: SocketAddr,
         class: u8,
-        dest_qp: Option<[u8; 3]>,
+        dest_qp: [u8; 3],
         len: usize,
         max_segments: usize,
     ) -> bool {
@@ -323,6 +324,23 @@ impl UdpBackend {
 
     /// Binds `config.address:4791`.
     pub fn with_config(config: UdpConfig) -> io::Result<Self> {
+        Self::configure(None, config)
+    }
+
+    /// Takes `socket`, a UDP socket bound to `config.address:4791` already (by another member
+    /// of its address group, `io::group`), with `config`'s options.
+    pub(crate) fn adopt(socket: std::os::fd::OwnedFd, config: UdpConfig) -> io::Result<Self> {
+        Self::configure(Some(Socket::from(socket)), config)
+    }
+
+    /// A descriptor of the backend's socket, for its address group's other members.
+    pub(crate) fn socket(&self) -> io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.socket.as_fd().try_clone_to_owned()
+    }
+
+    /// Sets `config`'s options on `bound`, or on a new socket that it then binds.
+    fn configure(bound: Option<Socket>, config: UdpConfig) -> io::Result<Self> {
         let address = config.address;
         if address.is_unspecified() {
             return Err(io::Error::new(
@@ -333,7 +351,11 @@ impl UdpBackend {
         let classes = TrafficClasses::new(config.dscp, config.ecn, config.cnp_dscp)?;
         let class = classes.data();
         let local = SocketAddr::new(address, ROCEV2_UDP_PORT);
-        let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP))?;
+        let adopted = bound.is_some();
+        let socket = match bound {
+            Some(socket) => socket,
+            None => Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP))?,
+        };
         match address {
             IpAddr::V4(_) => {
                 sockopt::set_ip_mtu_discover(&socket, sockopt::Ipv4PathMtuDiscovery::PROBE)?;
@@ -344,7 +366,9 @@ impl UdpBackend {
                 setsockopt(&socket, nix_sockopt::IpRecvTos, &true)?;
             }
             IpAddr::V6(_) => {
-                socket.set_only_v6(true)?;
+                if !adopted {
+                    socket.set_only_v6(true)?;
+                }
                 sockopt::set_ipv6_mtu_discover(&socket, sockopt::Ipv6PathMtuDiscovery::PROBE)?;
                 socket.set_tclass_v6(class.into())?;
                 setsockopt(&socket, UdpNoCheck6Rx, &true)?;
@@ -360,10 +384,12 @@ impl UdpBackend {
         let segments =
             config.segmentation && setsockopt(&socket, nix_sockopt::UdpGsoSegment, &0).is_ok();
         socket.set_nonblocking(true)?;
-        socket.set_reuse_port(config.reuse_port)?;
-        socket.bind(&local.into()).map_err(|e| {
-            io::Error::new(e.kind(), format!("binding UDP {local} for RoCEv2: {e}"))
-        })?;
+        if !adopted {
+            socket.set_reuse_port(config.reuse_port)?;
+            socket.bind(&local.into()).map_err(|e| {
+                io::Error::new(e.kind(), format!("binding UDP {local} for RoCEv2: {e}"))
+            })?;
+        }
         Ok(UdpBackend {
             socket: UdpSocket::from_std(socket.into()),
             local,
@@ -563,12 +589,24 @@ impl Backend for UdpBackend {
         }
         let max_segments = self.max_segments;
         let packet = &self.queue[start..start + len];
-        let dest_qp = self.trains_per_qp.then(|| dest_qp_bytes(packet));
+        // A train never mixes the processes of an address group: its QP numbers' low bytes
+        // (`io::group`); per QP, if told.
+        let dest_qp = dest_qp_bytes(packet);
+        // A MAD for QP0 or QP1 goes alone: the peer's kernel steers it by its content, to the
+        // process that listens on its port or owns its connection, which a train would not
+        // let it do.
+        let alone = dest_qp[..2] == [0, 0] && dest_qp[2] <= 1;
+        let dest_qp = if self.trains_per_qp {
+            dest_qp
+        } else {
+            [0, 0, dest_qp[2]]
+        };
         let class = self.classes.of(packet);
-        let joins = self
-            .trains
-            .last()
-            .is_some_and(|t| t.takes(dst, class, dest_qp, len, max_segments));
+        let joins = !alone
+            && self
+                .trains
+                .last()
+                .is_some_and(|t| t.takes(dst, class, dest_qp, len, max_segments));
         if !joins {
             // `room` flushed if the trains were full. A new train starts where the packet was
             // built, right after the last one: the queue stays one run of trains.
@@ -591,7 +629,7 @@ impl Backend for UdpBackend {
         self.queued += len;
         train.len += len;
         train.count += 1;
-        train.open = len == train.segment;
+        train.open = len == train.segment && !alone;
         Ok(&self.queue[start..start + len])
     }
 

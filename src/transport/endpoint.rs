@@ -24,8 +24,9 @@ use super::srq::SharedRq;
 use super::{
     check_modify, AddressHandle, AddressVector, AsyncEvent, AttrName, CongestionConfig,
     CongestionStatus, Counters, CqId, Ctx, Datagram, Lane, ModifyError, PathMtu, Qp, QpAttr,
-    QpInit, QpSettings, QpState, QpType, QueueSlots, RecvWr, SendWr, SrqAttr, SrqId, SrqModify,
-    Transmit, VerbsError, WcOpcode, WcStatus, WorkCompletion, MAX_PACKET_LEN, MAX_TOUCHED,
+    QpInit, QpSettings, QpState, QpType, QpnLedger, QueueSlots, RecvWr, SendWr, SrqAttr, SrqId,
+    SrqModify, Transmit, VerbsError, WcOpcode, WcStatus, WorkCompletion, MAX_PACKET_LEN,
+    MAX_TOUCHED,
 };
 use crate::keyed::KeyedTable;
 use crate::memory::{Access, DeviceMemory, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
@@ -111,6 +112,9 @@ pub struct Endpoint {
     /// at: every quarter of the shortest interval among them.
     kept_alive: Vec<Qpn>,
     next_sweep: Option<Duration>,
+    /// Where the QP numbers come from when the device shares its address with other processes
+    /// ([`Endpoint::share_address`]).
+    ledger: Option<Arc<dyn QpnLedger>>,
 }
 
 /// The active QPs' earliest timer, and whether any has responses to build
@@ -195,6 +199,7 @@ impl Endpoint {
             counters: Counters::default(),
             kept_alive: Vec::new(),
             next_sweep: None,
+            ledger: None,
             overrun: Vec::new(),
         }
     }
@@ -319,6 +324,12 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Draws QP numbers from `ledger` from now on: the device shares its address with devices
+    /// of other processes, and the kernel steers packets among them by a number's low byte.
+    pub fn share_address(&mut self, ledger: Arc<dyn QpnLedger>) {
+        self.ledger = Some(ledger);
+    }
+
     /// Creates an RC, UC or UD QP. Its number is never 0 or 1, the special QPs' (see
     /// [`create_gsi_qp`](Self::create_gsi_qp)).
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, VerbsError> {
@@ -335,12 +346,20 @@ impl Endpoint {
         self.check_init(&init, srq)?;
         let span = QPN_RANGE.end() - QPN_RANGE.start() + 1;
         let lane = self.config.lane;
+        let ledger = self.ledger.clone();
         let qpn = (0..QPN_DRAWS)
             .map(|_| QPN_RANGE.start() + self.rng.next_u32() % span)
-            .map(|drawn| Qpn::new(lane.nearest(drawn, &QPN_RANGE)))
+            .map(|drawn| match &ledger {
+                // The low byte names the device's place in its address group.
+                Some(ledger) => Qpn::new((drawn & 0xff_ff00) | u32::from(ledger.place())),
+                None => Qpn::new(lane.nearest(drawn, &QPN_RANGE)),
+            })
             // Never the slot of QP0 and QP1, so that QP1 may come at any time.
             .find(|qpn| {
-                self.qps.takes(qpn.value()) && !self.qps.same_slot(qpn.value(), Qpn::GSI.value())
+                QPN_RANGE.contains(&qpn.value())
+                    && self.qps.takes(qpn.value())
+                    && !self.qps.same_slot(qpn.value(), Qpn::GSI.value())
+                    && ledger.as_ref().is_none_or(|ledger| ledger.claim(*qpn))
             })
             .ok_or(VerbsError::OutOfResources("every QP number is taken"))?;
         self.insert_qp(qpn, init, srq);
@@ -580,6 +599,9 @@ impl Endpoint {
             ctx.complete(qp.cq_of(wc.opcode), wc);
         }
         self.qps.remove(qpn.value());
+        if let Some(ledger) = &self.ledger {
+            ledger.release(qpn);
+        }
         // Its number may be drawn again: windows bound through it must not serve the next QP.
         self.memory.write().release_qp_windows(qpn);
         // A QP's end is when the regions it used are most likely let go of.
@@ -1723,6 +1745,53 @@ mod tests {
             ep.destroy_qp(Duration::ZERO, qpn, []).unwrap();
         }
         assert_eq!(ep.resources().qps, 257);
+    }
+
+    /// A ledger of one place, whose numbers an earlier device of the place held: the set.
+    #[derive(Debug)]
+    struct Ledger {
+        place: u8,
+        held: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+    }
+
+    impl QpnLedger for Ledger {
+        fn place(&self) -> u8 {
+            self.place
+        }
+
+        fn claim(&self, qpn: Qpn) -> bool {
+            self.held.lock().unwrap().insert(qpn.value())
+        }
+
+        fn release(&self, qpn: Qpn) {
+            self.held.lock().unwrap().remove(&qpn.value());
+        }
+    }
+
+    /// On a shared address every QP number ends in the device's place, and none is one the
+    /// ledger holds (a device of the place before held it when it ended); a destroyed QP's
+    /// number goes back to the ledger.
+    #[test]
+    fn on_a_shared_address_numbers_end_in_the_place_and_skip_the_ledgers() {
+        let (mut ep, init) = endpoint();
+        // A third of the place's numbers were a dead device's.
+        let dead: std::collections::BTreeSet<u32> = (0..0x1_00_00)
+            .filter(|high| high % 3 == 0)
+            .map(|high| (high << 8) | 0x2a)
+            .collect();
+        let ledger = Arc::new(Ledger {
+            place: 0x2a,
+            held: std::sync::Mutex::new(dead.clone()),
+        });
+        ep.share_address(ledger.clone());
+        let qpns: Vec<Qpn> = (0..300).map(|_| ep.create_qp(init).unwrap()).collect();
+        for qpn in &qpns {
+            assert_eq!(qpn.value() & 0xff, 0x2a, "{qpn:?}");
+            assert!(!dead.contains(&qpn.value()), "{qpn:?} was a dead device's");
+        }
+        ep.destroy_qp(Duration::ZERO, qpns[0], []).unwrap();
+        assert!(!ledger.held.lock().unwrap().contains(&qpns[0].value()));
+        assert_eq!(ledger.held.lock().unwrap().len(), dead.len() + 299);
     }
 
     #[test]

@@ -76,6 +76,20 @@ impl Lane {
     }
 }
 
+/// The QP numbers of a device that shares its address with devices of other processes (an
+/// address group, `io::group`): each ends in the device's place in the group, which the kernel
+/// steers by, and none is a number that an earlier device of that place still held when it
+/// ended, so that a packet for a QP of a process that is gone never reaches a QP of another.
+pub trait QpnLedger: Send + Sync + std::fmt::Debug {
+    /// The place: the low byte of every QP number of the device.
+    fn place(&self) -> u8;
+    /// Takes `qpn` for a new QP: false if a device of the place holds it, or held it when it
+    /// ended.
+    fn claim(&self, qpn: Qpn) -> bool;
+    /// Gives back the number of a QP destroyed.
+    fn release(&self, qpn: Qpn);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

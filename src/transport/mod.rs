@@ -45,7 +45,7 @@ pub use counters::Counters;
 pub use datagram::{Datagram, GRH_LEN};
 pub use dcqcn::{RpParams, METER_WINDOW};
 pub use endpoint::{Endpoint, EndpointConfig, Resources, DEFAULT_PORT_MTU, MAX_AH_GROWTH};
-pub use lane::{Lane, MAX_LANES};
+pub use lane::{Lane, QpnLedger, MAX_LANES};
 pub use outgoing::MAX_PACKET_LEN;
 pub use qp::{
     check_modify, connect_steps, datagram_steps, AddressVector, AttrName, ConnectOptions,

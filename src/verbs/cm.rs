@@ -64,15 +64,17 @@ impl Device {
     /// Listens for RC and UC connections on `port` of RDMA-CM's TCP port space, as
     /// `rdma_listen` on an `RDMA_PS_TCP` ID bound to the device's address.
     pub fn listen(&self, port: u16) -> Result<Listener> {
-        let service_id = ServiceId::ip(PortSpace::Tcp, port);
-        Ok(Listener(Listening::start(self, service_id)?))
+        Ok(Listener(Listening::start(self, PortSpace::Tcp, port)?))
     }
 
     /// Listens for UD service resolution (SIDR) on `port` of RDMA-CM's UDP port space, as
     /// `rdma_listen` on an `RDMA_PS_UDP` ID (udaddy's server).
     pub fn listen_datagram(&self, port: u16) -> Result<DatagramListener> {
-        let service_id = ServiceId::ip(PortSpace::Udp, port);
-        Ok(DatagramListener(Listening::start(self, service_id)?))
+        Ok(DatagramListener(Listening::start(
+            self,
+            PortSpace::Udp,
+            port,
+        )?))
     }
 
     /// Asks `to` which UD QP serves its port in RDMA-CM's UDP port space (SIDR, as
@@ -153,10 +155,18 @@ struct Listening {
     id: ListenerId,
     port: u16,
     requests: flume::Receiver<CmEvent>,
+    /// The port, held against the other processes on the address.
+    _binding: Option<crate::io::PortBinding>,
 }
 
 impl Listening {
-    fn start(device: &Device, service_id: ServiceId) -> Result<Listening> {
+    fn start(device: &Device, space: PortSpace, port: u16) -> Result<Listening> {
+        let service_id = ServiceId::ip(space, port);
+        // Before the CM listens: the port is this process's on the address, or in use.
+        let binding = match port {
+            0 => None,
+            port => device.bind_cm_port(space, port)?,
+        };
         let (requests, incoming) = flume::bounded(BACKLOG);
         let id = device.engine().call(|reply| {
             Command::Cm(CmCommand::Listen {
@@ -168,8 +178,9 @@ impl Listening {
         Ok(Listening {
             device: device.clone(),
             id,
-            port: service_id.0 as u16,
+            port,
             requests: incoming,
+            _binding: binding,
         })
     }
 

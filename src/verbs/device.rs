@@ -15,12 +15,14 @@ use super::{receive, CompletionQueue, CqInner, Error, ProtectionDomain, Result};
 use crate::cm::CmConfig;
 use crate::engine::{self, Command, Completions, CqNotify, EngineHandle, Progress};
 use crate::io::{
-    link_of, Backend, IoCounters, RawBackend, RawConfig, Recording, UdpBackend, UdpConfig,
+    link_of, Backend, GroupMember, IoCounters, PortBinding, RawBackend, RawConfig, Recording,
+    UdpBackend, UdpConfig,
 };
 use crate::transport::{
     AsyncEvent, CongestionConfig, CongestionStatus, Counters, Lane, PathMtu, Resources, VerbsError,
     DEFAULT_PORT_MTU, MAX_LANES,
 };
+use crate::wire::cm::PortSpace;
 use crate::wire::{Psn, Qpn};
 
 /// Which backend carries the device's packets.
@@ -151,6 +153,13 @@ pub struct DeviceConfig {
     ///
     /// [`ConnectionEvent::QpFailed`]: super::ConnectionEvent::QpFailed
     pub keepalive: Option<Duration>,
+    /// Share the address with softroce devices of other processes of this user, as processes
+    /// share kernel rxe's device (on by default): the device joins the address's group
+    /// (ARCHITECTURE.md, "Many processes on one address"), and a packet still goes from the
+    /// kernel straight to the process whose QP it is for. Off, the device binds the address
+    /// alone, and a second device on it fails with `EADDRINUSE`. Only a device of one engine
+    /// on the UDP backend shares; another takes its address alone.
+    pub share_address: bool,
 }
 
 /// [`DeviceConfig::keepalive`]'s default: 30 s of silence on an idle connection, then probes
@@ -183,6 +192,7 @@ impl DeviceConfig {
             congestion: CongestionConfig::default(),
             busy_poll: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
+            share_address: true,
         }
     }
 
@@ -233,6 +243,9 @@ pub(super) struct DeviceInner {
     busy_poll: Duration,
     /// [`DeviceConfig::keepalive`].
     pub(super) keepalive: Option<Duration>,
+    /// The device's membership of its address's group, if it shares the address; let go of
+    /// when the device closes.
+    group: Mutex<Option<Arc<GroupMember>>>,
 }
 
 impl DeviceInner {
@@ -243,6 +256,11 @@ impl DeviceInner {
         for engine in self.engines.iter() {
             engine.shut_down();
         }
+        // Its place in the address's group goes back; its socket stays with the other members.
+        self.group
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 }
 
@@ -303,7 +321,12 @@ impl Device {
                 trains_per_qp,
             } => {
                 let udp = config.udp_config(segmentation, trains_per_qp);
-                Self::start(UdpBackend::with_config(udp)?, &config)
+                if config.share_address {
+                    let (member, backend) = GroupMember::join(udp)?;
+                    Self::start(backend, &config, Some(member))
+                } else {
+                    Self::start(UdpBackend::with_config(udp)?, &config, None)
+                }
             }
             BackendKind::Raw => {
                 let IpAddr::V4(address) = config.address else {
@@ -321,7 +344,7 @@ impl Device {
                     ..RawConfig::new(address)
                 })
                 .map_err(io::Error::from)?;
-                Self::start(raw, &config)
+                Self::start(raw, &config, None)
             }
         }
     }
@@ -368,10 +391,14 @@ impl Device {
     }
 
     /// Starts `backend`, behind a [`Recording`] when the configuration asks for a capture.
-    fn start<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
+    fn start<B: Backend>(
+        backend: B,
+        config: &DeviceConfig,
+        group: Option<Arc<GroupMember>>,
+    ) -> Result<Device> {
         match &config.pcap {
-            Some(path) => Self::start_engine(Recording::new(backend, path)?, config),
-            None => Self::start_engine(backend, config),
+            Some(path) => Self::launch(vec![Recording::new(backend, path)?], config, group),
+            None => Self::launch(vec![backend], config, group),
         }
     }
 
@@ -379,12 +406,7 @@ impl Device {
     /// as `config` says; its address is the backend's, and its `backend` and `pcap` are not
     /// read (wrap the backend in [`Recording`] to record).
     pub fn with_backend<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        Self::start_engine(backend, config)
-    }
-
-    /// Starts the engine on `backend` as `config` says (its address and backend kind aside).
-    fn start_engine<B: Backend>(backend: B, config: &DeviceConfig) -> Result<Device> {
-        Self::with_backends(vec![backend], config)
+        Self::launch(vec![backend], config, None)
     }
 
     /// Starts a device of several engines on backends the caller built, engine N on the Nth
@@ -395,6 +417,16 @@ impl Device {
     /// backends for peers like this device should also set [`UdpConfig::trains_per_qp`], as
     /// [`Device::open`] does for several engines.
     pub fn with_backends<B: Backend>(backends: Vec<B>, config: &DeviceConfig) -> Result<Device> {
+        Self::launch(backends, config, None)
+    }
+
+    /// Starts the engines on `backends` as `config` says (its address, backend kind and pcap
+    /// aside), as a member of `group` if it has one.
+    fn launch<B: Backend>(
+        backends: Vec<B>,
+        config: &DeviceConfig,
+        group: Option<Arc<GroupMember>>,
+    ) -> Result<Device> {
         let count = backends.len();
         if count == 0 || count > MAX_LANES as usize {
             return Err(refused(format!(
@@ -430,6 +462,9 @@ impl Device {
             cm: config.cm,
             congestion: config.congestion,
             busy_poll,
+            ledger: group
+                .clone()
+                .map(|member| member as Arc<dyn crate::transport::QpnLedger>),
         };
         for (backend, parts) in backends.into_iter().zip(parts) {
             match engine::start(backend, parts, &settings) {
@@ -452,6 +487,7 @@ impl Device {
                 port_mtu,
                 busy_poll,
                 keepalive: config.keepalive,
+                group: Mutex::new(group),
             }),
         })
     }
@@ -466,6 +502,39 @@ impl Device {
     /// closed device does nothing.
     pub fn close(&self) {
         self.inner.shut_down();
+    }
+
+    /// Holds RDMA-CM port `port` (1 to 65535) of `space` on the device's address against the
+    /// devices of other processes that share it ([`DeviceConfig::share_address`]): REQs and
+    /// SIDR_REQs for the port come to this device until the binding is dropped. `EADDRINUSE`
+    /// (an [`Error::Io`]) if another process holds it, as the kernel's `rdma_bind_addr`
+    /// answers; `None` for a device that has its address to itself, or is closed. Listening
+    /// ([`Device::listen`]) binds its port so itself.
+    pub fn bind_cm_port(&self, space: PortSpace, port: u16) -> Result<Option<PortBinding>> {
+        if port == 0 {
+            return Err(refused("RDMA-CM port 0 is not a port to bind".into()));
+        }
+        let group = self
+            .inner
+            .group
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match group {
+            Some(member) => Ok(Some(member.bind_port(space.value(), port)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The device's place among the devices that share its address, if it shares it: the low
+    /// byte of each of its QP numbers.
+    pub fn place(&self) -> Option<u8> {
+        let group = self
+            .inner
+            .group
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        group.as_ref().map(|member| member.place())
     }
 
     /// The address the device is bound to, which peers reach it at.

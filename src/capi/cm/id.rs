@@ -375,13 +375,12 @@ impl Id {
     /// port 0).
     fn bind(&mut self, addr: SocketAddr) -> Result<(), c_int> {
         let entry = devices::entry_for(addr.ip()).ok_or(libc::EADDRNOTAVAIL)?;
-        // Until the bind is done, a failure gives the port back (`claim` drops).
-        let claim = PortClaim::claim(entry.index, self.ibv.ps, addr.port())?;
         let context = devices::cm_context(entry)?;
         // SAFETY: librdmacm's contexts stay open for the process's life.
-        let pd = unsafe { Context::from_ibv(context) }
-            .ok_or(libc::EINVAL)?
-            .default_pd()?;
+        let opened = unsafe { Context::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        // Until the bind is done, a failure gives the port back (`claim` drops).
+        let claim = PortClaim::claim(&opened.device, entry.index, self.ibv.ps, addr.port())?;
+        let pd = opened.default_pd()?;
         if self.ibv.verbs.is_null() {
             self.shared.watch(entry);
         }

@@ -12,6 +12,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use libc::c_int;
 
+use softroce::io::PortBinding;
+use softroce::verbs::Device;
+use softroce::wire::cm::PortSpace;
+
 use crate::fork::Born;
 
 /// A bound port: the device's index, the port space, the port.
@@ -48,15 +52,77 @@ fn ephemeral() -> RangeInclusive<u16> {
         .clone()
 }
 
-/// A port an ID holds, given back when dropped.
+/// A port an ID holds, given back when dropped: in this process, and against the other
+/// processes that share the device's address (`Device::bind_cm_port`).
 #[derive(Debug)]
-pub(super) struct PortClaim(Key);
+pub(super) struct PortClaim {
+    key: Key,
+    _binding: Option<PortBinding>,
+}
+
+/// Ephemeral ports tried before a bind of port 0 gives up when other processes on the
+/// address hold each one drawn.
+const EPHEMERAL_TRIES: usize = 64;
 
 impl PortClaim {
-    /// Claims `port` of port space `ps` on device `device`, or for port 0 a free ephemeral
-    /// one, starting from a point that varies from call to call (the kernel picks at random);
-    /// `EADDRINUSE` if `port` is taken or no ephemeral one is free.
-    pub(super) fn claim(device: usize, ps: u32, port: u16) -> Result<PortClaim, c_int> {
+    /// Claims `port` of port space `ps` on `device` (the device at `index`), or for port 0 a
+    /// free ephemeral one; `EADDRINUSE` if `port` is taken, here or by another process on the
+    /// address, or no ephemeral one is free.
+    pub(super) fn claim(
+        device: &Device,
+        index: usize,
+        ps: u32,
+        port: u16,
+    ) -> Result<PortClaim, c_int> {
+        let space = match ps {
+            p if p == u32::from(PortSpace::Tcp.value()) => PortSpace::Tcp,
+            p if p == u32::from(PortSpace::Udp.value()) => PortSpace::Udp,
+            p if p == u32::from(PortSpace::Ib.value()) => PortSpace::Ib,
+            _ => return Err(libc::EPROTONOSUPPORT),
+        };
+        // Ports other processes hold, kept claimed here until the draw ends so that it moves on.
+        let mut taken = Vec::new();
+        while taken.len() < EPHEMERAL_TRIES {
+            let key = Self::claim_here(index, ps, port)?;
+            match device.bind_cm_port(space, key.2) {
+                Ok(binding) => {
+                    return Ok(PortClaim {
+                        key,
+                        _binding: binding,
+                    })
+                }
+                Err(softroce::verbs::Error::Io(e))
+                    if port == 0 && e.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    taken.push(PortClaim {
+                        key,
+                        _binding: None,
+                    })
+                }
+                Err(error) => {
+                    drop(PortClaim {
+                        key,
+                        _binding: None,
+                    });
+                    return Err(match error {
+                        softroce::verbs::Error::Io(e) => match e.kind() {
+                            std::io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+                            // The address's ports table is full.
+                            std::io::ErrorKind::OutOfMemory => libc::ENOSPC,
+                            _ => e.raw_os_error().unwrap_or(libc::EIO),
+                        },
+                        _ => libc::ENODEV,
+                    });
+                }
+            }
+        }
+        Err(libc::EADDRINUSE)
+    }
+
+    /// Claims `port` of port space `ps` on device `device` in this process, or for port 0 a
+    /// free ephemeral one, starting from a point that varies from call to call (the kernel
+    /// picks at random); `EADDRINUSE` if `port` is taken or no ephemeral one is free.
+    fn claim_here(device: usize, ps: u32, port: u16) -> Result<Key, c_int> {
         let mut table = bound();
         let Some((_, bound)) = table.as_mut() else {
             return Err(libc::EADDRINUSE);
@@ -77,19 +143,19 @@ impl PortClaim {
         if !bound.insert((device, ps, chosen)) {
             return Err(libc::EADDRINUSE);
         }
-        Ok(PortClaim((device, ps, chosen)))
+        Ok((device, ps, chosen))
     }
 
     /// The port claimed.
     pub(super) fn port(&self) -> u16 {
-        self.0 .2
+        self.key.2
     }
 }
 
 impl Drop for PortClaim {
     fn drop(&mut self) {
         if let Some((_, bound)) = bound().as_mut() {
-            bound.remove(&self.0);
+            bound.remove(&self.key);
         }
     }
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{compile_c_by, finish, own_dir, softroce_bin, succeeded, wait_listening};
+use common::{compile_c_by, finish, mpirun_over_softroce, own_dir, succeeded, wait_listening};
 
 /// `program args...` through `softroce run` with a device on `addr`.
 fn softroce_run(addr: &str, program: &str, args: &[&str]) -> Command {
@@ -129,26 +129,9 @@ fn open_mpi_over_ucx() {
         &["-O2"],
     );
     // Each rank's device address from its rank: 127.0.76.4 and .5.
-    let rank_wrapper = own_dir().join("rank_over_softroce");
-    std::fs::write(
-        &rank_wrapper,
-        format!(
-            "#!/bin/sh\nexec {} run --addr 127.0.76.$((OMPI_COMM_WORLD_RANK + 4)) -- \"$@\"\n",
-            softroce_bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &rank_wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let mut mpirun = Command::new("mpirun");
+    let address = "127.0.76.$((OMPI_COMM_WORLD_RANK + 4))";
+    let mut mpirun = mpirun_over_softroce(2, address, &program);
     mpirun
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-        .args(["--mca", "pml", "ucx", "-x", "UCX_TLS=rc,self"])
-        .arg(&rank_wrapper)
-        .arg(&program)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

@@ -241,6 +241,43 @@ pub fn softroce_bin() -> PathBuf {
     bin
 }
 
+/// `mpirun` of `ranks` ranks of `program` over UCX's RC (`--mca pml ucx`, `UCX_TLS=rc,self`: no
+/// shared memory between the ranks), each rank through `softroce run --addr ADDRESS`, where
+/// `address` is a shell expression of the rank (`OMPI_COMM_WORLD_RANK`) giving its address.
+pub fn mpirun_over_softroce(ranks: usize, address: &str, program: &Path) -> Command {
+    // Named by its address expression: tests with others may run at once.
+    let named: String = address
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let wrapper = own_dir().join(format!("mpi_rank_over_softroce_{named}"));
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec {} run --addr {address} -- \"$@\"\n",
+            softroce_bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut mpirun = Command::new("mpirun");
+    mpirun
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &ranks.to_string(),
+        ])
+        .args(["--mca", "pml", "ucx", "-x", "UCX_TLS=rc,self"])
+        .arg(&wrapper)
+        .arg(program);
+    mpirun
+}
+
 /// softroce's own tool `args`, with its device on `addr`.
 pub fn softroce(addr: &str, args: &[&str]) -> Command {
     let mut command = Command::new(softroce_bin());
