@@ -182,8 +182,9 @@ fn serve(device: &Device, listener: &Listener, said: impl Fn(String)) {
 
 /// A child's work, by `SHARED_ADDRESS_CHILD`: `serve ADDR PORT` (listen, echo one connection),
 /// `hold ADDR PORT` (listen, accept, then wait to be killed), `take ADDR PORT QPS` (listen,
-/// make QPS QPs and say their numbers, then say its drops when told), `open ADDR` (say how
-/// the open went).
+/// make QPS QPs and say their numbers, then say its drops when told), `answer ADDR PORT` (a UD
+/// service: answer one SIDR request), `resolve ADDR TO` (resolve a UD service), `refused ADDR
+/// TO` (connect where nobody listens), `open ADDR` (say how the open went).
 #[test]
 #[ignore = "a child process's entry point: the tests below run it"]
 fn child() {
@@ -230,6 +231,45 @@ fn child() {
                 "dropped_unknown_qp={}",
                 counters.dropped_unknown_qp
             ));
+        }
+        ["answer", addr, port] => {
+            // A UD service, resolved by SIDR: one request answered with its QP.
+            let device = device(addr);
+            let (pd, cq) = (device.alloc_pd().unwrap(), device.create_cq(4).unwrap());
+            let qp = pd
+                .create_qp()
+                .qp_type(QpType::Ud)
+                .qkey(softroce::cm::RDMA_UDP_QKEY)
+                .send_cq(&cq)
+                .recv_cq(&cq)
+                .build()
+                .unwrap();
+            qp.ready_datagram().unwrap();
+            let listener = device.listen_datagram(port.parse().unwrap()).unwrap();
+            say(format!(
+                "listening place={} qpn={}",
+                device.place().unwrap(),
+                qp.qpn().value()
+            ));
+            let request = listener.next_request(WAIT).unwrap().expect("a request");
+            request.reply(&qp, &[]).unwrap();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+        }
+        ["resolve", addr, to] => {
+            let device = device(addr);
+            let peer = device.resolve_datagram(to.parse().unwrap(), &[]).unwrap();
+            say(format!("resolved qpn={}", peer.qpn.value()));
+        }
+        ["refused", addr, to] => {
+            let device = device(addr);
+            let (pd, cq) = (device.alloc_pd().unwrap(), device.create_cq(4).unwrap());
+            let qp = pd.create_qp().send_cq(&cq).recv_cq(&cq).build().unwrap();
+            let to = to.parse().unwrap();
+            match Connection::connect(qp, to, &ConnectOptions::default(), &[]) {
+                Err(Error::ConnectFailed { failure, .. }) => say(format!("refused: {failure:?}")),
+                other => say(format!("not refused: {other:?}")),
+            }
         }
         ["open", addr] => match Device::open(DeviceConfig::udp(addr.parse().unwrap())) {
             Ok(device) => say(format!("opened place={:?}", device.place())),
@@ -351,6 +391,43 @@ fn a_killed_process_frees_its_port_and_place_and_its_packets_find_no_qp() {
     ends.conn.disconnect().unwrap();
     assert!(survivor.said().starts_with("accepted"));
     survivor.wait_success();
+}
+
+/// UD service resolution across processes: SIDR_REQs from processes of one address reach the
+/// processes of another that listen on their ports, and each SIDR_REP its own requester (by
+/// its request ID); REJs for a port nobody listens on reach each connecting process (by its
+/// communication ID).
+#[test]
+fn sidr_and_rejections_reach_their_processes() {
+    let (server_addr, client_addr) = ("127.0.8.26", "127.0.8.27");
+    let mut servers: Vec<Process> = [7321, 7322]
+        .iter()
+        .map(|port| Process::start(&format!("answer {server_addr} {port}")))
+        .collect();
+    let qpns: Vec<u64> = servers
+        .iter_mut()
+        .map(|server| value_of(&server.said(), "qpn"))
+        .collect();
+    // All at once, four processes on one address.
+    let mut clients: Vec<Process> = [7321, 7322]
+        .iter()
+        .map(|port| Process::start(&format!("resolve {client_addr} {server_addr}:{port}")))
+        .chain((0..2).map(|_| Process::start(&format!("refused {client_addr} {server_addr}:7399"))))
+        .collect();
+    for (client, qpn) in clients.iter_mut().zip(&qpns) {
+        assert_eq!(value_of(&client.said(), "qpn"), *qpn);
+    }
+    for client in &mut clients[2..] {
+        let said = client.said();
+        assert!(said.starts_with("refused: Rejected"), "{said}");
+    }
+    for client in clients {
+        client.wait_success();
+    }
+    for mut server in servers {
+        server.tell("done");
+        server.wait_success();
+    }
 }
 
 /// A process of another user cannot join the address's group (the kernel admits one user to a
