@@ -196,10 +196,13 @@ impl CmEndpoint {
         });
     }
 
-    /// Our connection, in any state up to the end of its timewait, whose peer is `qpn` at
-    /// `peer` (cm.c keeps a remote QPN in its table as long).
+    /// Our connection, in any state before timewait, whose peer is `qpn` at `peer`. Not one in
+    /// timewait: cm.c `cm_enter_timewait` takes it out of its table of remote QPs, so the peer
+    /// may connect the number again (it destroyed the QP and drew the same number anew).
     fn connection_of(&self, peer: IpAddr, qpn: Qpn) -> Option<u32> {
-        let same = |c: &Conn| c.peer == peer && c.remote_qpn == qpn && qpn.value() != 0;
+        let same = |c: &Conn| {
+            c.peer == peer && c.remote_qpn == qpn && qpn.value() != 0 && c.state != State::TimeWait
+        };
         self.conns.iter().find(|(_, c)| same(c)).map(|(&id, _)| id)
     }
 

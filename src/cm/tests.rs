@@ -928,6 +928,28 @@ fn a_req_from_a_connected_qp_is_rejected_as_stale_and_ends_the_old_connection() 
     assert_eq!(pair.events(B), [CmEvent::Disconnected { conn: passive }]);
 }
 
+/// cm.c `cm_enter_timewait` takes a connection out of the table of the peers' QPs that
+/// `cm_match_req` checks: once the old connection has ended, a REQ from the same QP number (a
+/// process that destroyed its QP and drew the number again) is a new connection, not a stale
+/// one, though the old one still waits out its timewait.
+#[test]
+fn a_req_from_a_qp_whose_old_connection_ended_is_a_new_request() {
+    let mut pair = Pair::new(config());
+    let (active, _) = pair.connected();
+    pair.a.disconnect(pair.now, active).unwrap();
+    pair.exchange(|_, _| false);
+    pair.events(A);
+    pair.events(B);
+    assert_eq!(pair.b.connections(), 1, "B's old connection is in timewait");
+    pair.a.connect(pair.now, &req_params(b"")).unwrap();
+    pair.exchange(|_, _| false);
+    assert!(matches!(
+        &pair.events(B)[..],
+        [CmEvent::ConnectRequest { .. }]
+    ));
+    assert_eq!(pair.b.counters().rejected_stale, 0);
+}
+
 /// cm.c `ib_send_cm_req`: the active side waits the response time it asks of the peer plus
 /// twice the path's packet life time before it sends its REQ again; RDMA-CM's on RoCE is 18
 /// (`CMA_IBOE_PACKET_LIFETIME`), so with librdmacm's defaults the REQ comes again after

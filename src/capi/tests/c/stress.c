@@ -187,6 +187,9 @@ static void verbs_round(void) {
  * clients the event thread saw connected. */
 static struct rdma_event_channel *served, *asking;
 static atomic_int established;
+/* Any other event a client got (an error: UNREACHABLE, REJECTED, ...): the last one's type and
+ * status, printed if the clients' connections do not all come up. */
+static atomic_int client_failures, last_failure, last_failure_status;
 
 static void *cm_events(void *arg) {
     (void)arg;
@@ -206,6 +209,11 @@ static void *cm_events(void *arg) {
                     rdma_accept(id, NULL);
             } else if (type == RDMA_CM_EVENT_ESTABLISHED && c == 1) {
                 atomic_fetch_add(&established, 1);
+            } else if (c == 1 && type != RDMA_CM_EVENT_ADDR_RESOLVED &&
+                       type != RDMA_CM_EVENT_ROUTE_RESOLVED && type != RDMA_CM_EVENT_DISCONNECTED) {
+                atomic_store(&last_failure, type);
+                atomic_store(&last_failure_status, event->status);
+                atomic_fetch_add(&client_failures, 1);
             } else if (type == RDMA_CM_EVENT_DISCONNECTED && c == 0) {
                 /* The server's side ends as its peer's ID is destroyed. */
                 usleep(20);
@@ -228,6 +236,7 @@ static void cm_round(const char *server_addr, const char *client_addr, int port)
           rdma_listen(listener, CLIENTS) == 0, "the listener");
     atomic_store(&stop, 0);
     atomic_store(&established, 0);
+    atomic_store(&client_failures, 0);
     pthread_t thread;
     CHECK(pthread_create(&thread, NULL, cm_events, NULL) == 0, "pthread_create");
     for (int c = 0; c < CLIENTS; c++) {
@@ -253,7 +262,13 @@ static void cm_round(const char *server_addr, const char *client_addr, int port)
               rdma_connect(clients[c], &param) == 0, "rdma_connect");
     }
     for (int waited = 0; atomic_load(&established) < CLIENTS; waited++) {
-        CHECK(waited < 20000, "the clients' connections");
+        if (waited == 20000) {
+            fprintf(stderr, "round on port %d: %d of %d clients connected; %d other events, the "
+                    "last %s (status %d)\n", port, atomic_load(&established), CLIENTS,
+                    atomic_load(&client_failures), rdma_event_str(atomic_load(&last_failure)),
+                    atomic_load(&last_failure_status));
+            CHECK(0, "the clients' connections");
+        }
         usleep(1000);
     }
     /* Destroyed while the event thread takes their peers' (and maybe their own) events. */
