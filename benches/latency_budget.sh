@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The per-message budget of the latency programs through softroce's C library (issue 52, item 1):
-# for Debian's ib_write_lat, ib_read_lat, ib_send_lat (8 B) and ibv_rc_pingpong (8 B), each
+# for Debian's ib_write_lat, ib_read_lat, ib_send_lat (8 B) and ibv_rc_pingpong (8 B), the last
+# two also waiting for events (-e, in ibv_get_cq_event), each
 # side (the server, which for READ and WRITE is the passive one, and the client), with hybrid
 # and thread progress: the system calls per iteration by kind, counted with strace (every
 # thread of the process).
@@ -23,11 +24,13 @@ server_addr=127.0.13.1
 client_addr=127.0.13.2
 
 # args PROGRAM N: the program's arguments for N iterations (the server's; the client adds the
-# server's address).
+# server's address). PROGRAM may carry flags of its own ("ib_send_lat -e").
 args() {
+  local flags=${1#* }
+  [ "$flags" = "$1" ] && flags=
   case $1 in
-    ibv_rc_pingpong) echo "-g 0 -s 8 -n $2 -p 18760" ;;
-    *) echo "-x 0 -F -s 8 -n $2 -p 18760" ;;
+    ibv_rc_pingpong*) echo "-g 0 -s 8 -n $2 -p 18760 $flags" ;;
+    *) echo "-x 0 -F -s 8 -n $2 -p 18760 $flags" ;;
   esac
 }
 
@@ -39,12 +42,12 @@ side() {
   if [ "$role" = server ]; then server_wrap=("$@"); else client_wrap=("$@"); fi
   # shellcheck disable=SC2046
   env LD_LIBRARY_PATH="$lib" SOFTROCE_ADDR=$server_addr SOFTROCE_PROGRESS="$progress" \
-    "${server_wrap[@]}" "$program" $(args "$program" "$n") >/dev/null 2>&1 &
+    "${server_wrap[@]}" "${program%% *}" $(args "$program" "$n") >/dev/null 2>&1 &
   local server=$!
   sleep 0.5
   # shellcheck disable=SC2046
   env LD_LIBRARY_PATH="$lib" SOFTROCE_ADDR=$client_addr SOFTROCE_PROGRESS="$progress" \
-    "${client_wrap[@]}" "$program" $(args "$program" "$n") $server_addr >/dev/null 2>&1
+    "${client_wrap[@]}" "${program%% *}" $(args "$program" "$n") $server_addr >/dev/null 2>&1
   wait "$server"
 }
 
@@ -83,13 +86,14 @@ per_iteration() { # A B: (B - A) / (long - short), per field, one decimal
 echo "<!-- $(date -u +%F), $(nproc) cores, $(git rev-parse --short HEAD), iterations $short and $long -->"
 echo "| program | progress | side | sendmsg | recvmsg, data | recvmsg, empty | poll/epoll | futex | sched_yield | other |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
-for program in ib_write_lat ib_read_lat ib_send_lat ibv_rc_pingpong; do
+for program in ib_write_lat ib_read_lat ib_send_lat ibv_rc_pingpong "ib_send_lat -e" \
+  "ibv_rc_pingpong -e"; do
   for progress in hybrid thread; do
     for role in server client; do
       side "$role" "$program" "$progress" "$short" strace -f -qq -o "$out/a" \
-        -e trace=sendmsg,sendto,recvmsg,recvfrom,epoll_wait,epoll_pwait,poll,ppoll,futex,sched_yield,clock_gettime,write,read,eventfd2
+        -e trace=sendmsg,sendto,recvmsg,recvfrom,epoll_wait,epoll_pwait,poll,ppoll,futex,sched_yield,clock_gettime,write,read,eventfd2,rt_sigprocmask,fcntl
       side "$role" "$program" "$progress" "$long" strace -f -qq -o "$out/b" \
-        -e trace=sendmsg,sendto,recvmsg,recvfrom,epoll_wait,epoll_pwait,poll,ppoll,futex,sched_yield,clock_gettime,write,read,eventfd2
+        -e trace=sendmsg,sendto,recvmsg,recvfrom,epoll_wait,epoll_pwait,poll,ppoll,futex,sched_yield,clock_gettime,write,read,eventfd2,rt_sigprocmask,fcntl
       counts=$(per_iteration "$(syscalls "$out/a")" "$(syscalls "$out/b")")
       printf '| `%s` | %s | %s | %s |\n' "$program" "$progress" "$role" \
         "$(tr ' ' '|' <<<"${counts% }" | sed 's/|/ | /g')"

@@ -1,10 +1,10 @@
 //! The Rust API's exchange types and connection defaults: what two programs hand each other
 //! out of band, and what `connect` picks when told nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softroce::prelude::*;
-use softroce::verbs::MAX_CQ_CAPACITY;
+use softroce::verbs::{Driving, MAX_CQ_CAPACITY};
 
 #[cfg(feature = "serde")]
 fn endpoint() -> QpEndpoint {
@@ -74,9 +74,14 @@ struct Pair {
 }
 
 fn pair(a: u8, b: u8) -> Pair {
+    pair_with(a, b, DeviceConfig::udp)
+}
+
+/// [`pair`], each device opened with the configuration `config` gives for its address.
+fn pair_with(a: u8, b: u8, config: impl Fn(std::net::IpAddr) -> DeviceConfig) -> Pair {
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let end = |host: u8| {
-        let device = Device::open(DeviceConfig::udp([127, 0, 0, host].into())).unwrap();
+        let device = Device::open(config([127, 0, 0, host].into())).unwrap();
         let pd = device.alloc_pd().unwrap();
         let cq = device.create_cq(64).unwrap();
         let mr = pd.register(1 << 16, access).unwrap();
@@ -150,6 +155,80 @@ async fn a_cq_can_be_awaited_by_its_descriptor_and_by_its_future() {
         .unwrap();
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
     assert_eq!(a.1.take_events(), 0, "not armed again: no event");
+}
+
+/// A thread may wait for a CQ's descriptor running the device's engine itself
+/// (`Device::drive_wait`, as the C library's `ibv_get_cq_event` does): armed with
+/// `req_notify_driving`, the descriptor becomes readable when the WRITE's ACK comes, in a turn
+/// of the waiting thread or of the one it took the engine from, never missed between the look
+/// and the sleep.
+#[test]
+fn a_wait_can_run_the_engine_until_its_cq_has_its_event() {
+    let Pair { ends: [a, b] } = pair(57, 58);
+    assert!(a.0.waits_run_engine(), "hybrid progress, one engine");
+    for wr_id in 1..=100 {
+        a.1.req_notify_driving(false);
+        let write = SendWr::write(wr_id, a.2.sge(0, 64).unwrap(), b.2.remote());
+        a.3.post_send(write).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !readable(&a.1, 0) {
+            assert!(Instant::now() < deadline, "no event for WRITE {wr_id}");
+            let driving =
+                a.0.drive_wait(Duration::from_secs(1), &|| readable(&a.1, 0));
+            // Only another application thread sleeping on the socket would keep it.
+            assert_eq!(driving.unwrap(), Driving::Ran);
+        }
+        assert_eq!(a.1.take_events(), 1);
+        let mut polled = Vec::new();
+        a.1.poll(&mut polled, 4).unwrap();
+        assert_eq!(polled.len(), 1);
+        assert_eq!(
+            (polled[0].wr_id, polled[0].status),
+            (wr_id, WcStatus::Success)
+        );
+    }
+}
+
+/// A turn run by the application holds the ACKs it has to send for the application's answer,
+/// but not through a sleep (the ACKs held keep the next turns from sleeping, and go after two):
+/// a thread that waits on its CQ for something else (here, for seconds) runs the engine in
+/// that wait, and the ACKs of the peer's WRITEs go at once, not when the wait ends (by then
+/// the peer would have sent each again, and given up).
+#[test]
+fn a_wait_that_runs_the_engine_does_not_sit_on_its_acks() {
+    // No busy polling (as on one CPU), whose turns that do not sleep would let the ACKs go.
+    let unpolled = |addr| DeviceConfig {
+        busy_poll: Some(Duration::ZERO),
+        ..DeviceConfig::udp(addr)
+    };
+    let Pair { ends: [a, b] } = pair_with(59, 60, unpolled);
+    let target = b.2.remote();
+    let wait = Duration::from_secs(5);
+    let waiting = std::thread::spawn(move || {
+        let nothing = b.1.wait(wait).unwrap();
+        assert!(nothing.is_none(), "nothing comes to the passive side's CQ");
+        b
+    });
+    // The wait is under way, sleeping on the socket.
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    for wr_id in 1..=10 {
+        let write = SendWr::write(wr_id, a.2.sge(0, 64).unwrap(), target);
+        a.3.post_send(write).unwrap();
+        let done = a.1.wait(wait).unwrap().expect("the WRITE's completion");
+        assert_eq!((done.wr_id, done.status), (wr_id, WcStatus::Success));
+    }
+    assert!(
+        started.elapsed() < wait / 2,
+        "the ACKs came only with the end of the peer's wait"
+    );
+    let (counters, _) = a.0.counters().unwrap();
+    assert_eq!(
+        (counters.retry_timeouts, counters.retransmitted_packets),
+        (0, 0),
+        "no WRITE waited for its ACK until it was sent again"
+    );
+    drop(waiting.join().unwrap());
 }
 
 /// What a request can be refused for is refused at the call, with the reason, not later as a

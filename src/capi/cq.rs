@@ -1,15 +1,9 @@
-//! Completion queues and completion channels.
-//!
-//! A channel's `fd` is an epoll descriptor, and each CQ created on the channel adds its own
-//! notification descriptor (softroce's [`CompletionQueue`] eventfd, readable once an armed
-//! event fired) to it: so `poll(2)` on `channel->fd` wakes for any of its CQs, and
-//! `ibv_get_cq_event` learns which. A program that made `channel->fd` non-blocking gets
-//! `EAGAIN` from `ibv_get_cq_event` when nothing fired.
+//! Completion queues (their channels: [`crate::comp_channel`]).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use libc::{c_int, c_void};
 use softroce::transport::{AsyncEvent, CqId, WcOpcode, WcStatus, WorkCompletion};
@@ -23,7 +17,7 @@ use crate::held::HeldEvents;
 use crate::users::Users;
 use crate::verbs_1_0::abi::ibv_cq_1_0;
 use crate::verbs_1_0::Legacy;
-use crate::{guard, set_errno, unsupported, wait_readable};
+use crate::{comp_channel, guard, set_errno, unsupported};
 
 /// CQs a device holds at most: as many as an engine's table grows to.
 pub(crate) const MAX_CQ: c_int = 1 << 20;
@@ -52,45 +46,6 @@ pub(crate) struct Cq {
     born: Born,
 }
 
-/// A completion channel: the program's `ibv_comp_channel`, first.
-#[repr(C)]
-pub(crate) struct Channel {
-    pub ibv: ibv_comp_channel,
-    /// Held by `ibv_get_cq_event`'s waits too: a program may destroy the channel (once its
-    /// CQs are gone) while a thread of its waits on it, as `rdma_destroy_qp` destroys the
-    /// channels librdmacm made under a thread in `rdma_get_recv_comp`.
-    core: Arc<ChannelCore>,
-    /// The process generation that made it ([`crate::fork`]).
-    born: Born,
-}
-
-struct ChannelCore {
-    epoll: OwnedFd,
-    /// Held while a CQ's pointer, read from `epoll`, is used, and while a CQ leaves `epoll`:
-    /// so a CQ `ibv_destroy_cq` took out is never read through a pointer fetched before.
-    taking: Mutex<()>,
-    /// In `epoll` under [`STOPPED`]; readable for good once the device stopped, so that
-    /// every wait on the channel ends, and every later one fails at once, with `EIO` (what a
-    /// read of rdma-core's channel gives once its device is gone).
-    stopped: OwnedFd,
-}
-
-/// What `epoll` hands for [`ChannelCore::stopped`]; a CQ's is its address, never 0.
-const STOPPED: u64 = 0;
-
-impl ChannelCore {
-    fn taking(&self) -> MutexGuard<'_, ()> {
-        self.taking.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A CQ of the channel found its device stopped: every wait ends, with `EIO`.
-    fn stop(&self) {
-        let one: u64 = 1;
-        // SAFETY: our own eventfd, 8 bytes.
-        unsafe { libc::write(self.stopped.as_raw_fd(), ptr::addr_of!(one).cast(), 8) };
-    }
-}
-
 impl Cq {
     /// The CQ behind a program's pointer; `None` for null.
     ///
@@ -110,92 +65,6 @@ pub(crate) fn find(cqs: &[usize], id: CqId) -> Option<usize> {
         // under the same lock).
         let cq = unsafe { &*(at as *const Cq) };
         cq.cq.owns(id)
-    })
-}
-
-/// `ibv_create_comp_channel`, on a context of today's ABI or of libibverbs 1.0's (which gets
-/// a channel of 1.0's shape: `crate::verbs_1_0`).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_comp_channel(
-    context: *mut ibv_context,
-) -> *mut ibv_comp_channel {
-    guard(ptr::null_mut(), || {
-        // A program of libibverbs 1.0 passes its 1.0 context, and gets a 1.0 channel.
-        let for_1_0 = crate::verbs_1_0::today_context(context);
-        // SAFETY: the program passes a context it opened and has not closed.
-        let Some(context) = (unsafe { Context::from_ibv(for_1_0.unwrap_or(context)) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        // SAFETY: epoll_create1 takes a flag; a non-negative result is ours.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return ptr::null_mut();
-        }
-        // SAFETY: `fd` was just opened and is owned by no one else.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: eventfd takes no pointers; a non-negative result is ours.
-        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if stop_fd < 0 {
-            set_errno(libc::EMFILE);
-            return ptr::null_mut();
-        }
-        // SAFETY: `stop_fd` was just opened and is owned by no one else.
-        let stopped = unsafe { OwnedFd::from_raw_fd(stop_fd) };
-        let mut event = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: STOPPED,
-        };
-        // SAFETY: both descriptors are ours and open; `event` is a valid epoll_event.
-        if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, stop_fd, &mut event) } != 0 {
-            set_errno(crate::cm::last_errno());
-            return ptr::null_mut();
-        }
-        let channel = Box::new(Channel {
-            ibv: ibv_comp_channel {
-                context: context.ibv(),
-                fd,
-                refcnt: 0,
-            },
-            core: Arc::new(ChannelCore {
-                epoll,
-                taking: Mutex::new(()),
-                stopped,
-            }),
-            born: Born::now(),
-        });
-        let made = Box::into_raw(channel).cast();
-        match for_1_0 {
-            // SAFETY: just made; the program does not have it yet.
-            Some(_) => unsafe { crate::verbs_1_0::channel_1_0(made) },
-            None => made,
-        }
-    })
-}
-
-/// `ibv_destroy_comp_channel`: `EBUSY` while CQs use it.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
-    guard(libc::EIO, || {
-        // A 1.0 program's channel stands for one of today's.
-        let (given, channel) = (channel, crate::verbs_1_0::today_channel(channel));
-        // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
-        else {
-            return libc::EINVAL;
-        };
-        // Read under the lock its changes take (`ibv_create_cq`, `ibv_destroy_cq`).
-        let busy = {
-            let _taking = ch.core.taking();
-            ch.ibv.refcnt > 0
-        };
-        if busy {
-            return libc::EBUSY;
-        }
-        // SAFETY: every channel is a leaked `Box<Channel>`, handed back once.
-        drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
-        crate::verbs_1_0::forget_channel(given);
-        0
     })
 }
 
@@ -293,27 +162,13 @@ pub(crate) unsafe fn create(
     let raw = Box::into_raw(boxed);
     // SAFETY: `raw` was just made; the program does not have it yet.
     let cq = unsafe { &*raw };
-    let ch = channel.cast::<Channel>();
-    // SAFETY: a non-null channel is one the program created and has not destroyed; only
-    // its core is borrowed, and its count written through the pointer, since another
-    // thread may be in `ibv_get_cq_event` on it.
-    if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
-        let mut event = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: raw as u64,
-        };
-        let fd = cq.cq.as_raw_fd();
-        // SAFETY: both descriptors are open; `event` is a valid epoll_event.
-        let added =
-            unsafe { libc::epoll_ctl(core.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
-        if added != 0 {
-            // SAFETY: `raw` is ours alone still.
-            drop(unsafe { Box::from_raw(raw) });
-            return ptr::null_mut();
-        }
-        let _taking = core.taking();
-        // SAFETY: as above; under the lock its other changes and its check take.
-        unsafe { (*ch).ibv.refcnt += 1 };
+    // SAFETY: a non-null channel is one the program created and has not destroyed.
+    if !channel.is_null()
+        && !unsafe { comp_channel::add_cq(channel, raw, cq.cq.as_raw_fd(), &ctx.device) }
+    {
+        // SAFETY: `raw` is ours alone still.
+        drop(unsafe { Box::from_raw(raw) });
+        return ptr::null_mut();
     }
     ctx.objects
         .lock()
@@ -346,24 +201,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 matches!(*event, AsyncEvent::CqOverrun { cq: named, .. } if this.cq.owns(named))
             });
         }
-        let ch = this.ibv.channel.cast::<Channel>();
-        // SAFETY: a non-null channel is one the program created and has not destroyed (it
-        // cannot while this CQ holds it); only its core is borrowed, as in `ibv_create_cq`.
-        if let Some(core) = unsafe { ch.as_ref().map(|ch| &ch.core) } {
-            let fd = this.cq.as_raw_fd();
-            let taking = core.taking();
-            // SAFETY: both descriptors are open.
-            unsafe {
-                libc::epoll_ctl(
-                    core.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_DEL,
-                    fd,
-                    ptr::null_mut(),
-                )
-            };
-            // SAFETY: as above; under the lock, as in `ibv_create_cq`.
-            unsafe { (*ch).ibv.refcnt -= 1 };
-            drop(taking);
+        if !this.ibv.channel.is_null() {
+            // SAFETY: the program created the channel and cannot destroy it while this CQ
+            // holds it.
+            unsafe { comp_channel::remove_cq(this.ibv.channel, this.cq.as_raw_fd()) };
         }
         if this.held.destroy() {
             // SAFETY: every CQ is a leaked `Box<Cq>`, handed back once; no event of it is held,
@@ -513,81 +354,13 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
         let Some(this) = (unsafe { Cq::from_ibv(cq) }) else {
             return libc::EINVAL;
         };
-        this.cq.req_notify(solicited_only != 0);
+        // SAFETY: the CQ's channel, if any, lives while the CQ does.
+        if unsafe { comp_channel::armed_for_driving_waits(this.ibv.channel) } {
+            this.cq.req_notify_driving(solicited_only != 0);
+        } else {
+            this.cq.req_notify(solicited_only != 0);
+        }
         0
-    })
-}
-
-/// `ibv_get_cq_event`: the next CQ of `channel` whose armed event fired, waiting for one
-/// unless the channel's descriptor is non-blocking. 0, or -1. A wait whose channel another
-/// thread destroys (after its CQs) waits on, as a read of rdma-core's channel does, without
-/// reading the freed channel. Once a CQ of the channel finds its device stopped, every wait
-/// ends with -1 and `EIO`, and so does every later call.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
-    channel: *mut ibv_comp_channel,
-    cq: *mut *mut ibv_cq,
-    cq_context: *mut *mut c_void,
-) -> c_int {
-    guard(-1, || {
-        // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
-        else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        if cq.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
-        }
-        // From here on, the channel's core, not the channel (see `Channel::core`).
-        let core = Arc::clone(&ch.core);
-        let fd = core.epoll.as_raw_fd();
-        loop {
-            let taking = core.taking();
-            let mut event = libc::epoll_event { events: 0, u64: 0 };
-            // SAFETY: one event's room, our own descriptor; no wait, under the lock.
-            let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
-            if n > 0 && event.u64 == STOPPED {
-                set_errno(libc::EIO);
-                return -1;
-            }
-            if n > 0 {
-                let found = event.u64 as *mut Cq;
-                // SAFETY: the channel holds live CQs only, and `ibv_destroy_cq` takes its CQ
-                // out under `taking`, held since the pointer was read.
-                let this = unsafe { &*found };
-                if this.cq.take_events() == 0 {
-                    // Another thread took this event first.
-                    continue;
-                }
-                if this.cq.is_stopped() {
-                    // The event the device's stop fired (or one just before it): the device
-                    // is gone, and so is the channel's use.
-                    core.stop();
-                    set_errno(libc::EIO);
-                    return -1;
-                }
-                this.held.hand_out();
-                drop(taking);
-                // SAFETY: the program's out-pointers, checked above.
-                unsafe {
-                    *cq = found.cast();
-                    *cq_context = this.ibv.cq_context;
-                }
-                return 0;
-            }
-            drop(taking);
-            if n < 0 {
-                return -1;
-            }
-            // Waits for a CQ's event without the lock: the epoll descriptor is readable while
-            // one waits. Another thread's take loops.
-            if let Err(errno) = wait_readable(fd) {
-                set_errno(errno);
-                return -1;
-            }
-        }
     })
 }
 

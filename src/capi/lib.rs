@@ -27,6 +27,7 @@
 
 pub mod abi;
 mod cm;
+mod comp_channel;
 mod config;
 mod cq;
 mod cq_ex;
@@ -104,18 +105,41 @@ pub(crate) fn set_errno(value: c_int) {
 /// `read()`. `poll` is never restarted, and which signal came is not known, so the wait ends
 /// if any handler the program installed lacks `SA_RESTART` ([`every_handler_restarts`]).
 pub(crate) fn wait_readable(fd: std::os::fd::RawFd) -> Result<(), c_int> {
+    if non_blocking(fd) {
+        return Err(libc::EAGAIN);
+    }
+    wait_readable_within(fd, None, None)
+}
+
+/// Whether the program made `fd`, one of its event channels' descriptors, non-blocking.
+pub(crate) fn non_blocking(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags & libc::O_NONBLOCK != 0
+}
+
+/// As [`wait_readable`], blocking or not, for up to `within` (`None`: no limit), with the
+/// signal mask `mask` in force meanwhile if one is given (`ppoll`: for a thread that holds its
+/// signals off but while it sleeps): `Ok` once `fd` is readable or the time is up.
+pub(crate) fn wait_readable_within(
+    fd: std::os::fd::RawFd,
+    within: Option<std::time::Duration>,
+    mask: Option<libc::sigset_t>,
+) -> Result<(), c_int> {
+    let timeout = within.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos()),
+    });
     loop {
-        // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
-        if unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0 {
-            return Err(libc::EAGAIN);
-        }
         let mut pollfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd, ours, on the stack.
-        if unsafe { libc::poll(&mut pollfd, 1, -1) } >= 0 {
+        let timeout = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        let mask = mask.as_ref().map_or(std::ptr::null(), |m| m as *const _);
+        // SAFETY: one pollfd, ours, on the stack; the timeout and the mask, if any, too.
+        if unsafe { libc::ppoll(&mut pollfd, 1, timeout, mask) } >= 0 {
             return Ok(());
         }
         let errno = std::io::Error::last_os_error()
@@ -130,7 +154,7 @@ pub(crate) fn wait_readable(fd: std::os::fd::RawFd) -> Result<(), c_int> {
 /// Whether every signal handler installed has `SA_RESTART` (none installed: true). The fault
 /// signals are left out: they come from an instruction, never during a wait (and the library's
 /// own guard of the program's memory handles SIGSEGV and SIGBUS).
-fn every_handler_restarts() -> bool {
+pub(crate) fn every_handler_restarts() -> bool {
     let synchronous = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
     (1..=libc::SIGRTMAX())
         .filter(|s| !synchronous.contains(s))

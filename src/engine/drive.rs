@@ -13,7 +13,9 @@
 //!
 //! - a CQ wait runs turns itself, sleeping in the device's socket as an inline wait does
 //!   (once its busy polling, if any, is over), and
-//!   interrupts the engine thread's sleep to take the engine if it must;
+//!   interrupts the engine thread's sleep to take the engine if it must; so does a C
+//!   program's wait for a completion channel's event (`ibv_get_cq_event`, through
+//!   [`EngineHandle::drive_wait`]), whose signals wait for its sleeps (`signals`);
 //! - a CQ poll runs a turn only if the engine is free, and otherwise leaves the work to whoever
 //!   holds it, so it never waits; a poll that finds completions waiting and nothing posted
 //!   since runs none, three polls in a row at the most ([`EngineHandle::help_poll`]);
@@ -51,7 +53,8 @@
 //! with no hand-off, one that sleeps on a descriptor or a future has the thread there at once, and
 //! one that goes quiet otherwise leaves a thread answering its peers within about a millisecond.
 //! The price: while an application thread holds the engine, that thread looks in once a millisecond
-//! (on one CPU, once a tick: up to [`COARSE_SLACK`] later); a request posted after the
+//! (on one CPU, once a tick: up to [`COARSE_SLACK`] later), but for a wait that has slept on the
+//! socket for [`HANDBACK`], through which it parks; a request posted after the
 //! application's last wait or poll, with none following and no outside wait announced, waits up to
 //! [`HANDBACK`] for the thread (and up to [`COARSE_SLACK`] more on one CPU); and a peer waits up to
 //! that long for an answer when the application stops calling without a word.
@@ -94,7 +97,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::EnginePanicked;
-use super::{Command, Doorbell, EngineGone, EngineHandle, OnDoorbell, ThreadName};
+use super::{signals, Command, Doorbell, EngineGone, EngineHandle, OnDoorbell, ThreadName};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
 /// and how often, at most, it looks in meanwhile.
@@ -382,6 +385,9 @@ pub(super) struct Shared {
     /// The application's waits where no turn runs: while there are any, the hybrid thread
     /// runs the engine.
     watchers: Arc<Watchers>,
+    /// The hybrid thread parks until an application thread's wait on the socket ends: that
+    /// thread runs every turn needed meanwhile, and unparks it as the wait ends.
+    thread_parked: AtomicBool,
 }
 
 impl Shared {
@@ -397,6 +403,7 @@ impl Shared {
             stopping: AtomicBool::new(false),
             skipped_polls: AtomicU32::new(0),
             watchers: Arc::new(Watchers::default()),
+            thread_parked: AtomicBool::new(false),
         })
     }
 
@@ -423,6 +430,17 @@ impl Shared {
             Some(Duration::ZERO)
         } else {
             wait
+        }
+    }
+
+    /// An application thread's turn that waited on the socket has ended: the hybrid thread,
+    /// if it parked for the rest of that wait, looks in again.
+    fn app_wait_ended(&self) {
+        self.app_waits.store(false, SeqCst);
+        if self.thread_parked.load(SeqCst) {
+            if let Some(thread) = self.watchers.thread.get() {
+                thread.unpark();
+            }
         }
     }
 
@@ -550,6 +568,8 @@ enum Patience {
 pub(crate) enum Driven {
     /// Ran a turn.
     Ran,
+    /// Ran a turn whose wait on the socket a signal to the calling thread ended.
+    Interrupted,
     /// Another application thread is running the engine, waiting on the socket.
     Busy,
 }
@@ -585,14 +605,14 @@ impl Driver {
     }
 }
 
-/// Gives the calling thread `name` in the kernel ([`ThreadName`]). A failure costs only the
-/// name: the kernel keeps the first 15 bytes of the full one.
-/// What an engine thread does first: names itself for the kernel (`name`), and lets itself
-/// take the faults of the guarded accesses to a program's memory, whatever mask it inherited.
+/// What an engine thread does first: names itself for the kernel (`name`; a failure costs
+/// only the name), holds the program's signals off for good (`signals`), and lets itself take
+/// the faults of the guarded accesses to a program's memory, whatever mask it inherited.
 fn thread_start(name: &str) {
     if let Ok(name) = std::ffi::CString::new(name) {
         let _ = rustix::thread::set_name(&name);
     }
+    signals::hold_signals_off_for_good();
     crate::memory::take_faults_here();
 }
 
@@ -657,6 +677,20 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                     let late = quiet >= Spinner::QUIET && shared.left_behind(quiet);
                     spinner.found(found.unseen, late);
                 }
+            }
+            // An application thread has slept on the socket for HANDBACK, and runs every turn
+            // needed meanwhile (an idle program's wait for an event): rather than look in
+            // every millisecond of that wait, the thread parks until it ends
+            // ([`Shared::app_wait_ended`]; a shutdown and a watch's beginning unpark it too).
+            // A short wait (a ping-pong's) never parks it so, and so never costs its end an
+            // unpark. Whichever of the flag's store and `app_waits`'s clearing comes first in
+            // their single order, the other's load sees it: no wake-up is lost.
+            None if shared.app_waits.load(SeqCst) && quiet >= HANDBACK => {
+                shared.thread_parked.store(true, SeqCst);
+                if shared.app_waits.load(SeqCst) && !shared.stopping.load(SeqCst) {
+                    thread::park();
+                }
+                shared.thread_parked.store(false, SeqCst);
             }
             // An application thread runs the engine, or waits to; it looks at the doorbell
             // when it lets go, and this thread looks in again as it would have.
@@ -860,7 +894,12 @@ impl EngineHandle {
         match &self.driver {
             Driver::Thread(_) => Ok(Driven::Busy),
             Driver::Shared(shared, _) => {
-                self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)
+                signals::take_interrupted();
+                let driven = self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)?;
+                Ok(match driven {
+                    Driven::Ran if signals::take_interrupted() => Driven::Interrupted,
+                    driven => driven,
+                })
             }
         }
     }
@@ -902,7 +941,11 @@ impl EngineHandle {
         arrived: &dyn Fn() -> bool,
     ) -> Result<Driven, EngineGone> {
         let hybrid = matches!(self.driver, Driver::Shared(_, Some(_)));
-        if hybrid {
+        // A wait is the application's turn once it has the engine: one that leaves it to
+        // another thread sleeping on the socket ([`Driven::Busy`]), and sleeps on its channel,
+        // does not keep the hybrid thread looking in as if the application were calling.
+        let waits = patience == Patience::UnlessWaiting;
+        if hybrid && !waits {
             shared.note_app_turn();
         }
         fence(SeqCst);
@@ -926,20 +969,24 @@ impl EngineHandle {
             },
         };
         let mut engine = taken.map_err(|()| self.gone())?;
+        if hybrid && waits {
+            shared.note_app_turn();
+        }
         let wait = if arrived() { Duration::ZERO } else { wait };
         let (mut wait, mut rechecks) = (wait, 0);
         loop {
             let wait_here = shared.may_wait(Some(wait));
-            shared
-                .app_waits
-                .store(wait_here != Some(Duration::ZERO), SeqCst);
+            let sleeps = wait_here != Some(Duration::ZERO);
+            shared.app_waits.store(sleeps, SeqCst);
             let by = if hybrid {
                 Runner::Application
             } else {
                 Runner::Inline
             };
             let running = guarded_turn(&mut **engine, wait_here, by);
-            shared.app_waits.store(false, SeqCst);
+            if sleeps {
+                shared.app_wait_ended();
+            }
             shared.skipped_polls.store(0, Relaxed);
             if !running {
                 return Err(self.gone());
@@ -1055,6 +1102,11 @@ mod tests {
 
     impl ActiveHybrid {
         fn start() -> ActiveHybrid {
+            ActiveHybrid::start_named("test")
+        }
+
+        /// As [`start`](Self::start), its thread named `kernel` for the kernel.
+        fn start_named(kernel: &str) -> ActiveHybrid {
             let (turns, seen) = unbounded();
             let engine = Recorder::new(turns);
             let armed = Arc::clone(&engine.armed);
@@ -1063,8 +1115,8 @@ mod tests {
             let unseen = Arc::clone(&engine.unseen);
             let doorbell = Arc::new(Doorbell::new());
             let name = ThreadName {
-                full: "test".into(),
-                kernel: "test".into(),
+                full: kernel.into(),
+                kernel: kernel.into(),
             };
             let driver = Driver::start(engine, Progress::Hybrid, name, &doorbell, drop).unwrap();
             let Driver::Shared(shared, Some(thread)) = driver else {
@@ -1145,6 +1197,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// How many times the thread of this process named `kernel` has slept (its voluntary
+    /// context switches, `/proc/self/task/*/status`).
+    fn sleeps_of(kernel: &str) -> u64 {
+        let task = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .find(|task| {
+                std::fs::read_to_string(task.join("comm")).is_ok_and(|name| name.trim() == kernel)
+            })
+            .expect("the thread");
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let line = status
+            .lines()
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .unwrap();
+        line.trim().parse().unwrap()
+    }
+
+    /// While an application thread sleeps on the socket for a long time (an idle program's
+    /// wait for an event, which runs the engine), the hybrid thread does not look in every
+    /// millisecond of it, only to find the engine taken: it parks until the wait ends, and
+    /// the wait's end has it look in again, and take over from the quiet application.
+    #[test]
+    fn the_thread_sleeps_through_an_application_threads_long_wait() {
+        let hybrid = ActiveHybrid::start_named("srt-long-wait");
+        let shared = Arc::clone(&hybrid.shared);
+        // The application's turn, waiting on the socket from now on, as `run_turns` runs it
+        // (its last turn now, where `start` made it always active).
+        let engine = shared.engine.lock().unwrap();
+        let now = shared.epoch.elapsed().as_nanos() as u64;
+        shared.app_turn.store(now, SeqCst);
+        shared.app_waits.store(true, SeqCst);
+        let before = sleeps_of("srt-long-wait");
+        thread::sleep(300 * HANDBACK);
+        let during = sleeps_of("srt-long-wait") - before;
+        shared.app_wait_ended();
+        drop(engine);
+        // Looking in every millisecond: about 300.
+        assert!(during < 30, "the thread woke {during} times in 300 ms");
+        assert!(
+            hybrid.takeover_within(100 * HANDBACK).is_some(),
+            "the thread takes over from the quiet application once the wait ends"
+        );
     }
 
     /// A hybrid engine's thread stands aside while the application is active, and runs the

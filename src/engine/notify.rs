@@ -57,8 +57,10 @@ impl CqNotify {
     }
 
     /// Arms the notifier for the next completion, or only the next solicited (or failed) one.
-    /// One event per arming, as `ibv_req_notify_cq`.
-    pub(crate) fn arm(&self, solicited_only: bool) {
+    /// One event per arming, as `ibv_req_notify_cq`. `watched`: the wait that follows runs no
+    /// turn of the engine, so a hybrid engine's thread takes the engine until the event fires;
+    /// not for a waiter that runs the engine itself (`EngineHandle::drive_wait`).
+    pub(crate) fn arm(&self, solicited_only: bool, watched: bool) {
         let how = if solicited_only { SOLICITED } else { NEXT };
         // Held across the update, so that a firing in between takes the watch set here.
         let mut watch = self.armed_watch();
@@ -68,7 +70,7 @@ impl CqNotify {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
                 (now != NEXT).then_some(how)
             });
-        if before == Ok(DISARMED) {
+        if before == Ok(DISARMED) && watched {
             *watch = self.watchers.as_ref().map(Watchers::begin);
         }
         drop(watch);
@@ -167,11 +169,11 @@ mod tests {
         let notify = CqNotify::new(None).unwrap();
         notify.delivered(true);
         assert_eq!(notify.take_events(), 0, "not armed: no event");
-        notify.arm(false);
+        notify.arm(false, true);
         notify.delivered(false);
         notify.delivered(false);
         assert_eq!(notify.take_events(), 1, "one event per arming");
-        notify.arm(true);
+        notify.arm(true, true);
         notify.delivered(false);
         assert_eq!(
             notify.take_events(),
@@ -180,8 +182,8 @@ mod tests {
         );
         notify.delivered(true);
         assert_eq!(notify.take_events(), 1);
-        notify.arm(false);
-        notify.arm(true);
+        notify.arm(false, true);
+        notify.arm(true, true);
         notify.delivered(false);
         assert_eq!(
             notify.take_events(),
@@ -197,16 +199,28 @@ mod tests {
         let watchers = Arc::new(Watchers::default());
         let notify = CqNotify::new(Some(watchers.clone())).unwrap();
         assert!(!watchers.any());
-        notify.arm(true);
-        notify.arm(false);
-        notify.arm(false);
+        notify.arm(true, true);
+        notify.arm(false, true);
+        notify.arm(false, true);
         assert!(watchers.any(), "armed");
         notify.delivered(false);
         assert!(!watchers.any(), "fired: one arming, one end");
-        notify.arm(true);
+        notify.arm(true, true);
         notify.delivered(false);
         assert!(watchers.any(), "an unsolicited batch fires nothing");
         drop(notify);
         assert!(!watchers.any(), "a CQ destroyed while armed ends its wait");
+    }
+
+    /// Armed for a waiter that runs the engine itself, a CQ is no outside wait: the hybrid
+    /// thread is not handed the engine, and the event fires all the same.
+    #[test]
+    fn an_arming_for_a_driving_waiter_is_no_watch() {
+        let watchers = Arc::new(Watchers::default());
+        let notify = CqNotify::new(Some(watchers.clone())).unwrap();
+        notify.arm(false, false);
+        assert!(!watchers.any());
+        notify.delivered(false);
+        assert_eq!(notify.take_events(), 1);
     }
 }

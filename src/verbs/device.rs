@@ -6,7 +6,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
@@ -275,6 +275,17 @@ fn refused(why: String) -> Error {
     Error::Io(io::Error::new(io::ErrorKind::InvalidInput, why))
 }
 
+/// What [`Device::drive_wait`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driving {
+    /// A turn ran on the calling thread: look for what was awaited.
+    Ran,
+    /// A turn ran, and its wait on the socket ended for a signal to the calling thread.
+    Interrupted,
+    /// Another thread runs the engine: wait on the descriptor instead.
+    Elsewhere,
+}
+
 /// An open device: a socket and the engine thread that drives it.
 ///
 /// # Closing
@@ -301,6 +312,24 @@ fn refused(why: String) -> Error {
 #[derive(Clone)]
 pub struct Device {
     pub(super) inner: Arc<DeviceInner>,
+}
+
+/// A [`Device`] that does not keep it open ([`Device::downgrade`]): for a record that must
+/// not outlive the application's own handles, such as a completion channel's note of the
+/// device its waits run.
+#[derive(Clone, Debug)]
+pub struct WeakDevice(Weak<DeviceInner>);
+
+impl WeakDevice {
+    /// The device, while any of its handles lives.
+    pub fn upgrade(&self) -> Option<Device> {
+        self.0.upgrade().map(|inner| Device { inner })
+    }
+
+    /// Whether this is `device`.
+    pub fn is(&self, device: &Device) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&device.inner))
+    }
 }
 
 impl fmt::Debug for Device {
@@ -552,6 +581,43 @@ impl Device {
     /// as the device resolved it.
     pub fn busy_poll(&self) -> Duration {
         self.inner.busy_poll
+    }
+
+    /// Runs the device's engine on the calling thread for a caller that waits for a CQ's
+    /// descriptor, armed with [`CompletionQueue::req_notify_driving`]: one turn, which waits
+    /// on the socket for up to `wait` unless `arrived()` (asked once the engine is taken, when
+    /// nothing else can fill the CQ) says the event is there, or a timer is due sooner. The
+    /// datagram that brings the completion wakes the waiting thread itself, where one that
+    /// sleeps on the descriptor is woken by the thread that took the datagram: one hand-off
+    /// less a message. With [`Progress::Hybrid`] the engine's thread is interrupted if it
+    /// holds the engine; a request posted meanwhile by another thread wakes the turn.
+    ///
+    /// [`Driving::Elsewhere`] at once where another thread runs the engine: with
+    /// [`Progress::Thread`], on a device of several engines, or while another thread of the
+    /// application waits on the socket so; the caller then sleeps on the descriptor, in slices
+    /// if it is the latter, and asks again.
+    pub fn drive_wait(&self, wait: Duration, arrived: &dyn Fn() -> bool) -> Result<Driving> {
+        if self.engines() > 1 {
+            return Ok(Driving::Elsewhere);
+        }
+        let engine = self.engine();
+        match engine.drive_wait(wait, arrived) {
+            Ok(engine::Driven::Ran) => Ok(Driving::Ran),
+            Ok(engine::Driven::Interrupted) => Ok(Driving::Interrupted),
+            Ok(engine::Driven::Busy) => Ok(Driving::Elsewhere),
+            Err(gone) => Err(gone.into()),
+        }
+    }
+
+    /// Whether a wait of the application's can run the device's engine
+    /// ([`drive_wait`](Self::drive_wait)): with hybrid or inline progress, on one engine.
+    pub fn waits_run_engine(&self) -> bool {
+        self.engines() == 1 && self.engine().waits_drive()
+    }
+
+    /// A handle that does not keep the device open.
+    pub fn downgrade(&self) -> WeakDevice {
+        WeakDevice(Arc::downgrade(&self.inner))
     }
 
     /// The first engine: the CM's, and the one device-wide commands go to.

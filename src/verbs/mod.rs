@@ -56,14 +56,15 @@ use crate::wire::cm::{RejReason, SidrStatus};
 use crate::wire::{LKey, Psn, QKey, Qpn, RKey};
 pub(crate) use inbox::receive;
 
+pub use crate::engine::{hold_signals_off_for_good, SignalsHeld};
 pub use crate::memory::MemoryRegion;
 pub use cm::{ConnectionRequest, DatagramListener, DatagramPeer, DatagramRequest, Listener};
 pub use connection::{Connection, ConnectionEvent, ManualConnection};
 pub(crate) use device::random_psn;
 pub use device::{
-    AsyncEvents, BackendKind, Device, DeviceConfig, C_ADDR_VAR, C_BUSY_POLL_VAR, C_CC_VAR,
-    C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL, DEFAULT_KEEPALIVE,
-    MAX_BUSY_POLL, MAX_CQ_CAPACITY,
+    AsyncEvents, BackendKind, Device, DeviceConfig, Driving, WeakDevice, C_ADDR_VAR,
+    C_BUSY_POLL_VAR, C_CC_VAR, C_MTU_VAR, C_PROGRESS_VAR, C_TRAINS_PER_QP_VAR, DEFAULT_BUSY_POLL,
+    DEFAULT_KEEPALIVE, MAX_BUSY_POLL, MAX_CQ_CAPACITY,
 };
 pub use router::{CompletionRouter, Routed};
 
@@ -1176,7 +1177,17 @@ impl CompletionQueue {
     /// `req_notify`, `poll` until empty, wait for the descriptor, [`take_events`](Self::take_events),
     /// and again.
     pub fn req_notify(&self, solicited_only: bool) {
-        self.inner.notify.arm(solicited_only);
+        self.inner.notify.arm(solicited_only, true);
+    }
+
+    /// [`req_notify`](Self::req_notify), for a caller that waits for the event in
+    /// [`Device::drive_wait`], running the engine itself. A hybrid engine's thread takes the
+    /// engine from an arming until its event fires, since the caller of `req_notify` may sleep
+    /// where no turn runs; here it does not, and takes over only as it does from any
+    /// application that has gone quiet (after about a millisecond) if the caller does not
+    /// come.
+    pub fn req_notify_driving(&self, solicited_only: bool) {
+        self.inner.notify.arm(solicited_only, false);
     }
 
     /// `ibv_get_cq_event` and `ibv_ack_cq_events` in one: how many armed events fired since the

@@ -1589,7 +1589,7 @@ impl Id {
             }
             if ids.is_null() {
                 // SAFETY: the context is open.
-                let channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+                let channel = unsafe { crate::comp_channel::ibv_create_comp_channel(ctx) };
                 // SAFETY: as above, with the channel just made (or null).
                 let cq =
                     unsafe { crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, id, channel, 0) };
@@ -1645,7 +1645,7 @@ impl Id {
             let channel = std::mem::take(channel);
             if !channel.is_null() {
                 // SAFETY: a channel `make_cqs` made, destroyed once.
-                unsafe { crate::cq::ibv_destroy_comp_channel(channel) };
+                unsafe { crate::comp_channel::ibv_destroy_comp_channel(channel) };
             }
         }
     }

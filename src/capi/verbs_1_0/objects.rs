@@ -243,7 +243,8 @@ pub unsafe extern "C" fn ibv_get_cq_event_1_0(
         loop {
             let (mut fired, mut context) = (ptr::null_mut(), ptr::null_mut());
             // SAFETY: the program passes a channel it created; the out-pointers are ours.
-            let result = unsafe { cq::ibv_get_cq_event(channel, &mut fired, &mut context) };
+            let result =
+                unsafe { crate::comp_channel::ibv_get_cq_event(channel, &mut fired, &mut context) };
             if result != 0 {
                 return result;
             }

@@ -92,7 +92,10 @@ impl Keeper {
             // "srg" and the address, as the engines' "sr" (`engine::ThreadName`): the kernel
             // keeps 15 bytes of a name.
             .name(format!("srg {address}"))
-            .spawn(move || answer(&listener, &woken, &kept))?;
+            .spawn(move || {
+                crate::engine::hold_signals_off_for_good();
+                answer(&listener, &woken, &kept)
+            })?;
         Ok(Keeper {
             stop,
             thread: Some(thread),
