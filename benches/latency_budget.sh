@@ -80,7 +80,7 @@ syscalls() {
 
 per_iteration() { # A B: (B - A) / (long - short), per field, one decimal
   paste -d' ' <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") |
-    awk -v d=$((long - short)) '{ v = ($2 - $1) / d; printf "%.1f ", v < 0.05 && v > -0.05 ? 0 : v }'
+    awk -v d=$((long - short)) '{ v = ($2 - $1) / d; printf "%.1f ", ((v < 0.05 && v > -0.05) ? 0 : v) }'
 }
 
 echo "<!-- $(date -u +%F), $(nproc) cores, $(git rev-parse --short HEAD), iterations $short and $long -->"
