@@ -27,7 +27,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -76,6 +76,9 @@ struct ChannelCore {
     driven: AtomicBool,
     /// The CQs on it: a wait runs the engine only for one of them.
     cqs: AtomicUsize,
+    /// Counts the events its CQs fire (`CompletionQueue::count_events_in`): a wait that read
+    /// it before it found `epoll` empty asks it, not `epoll`, whether one came since.
+    fired: Arc<AtomicU64>,
 }
 
 /// The engine a wait on a channel may run: that of the device of every CQ made on it.
@@ -127,20 +130,13 @@ impl ChannelCore {
         }
     }
 
-    /// Whether an event of one of the channel's CQs (or the stop) waits to be taken.
-    fn readable(&self) -> bool {
-        let mut event = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: one event's room, our own descriptor; no wait. A level-triggered event stays
-        // until `ibv_get_cq_event` reads the CQ's descriptor.
-        unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), &mut event, 1, 0) > 0 }
-    }
-
     /// Waits for an event of the channel's CQs, or part of the way: the caller looks again.
     /// Runs the engine of the channel's device while it waits, if it can (see the module's
     /// documentation), with the thread's signals held off (`held`, kept by the caller until it
-    /// returns) but while it sleeps; otherwise sleeps on the descriptor. `EAGAIN` if the
-    /// program made it non-blocking; `EINTR` if a signal whose handler lacks `SA_RESTART` came.
-    fn wait(&self, held: &mut Option<SignalsHeld>) -> Result<(), c_int> {
+    /// returns) but while it sleeps, until `fired` has moved past `seen` (read before the
+    /// caller found nothing); otherwise sleeps on the descriptor. `EAGAIN` if the program made
+    /// it non-blocking; `EINTR` if a signal whose handler lacks `SA_RESTART` came.
+    fn wait(&self, held: &mut Option<SignalsHeld>, seen: u64) -> Result<(), c_int> {
         let fd = self.epoll.as_raw_fd();
         if non_blocking(fd) {
             return Err(libc::EAGAIN);
@@ -161,7 +157,7 @@ impl ChannelCore {
         let mut cancel_state: c_int = 0;
         // SAFETY: glibc's call, on the calling thread, writing the state before into ours.
         unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel_state) };
-        let driving = device.drive_wait(DRIVE_SLICE, &|| self.readable());
+        let driving = device.drive_wait(DRIVE_SLICE, &|| self.fired.load(SeqCst) != seen);
         drop(device);
         // SAFETY: as above; the state before, given back.
         unsafe { pthread_setcancelstate(cancel_state, &mut cancel_state) };
@@ -196,7 +192,7 @@ extern "C" {
 /// `channel` is one the program created and has not destroyed; `cq` is live.
 pub(crate) unsafe fn add_cq(
     channel: *mut ibv_comp_channel,
-    cq: *const Cq,
+    cq: &Cq,
     fd: RawFd,
     device: &Device,
 ) -> bool {
@@ -206,7 +202,7 @@ pub(crate) unsafe fn add_cq(
     let core = unsafe { &(*ch).core };
     let mut event = libc::epoll_event {
         events: libc::EPOLLIN as u32,
-        u64: cq as u64,
+        u64: ptr::from_ref(cq) as u64,
     };
     // SAFETY: both descriptors are open; `event` is a valid epoll_event.
     let added =
@@ -214,6 +210,7 @@ pub(crate) unsafe fn add_cq(
     if added != 0 {
         return false;
     }
+    cq.cq.count_events_in(Arc::clone(&core.fired));
     core.note_device(device);
     core.cqs.fetch_add(1, Relaxed);
     let _taking = core.taking();
@@ -310,6 +307,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 runs: Mutex::new(Runs::Nothing),
                 driven: AtomicBool::new(false),
                 cqs: AtomicUsize::new(0),
+                fired: Arc::default(),
             }),
             born: Born::now(),
         });
@@ -376,6 +374,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // Held from the first wait that runs the engine until the call returns.
         let mut held = None;
         loop {
+            // Read before the look: an event fired after it moves the count.
+            let seen = core.fired.load(SeqCst);
             let taking = core.taking();
             let mut event = libc::epoll_event { events: 0, u64: 0 };
             // SAFETY: one event's room, our own descriptor; no wait, under the lock.
@@ -414,7 +414,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 return -1;
             }
             // Waits for a CQ's event without the lock. Another thread's take loops.
-            if let Err(errno) = core.wait(&mut held) {
+            if let Err(errno) = core.wait(&mut held, seen) {
                 set_errno(errno);
                 return -1;
             }

@@ -164,7 +164,7 @@ pub(crate) unsafe fn create(
     let cq = unsafe { &*raw };
     // SAFETY: a non-null channel is one the program created and has not destroyed.
     if !channel.is_null()
-        && !unsafe { comp_channel::add_cq(channel, raw, cq.cq.as_raw_fd(), &ctx.device) }
+        && !unsafe { comp_channel::add_cq(channel, cq, cq.cq.as_raw_fd(), &ctx.device) }
     {
         // SAFETY: `raw` is ours alone still.
         drop(unsafe { Box::from_raw(raw) });

@@ -12,8 +12,8 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Waker;
 
 use rustix::event::{eventfd, EventfdFlags};
@@ -41,6 +41,9 @@ pub(crate) struct CqNotify {
     /// lock is taken by an arming and by a firing only, never by a delivery that fires nothing.
     watchers: Option<Arc<Watchers>>,
     armed_watch: Mutex<Option<Watch>>,
+    /// Counts each event fired, once the descriptor is readable with it
+    /// ([`count_events_in`](Self::count_events_in)).
+    fired: OnceLock<Arc<AtomicU64>>,
 }
 
 impl CqNotify {
@@ -53,7 +56,16 @@ impl CqNotify {
             waker: Mutex::new(None),
             watchers,
             armed_watch: Mutex::new(None),
+            fired: OnceLock::new(),
         })
+    }
+
+    /// Counts each event this notifier fires in `counter` too, after its descriptor is
+    /// readable with it (so a waiter that read the counter before it looked at the descriptor
+    /// and found nothing learns of a later event from the counter alone). The first counter
+    /// given stays; false for a later one.
+    pub(crate) fn count_events_in(&self, counter: Arc<AtomicU64>) -> bool {
+        self.fired.set(counter).is_ok()
     }
 
     /// Arms the notifier for the next completion, or only the next solicited (or failed) one.
@@ -151,6 +163,9 @@ impl CqNotify {
         // The counter saturates only after 2^64 - 2 unread events; a full counter makes the
         // write fail with EAGAIN, and the fd stays readable, which is all a reader needs.
         let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+        if let Some(fired) = self.fired.get() {
+            fired.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -210,6 +225,25 @@ mod tests {
         assert!(watchers.any(), "an unsolicited batch fires nothing");
         drop(notify);
         assert!(!watchers.any(), "a CQ destroyed while armed ends its wait");
+    }
+
+    /// A counter given to the notifier counts each event it fires, and the stop.
+    #[test]
+    fn a_counter_counts_the_events_fired() {
+        let notify = CqNotify::new(None).unwrap();
+        let fired = Arc::new(AtomicU64::new(0));
+        assert!(notify.count_events_in(fired.clone()));
+        assert!(
+            !notify.count_events_in(Arc::default()),
+            "the first counter stays"
+        );
+        notify.delivered(false);
+        assert_eq!(fired.load(Ordering::SeqCst), 0, "not armed");
+        notify.arm(false, false);
+        notify.delivered(false);
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        notify.closed();
+        assert_eq!(fired.load(Ordering::SeqCst), 2);
     }
 
     /// Armed for a waiter that runs the engine itself, a CQ is no outside wait: the hybrid

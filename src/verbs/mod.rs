@@ -35,7 +35,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -1188,6 +1188,14 @@ impl CompletionQueue {
     /// come.
     pub fn req_notify_driving(&self, solicited_only: bool) {
         self.inner.notify.arm(solicited_only, false);
+    }
+
+    /// Counts each event of this CQ's arming, and its device's stop, in `counter` as well,
+    /// once its descriptor is readable with it: a waiter over several CQs (a completion
+    /// channel) that reads the counter, then finds no descriptor readable, learns of a later
+    /// event without a system call. The first counter given stays: false for a later one.
+    pub fn count_events_in(&self, counter: Arc<AtomicU64>) -> bool {
+        self.inner.notify.count_events_in(counter)
     }
 
     /// `ibv_get_cq_event` and `ibv_ack_cq_events` in one: how many armed events fired since the
