@@ -174,7 +174,7 @@ fn a_wait_can_run_the_engine_until_its_cq_has_its_event() {
         while !readable(&a.1, 0) {
             assert!(Instant::now() < deadline, "no event for WRITE {wr_id}");
             let driving =
-                a.0.drive_wait(Duration::from_secs(1), &|| readable(&a.1, 0));
+                a.0.drive_wait(Duration::from_secs(1), &|| readable(&a.1, 0), None);
             // Only another application thread sleeping on the socket would keep it.
             assert_eq!(driving.unwrap(), Driving::Ran);
         }

@@ -8,9 +8,10 @@
 //!
 //! # A wait that receives
 //!
-//! With hybrid or inline progress, a thread that waits in `ibv_get_cq_event` (rping, `ibv_rc_pingpong
-//! -e`, qperf's `-cm1`, perftest's `-e`, librdmacm's `rdma_get_recv_comp`) runs the engine
-//! itself, sleeping in the device's socket (`Device::drive_wait`): the datagram that
+//! With hybrid or inline progress, a thread that waits in `ibv_get_cq_event` (rping,
+//! `ibv_rc_pingpong -e`, qperf's RC tests, perftest's `-e`, librdmacm's `rdma_get_recv_comp`)
+//! runs the engine itself, sleeping in the device's socket (`Device::drive_wait`), its signals
+//! held off meanwhile and watched (`signals`): the datagram that
 //! completes its request wakes it, and its own turn fires the event it waits for. Sleeping on
 //! the channel's descriptor instead, it would be woken by the library's thread once that thread
 //! had been woken for the datagram: two hand-offs a message where the kernel's rxe, which
@@ -21,7 +22,8 @@
 //! library's thread until the event fires (the program may sleep where no turn runs), and the
 //! wait that follows would have to interrupt that thread to take it back. A program that arms
 //! a CQ of such a channel and then sleeps on `channel->fd` itself has the thread take over as
-//! from any program gone quiet, within about a millisecond; a program that only ever sleeps on
+//! from any program gone quiet, within about a millisecond (a few on one CPU; with inline
+//! progress, nothing runs the engine until its next call); a program that only ever sleeps on
 //! the descriptor, or only waits where an event is already there (UCX, after its own
 //! `epoll_wait`), keeps the hand-over at each arming.
 
@@ -32,13 +34,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use libc::{c_int, c_void};
-use softroce::verbs::{Device, Driving, SignalsHeld, WeakDevice};
+use softroce::verbs::{Device, Driving, WeakDevice};
 
 use crate::abi::*;
 use crate::cq::Cq;
 use crate::devices::Context;
 use crate::fork::Born;
-use crate::{every_handler_restarts, guard, non_blocking, set_errno, wait_readable_within};
+use crate::signals::SignalsHeld;
+use crate::{guard, non_blocking, set_errno, wait_readable_within};
 
 /// How long a wait runs the engine before it looks at the channel's device again: a device
 /// that the program closes meanwhile stops once the wait has let go of it.
@@ -132,47 +135,58 @@ impl ChannelCore {
 
     /// Waits for an event of the channel's CQs, or part of the way: the caller looks again.
     /// Runs the engine of the channel's device while it waits, if it can (see the module's
-    /// documentation), with the thread's signals held off (`held`, kept by the caller until it
-    /// returns) but while it sleeps, until `fired` has moved past `seen` (read before the
-    /// caller found nothing); otherwise sleeps on the descriptor. `EAGAIN` if the program made
-    /// it non-blocking; `EINTR` if a signal whose handler lacks `SA_RESTART` came.
+    /// documentation), until `fired` has moved past `seen` (read before the caller found
+    /// nothing), with the thread's signals held off (`held`, kept by the caller until it
+    /// returns: `signals`); otherwise sleeps on the descriptor. `EAGAIN` if the program made it
+    /// non-blocking; `EINTR` if a signal whose handler lacks `SA_RESTART` came.
     fn wait(&self, held: &mut Option<SignalsHeld>, seen: u64) -> Result<(), c_int> {
         let fd = self.epoll.as_raw_fd();
         if non_blocking(fd) {
             return Err(libc::EAGAIN);
         }
+        // Held signals are let in by the sleep itself, so that one that is pending already
+        // ends it (and one that comes during it), as it would end a `read()`.
+        let own = held.as_ref().map(|held| held.own);
         let Some(device) = self.device() else {
-            *held = None;
-            return wait_readable_within(fd, None, None);
+            return wait_readable_within(fd, None, own);
         };
         if held.is_none() {
-            *held = SignalsHeld::hold().ok();
+            *held = SignalsHeld::hold();
         }
-        let Some(let_in) = held.as_ref().map(SignalsHeld::mask_before) else {
+        let Some(signals) = held.as_mut() else {
             return wait_readable_within(fd, None, None);
         };
         self.driven.store(true, Relaxed);
-        // Not cancelled while it holds the engine: the cancellation is taken below, where the
-        // wait holds nothing but what unwinds with it (the device's handle is dropped first).
+        // Not cancelled while it holds the engine (the cancellation point is the check after).
         let mut cancel_state: c_int = 0;
         // SAFETY: glibc's call, on the calling thread, writing the state before into ours.
         unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel_state) };
-        let driving = device.drive_wait(DRIVE_SLICE, &|| self.fired.load(SeqCst) != seen);
+        let arrived = || self.fired.load(SeqCst) != seen;
+        let driving = device.drive_wait(DRIVE_SLICE, &arrived, Some(&signals.watch));
         drop(device);
         // SAFETY: as above; the state before, given back.
         unsafe { pthread_setcancelstate(cancel_state, &mut cancel_state) };
         // SAFETY: a cancellation point of glibc's, as the `poll` of the other waits is.
         unsafe { pthread_testcancel() };
+        let own = signals.own;
         match driving {
-            Ok(Driving::Ran) => Ok(()),
-            Ok(Driving::Interrupted) if every_handler_restarts() => Ok(()),
-            Ok(Driving::Interrupted) => Err(libc::EINTR),
-            Ok(Driving::Elsewhere) => wait_readable_within(fd, Some(ELSEWHERE_SLICE), Some(let_in)),
-            // The device has stopped: its CQs' events say so.
-            Err(_) => {
+            Ok(Driving::Ran) if !signals.time_to_look() => Ok(()),
+            // A turn that busy polled never slept, and never saw the signalfd: look.
+            Ok(Driving::Ran) if signals.pending().is_none() => Ok(()),
+            // A signal the thread takes is pending: it is handled as the signals are let go,
+            // with the engine let go already.
+            Ok(Driving::Ran | Driving::Woken) => {
+                let interrupts = signals.pending() == Some(true);
                 *held = None;
-                wait_readable_within(fd, None, None)
+                if interrupts {
+                    Err(libc::EINTR)
+                } else {
+                    Ok(())
+                }
             }
+            Ok(Driving::Elsewhere) => wait_readable_within(fd, Some(ELSEWHERE_SLICE), Some(own)),
+            // The device has stopped: its CQs' events say so.
+            Err(_) => wait_readable_within(fd, None, Some(own)),
         }
     }
 }

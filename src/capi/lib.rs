@@ -44,6 +44,7 @@ mod provider;
 mod qp;
 mod qp_ex;
 mod section;
+mod signals;
 mod strings;
 mod users;
 pub mod verbs_1_0;
@@ -154,7 +155,7 @@ pub(crate) fn wait_readable_within(
 /// Whether every signal handler installed has `SA_RESTART` (none installed: true). The fault
 /// signals are left out: they come from an instruction, never during a wait (and the library's
 /// own guard of the program's memory handles SIGSEGV and SIGBUS).
-pub(crate) fn every_handler_restarts() -> bool {
+fn every_handler_restarts() -> bool {
     let synchronous = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
     (1..=libc::SIGRTMAX())
         .filter(|s| !synchronous.contains(s))

@@ -15,7 +15,7 @@
 //!   (once its busy polling, if any, is over), and
 //!   interrupts the engine thread's sleep to take the engine if it must; so does a C
 //!   program's wait for a completion channel's event (`ibv_get_cq_event`, through
-//!   [`EngineHandle::drive_wait`]), whose signals wait for its sleeps (`signals`);
+//!   [`EngineHandle::drive_wait`]), which lends the sleeps a descriptor of its own (`waiter`);
 //! - a CQ poll runs a turn only if the engine is free, and otherwise leaves the work to whoever
 //!   holds it, so it never waits; a poll that finds completions waiting and nothing posted
 //!   since runs none, three polls in a row at the most ([`EngineHandle::help_poll`]);
@@ -87,6 +87,7 @@
 //! request posted while an application thread held the engine does not wait for the thread.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
@@ -97,7 +98,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use super::EnginePanicked;
-use super::{signals, Command, Doorbell, EngineGone, EngineHandle, OnDoorbell, ThreadName};
+use super::{waiter, Command, Doorbell, EngineGone, EngineHandle, OnDoorbell, ThreadName};
 
 /// How long after the application's last turn a hybrid engine's thread keeps out of the way,
 /// and how often, at most, it looks in meanwhile.
@@ -568,8 +569,8 @@ enum Patience {
 pub(crate) enum Driven {
     /// Ran a turn.
     Ran,
-    /// Ran a turn whose wait on the socket a signal to the calling thread ended.
-    Interrupted,
+    /// Ran a turn whose sleep ended because the descriptor the caller lent was readable.
+    Woken,
     /// Another application thread is running the engine, waiting on the socket.
     Busy,
 }
@@ -612,7 +613,7 @@ fn thread_start(name: &str) {
     if let Ok(name) = std::ffi::CString::new(name) {
         let _ = rustix::thread::set_name(&name);
     }
-    signals::hold_signals_off_for_good();
+    waiter::hold_signals_off_for_good();
     crate::memory::take_faults_here();
 }
 
@@ -885,19 +886,22 @@ impl EngineHandle {
     /// `arrived` says whether the channel has something: it is asked once the engine is
     /// taken, and the turn does not wait if it has. Only the engine's holder fills the
     /// channels, so the answer cannot change then; asked before, a message delivered by the
-    /// last holder in between would wait out the whole sleep.
+    /// last holder in between would wait out the whole sleep. `wake_on`, lent to the turns'
+    /// sleeps (`waiter`), ends a sleep when readable ([`Driven::Woken`]).
     pub fn drive_wait(
         &self,
         wait: Duration,
         arrived: &dyn Fn() -> bool,
+        wake_on: Option<&Arc<OwnedFd>>,
     ) -> Result<Driven, EngineGone> {
         match &self.driver {
             Driver::Thread(_) => Ok(Driven::Busy),
             Driver::Shared(shared, _) => {
-                signals::take_interrupted();
-                let driven = self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)?;
-                Ok(match driven {
-                    Driven::Ran if signals::take_interrupted() => Driven::Interrupted,
+                let (driven, woken) = waiter::lend(wake_on, || {
+                    self.run_turns(shared, wait, Patience::UnlessWaiting, arrived)
+                });
+                Ok(match driven? {
+                    Driven::Ran if woken => Driven::Woken,
                     driven => driven,
                 })
             }

@@ -21,7 +21,7 @@ mod drive;
 mod lanes;
 mod notify;
 mod queues;
-mod signals;
+mod waiter;
 
 use std::io;
 use std::net::IpAddr;
@@ -45,7 +45,7 @@ pub(crate) use queues::{
     CompletionRing, Completions, OnDoorbell, PostQueue, PostedTo, QpQueues, SrqQueues,
 };
 use queues::{QpPosts, SrqPosts};
-pub use signals::{hold_signals_off_for_good, SignalsHeld};
+pub use waiter::hold_signals_off_for_good;
 
 use crate::io::{Backend, IoCounters};
 use crate::memory::{Access, ForeignMemory, MemoryError, MemoryRegion, MwType, PdId};
@@ -687,21 +687,13 @@ impl<B: Backend> Engine<B> {
         if self.doorbell.posted.load(SeqCst) {
             timeout = Some(Duration::ZERO);
         }
-        // A thread that holds its signals off lets them in while it sleeps, and only then.
-        let polled = match signals::let_in() {
-            None => self.poll.poll(&mut self.readiness, timeout),
-            Some(mask) => {
-                signals::sleep_letting_in(&mut self.poll, &mut self.readiness, timeout, mask)
-            }
-        };
+        // Beside the descriptor a waiting application thread lent, if any.
+        let polled = waiter::sleep(&mut self.poll, &mut self.readiness, timeout);
         self.doorbell.asleep.store(false, SeqCst);
         self.unread |= self.readiness.iter().any(|event| event.token() == SOCKET);
         match polled {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                signals::note_interrupted();
-                Ok(())
-            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
             Err(e) => Err(e),
         }
     }

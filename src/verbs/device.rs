@@ -4,6 +4,7 @@
 use std::fmt;
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -280,8 +281,8 @@ fn refused(why: String) -> Error {
 pub enum Driving {
     /// A turn ran on the calling thread: look for what was awaited.
     Ran,
-    /// A turn ran, and its wait on the socket ended for a signal to the calling thread.
-    Interrupted,
+    /// A turn ran, and its sleep ended because the descriptor lent to it was readable.
+    Woken,
     /// Another thread runs the engine: wait on the descriptor instead.
     Elsewhere,
 }
@@ -592,18 +593,27 @@ impl Device {
     /// less a message. With [`Progress::Hybrid`] the engine's thread is interrupted if it
     /// holds the engine; a request posted meanwhile by another thread wakes the turn.
     ///
+    /// `wake_on`, if given, is watched beside the socket while the turn sleeps, and ends the
+    /// sleep once readable ([`Driving::Woken`]; it is never read): for what else the caller
+    /// must wake for, such as a signalfd of the signals it holds off while it holds the engine.
+    ///
     /// [`Driving::Elsewhere`] at once where another thread runs the engine: with
     /// [`Progress::Thread`], on a device of several engines, or while another thread of the
     /// application waits on the socket so; the caller then sleeps on the descriptor, in slices
     /// if it is the latter, and asks again.
-    pub fn drive_wait(&self, wait: Duration, arrived: &dyn Fn() -> bool) -> Result<Driving> {
+    pub fn drive_wait(
+        &self,
+        wait: Duration,
+        arrived: &dyn Fn() -> bool,
+        wake_on: Option<&Arc<OwnedFd>>,
+    ) -> Result<Driving> {
         if self.engines() > 1 {
             return Ok(Driving::Elsewhere);
         }
         let engine = self.engine();
-        match engine.drive_wait(wait, arrived) {
+        match engine.drive_wait(wait, arrived, wake_on) {
             Ok(engine::Driven::Ran) => Ok(Driving::Ran),
-            Ok(engine::Driven::Interrupted) => Ok(Driving::Interrupted),
+            Ok(engine::Driven::Woken) => Ok(Driving::Woken),
             Ok(engine::Driven::Busy) => Ok(Driving::Elsewhere),
             Err(gone) => Err(gone.into()),
         }

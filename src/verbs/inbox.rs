@@ -136,7 +136,7 @@ pub(crate) fn receive<T>(
         if left.is_zero() {
             return Ok(None);
         }
-        let driven = match engine.drive_wait(left, &|| channel.has_mail()) {
+        let driven = match engine.drive_wait(left, &|| channel.has_mail(), None) {
             Ok(driven) => driven,
             Err(gone) => return last_look(gone),
         };

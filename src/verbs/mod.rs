@@ -56,7 +56,7 @@ use crate::wire::cm::{RejReason, SidrStatus};
 use crate::wire::{LKey, Psn, QKey, Qpn, RKey};
 pub(crate) use inbox::receive;
 
-pub use crate::engine::{hold_signals_off_for_good, SignalsHeld};
+pub use crate::engine::hold_signals_off_for_good;
 pub use crate::memory::MemoryRegion;
 pub use cm::{ConnectionRequest, DatagramListener, DatagramPeer, DatagramRequest, Listener};
 pub use connection::{Connection, ConnectionEvent, ManualConnection};

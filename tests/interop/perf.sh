@@ -11,9 +11,10 @@ source "$(dirname "$0")/lib.sh"
 
 # program, bytes, iterations, the column of the client's result line that is the figure (the
 # bandwidth tests' average, the latency tests' typical, which is the median; ibv_rc_pingpong's
-# usec/iter, a whole round trip: its column is `-`), its unit, and softroce's progress
-# (SOFTROCE_PROGRESS; `-`: the library's default, hybrid). SOFTROCE_PERF_ROWS replaces them, for
-# an experiment.
+# usec/iter, a whole round trip: its column is `-`), its unit, softroce's progress
+# (SOFTROCE_PROGRESS; `-`: the library's default, hybrid), and, if any, the program's own
+# options on both stacks (`-e`: it waits for its completions in ibv_get_cq_event).
+# SOFTROCE_PERF_ROWS replaces them, for an experiment.
 PERF_ROWS="${SOFTROCE_PERF_ROWS:-ib_write_bw 4096 2000 3 MB/s -
 ib_write_bw 65536 300 3 MB/s -
 ib_read_bw 65536 300 3 MB/s -
@@ -22,20 +23,23 @@ ib_write_lat 8 1000 4 us -
 ib_send_lat 8 1000 4 us -
 ib_read_lat 8 1000 4 us -
 ibv_rc_pingpong 8 1000 - us -
+ib_send_lat 8 1000 4 us - -e
+ibv_rc_pingpong 8 1000 - us - -e
 ib_write_lat 8 1000 4 us thread
 ib_send_lat 8 1000 4 us thread
 ibv_rc_pingpong 8 1000 - us thread}"
 PERF_LIB=/tmp/softroce
 
-# perf_one STACK PROGRAM SIZE ITERS COLUMN PROGRESS: PROGRAM's server in vmB, its client in
-# vmA, on STACK: rxe (rxe0, its IPv4 GID 1) or softroce (the library in $PERF_LIB, each guest's
-# address, GID 0, SOFTROCE_PROGRESS=PROGRESS unless it is `-`). Prints the client's figure, or
-# fails saying why.
+# perf_one STACK PROGRAM SIZE ITERS COLUMN PROGRESS FLAGS: PROGRAM's server in vmB, its client
+# in vmA, on STACK: rxe (rxe0, its IPv4 GID 1) or softroce (the library in $PERF_LIB, each
+# guest's address, GID 0, SOFTROCE_PROGRESS=PROGRESS unless it is `-`), with FLAGS unless `-`.
+# Prints the client's figure, or fails saying why.
 perf_one() {
-  local stack=$1 prog=$2 size=$3 iters=$4 col=$5 progress=$6 out rc=0 fig scmd ccmd env
+  local stack=$1 prog=$2 size=$3 iters=$4 col=$5 progress=$6 flags=$7 out rc=0 fig scmd ccmd env
   local args="-F -s $size -n $iters" gidopt=-x
   # rdma-core's pingpong has no -F, and names its GID index -g
   [ "$prog" = ibv_rc_pingpong ] && args="-s $size -n $iters" gidopt=-g
+  [ "$flags" != - ] && args+=" $flags"
   case $stack in
     rxe) scmd="$prog -d rxe0 $gidopt 1 $args" ccmd="$prog -d rxe0 $gidopt 1 $args $VM_B";;
     softroce)
@@ -53,7 +57,7 @@ perf_one() {
   # printed softroce's ib_send_bw at 0.00 MB/s once, not seen again in 17 runs) can then be
   # read in what the program printed around it.
   printf '%s\n%s\nexit %s\n' "$ccmd" "$out" "$rc" \
-    >"$LAB_RUN/perf-$stack-$prog-$size-${progress//-/default}.out" 2>/dev/null || true
+    >"$LAB_RUN/perf-$stack-$prog${flags//[- ]/}-$size-${progress//-/default}.out" 2>/dev/null || true
   if [ "$col" = - ]; then
     # "1000 iters in 0.62 seconds = 620.00 usec/iter"
     fig=$(awk '$2 == "iters" && $NF == "usec/iter" { print $(NF - 1); exit }' <<<"$out")
@@ -99,26 +103,29 @@ done" || { echo "$g: cannot bring rxe0 back" >&2; rc=1; }
 }
 
 cmd_run() {
-  local md=$1 prog size iters col unit progress rxe sr i=0 failed=0 installed=0 rows=""
+  local md=$1 prog size iters col unit progress flags rxe sr i=0 failed=0 installed=0 rows=""
   local -a rxe_figs=()
   local -A rxe_seen=()
   rm -f "$md"
   softroce_build >&2 || exit 1
-  while read -r prog size iters col unit progress; do
+  while read -r prog size iters col unit progress flags; do
+    flags=${flags:--}
     # rows that differ only in softroce's progress share rxe's figure
-    if [ -z "${rxe_seen[$prog $size $iters]:-}" ]; then
-      rxe_seen[$prog $size $iters]=$(perf_one rxe "$prog" "$size" "$iters" "$col" - </dev/null || echo -)
+    if [ -z "${rxe_seen[$prog $flags $size $iters]:-}" ]; then
+      rxe_seen[$prog $flags $size $iters]=$(perf_one rxe "$prog" "$size" "$iters" "$col" - "$flags" </dev/null || echo -)
     fi
-    rxe_figs+=("${rxe_seen[$prog $size $iters]}")
+    rxe_figs+=("${rxe_seen[$prog $flags $size $iters]}")
   done <<<"$PERF_ROWS"
   perf_install_softroce && installed=1
-  while read -r prog size iters col unit progress; do
+  while read -r prog size iters col unit progress flags; do
+    flags=${flags:--}
     sr=-
     if [ "$installed" = 1 ]; then
-      sr=$(perf_one softroce "$prog" "$size" "$iters" "$col" "$progress" </dev/null || echo -)
+      sr=$(perf_one softroce "$prog" "$size" "$iters" "$col" "$progress" "$flags" </dev/null || echo -)
     fi
     rxe=${rxe_figs[$i]}; i=$((i + 1))
     [ "$progress" = - ] && progress="hybrid (default)"
+    [ "$flags" != - ] && prog+=" $flags"
     rows+="| $prog | $size | $iters | $rxe $unit | $sr $unit | $progress | $(awk -v a="$sr" -v b="$rxe" \
       'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }') |"$'\n'
     [ "$rxe" != - ] && [ "$sr" != - ] || failed=1

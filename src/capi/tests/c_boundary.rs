@@ -333,6 +333,22 @@ fn a_signal_ends_a_wait_for_an_event() {
     );
 }
 
+/// A wait in `ibv_get_cq_event` runs the engine on the waiting thread, and holds the thread's
+/// signals off meanwhile: a handler that calls `exit()` (whose hook flushes the devices through
+/// their engines) runs once the wait has let go of the engine, and the process ends, where a
+/// handler run inside the engine's sleep would wait for the engine its own thread held.
+#[test]
+fn a_handler_that_exits_during_a_wait_ends_the_process() {
+    run_expecting(
+        "exit_in_wait",
+        include_str!("c/exit_in_wait.c"),
+        &["-libverbs"],
+        "127.0.49.26",
+        &[],
+        &["waiting", "the handler exits"],
+    );
+}
+
 /// Defect 6: a type 1 window could not be unbound (`ibv_bind_mw` with no region answered
 /// `EINVAL`), so its region could be deregistered only by deallocating the window.
 #[test]
