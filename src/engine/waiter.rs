@@ -6,8 +6,8 @@
 //! program's wait for an event ends when a signal's handler would run, and the C library
 //! watches for that with a signalfd while it holds the thread's signals off (a handler must
 //! not run while the thread holds the engine). The waiter lends such a descriptor for its
-//! turns ([`lend`]); a sleep then polls it beside epoll, and ends, as [`Driven::Woken`]
-//! (super::Driven::Woken), when it is readable. It is never read here.
+//! turns ([`lend`]); a sleep then polls it beside epoll, and ends when it is readable (the
+//! wait learns it as [`Driven::Woken`](super::Driven::Woken)). It is never read here.
 //!
 //! The engine's own threads hold every asynchronous signal off for good
 //! ([`hold_signals_off_for_good`]), as should any thread of a library that runs none of the
