@@ -221,7 +221,7 @@ impl DeviceEntry {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                // The program's handlers run on its own threads (`softroce::engine::signals`).
+                // The program's handlers run on its own threads (softroce's `engine::waiter`).
                 softroce::verbs::hold_signals_off_for_good();
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_ok() {
                     return;
