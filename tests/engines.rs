@@ -422,9 +422,14 @@ fn several_engines_refuse_what_they_cannot_do() {
     // None of them kept the address; the default progress (hybrid) runs each engine on its
     // thread.
     let device = Device::open(engines("127.0.0.129", 2)).unwrap();
-    // A second device of several engines does not join the first's sockets.
+    // A second device of several engines does not join the first's sockets, and says whose
+    // they are.
     let again = refused(engines("127.0.0.129", 2));
-    assert!(again.contains("binding UDP 127.0.0.129:4791"), "{again}");
+    assert!(
+        again.contains("127.0.0.129:4791 is bound already")
+            && again.contains(&format!("held by process {} (", std::process::id())),
+        "{again}"
+    );
     assert!(Device::open(DeviceConfig::udp(address)).is_err());
     drop(device);
     assert!(Device::open(DeviceConfig::udp(address)).is_ok());

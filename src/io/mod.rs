@@ -12,6 +12,7 @@
 //!   verifies every ICRC fully.
 
 mod group;
+pub(crate) mod holders;
 mod icmp;
 mod link;
 mod raw;

@@ -405,13 +405,12 @@ impl Device {
             ..config.udp_config(segmentation, true)
         };
         // A reuse-port socket joins any group on the address, another device's of several
-        // engines included, and would see none of its datagrams: a plain bind first fails if
-        // anyone holds the address. (Two devices opened at once in one process could still
-        // interleave; nothing else can, as the kernel admits only the same user to a group.)
-        drop(UdpBackend::with_config(UdpConfig {
-            reuse_port: false,
-            ..udp
-        })?);
+        // engines included, and would see none of its datagrams: refused if anyone holds the
+        // address, as the kernel's list says (a plain bind to find out would leave its socket
+        // for a moment in any child another thread forks, in the way of the binds below).
+        // (Two devices opened at once in one process could still interleave; nothing else
+        // can, as the kernel admits only the same user to a group.)
+        crate::io::holders::refuse_if_bound(config.address)?;
         let backends = (0..count)
             .map(|_| UdpBackend::with_config(udp))
             .collect::<io::Result<Vec<_>>>()?;

@@ -160,8 +160,8 @@ fn a_synchronous_ids_event_is_the_one_its_call_waited_for() {
     let bin = bin.to_str().unwrap();
     let (server, client) = until_served(
         "sync_events",
-        program("127.0.3.62", bin, &["server", "127.0.3.62", "7499"]),
-        || program("127.0.3.63", bin, &["client", "127.0.3.62", "7499"]),
+        program("127.0.3.66", bin, &["server", "127.0.3.66", "7499"]),
+        || program("127.0.3.67", bin, &["client", "127.0.3.66", "7499"]),
         |out| out.contains("client done"),
         LIMIT,
     );

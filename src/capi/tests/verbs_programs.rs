@@ -81,7 +81,8 @@ fn rc_pingpong_with_completion_events() {
 
 /// An address whose UDP 4791 something other than this user's softroce processes holds (here a
 /// plain socket, as kernel rxe's would be): the device does not open, and the program's standard
-/// error says why and what to do. (Processes of one user share an address: `shared_address.rs`.)
+/// error says why, which process holds the address (this test's), and what to do. (Processes of
+/// one user share an address: `shared_address.rs`.)
 #[test]
 fn a_taken_address_is_refused_with_what_to_do() {
     let holder = std::net::UdpSocket::bind("127.0.3.5:4791").unwrap();
@@ -90,6 +91,7 @@ fn a_taken_address_is_refused_with_what_to_do() {
     assert!(!second.status.success());
     assert!(
         said.contains("127.0.3.5:4791 is bound by")
+            && said.contains(&format!("held by process {} (", std::process::id()))
             && said.contains("another address")
             && said.contains("SOFTROCE_ADDR="),
         "{said}"

@@ -39,6 +39,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use self::keeper::{Keeper, Kept};
 pub use self::ports::PortBinding;
 use self::registry::{Registry, PLACES};
+use super::holders;
 use super::udp::{UdpBackend, UdpConfig};
 use crate::transport::QpnLedger;
 use crate::wire::{Qpn, ROCEV2_UDP_PORT};
@@ -377,30 +378,32 @@ fn probe(address: IpAddr, place: u8, own: &OwnedFd) -> io::Result<()> {
 }
 
 /// Waits, for [`SETTLE`] at most, until nothing is bound to `address:4791`: a group with no
-/// living member may still have sockets of members that are exiting.
+/// living member may still have sockets of members that are exiting. It reads the kernel's
+/// list ([`holders::bound`]) rather than binding a socket to find out, as a socket bound and
+/// closed here may live on for a while in a child another thread forked, and refuse the
+/// binding that follows.
 fn wait_until_unbound(address: IpAddr) -> io::Result<()> {
     let deadline = Instant::now() + SETTLE;
-    loop {
-        match UdpSocket::bind(SocketAddr::new(address, ROCEV2_UDP_PORT)) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(another_user(address)),
-            Err(e) => return Err(e),
+    while !holders::bound(address)?.is_empty() {
+        if Instant::now() >= deadline {
+            return Err(another_user(address));
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(())
 }
 
-/// What a process meets when the address is bound by something other than its user's group.
+/// What a process meets when the address is bound by something other than its user's group:
+/// what holds it, as far as this user may see, and what to do.
 fn another_user(address: IpAddr) -> io::Error {
     io::Error::new(
         io::ErrorKind::AddrInUse,
         format!(
             "UDP {address}:{ROCEV2_UDP_PORT} is bound by another user's softroce processes or by \
-             another program (a softroce device of several engines, kernel rxe, ...): processes \
-             share an address only as one user, as the kernel admits one user to a SO_REUSEPORT \
-             group; run them as that user, or open the device on another address"
+             another program (a softroce device of several engines, kernel rxe, ...): {}. \
+             Processes share an address only as one user, as the kernel admits one user to a \
+             SO_REUSEPORT group; run them as that user, or open the device on another address",
+            holders::described(address)
         ),
     )
 }
@@ -443,5 +446,41 @@ mod tests {
             "the probes' number"
         );
         let _port = a.bind_port(0x0106, 7400).unwrap();
+    }
+
+    /// A process whose other threads start programs while it joins: a child holds a copy of
+    /// every descriptor from its fork until its exec, so a socket this member bound and closed
+    /// a moment before can outlive the close there. Nothing the join binds for a moment may then
+    /// stand in the way of its own binding (seen in CI as a test's device refused its address
+    /// as "bound by another user's softroce processes", while another test ran a compiler).
+    #[test]
+    fn a_join_is_not_refused_while_other_threads_start_programs() {
+        let address = "127.0.12.41";
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spawners: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = std::process::Command::new("true").status();
+                    }
+                })
+            })
+            .collect();
+        let refused = (0..200)
+            .filter_map(|_| {
+                GroupMember::join(UdpConfig::new(address.parse().unwrap()))
+                    .err()
+                    .map(|e| e.to_string())
+            })
+            .collect::<Vec<_>>();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spawners.into_iter().for_each(|s| s.join().unwrap());
+        assert!(
+            refused.is_empty(),
+            "{} of 200 joins refused: {:?}",
+            refused.len(),
+            refused.first()
+        );
     }
 }

@@ -88,8 +88,9 @@ impl Registry {
     /// another user could otherwise plant one.
     pub fn open(address: IpAddr) -> io::Result<Registry> {
         let uid = nix::unistd::geteuid().as_raw();
-        // UDP ports belong to a network namespace: so does the group.
-        let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+        // UDP ports belong to a network namespace (this thread's: a thread may have entered
+        // another): so does the group.
+        let netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
         // /dev/shm is memory; a system without it keeps the record in the temporary directory,
         // which then must be one for every process on the address.
         let dir = if std::path::Path::new("/dev/shm").is_dir() {
