@@ -30,6 +30,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const WORD: usize = 8;
 
+#[cfg(all(target_arch = "x86_64", target_pointer_width = "64", not(miri)))]
+pub(super) use wide::atomic_16;
+
 /// Copies `words` into `out`, which is exactly as long.
 pub(super) fn load(words: &[AtomicU64], out: &mut [u8]) {
     debug_assert_eq!(out.len(), words.len() * WORD);
@@ -82,8 +85,9 @@ mod wide {
     const BLOCK_WORDS: usize = 8;
 
     /// Whether the 16-byte moves are atomic here: the processor reports AVX, and is one whose
-    /// maker documents the guarantee (Intel or AMD). Found once, then a load.
-    fn atomic_16() -> bool {
+    /// maker documents the guarantee (Intel or AMD). Found once, then a load. Also what
+    /// decides the guarded copies of a program's memory (`memory::foreign`).
+    pub(in crate::memory) fn atomic_16() -> bool {
         static ATOMIC_16: OnceLock<bool> = OnceLock::new();
         *ATOMIC_16.get_or_init(|| {
             let vendor = std::arch::x86_64::__cpuid(0);

@@ -192,32 +192,35 @@ mod access {
     // `softroce_guarded_fault`. Each is a leaf that touches no stack, so when a fault sends
     // it to `softroce_guarded_fault`, that routine's `ret` returns to the caller with 1 in
     // eax. Accesses to the program's memory are single bytes, and 8 aligned bytes where a
-    // whole word of it lies inside the range; the other side is the caller's own buffer.
+    // whole word of it lies inside the range (the `_wide` routines: 16 aligned bytes where
+    // 64 are left, by VMOVDQA, single-copy atomic on the processors they run on, as two
+    // 8-byte accesses would be; see `memory::bulk`); the other side is the caller's own
+    // buffer. Stores to the program's memory go in address order, so a program that polls
+    // the last byte of a message (perftest's latency tests) sees the rest before it.
     //
     // softroce_guarded_read(to: rdi, from: rsi (the program's), len: rdx) -> eax 0 | 1
     // softroce_guarded_write(to: rdi (the program's), from: rsi, len: rdx) -> eax 0 | 1
+    // softroce_guarded_read_wide, softroce_guarded_write_wide: the same, XMM0-3 clobbered
     // softroce_guarded_fetch_add(word: rdi, add: rsi, before: rdx) -> eax 0 | 1
     // softroce_guarded_compare_swap(word: rdi, compare: rsi, swap: rdx, before: rcx) -> eax
 
     /// A copy routine `name`(to: rdi, from: rsi, len: rdx) -> eax: single bytes until
     /// `aligned` (the byte register of the program's side, `sil` or `dil`) is 8-aligned, then
-    /// 8 bytes at a time (four to an iteration) while whole words are left, then the last
-    /// bytes. 0 once done; the fault exit returns 1.
+    /// the bulk step, then 8 bytes at a time while whole words are left, then the last bytes.
+    /// 0 once done; the fault exit returns 1. The bulk step: 8 bytes at a time, four to an
+    /// iteration, while 32 are left; or, given a `load` and a `store` instruction (the aligned
+    /// VMOVDQA on the program's side), a word until the program's side is 16-aligned, then four
+    /// 16-byte moves an iteration while 64 bytes are left.
     #[rustfmt::skip]
     macro_rules! guarded_copy {
-        ($name:literal, $aligned:literal) => {
+        (@routine $name:literal, $aligned:literal, [$($step:literal),*]) => {
             concat!(
                 ".globl ", $name, "\n.hidden ", $name, "\n.type ", $name, ",@function\n",
                 $name, ":\n",
                 "1:\n test rdx, rdx\n jz 9f\n test ", $aligned, ", 7\n jz 2f\n",
                 "mov al, byte ptr [rsi]\n mov byte ptr [rdi], al\n",
                 "inc rsi\n inc rdi\n dec rdx\n jmp 1b\n",
-                "2:\n cmp rdx, 32\n jb 3f\n",
-                "mov rax, qword ptr [rsi]\n mov rcx, qword ptr [rsi + 8]\n",
-                "mov r8, qword ptr [rsi + 16]\n mov r9, qword ptr [rsi + 24]\n",
-                "mov qword ptr [rdi], rax\n mov qword ptr [rdi + 8], rcx\n",
-                "mov qword ptr [rdi + 16], r8\n mov qword ptr [rdi + 24], r9\n",
-                "add rsi, 32\n add rdi, 32\n sub rdx, 32\n jmp 2b\n",
+                "2:\n", $($step,)*
                 "3:\n cmp rdx, 8\n jb 4f\n",
                 "mov rax, qword ptr [rsi]\n mov qword ptr [rdi], rax\n",
                 "add rsi, 8\n add rdi, 8\n sub rdx, 8\n jmp 3b\n",
@@ -227,6 +230,29 @@ mod access {
                 "9:\n xor eax, eax\n ret\n",
                 ".size ", $name, ", . - ", $name, "\n",
             )
+        };
+        ($name:literal, $aligned:literal) => {
+            guarded_copy!(@routine $name, $aligned, [
+                "cmp rdx, 32\n jb 3f\n",
+                "mov rax, qword ptr [rsi]\n mov rcx, qword ptr [rsi + 8]\n",
+                "mov r8, qword ptr [rsi + 16]\n mov r9, qword ptr [rsi + 24]\n",
+                "mov qword ptr [rdi], rax\n mov qword ptr [rdi + 8], rcx\n",
+                "mov qword ptr [rdi + 16], r8\n mov qword ptr [rdi + 24], r9\n",
+                "add rsi, 32\n add rdi, 32\n sub rdx, 32\n jmp 2b\n"
+            ])
+        };
+        ($name:literal, $aligned:literal, $load:literal, $store:literal) => {
+            guarded_copy!(@routine $name, $aligned, [
+                "cmp rdx, 8\n jb 4f\n test ", $aligned, ", 15\n jz 5f\n",
+                "mov rax, qword ptr [rsi]\n mov qword ptr [rdi], rax\n",
+                "add rsi, 8\n add rdi, 8\n sub rdx, 8\n",
+                "5:\n cmp rdx, 64\n jb 3f\n",
+                $load, " xmm0, xmmword ptr [rsi]\n", $load, " xmm1, xmmword ptr [rsi + 16]\n",
+                $load, " xmm2, xmmword ptr [rsi + 32]\n", $load, " xmm3, xmmword ptr [rsi + 48]\n",
+                $store, " xmmword ptr [rdi], xmm0\n", $store, " xmmword ptr [rdi + 16], xmm1\n",
+                $store, " xmmword ptr [rdi + 32], xmm2\n", $store, " xmmword ptr [rdi + 48], xmm3\n",
+                "add rsi, 64\n add rdi, 64\n sub rdx, 64\n jmp 5b\n"
+            ])
         };
     }
 
@@ -238,6 +264,8 @@ mod access {
         "softroce_guarded_begin:",
         guarded_copy!("softroce_guarded_read", "sil"),
         guarded_copy!("softroce_guarded_write", "dil"),
+        guarded_copy!("softroce_guarded_read_wide", "sil", "vmovdqa", "vmovdqu"),
+        guarded_copy!("softroce_guarded_write_wide", "dil", "vmovdqu", "vmovdqa"),
         ".globl softroce_guarded_fetch_add",
         ".hidden softroce_guarded_fetch_add",
         ".type softroce_guarded_fetch_add,@function",
@@ -272,6 +300,8 @@ mod access {
         fn softroce_guarded_fault();
         fn softroce_guarded_read(to: *mut u8, from: *const u8, len: usize) -> u32;
         fn softroce_guarded_write(to: *mut u8, from: *const u8, len: usize) -> u32;
+        fn softroce_guarded_read_wide(to: *mut u8, from: *const u8, len: usize) -> u32;
+        fn softroce_guarded_write_wide(to: *mut u8, from: *const u8, len: usize) -> u32;
         fn softroce_guarded_fetch_add(word: *mut u64, add: u64, before: *mut u64) -> u32;
         fn softroce_guarded_compare_swap(
             word: *mut u64,
@@ -413,17 +443,49 @@ mod access {
         }
     }
 
+    /// A guarded copy routine: (to, from, len) -> 0, or 1 if a fault stopped it.
+    type Routine = unsafe extern "C" fn(*mut u8, *const u8, usize) -> u32;
+
+    /// Runs `wide` where its 16-byte moves are atomic (`memory::bulk`'s `atomic_16`: AVX, on
+    /// Intel or AMD), `narrow` elsewhere.
+    ///
+    /// # Safety
+    ///
+    /// As for the routines: `len` bytes at `to` writable and at `from` readable, the program's
+    /// side lent memory (mapped or not), the other the caller's own.
+    unsafe fn guarded(
+        (narrow, wide): (Routine, Routine),
+        to: *mut u8,
+        from: *const u8,
+        len: usize,
+    ) -> Result<(), ()> {
+        #[cfg(target_pointer_width = "64")]
+        let routine = if super::super::bulk::atomic_16() {
+            wide
+        } else {
+            narrow
+        };
+        #[cfg(not(target_pointer_width = "64"))]
+        let routine = {
+            let _ = wide;
+            narrow
+        };
+        // SAFETY: per the contract; a fault in the routine returns 1 instead.
+        match unsafe { routine(to, from, len) } {
+            0 => Ok(()),
+            _ => Err(()),
+        }
+    }
+
     /// Copies `len` bytes of the program's memory at `from` to `to`.
     ///
     /// # Safety
     ///
     /// `to` is `len` writable bytes of the caller's own; `from` is lent memory (mapped or not).
     pub(super) unsafe fn read(from: *const u8, to: *mut u8, len: usize) -> Result<(), ()> {
-        // SAFETY: per the contract; a fault in the routine returns 1 instead.
-        match unsafe { softroce_guarded_read(to, from, len) } {
-            0 => Ok(()),
-            _ => Err(()),
-        }
+        let routines: (Routine, Routine) = (softroce_guarded_read, softroce_guarded_read_wide);
+        // SAFETY: per the contract.
+        unsafe { guarded(routines, to, from, len) }
     }
 
     /// Copies `len` bytes at `from` to the program's memory at `to`.
@@ -432,11 +494,31 @@ mod access {
     ///
     /// `from` is `len` readable bytes of the caller's own; `to` is lent memory.
     pub(super) unsafe fn write(to: *mut u8, from: *const u8, len: usize) -> Result<(), ()> {
-        // SAFETY: per the contract; a fault in the routine returns 1 instead.
-        match unsafe { softroce_guarded_write(to, from, len) } {
-            0 => Ok(()),
-            _ => Err(()),
-        }
+        let routines: (Routine, Routine) = (softroce_guarded_write, softroce_guarded_write_wide);
+        // SAFETY: per the contract.
+        unsafe { guarded(routines, to, from, len) }
+    }
+
+    /// The routines without the 16-byte step, `write` or read, as processors without the
+    /// 16-byte guarantee run them: for the tests, whose processor may well have it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`read`] and [`write`].
+    #[cfg(test)]
+    pub(super) unsafe fn narrow(
+        write: bool,
+        to: *mut u8,
+        from: *const u8,
+        len: usize,
+    ) -> Result<(), ()> {
+        let routine: Routine = if write {
+            softroce_guarded_write
+        } else {
+            softroce_guarded_read
+        };
+        // SAFETY: per the contract.
+        unsafe { guarded((routine, routine), to, from, len) }
     }
 
     /// A locked add on the program's 8-aligned word at `word`: the value before.
@@ -564,23 +646,48 @@ mod tests {
     /// was written, and writes never touch a byte outside the range.
     #[test]
     fn bytes_outside_the_range_are_never_touched() {
-        for start in 8..16 {
-            for len in 0..72 {
+        // Lengths past two of the wide routines' 64-byte steps, from every start in a
+        // 16-byte line.
+        for start in 0..16 {
+            for len in 0..200 {
                 // A buffer for each range: the unguarded accesses (Miri's) take a byte as part
                 // of a word or alone as the range has it, and Miri cannot follow one byte's
                 // atomic accesses of two sizes.
-                let mut buffer = vec![0xeeu8; 96];
+                let mut buffer = vec![0xeeu8; 232];
                 let base = buffer.as_mut_ptr();
                 // SAFETY: the range lies inside `buffer`, which outlives `memory`, and is
                 // reached only through `memory` meanwhile.
                 let memory = unsafe { ForeignMemory::new(base.add(start), len) }.unwrap();
-                let data: Vec<u8> = (0..len as u8).collect();
+                let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
                 memory.write(0, &data).unwrap();
                 let mut back = vec![0; len];
                 memory.read(0, &mut back).unwrap();
                 assert_eq!(back, data);
                 memory.write(0, &vec![0xee; len]).unwrap();
                 assert!(buffer.iter().all(|&b| b == 0xee), "{start} {len}");
+            }
+        }
+    }
+
+    /// The routines without the 16-byte step, which processors without its guarantee run:
+    /// every alignment and length reads and writes exactly its range.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux", not(miri)))]
+    #[test]
+    fn the_narrow_routines_copy_exactly_their_range() {
+        for start in 0..16 {
+            for len in 0..200 {
+                let mut program = vec![0xeeu8; 232];
+                let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let mut back = vec![0u8; len];
+                // SAFETY: both ranges lie inside buffers of this test, reached only here.
+                unsafe {
+                    let at = program.as_mut_ptr().add(start);
+                    access::narrow(true, at, data.as_ptr(), len).unwrap();
+                    access::narrow(false, back.as_mut_ptr(), at, len).unwrap();
+                }
+                assert_eq!(back, data, "{start} {len}");
+                let outside = program[..start].iter().chain(&program[start + len..]);
+                assert!(outside.into_iter().all(|&b| b == 0xee), "{start} {len}");
             }
         }
     }
