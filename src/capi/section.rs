@@ -6,7 +6,7 @@
 //!
 //! Leaving wakes a waiter only if there is one: a condition variable's notify is a `futex`
 //! system call whether or not anyone waits (std's futex `Condvar`), and a program posting
-//! with `ibv_wr_*` leaves once a message (issue 52: perftest's `ib_write_bw`).
+//! with `ibv_wr_*` leaves once a message, one polling with `ibv_start_poll` once a poll.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 

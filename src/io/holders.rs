@@ -53,6 +53,24 @@ pub fn bound(address: IpAddr) -> io::Result<Vec<Holder>> {
         .collect())
 }
 
+/// Whether anything is bound to UDP 4791 on `address` itself ([`bound`]). The kernel's list is
+/// read in pieces, each found again by counting sockets from the start, so a socket that closes
+/// between two pieces can hide another: it counts as empty only when read empty twice running.
+/// Where `/proc` cannot be read (a sandbox that masks it), a bind tells instead: a plain socket
+/// bound and closed at once, which a child forked meanwhile by another thread may hold until its
+/// exec (the race the list avoids), and which refuses nothing of another user's either way.
+pub fn is_bound(address: IpAddr) -> io::Result<bool> {
+    match bound(address) {
+        Ok(found) if !found.is_empty() => Ok(true),
+        Ok(_) => Ok(!bound(address)?.is_empty()),
+        Err(_) => match std::net::UdpSocket::bind((address, ROCEV2_UDP_PORT)) {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => Ok(true),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 /// The sockets bound to UDP 4791 on `address`, or on a wildcard address whose binding covers
 /// it, without their processes. An error if neither table can be read.
 fn listed(address: IpAddr) -> io::Result<Vec<Holder>> {
@@ -106,7 +124,7 @@ pub fn described(address: IpAddr) -> String {
 /// a device of several engines, whose reuse-port sockets would join any group there and see
 /// none of its datagrams.
 pub fn refuse_if_bound(address: IpAddr) -> io::Result<()> {
-    if bound(address)?.is_empty() {
+    if !is_bound(address)? {
         return Ok(());
     }
     Err(io::Error::new(

@@ -194,7 +194,10 @@ mod access {
     // eax. Accesses to the program's memory are single bytes, and 8 aligned bytes where a
     // whole word of it lies inside the range (the `_wide` routines: 16 aligned bytes where
     // 64 are left, by VMOVDQA, single-copy atomic on the processors they run on, as two
-    // 8-byte accesses would be; see `memory::bulk`); the other side is the caller's own
+    // 8-byte accesses would be; see `memory::bulk`: for cacheable memory, which is what a
+    // program registers but for a device's mapping, which `capi::mapping` refuses where the
+    // kernel has MADV_POPULATE and lets through on older kernels); the other side is the
+    // caller's own
     // buffer. Stores to the program's memory go in address order, so a program that polls
     // the last byte of a message (perftest's latency tests) sees the rest before it.
     //

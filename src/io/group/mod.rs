@@ -379,12 +379,12 @@ fn probe(address: IpAddr, place: u8, own: &OwnedFd) -> io::Result<()> {
 
 /// Waits, for [`SETTLE`] at most, until nothing is bound to `address:4791`: a group with no
 /// living member may still have sockets of members that are exiting. It reads the kernel's
-/// list ([`holders::bound`]) rather than binding a socket to find out, as a socket bound and
+/// list ([`holders::is_bound`]) rather than binding a socket to find out, as a socket bound and
 /// closed here may live on for a while in a child another thread forked, and refuse the
 /// binding that follows.
 fn wait_until_unbound(address: IpAddr) -> io::Result<()> {
     let deadline = Instant::now() + SETTLE;
-    while !holders::bound(address)?.is_empty() {
+    while holders::is_bound(address)? {
         if Instant::now() >= deadline {
             return Err(another_user(address));
         }
