@@ -2,10 +2,12 @@
  * other, each on a device of its own (SOFTROCE_ADDR names two addresses), so that a test has a
  * peer without a second process. */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <infiniband/verbs.h>
 
 #define CHECK(cond, what)                                                                   \
@@ -139,4 +141,27 @@ static enum ibv_wc_status post_one(struct side *s, enum ibv_wr_opcode opcode, vo
     wr.wr.rdma.rkey = rkey;
     CHECK(ibv_post_send(s->qp, &wr, &bad) == 0, "ibv_post_send");
     return next_wc(s->cq).status;
+}
+
+/* `handler` for SIGALRM, with `flags`: 0, and a wait it interrupts returns EINTR; SA_RESTART. */
+static void catch_alarm(void (*handler)(int), int flags) {
+    struct sigaction action = { .sa_handler = handler, .sa_flags = flags };
+    sigemptyset(&action.sa_mask);
+    CHECK(sigaction(SIGALRM, &action, NULL) == 0, "sigaction");
+}
+
+/* A one-shot SIGALRM `usec` microseconds from now. */
+static void alarm_in(long usec) {
+    struct itimerval soon = { .it_value = { .tv_sec = usec / 1000000, .tv_usec = usec % 1000000 } };
+    CHECK(setitimer(ITIMER_REAL, &soon, NULL) == 0, "setitimer");
+}
+
+/* A CQ of `ctx` on a completion channel of its own, put in `channel`, armed for its next
+ * completion. */
+static struct ibv_cq *armed_cq(struct ibv_context *ctx, struct ibv_comp_channel **channel) {
+    *channel = ibv_create_comp_channel(ctx);
+    CHECK(*channel, "ibv_create_comp_channel");
+    struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, *channel, 0);
+    CHECK(cq && ibv_req_notify_cq(cq, 0) == 0, "ibv_create_cq");
+    return cq;
 }
