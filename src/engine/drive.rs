@@ -24,8 +24,13 @@
 //!   message, where the wait that follows sends a whole batch as one;
 //! - a turn that an application's call runs and that takes no posts holds back ACKs that are
 //!   all it has to send, until a turn that takes the application's posts, for two of its
-//!   turns at the most, or the thread's turn ([`Runner::Application`]): the application
-//!   answers what the turn handed it, and the answer leaves with them;
+//!   turns at the most ([`Runner::Application`]), and so does the thread's turn while the
+//!   application keeps calling, for `HOLD_ACKS_FOR` at the most ([`Runner::Aside`]): the
+//!   application answers what the turn handed it, and the answer leaves with them, in one
+//!   send. A peer that polls for its request's completion then finds the answer in the same
+//!   receive as the ACK, in its own call (the peer of `ib_write_lat` spins on its memory for
+//!   the answer once it has the ACK: had the ACK gone alone, the answer would come while it
+//!   calls nothing, and wait for its thread);
 //! - the engine thread stands aside while the application has run or asked for a turn within
 //!   the last [`HANDBACK`], and takes over once the application has been quiet that long.
 //!   Standing aside, it looks in every millisecond (a turn that does not wait on the socket:
@@ -153,10 +158,15 @@ const COARSE_SLACK: Duration = Duration::from_millis(5);
 /// command: it runs turns itself). There, looks that chase the datagrams cost the spinning
 /// application a wake-up each and find each WRITE a look's period late: in the lab's guests,
 /// `ib_write_lat` took 496-613 µs a message that way, 352-370 µs with the takeover; the other
-/// rows stayed within their spread (docs/performance.md has the runs). `ib_write_lat` has one of each kind a
-/// round trip (its peer's WRITE, and its own WRITE's ACK, which comes while it polls its send
-/// CQ), which keeps the takeover; an application that polls has the thread find its datagrams
-/// as it takes them, which ends it (one that is also sent WRITEs, only once the datagrams for
+/// rows stayed within their spread (docs/performance.md has the runs). Against a peer that
+/// sends each ACK alone (kernel rxe), `ib_write_lat` has one of each kind a round trip (its
+/// peer's WRITE, and its own WRITE's ACK, which comes while it polls its send CQ), which keeps
+/// the takeover. A softroce peer sends its WRITE with that ACK, in one send: the turn that
+/// finds it hands the application the completion it polls for, so its WRITE is not one left
+/// behind ([`Found::unseen`]), and the takeover ends; the application's polls then take both
+/// in its own calls (in the lab's guests, 364-579 µs a message, median 400, against 516-610,
+/// median 529, with the takeover). An application that polls has the thread find its
+/// datagrams as it takes them, which ends it (one that is also sent WRITEs, only once the datagrams for
 /// its completions outnumber the turns with WRITEs by the tally's depth: see
 /// [`Spinner::found`]). (On several CPUs the spinning application and the engine's
 /// thread do not take turns on one, and the looks are cheap: 15-50 µs on loopback, against
@@ -268,12 +278,14 @@ pub(super) struct Found {
     pub(super) at: Instant,
     /// Whether they carried out a peer's request that completes nothing here
     /// ([`Counters::remote_accesses`](crate::transport::Counters::remote_accesses)): a WRITE, a
-    /// READ, an atomic. An application that waits for one spins on its memory, not in a call,
-    /// so only these, left behind, tell the hybrid thread that the application will not take
-    /// them (`ib_write_lat`'s peer's WRITEs). A poller's SENDs, ACKs and READ responses end in
-    /// its completions, which it polls for: its next call takes them, and, where the thread
-    /// and the application share one CPU, every look that chases them costs the application
-    /// a preemption.
+    /// READ, an atomic; and the turn handed the application no completions. An application
+    /// that waits for one spins on its memory, not in a call, so only these, left behind, tell
+    /// the hybrid thread that the application will not take them (`ib_write_lat`'s peer's
+    /// WRITEs, where its peer sends each ACK alone, as kernel rxe does). A poller's SENDs,
+    /// ACKs and READ responses end in its completions, which it polls for: its next call takes
+    /// them, and what came with them (a softroce peer's WRITE, sent with the ACK the
+    /// application's own WRITE waits for), and, where the thread and the application share
+    /// one CPU, every look that chases them costs the application a preemption.
     pub(super) unseen: bool,
 }
 
@@ -293,6 +305,15 @@ pub(super) enum Runner {
     Inline,
     /// The engine's own thread: everything goes out at once.
     Thread,
+    /// A hybrid engine's thread while the application keeps calling or spins on its memory
+    /// (its looks, and its takeover for a spinner: see [`Spinner`]). As in the application's
+    /// own turns, ACKs alone wait for a turn that takes the application's posts, for
+    /// `HOLD_ACKS_FOR` at the most (in the engine): the application answers what it sees
+    /// land, and its answer and the ACKs leave as one send. A peer that polls for its
+    /// request's completion then takes the answer in the same receive as the ACK, in its own
+    /// call, where the ACK alone had it spin on its memory until the answer came, a
+    /// wake-up of its thread later.
+    Aside,
 }
 
 /// Runs a turn. A panic in it abandons the engine (see [`Turn::abandon`]) and reads as a stop:
@@ -665,7 +686,12 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                     slack.set(false);
                     None
                 };
-                if !guarded_turn(&mut **engine, shared.may_wait(wait), Runner::Thread) {
+                let by = if app_calls {
+                    Runner::Aside
+                } else {
+                    Runner::Thread
+                };
+                if !guarded_turn(&mut **engine, shared.may_wait(wait), by) {
                     return;
                 }
                 let found = engine.found_work();

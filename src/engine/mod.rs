@@ -70,6 +70,12 @@ const TRANSMIT_BUDGET: usize = 256;
 /// CQ, then its receive CQ). With holds of one turn, the second poll released the ACK ahead
 /// of the answer.
 const HOLD_ACKS_TURNS: u8 = 2;
+/// How long a hybrid thread beside an active application holds ACKs back
+/// ([`Runner::Aside`]): a sleep ends then, and they go alone. Longer than
+/// such an application takes to answer a WRITE it sees land (tens of µs natively, about a
+/// hundred in the lab's emulated guests), and far below any requester's retransmission
+/// timeout (4 µs x 2^timeout; perftest asks for 2^14, 67 ms).
+const HOLD_ACKS_FOR: Duration = Duration::from_micros(500);
 /// Async events kept for the application before the oldest are dropped.
 const EVENT_QUEUE: usize = 256;
 
@@ -367,6 +373,8 @@ struct Engine<B: Backend> {
     moved_packets_at: Option<Duration>,
     /// The application's turns that the ACKs held back have waited ([`HOLD_ACKS_TURNS`]).
     held_turns: u8,
+    /// When the ACKs held back were first held ([`HOLD_ACKS_FOR`]); `None` while none are.
+    held_since: Option<Duration>,
     /// Shut down: an inline turn does nothing more.
     stopped: bool,
     failure: Failure,
@@ -499,6 +507,7 @@ pub(crate) fn start<B: Backend>(
         busy_poll,
         moved_packets_at: None,
         held_turns: 0,
+        held_since: None,
         stopped: false,
         failure,
         halted: Arc::new(AtomicBool::new(false)),
@@ -575,7 +584,9 @@ impl<B: Backend> Engine<B> {
             Some(Duration::ZERO)
         } else {
             let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
-            let next = [self.endpoint.next_deadline(), cm];
+            // ACKs held back go alone once they have waited their longest.
+            let held = self.held_since.map(|since| since + HOLD_ACKS_FOR);
+            let next = [self.endpoint.next_deadline(), cm, held];
             let deadline = next
                 .into_iter()
                 .flatten()
@@ -613,7 +624,7 @@ impl<B: Backend> Engine<B> {
             if let Some(cm) = &mut self.cm {
                 cm.pump(now, &mut self.endpoint);
             }
-            let _ = self.transmit(false);
+            let _ = self.transmit(false, now);
             self.shut_down();
             self.stopped = true;
             return Ok(false);
@@ -658,8 +669,21 @@ impl<B: Backend> Engine<B> {
         // The application answers what this turn hands it in its next calls: its ACKs wait for
         // the turn that takes the answer, unless this one took posts.
         // A flush waits for everything queued, held ACKs included.
-        let hold = by == Runner::Application && !posted && self.flushes.is_empty();
-        let (sent, more_to_send) = self.transmit(hold)?;
+        let hold = !posted
+            && self.flushes.is_empty()
+            && match by {
+                Runner::Application => self.held_turns < HOLD_ACKS_TURNS,
+                Runner::Aside => self
+                    .held_since
+                    .is_none_or(|since| now.saturating_sub(since) < HOLD_ACKS_FOR),
+                Runner::Inline | Runner::Thread => false,
+            };
+        let (sent, mut more_to_send) = self.transmit(hold, now)?;
+        if by == Runner::Aside {
+            // What the thread holds waits for a post, whose doorbell wakes it, or for
+            // HOLD_ACKS_FOR, which bounds its sleep: not a backlog that keeps it from sleeping.
+            more_to_send = self.endpoint.has_unheld_transmits();
+        }
         self.backlog |= more_to_send;
         if self.found_work.is_some() || sent > 0 {
             self.moved_packets_at = Some(now);
@@ -676,7 +700,14 @@ impl<B: Backend> Engine<B> {
             self.posts(now);
             self.backlog |= self.endpoint.has_transmits();
         }
-        self.completions();
+        if self.completions() {
+            // What came with completions is taken by an application that polls for them, in
+            // its own call: a peer's WRITE among them (a softroce peer sends its answer with
+            // the ACK its own request waits for) is not one the application cannot see.
+            if let Some(found) = &mut self.found_work {
+                found.unseen = false;
+            }
+        }
         Ok(true)
     }
 
@@ -967,20 +998,22 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sends what the core has queued, up to [`TRANSMIT_BUDGET`] packets: how many it sent,
-    /// and whether more are queued. Asked to `hold`, it holds the ACKs back if they are all it
-    /// has to send, for [`HOLD_ACKS_TURNS`] turns at the most; otherwise, or if it has other
-    /// packets to send, it sends those held behind what it queued.
-    fn transmit(&mut self, hold: bool) -> io::Result<(usize, bool)> {
-        if !hold || self.held_turns >= HOLD_ACKS_TURNS {
-            self.endpoint.release_held_acks();
-            self.held_turns = 0;
-        } else {
+    /// and whether more are queued. Asked to `hold` (at `now`), it holds the ACKs back if they
+    /// are all it has to send; otherwise, or if it has other packets to send, it sends those
+    /// held behind what it queued. The caller bounds the hold ([`HOLD_ACKS_TURNS`],
+    /// [`HOLD_ACKS_FOR`]).
+    fn transmit(&mut self, hold: bool, now: Duration) -> io::Result<(usize, bool)> {
+        if hold {
             self.endpoint.hold_acks();
-            self.held_turns = if self.endpoint.holds_acks() {
-                self.held_turns + 1
-            } else {
-                0
-            };
+        } else {
+            self.endpoint.release_held_acks();
+        }
+        if self.endpoint.holds_acks() {
+            self.held_turns = self.held_turns.saturating_add(1);
+            self.held_since.get_or_insert(now);
+        } else {
+            self.held_turns = 0;
+            self.held_since = None;
         }
         let mut sent = 0;
         while sent < TRANSMIT_BUDGET {
@@ -1035,8 +1068,10 @@ impl<B: Backend> Engine<B> {
         self.next_iova += (len as u64).div_ceil(4096).max(1) * 4096;
     }
 
-    /// Hands completions and events to the application, as far as its channels have room.
-    fn completions(&mut self) {
+    /// Hands completions and events to the application, as far as its channels have room;
+    /// whether it handed any completions.
+    fn completions(&mut self) -> bool {
+        let mut any = false;
         let endpoint = &mut self.endpoint;
         for (index, channel) in self.cqs.iter_mut().enumerate() {
             let Some(CqChannel {
@@ -1059,6 +1094,7 @@ impl<B: Backend> Engine<B> {
             );
             if delivered > 0 {
                 notify.delivered(solicited);
+                any = true;
             }
         }
         while let Some(event) = self.endpoint.poll_event() {
@@ -1073,6 +1109,7 @@ impl<B: Backend> Engine<B> {
                 let _ = events.try_send(event);
             }
         }
+        any
     }
 
     /// Shutdown, clean or not: every QP is flushed and the completions delivered; then the

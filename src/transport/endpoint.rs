@@ -1378,13 +1378,18 @@ impl Endpoint {
     /// `poll_transmit` gives, or ACKs held ([`Endpoint::hold_acks`]), which it gives once
     /// released.
     pub fn has_transmits(&self) -> bool {
+        self.has_unheld_transmits() || !self.held_acks.is_empty()
+    }
+
+    /// Whether packets other than held ACKs wait to be sent: those `poll_transmit` gives now.
+    pub fn has_unheld_transmits(&self) -> bool {
         let pending = self.summary().responding;
         debug_assert_eq!(
             pending,
             self.qps.values().any(|qp| qp.resp.has_pending_responses()),
             "a QP with responses to build is missing from the active set"
         );
-        !self.out.is_empty() || !self.held_acks.is_empty() || pending
+        !self.out.is_empty() || pending
     }
 
     /// `ibv_poll_cq` for one entry: the oldest completion on `cq`, if any.
