@@ -5,7 +5,9 @@
 # softroce runs and brought back afterwards, as the guest's init made it. `run.sh --perf` runs
 # it after the cases and the matrix; it is no pass/fail check (each row must only produce its
 # figures), and the guests are TCG-emulated with one vCPU each: read the ratio, not the figures.
-#   perf.sh run MD    measure, print the table, write it as markdown to MD
+#   perf.sh run MD     measure, print the table, write it as markdown to MD
+#   perf.sh budget MD  trace each latency row in a guest: what a datagram costs from its arrival
+#                      to the send it allows (budget.py), as a markdown table in MD
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -146,7 +148,93 @@ cmd_run() {
   [ "$failed" = 0 ] || { echo "FAIL: some rows have no figure (above)"; exit 1; }
 }
 
+# What a datagram costs in a guest (issue 52, item 1): each row's program runs between the
+# guests as in the table above, while the kernel's tracer in GUEST records the system calls,
+# the context switches and the datagrams that arrive and leave; budget.py then follows each
+# arrival to the send it allows. Rows: program, softroce's progress (`-`: hybrid; `rxe`: the
+# kernel's rxe instead), the traced guest (vmB runs the server, vmA the client).
+BUDGET_ROWS="${SOFTROCE_BUDGET_ROWS:-ib_write_lat rxe vmB
+ib_write_lat - vmB
+ib_write_lat thread vmB
+ib_send_lat rxe vmB
+ib_send_lat - vmB
+ib_send_lat thread vmB
+ib_read_lat rxe vmB
+ib_read_lat - vmB
+ib_read_lat thread vmB
+ib_read_lat rxe vmA
+ib_read_lat - vmA
+ibv_rc_pingpong rxe vmB
+ibv_rc_pingpong - vmB
+ibv_rc_pingpong thread vmB}"
+TRACING=/sys/kernel/tracing
+
+# budget_one PROGRAM PROGRESS GUEST: one row's trace in GUEST, summed up by budget.py (JSON).
+budget_one() {
+  local prog=$1 progress=$2 guest=$3 args="-F -s 8 -n 1000" gidopt=-x env="" scmd ccmd on off
+  [ "$prog" = ibv_rc_pingpong ] && args="-s 8 -n 1000" gidopt=-g
+  if [ "$progress" = rxe ]; then
+    scmd="$prog -d rxe0 $gidopt 1 $args" ccmd="$prog -d rxe0 $gidopt 1 $args $VM_B"
+  else
+    env="LD_LIBRARY_PATH=$PERF_LIB"
+    [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=$progress"
+    scmd="$env SOFTROCE_ADDR=$VM_B $prog $gidopt 0 $args"
+    ccmd="$env SOFTROCE_ADDR=$VM_A $prog $gidopt 0 $args $VM_B"
+  fi
+  on="echo 1 > $TRACING/tracing_on;" off="; echo 0 > $TRACING/tracing_on"
+  if [ "$guest" = vmB ]; then scmd="$on $scmd $off"; else ccmd="$on $ccmd $off"; fi
+  lab_guest_reset vmA vmB >/dev/null
+  gexec "$guest" 30 "mountpoint -q $TRACING || mount -t tracefs nodev $TRACING
+echo 0 > $TRACING/tracing_on; echo > $TRACING/trace; echo 20000 > $TRACING/buffer_size_kb
+for e in raw_syscalls sched/sched_switch net/netif_receive_skb net/net_dev_queue; do
+  echo 1 > $TRACING/events/\$e/enable
+done" >/dev/null || { echo "$guest: cannot set up the tracer" >&2; return 1; }
+  guest_bg vmB budget 120 "$scmd" || return 1
+  guest_wait_tcp_listen vmB 18515 30 || { echo "'$scmd' does not listen in vmB" >&2; return 1; }
+  gexec vmA 120 "$ccmd" >/dev/null || { echo "'$ccmd' failed in vmA" >&2; return 1; }
+  guest_wait_bg vmB budget 30 >/dev/null || return 1
+  gexec "$guest" 120 "cat $TRACING/trace" >"$LAB_RUN/budget-$prog-$progress-$guest.trace" || return 1
+  gexec "$guest" 30 "echo 0 > $TRACING/events/enable; echo > $TRACING/trace" >/dev/null
+  "$LAB_PY" "$(dirname "$0")/budget.py" "$LAB_RUN/budget-$prog-$progress-$guest.trace"
+}
+
+cmd_budget() {
+  local md=$1 prog progress guest json rows="" failed=0 stack
+  rm -f "$md"
+  softroce_build >&2 || exit 1
+  # rxe's rows first, then softroce's, with rxe unloaded in between.
+  for pass in rxe softroce; do
+    if [ $pass = softroce ]; then perf_install_softroce || { failed=1; break; }; fi
+    while read -r prog progress guest; do
+      [ "$pass" = rxe ] && [ "$progress" != rxe ] && continue
+      [ "$pass" = softroce ] && [ "$progress" = rxe ] && continue
+      json=$(budget_one "$prog" "$progress" "$guest" </dev/null) || { failed=1; json='{}'; }
+      case $progress in rxe) stack="kernel rxe";; -) stack="softroce, hybrid (default)";; *) stack="softroce, $progress";; esac
+      rows+=$("$LAB_PY" -c 'import json, sys
+j = json.loads(sys.argv[1]); side = "server" if sys.argv[3] == "vmB" else "client"
+calls = ", ".join("%s %.2f" % kv for kv in j.get("by_call", {}).items()) or "none"
+print("| %s | %s | %s | %s of %s | %s | %s | %s | %s |" % (sys.argv[2], side, sys.argv[4], j.get("samples", "-"),
+      j.get("arrivals", "-"), j.get("median_us", "-"), j.get("calls", "-"), calls, j.get("switches", "-")))' \
+        "$json" "$prog" "$guest" "$stack")$'\n'
+    done <<<"$BUDGET_ROWS"
+  done
+  perf_restore_rxe || failed=1
+  {
+    echo "What a datagram costs in the lab's guests, from its arrival to the send it allows" \
+      "(QEMU/TCG, 1 vCPU each, kernel $(lab_kernel_version 2>/dev/null || echo '?'), $(date -u +%F)):"
+    echo "each arrival of a datagram larger than a plain ACK, followed in the traced guest's ftrace to"
+    echo "the next transmission larger than a plain ACK; the system calls of the program's threads"
+    echo "between (means), the context switches, and the median time (under the tracer)."
+    echo
+    echo "| program | traced side | stack | samples | µs, arrival to send | calls | by call | context switches |"
+    echo "|---|---|---|---|---|---|---|---|"
+    printf '%s' "$rows"
+  } | tee "$md"
+  [ "$failed" = 0 ] || { echo "FAIL: some rows have no figures (above)"; exit 1; }
+}
+
 case ${1:-} in
-  run) [ $# = 2 ] || die "usage: perf.sh run MD"; cmd_run "$2";;
-  *) die "usage: perf.sh run MD";;
+  run) [ $# = 2 ] || die "usage: perf.sh run MD | perf.sh budget MD"; cmd_run "$2";;
+  budget) [ $# = 2 ] || die "usage: perf.sh run MD | perf.sh budget MD"; cmd_budget "$2";;
+  *) die "usage: perf.sh run MD | perf.sh budget MD";;
 esac

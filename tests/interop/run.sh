@@ -19,6 +19,9 @@ usage: $0 [options]      (as root)
                   (default \$SOFTROCE_LAB_CACHE/matrix.md)
   --perf          also run perftest between the two guests on kernel rxe and through softroce's
                   library (perf.sh), and write the table as markdown to \$SOFTROCE_LAB_CACHE/perf.md
+  --budget        also trace each latency row in a guest: what a datagram costs there from its
+                  arrival to the send it allows, on rxe and on softroce (perf.sh budget), as
+                  markdown in \$SOFTROCE_LAB_CACHE/budget.md
   --keep          leave the lab running afterwards (guests, namespace) for debugging;
                   tear it down later with: $0 --down
   --build-only    install packages and build/cache the guest, then exit (no lab)
@@ -32,11 +35,12 @@ environment:
 EOF
 }
 
-OPT_PERF=0 OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0 OPT_MATRIX_MD=$LAB_CACHE/matrix.md
+OPT_PERF=0 OPT_BUDGET=0 OPT_FIXTURES=0 OPT_KEEP=0 OPT_ONLY="" OPT_BUILD_ONLY=0 OPT_DOWN=0 OPT_MATRIX_MD=$LAB_CACHE/matrix.md
 while [ $# -gt 0 ]; do
   case $1 in
     --fixtures) OPT_FIXTURES=1;;
     --perf) OPT_PERF=1;;
+    --budget) OPT_BUDGET=1;;
     --keep) OPT_KEEP=1;;
     --only) [ $# -ge 2 ] || die "--only needs a regex"; OPT_ONLY=$2; shift;;
     --matrix-md) [ $# -ge 2 ] || die "--matrix-md needs a file"; OPT_MATRIX_MD=$2; shift;;
@@ -264,6 +268,12 @@ if [ "$OPT_PERF" = 1 ]; then
   stage_done "perftest on rxe and on softroce between the guests" "$t0"
 fi
 
+if [ "$OPT_BUDGET" = 1 ]; then
+  t0=$(now)
+  RUN_CASE_FORCE=1 run_case "budget" 1800 bash "$HERE/perf.sh" budget "$LAB_CACHE/budget.md" || true
+  stage_done "what a datagram costs in the guests" "$t0"
+fi
+
 if [ "$OPT_FIXTURES" = 1 ]; then
   t0=$(now)
   fx_failed=0 fx_ran=0
@@ -310,6 +320,9 @@ if grep -qE '^(matrix:|[0-9]+-softroce-)' <<<"$(printf '%s\n' "${RES_NAME[@]}")"
 fi
 if [ "$OPT_PERF" = 1 ] && [ -s "$LAB_CACHE/perf.md" ]; then
   echo; cat "$LAB_CACHE/perf.md"; echo "  markdown: $LAB_CACHE/perf.md"
+fi
+if [ "$OPT_BUDGET" = 1 ] && [ -s "$LAB_CACHE/budget.md" ]; then
+  echo; cat "$LAB_CACHE/budget.md"; echo "  markdown: $LAB_CACHE/budget.md"
 fi
 [ ${#RES_NAME[@]} -gt 0 ] || { log "no case matched --only '$OPT_ONLY'"; exit 1; }
 [ "$FAILED" = 0 ] || { log "some cases FAILED"; exit 1; }
