@@ -834,6 +834,18 @@ fn two_cpus() -> (usize, usize) {
     (cpus[0], *cpus.last().unwrap())
 }
 
+/// How long a test's thread waits for another's word before it gives up.
+const MEETING: Duration = Duration::from_secs(60);
+
+/// Two test threads' meeting point that cannot hang: each says it is there and waits for the
+/// other's word, which the other's panic (dropping its end) ends as well.
+fn meet(say: &std::sync::mpsc::Sender<()>, hear: &std::sync::mpsc::Receiver<()>) {
+    // The other side may have gone already: its panic is the failure to report.
+    let _ = say.send(());
+    hear.recv_timeout(MEETING)
+        .expect("the other side of the test did not come");
+}
+
 /// One side of `ib_write_lat`'s loop, `rounds` times: waits until the count at offset 0 of its
 /// region is the peer's next (not before its first WRITE if it `starts`), WRITEs its own next
 /// count there in the peer's region, and polls its CQ for that WRITE's completion; then
@@ -907,8 +919,9 @@ fn on_one_cpu_each_the_answers_of_write_latency_leave_with_the_acks() {
     };
     let (to_peer, from_logged) = std::sync::mpsc::channel();
     let (to_logged, from_peer) = std::sync::mpsc::channel();
-    let (connected, finished) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-    let (options, connected, finished) = (&options, &connected, &finished);
+    let (logged_says, peer_hears) = std::sync::mpsc::channel();
+    let (peer_says, logged_hears) = std::sync::mpsc::channel();
+    let options = &options;
     let (log, retransmitted) = std::thread::scope(|s| {
         let logged = s.spawn(move || {
             pin_to(cpu_logged);
@@ -921,12 +934,12 @@ fn on_one_cpu_each_the_answers_of_write_latency_leave_with_the_acks() {
             let config = DeviceConfig::udp("127.0.0.151".parse().unwrap());
             let end = end_on(Device::with_backend(backend, &config).unwrap());
             to_peer.send((end.qp.endpoint(), end.mr.remote())).unwrap();
-            let (endpoint, region) = from_peer.recv().unwrap();
+            let (endpoint, region) = from_peer.recv_timeout(MEETING).unwrap();
             end.qp.connect(&endpoint, options).unwrap();
-            connected.wait();
+            meet(&logged_says, &logged_hears);
             write_latency_side(&end, region, rounds, true);
             // Until the peer's last WRITE has its ACK.
-            finished.wait();
+            meet(&logged_says, &logged_hears);
             let retransmitted = end.device.counters().unwrap().0.retransmitted_packets;
             (log, retransmitted)
         });
@@ -936,11 +949,11 @@ fn on_one_cpu_each_the_answers_of_write_latency_leave_with_the_acks() {
             to_logged
                 .send((end.qp.endpoint(), end.mr.remote()))
                 .unwrap();
-            let (endpoint, region) = from_logged.recv().unwrap();
+            let (endpoint, region) = from_logged.recv_timeout(MEETING).unwrap();
             end.qp.connect(&endpoint, options).unwrap();
-            connected.wait();
+            meet(&peer_says, &peer_hears);
             write_latency_side(&end, region, rounds, false);
-            finished.wait();
+            meet(&peer_says, &peer_hears);
             end.device.counters().unwrap().0.retransmitted_packets
         });
         let (log, logged_retransmitted) = logged.join().unwrap();
@@ -1447,8 +1460,11 @@ fn an_application_that_never_answers_still_has_its_acks_sent() {
     let writes = 300u64;
     let (to_writer, from_polling) = std::sync::mpsc::channel();
     let (to_polling, from_writer) = std::sync::mpsc::channel();
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let (options, done) = (&options, &done);
+    // The polling side's word that its QP is ready (a WRITE before would be lost, and sent
+    // again), and the writer's that it is done (or gone: its end dropped).
+    let (polling_ready, writer_hears) = std::sync::mpsc::channel::<()>();
+    let (writer_done, polling_hears) = std::sync::mpsc::channel::<()>();
+    let options = &options;
     let retransmitted = std::thread::scope(|s| {
         s.spawn(move || {
             pin_to(cpu_polling);
@@ -1456,11 +1472,11 @@ fn an_application_that_never_answers_still_has_its_acks_sent() {
             to_writer
                 .send((end.qp.endpoint(), end.mr.remote()))
                 .unwrap();
-            end.qp
-                .connect(&from_writer.recv().unwrap(), options)
-                .unwrap();
+            let endpoint = from_writer.recv_timeout(MEETING).unwrap();
+            end.qp.connect(&endpoint, options).unwrap();
+            polling_ready.send(()).unwrap();
             let mut wcs = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while polling_hears.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
                 assert_eq!(
                     end.cq.poll(&mut wcs, 4).unwrap(),
                     0,
@@ -1471,12 +1487,10 @@ fn an_application_that_never_answers_still_has_its_acks_sent() {
         let writer = s.spawn(move || {
             pin_to(cpu_writer);
             let end = open("127.0.0.153", None);
-            let (endpoint, region): (_, RemoteRegion) = from_polling.recv().unwrap();
+            let (endpoint, region): (_, RemoteRegion) = from_polling.recv_timeout(MEETING).unwrap();
             end.qp.connect(&endpoint, options).unwrap();
             to_polling.send(end.qp.endpoint()).unwrap();
-            // The polling side's QP is ready once its application polls: a WRITE before would
-            // be lost, and sent again.
-            std::thread::sleep(Duration::from_millis(100));
+            writer_hears.recv_timeout(MEETING).unwrap();
             for k in 0..writes {
                 let write = SendOp::Write {
                     remote_addr: region.addr,
@@ -1489,7 +1503,7 @@ fn an_application_that_never_answers_still_has_its_acks_sent() {
                 let wc = end.cq.wait(Duration::from_secs(10)).unwrap();
                 assert_eq!(wc.expect("the WRITE completes").status, WcStatus::Success);
             }
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            writer_done.send(()).unwrap();
             end.device.counters().unwrap().0.retransmitted_packets
         });
         writer.join().unwrap()

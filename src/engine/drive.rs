@@ -265,6 +265,11 @@ pub(super) trait Turn: Send {
     /// more and shorter trains.
     fn found_work(&self) -> Option<Found>;
 
+    /// When the ACKs that turns held for the application's answer go at the latest, if any are
+    /// held ([`Runner::Aside`]): a hybrid thread that looked in and held them looks in again
+    /// by then, and its next turn sends them.
+    fn held_acks_due(&self) -> Option<Instant>;
+
     /// After a panic in a turn (a bug): stops the engine without trusting its state to flush
     /// anything. The device's error says the engine panicked ([`EnginePanicked`]); the CQs'
     /// channels close and their waiting tasks are woken, so no one waits for ever.
@@ -278,7 +283,8 @@ pub(super) struct Found {
     pub(super) at: Instant,
     /// Whether they carried out a peer's request that completes nothing here
     /// ([`Counters::remote_accesses`](crate::transport::Counters::remote_accesses)): a WRITE, a
-    /// READ, an atomic; and the turn handed the application no completions. An application
+    /// READ, an atomic; and the turn handed no completions to a CQ the application polls (one
+    /// it had taken all its completions from, `CompletionRing::drained`). An application
     /// that waits for one spins on its memory, not in a call, so only these, left behind, tell
     /// the hybrid thread that the application will not take them (`ib_write_lat`'s peer's
     /// WRITEs, where its peer sends each ACK alone, as kernel rxe does). A poller's SENDs,
@@ -295,20 +301,23 @@ pub(super) enum Runner {
     /// One of the application's calls on a hybrid engine, which returns to the application
     /// with what the turn completed: ACKs alone wait for a turn that takes its posts, so that
     /// what the application posts in answer leaves with them
-    /// ([`Endpoint::hold_acks`](crate::transport::Endpoint::hold_acks)), or for the engine
-    /// thread's turn, or two of its turns at the most.
+    /// ([`Endpoint::hold_acks`](crate::transport::Endpoint::hold_acks)), or for a turn of the
+    /// engine thread's that holds nothing (the application gone quiet), or two of its turns
+    /// at the most.
     Application,
     /// One of the application's calls on an inline engine: everything goes out at once. No
     /// thread would send what it held, and the application may call nothing more for a
     /// while (a server that leaves its poll loop for its peer's TCP handshake, whose peer
     /// would retry its last SEND until it gave up).
     Inline,
-    /// The engine's own thread: everything goes out at once.
+    /// The engine's own thread (or a hybrid one, the application quiet): everything goes out
+    /// at once, what earlier turns held too, before the turn sleeps.
     Thread,
     /// A hybrid engine's thread while the application keeps calling or spins on its memory
     /// (its looks, and its takeover for a spinner: see [`Spinner`]). As in the application's
     /// own turns, ACKs alone wait for a turn that takes the application's posts, for
-    /// `HOLD_ACKS_FOR` at the most (in the engine): the application answers what it sees
+    /// `HOLD_ACKS_FOR` at the most (in the engine; [`Turn::held_acks_due`] brings the look
+    /// that sends them, and a sleep on the socket ends then): the application answers what it sees
     /// land, and its answer and the ACKs leave as one send. A peer that polls for its
     /// request's completion then takes the answer in the same receive as the ACK, in its own
     /// call, where the ACK alone had it spin on its memory until the answer came, a
@@ -373,6 +382,10 @@ impl Turn for Stopped {
     }
 
     fn found_work(&self) -> Option<Found> {
+        None
+    }
+
+    fn held_acks_due(&self) -> Option<Instant> {
         None
     }
 
@@ -656,12 +669,20 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
     let mut looks = Looks::new();
     // On one CPU: how sure the thread is that the application spins elsewhere.
     let mut spinner = Spinner::default();
+    // When the ACKs the last look held for the application's answer go at the latest.
+    let mut held_acks_due: Option<Instant> = None;
     while !shared.stopping.load(SeqCst) {
         let quiet = shared.app_quiet_for();
         if !spinner.sure() && shared.app_active(quiet) && !doorbell.posted.load(SeqCst) {
-            // Waiting for the application to go quiet, unless chasing datagrams it left.
-            slack.set(looks.unhurried());
-            thread::park_timeout(looks.every.min(HANDBACK - quiet));
+            // Waiting for the application to go quiet, unless chasing datagrams it left, or
+            // until the ACKs a look held are due (with the fine slack: they are not waiting
+            // for the application to go quiet).
+            let mut period = looks.every.min(HANDBACK - quiet);
+            if let Some(due) = held_acks_due {
+                period = period.min(due.saturating_duration_since(Instant::now()));
+            }
+            slack.set(held_acks_due.is_none() && looks.unhurried());
+            thread::park_timeout(period);
             if shared.stopping.load(SeqCst) {
                 return;
             }
@@ -695,6 +716,7 @@ fn run_beside(shared: &Shared, doorbell: &Doorbell) {
                     return;
                 }
                 let found = engine.found_work();
+                held_acks_due = engine.held_acks_due();
                 looks.after(found, shared.left_behind(quiet), Instant::now());
                 if shared.app_took.swap(false, Relaxed) {
                     spinner = Spinner::default();
@@ -1114,6 +1136,10 @@ mod tests {
             let at = self.began.filter(|_| self.finds.load(SeqCst))?;
             let unseen = self.unseen.load(SeqCst);
             Some(Found { at, unseen })
+        }
+
+        fn held_acks_due(&self) -> Option<Instant> {
+            None
         }
 
         fn abandon(&mut self) {}

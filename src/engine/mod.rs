@@ -71,10 +71,12 @@ const TRANSMIT_BUDGET: usize = 256;
 /// of the answer.
 const HOLD_ACKS_TURNS: u8 = 2;
 /// How long a hybrid thread beside an active application holds ACKs back
-/// ([`Runner::Aside`]): a sleep ends then, and they go alone. Longer than
-/// such an application takes to answer a WRITE it sees land (tens of µs natively, about a
-/// hundred in the lab's emulated guests), and far below any requester's retransmission
-/// timeout (4 µs x 2^timeout; perftest asks for 2^14, 67 ms).
+/// ([`Runner::Aside`]): its sleep on the socket ends then (rounded up to epoll's millisecond),
+/// and so does its wait between looks, and they go alone. Longer than such an application
+/// takes to answer a WRITE it sees land (tens of µs natively, about a hundred in the lab's
+/// emulated guests), and below the retransmission timeouts programs ask for (4 µs x
+/// 2^timeout; perftest asks for 2^14, 67 ms): a requester that asks for 2^8 (1 ms) or less
+/// could retry a WRITE whose ACK waited here.
 const HOLD_ACKS_FOR: Duration = Duration::from_micros(500);
 /// Async events kept for the application before the oldest are dropped.
 const EVENT_QUEUE: usize = 256;
@@ -537,6 +539,11 @@ impl<B: Backend> Turn for Engine<B> {
         self.found_work
     }
 
+    fn held_acks_due(&self) -> Option<Instant> {
+        self.held_since
+            .map(|since| self.start + since + HOLD_ACKS_FOR)
+    }
+
     fn abandon(&mut self) {
         let _ = self.failure.set(Arc::new(io::Error::other(EnginePanicked)));
         self.lanes.halt_all();
@@ -575,28 +582,34 @@ impl<B: Backend> Engine<B> {
     /// sooner, not at all if work is waiting or while it busy polls ([`Engine::busy_polling`]);
     /// then runs the commands, takes the posted work requests, receives, fires the timers,
     /// transmits and hands out completions. False once the engine has shut down. Run `by` the
-    /// application and taking no posts, it holds its ACKs back if they are all it has to send
-    /// ([`Runner::Application`]).
+    /// application, or by the hybrid thread beside it, and taking no posts, it holds its ACKs
+    /// back if they are all it has to send ([`Runner::Application`], [`Runner::Aside`]); run
+    /// by anyone else, it sends what earlier turns held before it sleeps.
     fn step(&mut self, cap: Option<Duration>, by: Runner) -> io::Result<bool> {
         // A turn that may not sleep (a poll's) reads no deadline: the timers run below either
         // way, and the reading is a turn's fixed cost.
-        let timeout = if self.backlog || cap == Some(Duration::ZERO) || self.busy_polling() {
-            Some(Duration::ZERO)
-        } else {
-            let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
-            // ACKs held back go alone once they have waited their longest.
-            let held = self.held_since.map(|since| since + HOLD_ACKS_FOR);
-            let next = [self.endpoint.next_deadline(), cm, held];
-            let deadline = next
-                .into_iter()
-                .flatten()
-                .min()
-                .map(|deadline| deadline.saturating_sub(self.now()));
-            match (deadline, cap) {
-                (Some(d), Some(c)) => Some(d.min(c)),
-                (d, c) => d.or(c),
-            }
-        };
+        // A turn that holds nothing sends what earlier turns held (the application's, or the
+        // thread's looks) at once, rather than after its sleep.
+        let sends_held =
+            matches!(by, Runner::Thread | Runner::Inline) && self.endpoint.holds_acks();
+        let timeout =
+            if self.backlog || sends_held || cap == Some(Duration::ZERO) || self.busy_polling() {
+                Some(Duration::ZERO)
+            } else {
+                let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
+                // ACKs held back go alone once they have waited their longest.
+                let held = self.held_since.map(|since| since + HOLD_ACKS_FOR);
+                let next = [self.endpoint.next_deadline(), cm, held];
+                let deadline = next
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(|deadline| deadline.saturating_sub(self.now()));
+                match (deadline, cap) {
+                    (Some(d), Some(c)) => Some(d.min(c)),
+                    (d, c) => d.or(c),
+                }
+            };
         if timeout == Some(Duration::ZERO) {
             // A turn that does not sleep asks the socket itself rather than epoll first: an
             // empty look is one system call either way, and an arrival costs a `recvmsg` and
@@ -701,9 +714,10 @@ impl<B: Backend> Engine<B> {
             self.backlog |= self.endpoint.has_transmits();
         }
         if self.completions() {
-            // What came with completions is taken by an application that polls for them, in
-            // its own call: a peer's WRITE among them (a softroce peer sends its answer with
-            // the ACK its own request waits for) is not one the application cannot see.
+            // What came with completions for a CQ the application polls (it had taken all it
+            // was handed) is taken in its next call: a peer's WRITE among them (a softroce
+            // peer sends its answer with the ACK its own request waits for) is not one the
+            // application cannot see.
             if let Some(found) = &mut self.found_work {
                 found.unseen = false;
             }
@@ -1069,9 +1083,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Hands completions and events to the application, as far as its channels have room;
-    /// whether it handed any completions.
+    /// whether it handed completions to a CQ the application had drained (one it polls).
     fn completions(&mut self) -> bool {
-        let mut any = false;
+        let mut awaited = false;
         let endpoint = &mut self.endpoint;
         for (index, channel) in self.cqs.iter_mut().enumerate() {
             let Some(CqChannel {
@@ -1088,13 +1102,14 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             let mut solicited = false;
+            let drained = completions.drained();
             let delivered = completions.deliver(
                 || endpoint.poll_cq(cq),
                 |wc| solicited |= wc.solicited || wc.status != WcStatus::Success,
             );
             if delivered > 0 {
                 notify.delivered(solicited);
-                any = true;
+                awaited |= drained;
             }
         }
         while let Some(event) = self.endpoint.poll_event() {
@@ -1109,7 +1124,7 @@ impl<B: Backend> Engine<B> {
                 let _ = events.try_send(event);
             }
         }
-        any
+        awaited
     }
 
     /// Shutdown, clean or not: every QP is flushed and the completions delivered; then the

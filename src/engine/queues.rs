@@ -563,6 +563,14 @@ impl CompletionRing {
         delivered
     }
 
+    /// Whether the application has taken every completion this ring was handed: it polls this
+    /// CQ, and so takes what comes next in its next call.
+    pub(super) fn drained(&self) -> bool {
+        self.ring
+            .as_ref()
+            .is_some_and(|ring| ring.slots() == ring.buffer().capacity())
+    }
+
     /// Lets go of the ring (the CQ was destroyed on this engine, or the engine stopped): once
     /// every engine has, the polls, after the last completion, learn that the device is gone,
     /// and sleepers wake to learn it now.
