@@ -540,8 +540,7 @@ impl<B: Backend> Turn for Engine<B> {
     }
 
     fn held_acks_due(&self) -> Option<Instant> {
-        self.held_since
-            .map(|since| self.start + since + HOLD_ACKS_FOR)
+        self.held_until().map(|until| self.start + until)
     }
 
     fn abandon(&mut self) {
@@ -555,6 +554,12 @@ impl<B: Backend> Turn for Engine<B> {
 impl<B: Backend> Engine<B> {
     fn now(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// When the ACKs held back go at the latest ([`HOLD_ACKS_FOR`] after the first was held),
+    /// on the engine's clock; `None` while none are.
+    fn held_until(&self) -> Option<Duration> {
+        self.held_since.map(|since| since + HOLD_ACKS_FOR)
     }
 
     fn run(mut self) {
@@ -598,8 +603,7 @@ impl<B: Backend> Engine<B> {
             } else {
                 let cm = self.cm.as_ref().and_then(cm::CmRouter::next_deadline);
                 // ACKs held back go alone once they have waited their longest.
-                let held = self.held_since.map(|since| since + HOLD_ACKS_FOR);
-                let next = [self.endpoint.next_deadline(), cm, held];
+                let next = [self.endpoint.next_deadline(), cm, self.held_until()];
                 let deadline = next
                     .into_iter()
                     .flatten()
@@ -686,9 +690,7 @@ impl<B: Backend> Engine<B> {
             && self.flushes.is_empty()
             && match by {
                 Runner::Application => self.held_turns < HOLD_ACKS_TURNS,
-                Runner::Aside => self
-                    .held_since
-                    .is_none_or(|since| now.saturating_sub(since) < HOLD_ACKS_FOR),
+                Runner::Aside => self.held_until().is_none_or(|until| now < until),
                 Runner::Inline | Runner::Thread => false,
             };
         let (sent, mut more_to_send) = self.transmit(hold, now)?;
