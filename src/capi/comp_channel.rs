@@ -27,6 +27,7 @@
 //! the descriptor, or only waits where an event is already there (UCX, after its own
 //! `epoll_wait`), keeps the hand-over at each arming.
 
+use std::cell::RefCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -37,11 +38,12 @@ use libc::{c_int, c_void};
 use softroce::verbs::{Device, Driving, WeakDevice};
 
 use crate::abi::*;
+use crate::blocking::{non_blocking, wait_in_slices, Kept, Next, Sleep};
 use crate::cq::Cq;
 use crate::devices::Context;
 use crate::fork::Born;
 use crate::signals::SignalsHeld;
-use crate::{guard, non_blocking, set_errno, wait_readable_within};
+use crate::{guard, set_errno};
 
 /// How long a wait runs the engine before it looks at the channel's device again: a device
 /// that the program closes meanwhile stops once the wait has let go of it.
@@ -133,46 +135,42 @@ impl ChannelCore {
         }
     }
 
-    /// Waits for an event of the channel's CQs, or part of the way: the caller looks again.
-    /// Runs the engine of the channel's device while it waits, if it can (see the module's
-    /// documentation), until `fired` has moved past `seen` (read before the caller found
-    /// nothing), with the thread's signals held off (`held`, kept by the caller until it
-    /// returns: `signals`); otherwise sleeps on the descriptor. `EAGAIN` if the program made it
+    /// Waits for an event of the channel's CQs, or part of the way: the caller looks again
+    /// after what it returns (`crate::blocking`). Runs the engine of the channel's device
+    /// while it waits, if it can (see the module's documentation), until `fired` has moved
+    /// past `seen` (read before the caller found nothing), with the thread's signals held off
+    /// (`held`, kept by the caller until it returns: `signals`); otherwise, and after the
+    /// device has stopped, a sleep on the descriptor. `EAGAIN` if the program made it
     /// non-blocking; `EINTR` if a signal whose handler lacks `SA_RESTART` came.
-    fn wait(&self, held: &mut Option<SignalsHeld>, seen: u64) -> Result<(), c_int> {
+    fn wait(&self, held: &mut Option<SignalsHeld>, seen: u64) -> Result<Next, c_int> {
         let fd = self.epoll.as_raw_fd();
         if non_blocking(fd) {
             return Err(libc::EAGAIN);
         }
         // Held signals are let in by the sleep itself, so that one that is pending already
         // ends it (and one that comes during it), as it would end a `read()`.
+        let sleep = |within, mask| Ok(Next::Sleep(Sleep { fd, within, mask }));
         let own = held.as_ref().map(|held| held.own);
         let Some(device) = self.device() else {
-            return wait_readable_within(fd, None, own);
+            return sleep(None, own);
         };
         if held.is_none() {
             *held = SignalsHeld::hold();
         }
         let Some(signals) = held.as_mut() else {
-            return wait_readable_within(fd, None, None);
+            return sleep(None, None);
         };
         self.driven.store(true, Relaxed);
-        // Not cancelled while it holds the engine (the cancellation point is the check after).
-        let mut cancel_state: c_int = 0;
-        // SAFETY: glibc's call, on the calling thread, writing the state before into ours.
-        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel_state) };
+        // The thread's cancellation is disabled here (`crate::blocking`): a cancellation
+        // pending is taken once the wait has let go of the engine (`Next::Again`).
         let arrived = || self.fired.load(SeqCst) != seen;
         let driving = device.drive_wait(DRIVE_SLICE, &arrived, Some(&signals.watch));
         drop(device);
-        // SAFETY: as above; the state before, given back.
-        unsafe { pthread_setcancelstate(cancel_state, &mut cancel_state) };
-        // SAFETY: a cancellation point of glibc's, as the `poll` of the other waits is.
-        unsafe { pthread_testcancel() };
         let own = signals.own;
         match driving {
-            Ok(Driving::Ran) if !signals.time_to_look() => Ok(()),
+            Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again),
             // A turn that busy polled never slept, and never saw the signalfd: look.
-            Ok(Driving::Ran) if signals.pending().is_none() => Ok(()),
+            Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again),
             // A signal the thread takes is pending: it is handled as the signals are let go,
             // with the engine let go already.
             Ok(Driving::Ran | Driving::Woken) => {
@@ -181,21 +179,14 @@ impl ChannelCore {
                 if interrupts {
                     Err(libc::EINTR)
                 } else {
-                    Ok(())
+                    Ok(Next::Again)
                 }
             }
-            Ok(Driving::Elsewhere) => wait_readable_within(fd, Some(ELSEWHERE_SLICE), Some(own)),
+            Ok(Driving::Elsewhere) => sleep(Some(ELSEWHERE_SLICE), Some(own)),
             // The device has stopped: its CQs' events say so.
-            Err(_) => wait_readable_within(fd, None, Some(own)),
+            Err(_) => sleep(None, Some(own)),
         }
     }
-}
-
-/// glibc's thread cancellation, which the `libc` crate does not declare (pthread.h).
-const PTHREAD_CANCEL_DISABLE: c_int = 1;
-extern "C" {
-    fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
-    fn pthread_testcancel();
 }
 
 /// Takes the new CQ `cq`, whose notification descriptor is `fd`, on the program's non-null
@@ -364,74 +355,102 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 /// unless the channel's descriptor is non-blocking. 0, or -1. A wait whose channel another
 /// thread destroys (after its CQs) waits on, as a read of rdma-core's channel does, without
 /// reading the freed channel. Once a CQ of the channel finds its device stopped, every wait
-/// ends with -1 and `EIO`, and so does every later call.
+/// ends with -1 and `EIO`, and so does every later call. The wait is a cancellation point, as
+/// rdma-core's `read()` is (`crate::blocking`).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    guard(-1, || {
+    let start = move || {
         // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(ch) = (unsafe { channel.cast::<Channel>().as_ref() }).filter(|c| c.born.ours())
-        else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
+        let ch = unsafe { channel.cast::<Channel>().as_ref() }
+            .filter(|c| c.born.ours())
+            .ok_or(libc::EINVAL)?;
         if cq.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return Err(libc::EINVAL);
         }
-        // From here on, the channel's core, not the channel (see `Channel::core`).
-        let core = Arc::clone(&ch.core);
-        let fd = core.epoll.as_raw_fd();
-        // Held from the first wait that runs the engine until the call returns.
-        let mut held = None;
-        loop {
-            // Read before the look: an event fired after it moves the count.
-            let seen = core.fired.load(SeqCst);
-            let taking = core.taking();
-            let mut event = libc::epoll_event { events: 0, u64: 0 };
-            // SAFETY: one event's room, our own descriptor; no wait, under the lock.
-            let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
-            if n > 0 && event.u64 == STOPPED {
-                set_errno(libc::EIO);
-                return -1;
-            }
-            if n > 0 {
-                let found = event.u64 as *mut Cq;
-                // SAFETY: the channel holds live CQs only, and `ibv_destroy_cq` takes its CQ
-                // out under `taking`, held since the pointer was read.
-                let this = unsafe { &*found };
-                if this.cq.take_events() == 0 {
-                    // Another thread took this event first.
-                    continue;
-                }
-                if this.cq.is_stopped() {
-                    // The event the device's stop fired (or one just before it): the device
-                    // is gone, and so is the channel's use.
-                    core.stop();
-                    set_errno(libc::EIO);
-                    return -1;
-                }
-                this.held.hand_out();
-                drop(taking);
-                // SAFETY: the program's out-pointers, checked above.
-                unsafe {
-                    *cq = found.cast();
-                    *cq_context = this.ibv.cq_context;
-                }
-                return 0;
-            }
-            drop(taking);
-            if n < 0 {
-                return -1;
-            }
-            // Waits for a CQ's event without the lock. Another thread's take loops.
-            if let Err(errno) = core.wait(&mut held, seen) {
-                set_errno(errno);
-                return -1;
-            }
-        }
+        Ok(CqWait {
+            core: Arc::clone(&ch.core),
+            held: None,
+        })
+    };
+    wait_in_slices(&CQ_WAITS, start, move |wait| {
+        // SAFETY: the program's out-pointers, checked by `start`.
+        unsafe { cq_event_slice(wait, cq, cq_context) }
     })
+}
+
+/// What an `ibv_get_cq_event` under way keeps between its slices.
+struct CqWait {
+    /// The channel's core, not the channel (see `Channel::core`).
+    core: Arc<ChannelCore>,
+    /// The thread's signals, held from the first slice that runs the engine until the call
+    /// returns.
+    held: Option<SignalsHeld>,
+}
+
+thread_local! {
+    /// What each `ibv_get_cq_event` under way on the thread keeps between its slices.
+    static CQ_WAITS: Kept<CqWait> = const { RefCell::new(Vec::new()) };
+}
+
+/// A slice of `ibv_get_cq_event`'s wait (`crate::blocking`): the event, if one fired, or the
+/// wait for one, part of the way.
+///
+/// # Safety
+///
+/// `cq` and `cq_context` are the program's, not null.
+unsafe fn cq_event_slice(
+    wait: &mut CqWait,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> Next {
+    let core = &wait.core;
+    let fd = core.epoll.as_raw_fd();
+    loop {
+        // Read before the look: an event fired after it moves the count.
+        let seen = core.fired.load(SeqCst);
+        let taking = core.taking();
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: one event's room, our own descriptor; no wait, under the lock.
+        let n = unsafe { libc::epoll_wait(fd, &mut event, 1, 0) };
+        if n > 0 && event.u64 == STOPPED {
+            return Next::failed(libc::EIO);
+        }
+        if n > 0 {
+            let found = event.u64 as *mut Cq;
+            // SAFETY: the channel holds live CQs only, and `ibv_destroy_cq` takes its CQ out
+            // under `taking`, held since the pointer was read.
+            let this = unsafe { &*found };
+            if this.cq.take_events() == 0 {
+                // Another thread took this event first.
+                continue;
+            }
+            if this.cq.is_stopped() {
+                // The event the device's stop fired (or one just before it): the device is
+                // gone, and so is the channel's use.
+                core.stop();
+                return Next::failed(libc::EIO);
+            }
+            this.held.hand_out();
+            drop(taking);
+            // SAFETY: the program's out-pointers, not null.
+            unsafe {
+                *cq = found.cast();
+                *cq_context = this.ibv.cq_context;
+            }
+            return Next::Done(0);
+        }
+        drop(taking);
+        if n < 0 {
+            return Next::Done(-1);
+        }
+        // Waits for a CQ's event without the lock. Another thread's take loops.
+        return match core.wait(&mut wait.held, seen) {
+            Ok(next) => next,
+            Err(errno) => Next::failed(errno),
+        };
+    }
 }

@@ -12,6 +12,7 @@
 //! address it does not listen on; rxe's habitual `-g 1` or `-g 3` gets `EINVAL`, with a line
 //! saying which index to use.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::mem::offset_of;
@@ -27,10 +28,11 @@ use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
 use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
+use crate::blocking::{wait_in_slices, Kept, Next};
 use crate::config::{self, Addresses};
 use crate::fork::{self, Born};
 use crate::held::HeldEvents;
-use crate::{cq, guard, memory, post, qp, say, set_errno, wait_readable};
+use crate::{cq, guard, memory, post, qp, say, set_errno};
 
 /// One device of the process, as `ibv_get_device_list` hands it out: it lives as long as the
 /// process, so a program may keep the pointer past `ibv_free_device_list`.
@@ -1232,59 +1234,57 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 
 /// `ibv_get_async_event`: the next event, waiting for it unless `async_fd` is non-blocking
 /// (then -1 with `EAGAIN`). 0, or -1; -1 with `EIO` once another thread closes the context.
+/// The wait is a cancellation point, as rdma-core's `read()` is (`crate::blocking`).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(
+pub unsafe extern "C-unwind" fn ibv_get_async_event(
     context: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
-    guard(-1, || {
+    let start = move || {
         // SAFETY: the program passes a context it opened and has not closed.
-        let Some(context) = (unsafe { Context::from_ibv(context) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
+        let context = unsafe { Context::from_ibv(context) }.ok_or(libc::EINVAL)?;
         if event.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return Err(libc::EINVAL);
         }
-        // The wait holds the queue and its descriptor, not the context, which another thread
-        // may close meanwhile (`PendingEvents`).
-        let events = Arc::clone(&context.events);
-        let context: *const Context = context;
-        let fd = events.fd.as_raw_fd();
-        loop {
-            // SAFETY: the context is open while the queue is not closed, and this runs under
-            // the queue's lock, which `ibv_close_device` takes to close it before freeing the
-            // context.
-            match events.take(|next| unsafe { (*context).async_event(next) }) {
-                Taken::Event(Some(found)) => {
-                    // SAFETY: `event` points to the program's structure.
-                    unsafe { event.write(found) };
-                    return 0;
-                }
-                // Its object was destroyed since: nothing to tell.
-                Taken::Event(None) => continue,
-                Taken::DeviceFatal => {
-                    let fatal = ibv_async_event {
-                        element: ptr::null_mut(),
-                        event_type: IBV_EVENT_DEVICE_FATAL,
-                    };
-                    // SAFETY: `event` points to the program's structure.
-                    unsafe { event.write(fatal) };
-                    return 0;
-                }
-                Taken::Closed => {
-                    set_errno(libc::EIO);
-                    return -1;
-                }
-                Taken::None => {}
-            }
-            if let Err(errno) = wait_readable(fd) {
-                set_errno(errno);
-                return -1;
-            }
-        }
+        Ok(AsyncWait {
+            events: Arc::clone(&context.events),
+            context: ptr::from_ref(context),
+        })
+    };
+    wait_in_slices(&ASYNC_WAITS, start, move |wait| loop {
+        // SAFETY: the context is open while the queue is not closed, and this runs under the
+        // queue's lock, which `ibv_close_device` takes to close it before freeing the context.
+        let taken = wait
+            .events
+            .take(|next| unsafe { (*wait.context).async_event(next) });
+        let found = match taken {
+            Taken::Event(Some(found)) => found,
+            // Its object was destroyed since: nothing to tell.
+            Taken::Event(None) => continue,
+            Taken::DeviceFatal => ibv_async_event {
+                element: ptr::null_mut(),
+                event_type: IBV_EVENT_DEVICE_FATAL,
+            },
+            Taken::Closed => return Next::failed(libc::EIO),
+            Taken::None => return Next::until_readable(wait.events.fd.as_raw_fd()),
+        };
+        // SAFETY: `event` points to the program's structure, checked by `start`.
+        unsafe { event.write(found) };
+        return Next::Done(0);
     })
+}
+
+/// What an `ibv_get_async_event` under way keeps between its slices (`crate::blocking`): the
+/// context's queue and descriptor, not the context, which another thread may close meanwhile
+/// (`PendingEvents`).
+struct AsyncWait {
+    events: Arc<PendingEvents>,
+    context: *const Context,
+}
+
+thread_local! {
+    /// What each `ibv_get_async_event` under way on the thread keeps between its slices.
+    static ASYNC_WAITS: Kept<AsyncWait> = const { RefCell::new(Vec::new()) };
 }
 
 /// The kind of object an asynchronous event names.

@@ -13,7 +13,9 @@
 //! - checks each pointer it is given for null before it uses it, and answers null as rdma-core
 //!   does (`EINVAL`, or the verb's own error value);
 //! - runs its body under `guard`, so that a panic never unwinds into C: the call returns its
-//!   error value with `errno` set to `EIO` instead;
+//!   error value with `errno` set to `EIO` instead; the calls that wait for an event are
+//!   `extern "C-unwind"` and run theirs in slices, each under `guard`, so that a cancellation
+//!   of the waiting thread unwinds through nothing of the library's (`blocking`);
 //! - reaches softroce's objects only through the structures it handed out (`abi`), each of which
 //!   begins with the rdma-core structure the program sees, so that the program's pointer is
 //!   also a pointer to softroce's object (the way rdma-core's providers embed theirs).
@@ -26,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+mod blocking;
 mod cm;
 mod comp_channel;
 mod config;
@@ -97,90 +100,24 @@ pub(crate) fn set_errno(value: c_int) {
     unsafe { *libc::__errno_location() = value }
 }
 
-/// Waits until `fd`, the descriptor of one of the program's event channels (a completion
-/// channel, an async event queue, an RDMA-CM channel), is readable, as rdma-core's calls wait
-/// in `read()` on theirs: at once `EAGAIN` if the program made it non-blocking. A signal ends
-/// the wait with `EINTR` as it ends rdma-core's `read()`: when its handler lacks `SA_RESTART`
-/// (programs that time a test with an alarm, qperf and perftest's `-D`, end a wait for a
-/// message that will not come this way); else the wait goes on, as the kernel restarts the
-/// `read()`. `poll` is never restarted, and which signal came is not known, so the wait ends
-/// if any handler the program installed lacks `SA_RESTART` ([`every_handler_restarts`]).
-pub(crate) fn wait_readable(fd: std::os::fd::RawFd) -> Result<(), c_int> {
-    if non_blocking(fd) {
-        return Err(libc::EAGAIN);
-    }
-    wait_readable_within(fd, None, None)
-}
-
-/// Whether the program made `fd`, one of its event channels' descriptors, non-blocking.
-pub(crate) fn non_blocking(fd: std::os::fd::RawFd) -> bool {
-    // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    flags & libc::O_NONBLOCK != 0
-}
-
-/// As [`wait_readable`], blocking or not, for up to `within` (`None`: no limit), with the
-/// signal mask `mask` in force meanwhile if one is given (`ppoll`: for a thread that holds its
-/// signals off but while it sleeps): `Ok` once `fd` is readable or the time is up.
-pub(crate) fn wait_readable_within(
-    fd: std::os::fd::RawFd,
-    within: Option<std::time::Duration>,
-    mask: Option<libc::sigset_t>,
-) -> Result<(), c_int> {
-    let timeout = within.map(|t| libc::timespec {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(t.subsec_nanos()),
-    });
-    loop {
-        let mut pollfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let timeout = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const _);
-        let mask = mask.as_ref().map_or(std::ptr::null(), |m| m as *const _);
-        // SAFETY: one pollfd, ours, on the stack; the timeout and the mask, if any, too.
-        if unsafe { libc::ppoll(&mut pollfd, 1, timeout, mask) } >= 0 {
-            return Ok(());
-        }
-        let errno = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        if errno != libc::EINTR || !every_handler_restarts() {
-            return Err(errno);
-        }
-    }
-}
-
-/// Whether every signal handler installed has `SA_RESTART` (none installed: true). The fault
-/// signals are left out: they come from an instruction, never during a wait (and the library's
-/// own guard of the program's memory handles SIGSEGV and SIGBUS).
-fn every_handler_restarts() -> bool {
-    let synchronous = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
-    (1..=libc::SIGRTMAX())
-        .filter(|s| !synchronous.contains(s))
-        .all(|signal| {
-            // SAFETY: sigaction reads the disposition into `old`, ours; a signal it refuses
-            // (SIGKILL, SIGSTOP, one glibc keeps) has no handler of the program's.
-            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            if unsafe { libc::sigaction(signal, std::ptr::null(), &mut old) } != 0 {
-                return true;
-            }
-            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
-            !handled || old.sa_flags & libc::SA_RESTART != 0
-        })
-}
-
 /// Runs `body`, the whole of an exported function; if it panics (a bug in softroce), returns
-/// `failed` with `errno` set to `EIO` instead of unwinding into the C caller.
+/// `failed` with `errno` set to `EIO` instead of unwinding into the C caller. The thread's
+/// cancellation is disabled meanwhile: the engine's turns that a call runs, a doorbell's ring
+/// and the library's files make system calls that are glibc's cancellation points, and a
+/// cancellation pending would unwind from one through the library's frames, which it may not
+/// (`blocking`). rdma-core's calls are no cancellation points either, but for their waits
+/// for an event, which `blocking` lets be cancelled.
 pub(crate) fn guard<T>(failed: T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let program = blocking::cancel_state(blocking::PTHREAD_CANCEL_DISABLE);
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(_) => {
             set_errno(libc::EIO);
             failed
         }
-    }
+    };
+    blocking::cancel_state(program);
+    result
 }
 
 /// Says once per verb, on standard error, that softroce does not provide it; the caller then

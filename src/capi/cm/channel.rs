@@ -6,6 +6,7 @@
 //! threads that carry out the CM's work for each ID (`id.rs`), and each is a structure of its
 //! own until `rdma_ack_cm_event` frees it, its private data inside it.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
@@ -17,8 +18,9 @@ use libc::{c_char, c_int, c_uint};
 
 use super::id;
 use crate::abi::*;
+use crate::blocking::{wait_in_slices, Kept, Next};
 use crate::fork::Born;
-use crate::{guard, set_errno, wait_readable};
+use crate::{guard, set_errno};
 
 /// The most private data any CM message carries (a REP's 196 bytes, a SIDR request's 216).
 pub(crate) const MAX_PRIVATE_DATA: usize = 256;
@@ -289,43 +291,42 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
 }
 
 /// `rdma_get_cm_event`: the next event, waiting for one unless the channel's descriptor is
-/// non-blocking (then -1 with `EAGAIN`). 0, or -1.
+/// non-blocking (then -1 with `EAGAIN`). 0, or -1. The wait is a cancellation point, as
+/// librdmacm's `read()` is (`crate::blocking`).
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_cm_event(
+pub unsafe extern "C-unwind" fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    guard(-1, || {
+    let start = move || {
         // SAFETY: the program passes a channel it created and has not destroyed.
-        let Some(channel) = (unsafe { Channel::from_ibv(channel) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
+        let channel = unsafe { Channel::from_ibv(channel) }.ok_or(libc::EINVAL)?;
         if event.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return Err(libc::EINVAL);
         }
-        // The wait holds the channel's queue (and its descriptor) itself, not the channel: a
+        // The wait keeps the channel's queue (and its descriptor) itself, not the channel: a
         // program may destroy the channel while a thread of its waits here (rping's client
         // does at exit, its CM thread never joined), and the waiter, woken by a late event,
         // must not read the freed channel. Real librdmacm's waiter stays in its read().
-        let events = Arc::clone(&channel.events);
-        let fd = events.fd.as_raw_fd();
-        loop {
-            // Counted under the queue's lock, which a destroy of one of the event's IDs takes
-            // to forget its events before it decides whether to free the ID.
-            if let Some(next) = events.take(|_| true, id::hand_out) {
-                id::note_event(&next);
-                // SAFETY: the program's out-pointer, checked above.
-                unsafe { *event = ptr::addr_of_mut!(Box::leak(next).ibv) };
-                return 0;
-            }
-            if let Err(errno) = wait_readable(fd) {
-                set_errno(errno);
-                return -1;
-            }
-        }
+        Ok(Arc::clone(&channel.events))
+    };
+    wait_in_slices(&CM_WAITS, start, move |events| {
+        // Counted under the queue's lock, which a destroy of one of the event's IDs takes to
+        // forget its events before it decides whether to free the ID.
+        let Some(next) = events.take(|_| true, id::hand_out) else {
+            return Next::until_readable(events.fd.as_raw_fd());
+        };
+        id::note_event(&next);
+        // SAFETY: the program's out-pointer, checked by `start`.
+        unsafe { *event = ptr::addr_of_mut!(Box::leak(next).ibv) };
+        Next::Done(0)
     })
+}
+
+thread_local! {
+    /// What each `rdma_get_cm_event` under way on the thread keeps between its slices
+    /// (`crate::blocking`): the channel's queue.
+    static CM_WAITS: Kept<Arc<Events>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `rdma_ack_cm_event`: frees the event. 0.

@@ -349,6 +349,39 @@ fn a_handler_that_exits_during_a_wait_ends_the_process() {
     );
 }
 
+/// A thread waiting for an event is cancelled as rdma-core's `read()` of the event's
+/// descriptor lets it be: rping cancels its CQ thread this way when a connection fails. The
+/// cancellation's forced unwind used to meet the library's panic guard and abort the process.
+/// With the engine on its own thread the waits sleep on the descriptor; with hybrid progress
+/// the CQ's wait runs the engine, and the cancellation is taken once it has let go of it. A
+/// cancellation pending as a thread polls (its turns' `recvmsg`), or opens a device (files),
+/// aborted the process likewise: it now waits for the program's next cancellation point.
+#[test]
+fn a_thread_waiting_for_an_event_is_cancelled() {
+    let path = compile(
+        "cancelled",
+        include_str!("c/cancelled.c"),
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+    );
+    for progress in ["hybrid", "thread", "inline"] {
+        let mut run = program("127.0.49.27", &path, &[]);
+        run.env("SOFTROCE_PROGRESS", progress);
+        let output = finish("cancelled", run.spawn().unwrap(), LIMIT);
+        let out = succeeded("cancelled", &output);
+        for line in [
+            "calls with a cancellation pending: 100 polls, closed 1, cancelled after",
+            "ibv_get_cq_event: cancelled, cleanup 1",
+            "ibv_get_async_event: cancelled, cleanup 1",
+            "rdma_get_cm_event: cancelled, cleanup 1",
+            "the next cq event: 0, Work Request Flushed Error, wr_id 7",
+            "the next cm event: 0 RDMA_CM_EVENT_ADDR_RESOLVED",
+            "done",
+        ] {
+            assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
+        }
+    }
+}
+
 /// Defect 6: a type 1 window could not be unbound (`ibv_bind_mw` with no region answered
 /// `EINVAL`), so its region could be deregistered only by deallocating the window.
 #[test]

@@ -208,18 +208,21 @@ impl Named {
 
 /// `ibv_get_async_event` of 1.0: today's event, naming the 1.0 object. An event of an object
 /// that no 1.0 verb made (a program mixing the two ABIs) has no 1.0 structure to name it by,
-/// nor to be acknowledged through: it is acknowledged here, and names no object.
+/// nor to be acknowledged through: it is acknowledged here, and names no object. The wait,
+/// today's, is a cancellation point (`crate::blocking`): it runs under no guard of this call's.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event_1_0(
+pub unsafe extern "C-unwind" fn ibv_get_async_event_1_0(
     context: *mut ibv_context_1_0,
     event: *mut ibv_async_event,
 ) -> c_int {
+    // SAFETY: the program passes a context it opened (null is answered by today's call).
+    let today = guard(ptr::null_mut(), || unsafe { real_context(context) });
+    // SAFETY: the program passes a context it opened and its own event.
+    let result = unsafe { devices::ibv_get_async_event(today, event) };
+    if result != 0 {
+        return result;
+    }
     guard(-1, || {
-        // SAFETY: the program passes a context it opened and its own event.
-        let result = unsafe { devices::ibv_get_async_event(real_context(context), event) };
-        if result != 0 {
-            return result;
-        }
         // SAFETY: today's call filled the program's event; the object it names stays
         // allocated until the event is acknowledged (`crate::held`).
         unsafe {

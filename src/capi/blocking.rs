@@ -1,0 +1,238 @@
+//! The calls that wait for an event (`ibv_get_cq_event`, `ibv_get_async_event`,
+//! `rdma_get_cm_event`), and the cancellation of a thread that waits in one.
+//!
+//! rdma-core's versions of these calls wait in a `read()` of the channel's descriptor, which
+//! is a cancellation point: a program may cancel a thread that waits there (rping cancels its
+//! CQ thread so when a connection fails), and the thread ends, its cleanup handlers run. A
+//! cancellation unwinds the thread's stack by force, which Rust defines only through frames
+//! that have nothing to drop, entered through functions whose ABI allows unwinding ("plain old
+//! frames", RFC 2945); through the library's panic guard ([`guard`]) it ends the process.
+//!
+//! So each of these calls waits in slices ([`wait_in_slices`]). A slice runs under the guard,
+//! with the thread's cancellation disabled, and says what comes next ([`Next`]): the call's
+//! result, a sleep until the channel's descriptor is readable, or the next slice (after one
+//! that ran the engine for a while, and so did not sleep where a cancellation is taken). Between
+//! two slices, the call's own frames hold only plain values: the sleep, in them, is the call's
+//! cancellation point, as the `read()` is rdma-core's, and a cancellation pending is taken
+//! there or before the next slice. What a call keeps from one slice to the next (the channel's
+//! queue, the thread's signals held off) lives in a thread-local stack, one entry a call under
+//! way, which the thread's exit drops, cancelled or not.
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::thread::LocalKey;
+use std::time::Duration;
+
+use libc::{c_int, sigset_t};
+
+use crate::{guard, set_errno};
+
+/// What comes after a slice of a waiting call.
+#[derive(Clone, Copy)]
+pub(crate) enum Next {
+    /// The call returns this, `errno` set where it fails.
+    Done(c_int),
+    /// A sleep on a descriptor, then the next slice.
+    Sleep(Sleep),
+    /// The next slice, once a cancellation pending is taken.
+    Again,
+}
+
+impl Next {
+    /// The call fails with `errno`.
+    pub(crate) fn failed(errno: c_int) -> Next {
+        set_errno(errno);
+        Next::Done(-1)
+    }
+
+    /// A sleep until `fd`, the descriptor of one of the program's event channels, is readable,
+    /// as rdma-core's calls sleep in `read()` on theirs; at once `EAGAIN` if the program made
+    /// it non-blocking.
+    pub(crate) fn until_readable(fd: RawFd) -> Next {
+        if non_blocking(fd) {
+            return Next::failed(libc::EAGAIN);
+        }
+        Next::Sleep(Sleep {
+            fd,
+            within: None,
+            mask: None,
+        })
+    }
+}
+
+/// A sleep of a waiting call: until `fd` is readable, for up to `within` (`None`: no limit),
+/// with the signal mask `mask` in force meanwhile if one is given (`ppoll`: for a thread that
+/// holds its signals off but while it sleeps).
+#[derive(Clone, Copy)]
+pub(crate) struct Sleep {
+    pub fd: RawFd,
+    pub within: Option<Duration>,
+    pub mask: Option<sigset_t>,
+}
+
+impl Sleep {
+    /// `Ok` once the descriptor is readable or the time is up; else `ppoll`'s `errno`
+    /// (`EINTR`: a signal's handler ran).
+    fn run(&self) -> Result<(), c_int> {
+        let timeout = self.within.map(|t| libc::timespec {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(t.subsec_nanos()),
+        });
+        let mut pollfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let timeout = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        let mask = self
+            .mask
+            .as_ref()
+            .map_or(std::ptr::null(), |m| m as *const _);
+        // SAFETY: one pollfd, ours, on the stack; the timeout and the mask, if any, too.
+        // glibc's `ppoll` is a cancellation point: a cancellation unwinds from it through
+        // this frame and the call's, which hold only plain values.
+        if unsafe { ppoll(&mut pollfd, 1, timeout, mask) } >= 0 {
+            return Ok(());
+        }
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    }
+}
+
+/// What the end of the last slice's sleep, if any, means for the call: `Err` with the `errno`
+/// it fails with. A signal ends the wait with `EINTR` as it ends rdma-core's `read()`: when
+/// its handler lacks `SA_RESTART` (programs that time a test with an alarm, qperf and
+/// perftest's `-D`, end a wait for a message that will not come this way); else the wait goes
+/// on, as the kernel restarts the `read()`. `ppoll` is never restarted, and which signal came
+/// is not known, so the wait ends if any handler the program installed lacks `SA_RESTART`
+/// ([`every_handler_restarts`]).
+fn after_sleep(slept: Option<Result<(), c_int>>) -> Result<(), c_int> {
+    match slept {
+        Some(Err(libc::EINTR)) if every_handler_restarts() => Ok(()),
+        Some(Err(errno)) => Err(errno),
+        Some(Ok(())) | None => Ok(()),
+    }
+}
+
+/// What each call of a kind under way on a thread keeps between its slices, the latest last
+/// (a signal's handler may make a call while another waits).
+pub(crate) type Kept<K> = RefCell<Vec<Option<K>>>;
+
+/// Runs a waiting call: `start` checks the program's arguments and makes what the call keeps
+/// between its slices (`Err`: the call fails with that `errno`), then `slice` runs until it
+/// says the call is done. Returns the call's result. Both are `Copy`, so they hold nothing to
+/// drop: they capture the program's pointers. A sleep that a signal ended fails the call as
+/// [`after_sleep`] says, before the next slice.
+///
+/// Called by the exported function itself (`extern "C-unwind"`), so that only its frame, this
+/// one and the sleep's are between the program's and a cancellation.
+pub(crate) fn wait_in_slices<K: 'static>(
+    kept: &'static LocalKey<Kept<K>>,
+    start: impl Fn() -> Result<K, c_int> + Copy,
+    slice: impl Fn(&mut K) -> Next + Copy,
+) -> c_int {
+    let program = cancel_state(PTHREAD_CANCEL_DISABLE);
+    let entered = guard(false, || {
+        kept.with(|kept| kept.borrow_mut().push(None));
+        true
+    });
+    let mut result = -1;
+    if entered {
+        let mut slept = None;
+        result = loop {
+            let next = guard(Next::Done(-1), || {
+                kept.with(|kept| {
+                    let mut kept = kept.borrow_mut();
+                    let Some(this) = kept.last_mut() else {
+                        return Next::failed(libc::EIO);
+                    };
+                    if let Err(errno) = after_sleep(slept) {
+                        return Next::failed(errno);
+                    }
+                    match this {
+                        Some(this) => slice(this),
+                        None => match start() {
+                            Ok(first) => slice(this.insert(first)),
+                            Err(errno) => Next::failed(errno),
+                        },
+                    }
+                })
+            });
+            match next {
+                Next::Done(result) => break result,
+                Next::Sleep(sleep) => {
+                    cancel_state(program);
+                    slept = Some(sleep.run());
+                    cancel_state(PTHREAD_CANCEL_DISABLE);
+                }
+                Next::Again => {
+                    cancel_state(program);
+                    // SAFETY: glibc's call; a cancellation pending unwinds from it through
+                    // plain frames, as from the sleep.
+                    unsafe { pthread_testcancel() };
+                    cancel_state(PTHREAD_CANCEL_DISABLE);
+                    slept = None;
+                }
+            }
+        };
+        // What the call kept goes, with its errno kept: letting the signals go may run a
+        // handler.
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        guard((), || kept.with(|kept| drop(kept.borrow_mut().pop())));
+        set_errno(errno);
+    }
+    cancel_state(program);
+    result
+}
+
+/// Sets the calling thread's cancellation state (`PTHREAD_CANCEL_ENABLE` or `_DISABLE`), and
+/// returns the one before.
+pub(crate) fn cancel_state(state: c_int) -> c_int {
+    let mut before = 0;
+    // SAFETY: glibc's call, on the calling thread, writing the state before into ours; setting
+    // the state is not a cancellation point.
+    unsafe { pthread_setcancelstate(state, &mut before) };
+    before
+}
+
+/// Whether the program made `fd`, one of its event channels' descriptors, non-blocking.
+pub(crate) fn non_blocking(fd: RawFd) -> bool {
+    // SAFETY: fcntl on a descriptor of ours, which the caller's channel keeps open.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags & libc::O_NONBLOCK != 0
+}
+
+/// Whether every signal handler installed has `SA_RESTART` (none installed: true). The fault
+/// signals are left out: they come from an instruction, never during a wait (and the library's
+/// own guard of the program's memory handles SIGSEGV and SIGBUS).
+fn every_handler_restarts() -> bool {
+    let synchronous = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+    (1..=libc::SIGRTMAX())
+        .filter(|s| !synchronous.contains(s))
+        .all(|signal| {
+            // SAFETY: sigaction reads the disposition into `old`, ours; a signal it refuses
+            // (SIGKILL, SIGSTOP, one glibc keeps) has no handler of the program's.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            if unsafe { libc::sigaction(signal, std::ptr::null(), &mut old) } != 0 {
+                return true;
+            }
+            let handled = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+            !handled || old.sa_flags & libc::SA_RESTART != 0
+        })
+}
+
+/// glibc's calls that a cancellation may unwind from (`C-unwind`: the `libc` crate declares
+/// `ppoll` as `C`, which may not unwind), and the cancellation state, which it does not
+/// declare (pthread.h).
+pub(crate) const PTHREAD_CANCEL_DISABLE: c_int = 1;
+extern "C-unwind" {
+    fn ppoll(
+        fds: *mut libc::pollfd,
+        nfds: libc::nfds_t,
+        timeout: *const libc::timespec,
+        mask: *const sigset_t,
+    ) -> c_int;
+    fn pthread_testcancel();
+    fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
+}

@@ -1,0 +1,161 @@
+/* A thread that waits for an event is cancelled, as a thread in rdma-core's read() of the
+ * event's descriptor is: rping cancels its CQ thread so when a connection fails. Each of
+ * ibv_get_cq_event, ibv_get_async_event and rdma_get_cm_event waits in a thread of its own,
+ * which is cancelled and joined; then the process goes on with what the cancelled wait used:
+ * the CQ's channel gives the next event (a flushed receive), the engine runs (the wait for it
+ * ran the engine, with hybrid progress), and the CM channel gives an address resolution's.
+ * And a cancellation pending as a thread calls the library's other calls, none of which is a
+ * cancellation point in rdma-core, waits for the thread's next cancellation point: a poll (which
+ * runs the engine's turn, and its system calls, with inline or hybrid progress) and a device's
+ * opening and closing (which read files). Prints what each step saw. */
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <time.h>
+#include <rdma/rdma_cma.h>
+
+struct wait {
+    const char *what;
+    struct ibv_comp_channel *channel;
+    struct ibv_context *ctx;
+    struct rdma_event_channel *cm;
+    int cleaned; /* set by the waiting thread's cleanup handler */
+};
+
+static void cleanup(void *arg) { ((struct wait *)arg)->cleaned = 1; }
+
+static void *waiter(void *arg) {
+    struct wait *w = arg;
+    int ret;
+    pthread_cleanup_push(cleanup, w);
+    if (w->channel) {
+        struct ibv_cq *cq;
+        void *context;
+        ret = ibv_get_cq_event(w->channel, &cq, &context);
+    } else if (w->ctx) {
+        struct ibv_async_event event;
+        ret = ibv_get_async_event(w->ctx, &event);
+    } else {
+        struct rdma_cm_event *event;
+        ret = rdma_get_cm_event(w->cm, &event);
+    }
+    printf("%s returned %d: not cancelled\n", w->what, ret);
+    pthread_cleanup_pop(0);
+    return NULL;
+}
+
+/* Starts a thread in `w`'s wait, cancels it once it waits, joins it. */
+static void cancel_in_wait(struct wait *w) {
+    pthread_t thread;
+    void *result;
+    CHECK(pthread_create(&thread, NULL, waiter, w) == 0, "pthread_create");
+    struct timespec pause = { 0, 300 * 1000 * 1000 };
+    nanosleep(&pause, NULL);
+    CHECK(pthread_cancel(thread) == 0, "pthread_cancel");
+    CHECK(pthread_join(thread, &result) == 0, "pthread_join");
+    printf("%s: %s, cleanup %d\n", w->what,
+           result == PTHREAD_CANCELED ? "cancelled" : "not cancelled", w->cleaned);
+}
+
+/* The calls made with a cancellation pending, and what they returned. */
+static struct {
+    sem_t ready, cancelled;
+    struct ibv_cq *cq;
+    int polled, closed;
+} pending;
+
+static void *call_with_cancellation_pending(void *arg) {
+    (void)arg;
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    sem_post(&pending.ready);
+    sem_wait(&pending.cancelled);
+    /* The cancellation, pending, is taken at the next cancellation point. */
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &state);
+    struct ibv_wc wc;
+    for (int i = 0; i < 100; i++)
+        pending.polled += ibv_poll_cq(pending.cq, 1, &wc) + 1;
+    pending.closed = ibv_close_device(open_device(0)) == 0;
+    pthread_testcancel();
+    pending.closed = -1; /* not cancelled */
+    return NULL;
+}
+
+int main(void) {
+    struct ibv_context *ctx = open_device(0);
+    struct ibv_comp_channel *channel;
+    struct ibv_cq *cq = armed_cq(ctx, &channel);
+
+    pending.cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    CHECK(pending.cq, "ibv_create_cq");
+    CHECK(sem_init(&pending.ready, 0, 0) == 0 && sem_init(&pending.cancelled, 0, 0) == 0, "sem_init");
+    pthread_t caller;
+    void *result;
+    CHECK(pthread_create(&caller, NULL, call_with_cancellation_pending, NULL) == 0, "pthread_create");
+    sem_wait(&pending.ready);
+    CHECK(pthread_cancel(caller) == 0, "pthread_cancel");
+    sem_post(&pending.cancelled);
+    CHECK(pthread_join(caller, &result) == 0, "pthread_join");
+    printf("calls with a cancellation pending: %d polls, closed %d, %s\n", pending.polled,
+           pending.closed, result == PTHREAD_CANCELED ? "cancelled after" : "not cancelled");
+    CHECK(ibv_destroy_cq(pending.cq) == 0, "ibv_destroy_cq");
+
+    struct wait cq_wait = { .what = "ibv_get_cq_event", .channel = channel };
+    cancel_in_wait(&cq_wait);
+    struct wait async_wait = { .what = "ibv_get_async_event", .ctx = ctx };
+    cancel_in_wait(&async_wait);
+    struct rdma_event_channel *cm = rdma_create_event_channel();
+    CHECK(cm, "rdma_create_event_channel");
+    struct wait cm_wait = { .what = "rdma_get_cm_event", .cm = cm };
+    cancel_in_wait(&cm_wait);
+
+    /* The CQ's channel and the engine go on: a receive posted to a QP that then fails is
+     * flushed, and the armed CQ's event comes to this thread's wait. */
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    CHECK(pd, "ibv_alloc_pd");
+    struct ibv_qp_init_attr init = {
+        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+    };
+    struct ibv_qp *qp = ibv_create_qp(pd, &init);
+    CHECK(qp, "ibv_create_qp");
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+    CHECK(ibv_modify_qp(qp, &attr,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+          "ibv_modify_qp INIT");
+    static char buffer[8];
+    struct ibv_mr *mr = ibv_reg_mr(pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr, "ibv_reg_mr");
+    struct ibv_sge sge = { .addr = (uintptr_t)buffer, .length = sizeof buffer, .lkey = mr->lkey };
+    struct ibv_recv_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad;
+    CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "ibv_post_recv");
+    attr.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "ibv_modify_qp ERR");
+    struct ibv_cq *evented;
+    void *context;
+    int ret = ibv_get_cq_event(channel, &evented, &context);
+    ibv_ack_cq_events(cq, 1);
+    struct ibv_wc wc = next_wc(cq);
+    printf("the next cq event: %d, %s, wr_id %lu\n", ret, ibv_wc_status_str(wc.status),
+           (unsigned long)wc.wr_id);
+
+    /* The CM channel too. */
+    struct rdma_cm_id *id;
+    struct sockaddr_in dst = { .sin_family = AF_INET };
+    CHECK(inet_pton(AF_INET, getenv("SOFTROCE_ADDR"), &dst.sin_addr) == 1, "address");
+    CHECK(rdma_create_id(cm, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id");
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000) == 0, "rdma_resolve_addr");
+    struct rdma_cm_event *cm_event;
+    ret = rdma_get_cm_event(cm, &cm_event);
+    printf("the next cm event: %d %s\n", ret, ret ? strerror(errno) : rdma_event_str(cm_event->event));
+    if (ret == 0)
+        rdma_ack_cm_event(cm_event);
+
+    CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
+    rdma_destroy_event_channel(cm);
+    CHECK(ibv_destroy_qp(qp) == 0 && ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0, "destroys");
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_comp_channel(channel) == 0, "destroys");
+    CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+    printf("done\n");
+    return 0;
+}
