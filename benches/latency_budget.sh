@@ -11,7 +11,13 @@
 # Counts, not times: strace slows a run, which changes how often a spinning poll finds
 # nothing, so the empty receives and yields are what a slowed run makes; the others are not.
 #
-#   bash benches/latency_budget.sh            # prints a markdown table
+# With --instructions, the instructions instead, by part, each side under callgrind in turn
+# (callgrind_parts.py says what each column counts), the four programs without -e. Each side
+# runs on one CPU of its own, as in the lab's guests (the traced one on CPU 1, its peer on
+# CPU 0): the engine's progress chooses by the CPUs it may use.
+#
+#   bash benches/latency_budget.sh                  # prints a markdown table
+#   bash benches/latency_budget.sh --instructions   # ... of instructions
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
@@ -34,17 +40,25 @@ args() {
   esac
 }
 
-# side ROLE PROGRAM PROGRESS N WRAP...: runs the pair, ROLE's side under WRAP, the other plain.
+# side ROLE PROGRAM PROGRESS N WRAP...: runs the pair, ROLE's side under WRAP, the other under
+# peer_wrap (if any).
+peer_wrap=()
 side() {
-  local role=$1 program=$2 progress=$3 n=$4
+  local role=$1 program=$2 progress=$3 n=$4 waited=0
   shift 4
-  local server_wrap=() client_wrap=()
+  local server_wrap=("${peer_wrap[@]}") client_wrap=("${peer_wrap[@]}")
   if [ "$role" = server ]; then server_wrap=("$@"); else client_wrap=("$@"); fi
   # shellcheck disable=SC2046
   env LD_LIBRARY_PATH="$lib" SOFTROCE_ADDR=$server_addr SOFTROCE_PROGRESS="$progress" \
     "${server_wrap[@]}" "${program%% *}" $(args "$program" "$n") >/dev/null 2>&1 &
   local server=$!
-  sleep 0.5
+  # The client connects once, at once: the server must listen first (under callgrind it takes
+  # seconds to start).
+  until ss -Hltn "sport = :18760" | grep -q .; do
+    sleep 0.1
+    waited=$((waited + 1))
+    [ $waited -lt 300 ] || { echo "$program's server does not listen" >&2; return 1; }
+  done
   # shellcheck disable=SC2046
   env LD_LIBRARY_PATH="$lib" SOFTROCE_ADDR=$client_addr SOFTROCE_PROGRESS="$progress" \
     "${client_wrap[@]}" "${program%% *}" $(args "$program" "$n") $server_addr >/dev/null 2>&1
@@ -82,6 +96,26 @@ per_iteration() { # A B: (B - A) / (long - short), per field, one decimal
   paste -d' ' <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") |
     awk -v d=$((long - short)) '{ v = ($2 - $1) / d; printf "%.1f ", ((v < 0.05 && v > -0.05) ? 0 : v) }'
 }
+
+if [ "${1:-}" = --instructions ]; then
+  peer_wrap=(taskset -c 0)
+  echo "<!-- $(date -u +%F), $(git rev-parse --short HEAD), callgrind, iterations $short and $long -->"
+  echo "| program | progress | side | turns | a turn's own | datagrams in | each | datagrams out | each | posts | each | arrival to send |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  for program in ib_write_lat ib_read_lat ib_send_lat ibv_rc_pingpong; do
+    for progress in hybrid thread; do
+      for role in server client; do
+        for n in "$short" "$long"; do
+          side "$role" "$program" "$progress" "$n" taskset -c 1 valgrind --tool=callgrind \
+            --callgrind-out-file="$out/$n.callgrind"
+        done
+        printf '| `%s` | %s | %s | %s |\n' "$program" "$progress" "$role" \
+          "$(python3 benches/callgrind_parts.py "$out/$short.callgrind" "$out/$long.callgrind" $((long - short)))"
+      done
+    done
+  done
+  exit 0
+fi
 
 echo "<!-- $(date -u +%F), $(nproc) cores, $(git rev-parse --short HEAD), iterations $short and $long -->"
 echo "| program | progress | side | sendmsg | recvmsg, data | recvmsg, empty | poll/epoll | futex | sched_yield | other |"

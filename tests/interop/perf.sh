@@ -14,8 +14,9 @@ source "$(dirname "$0")/lib.sh"
 # program, bytes, iterations, the column of the client's result line that is the figure (the
 # bandwidth tests' average, the latency tests' typical, which is the median; ibv_rc_pingpong's
 # usec/iter, a whole round trip: its column is `-`), its unit, softroce's progress
-# (SOFTROCE_PROGRESS; `-`: the library's default, hybrid), and, if any, the program's own
-# options on both stacks (`-e`: it waits for its completions in ibv_get_cq_event).
+# (SOFTROCE_PROGRESS; `-`: the library's default, hybrid; `+` joins more of the library's
+# variables to it, for an experiment: `hybrid+SOFTROCE_BUSY_POLL=1000`), and, if any, the
+# program's own options on both stacks (`-e`: it waits for its completions in ibv_get_cq_event).
 # SOFTROCE_PERF_ROWS replaces them, for an experiment. Not among them yet: `ib_send_lat -e`
 # through softroce printed its figures in the guests and then failed its closing exchange
 # with the server ("Couldn't read remote address"; CI on c56dd37, not seen natively), to be
@@ -47,7 +48,7 @@ perf_one() {
     rxe) scmd="$prog -d rxe0 $gidopt 1 $args" ccmd="$prog -d rxe0 $gidopt 1 $args $VM_B";;
     softroce)
       env="LD_LIBRARY_PATH=$PERF_LIB"
-      [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=$progress"
+      [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=${progress//+/ }"
       scmd="$env SOFTROCE_ADDR=$VM_B $prog $gidopt 0 $args"
       ccmd="$env SOFTROCE_ADDR=$VM_A $prog $gidopt 0 $args $VM_B";;
   esac
@@ -153,6 +154,9 @@ cmd_run() {
 # the context switches and the datagrams that arrive and leave; budget.py then follows each
 # arrival to the send it allows. Rows: program, softroce's progress (`-`: hybrid; `rxe`: the
 # kernel's rxe instead), the traced guest (vmB runs the server, vmA the client).
+# SOFTROCE_BUDGET_EVENTS names more of the tracer's events to record, for a closer look at the
+# traces kept in the run's directory (budget.py reads only its own): `irq/irq_handler_entry
+# irq/softirq_entry net/net_dev_xmit sched/sched_wakeup`.
 BUDGET_ROWS="${SOFTROCE_BUDGET_ROWS:-ib_write_lat rxe vmB
 ib_write_lat - vmB
 ib_write_lat thread vmB
@@ -177,7 +181,7 @@ budget_one() {
     scmd="$prog -d rxe0 $gidopt 1 $args" ccmd="$prog -d rxe0 $gidopt 1 $args $VM_B"
   else
     env="LD_LIBRARY_PATH=$PERF_LIB"
-    [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=$progress"
+    [ "$progress" != - ] && env+=" SOFTROCE_PROGRESS=${progress//+/ }"
     scmd="$env SOFTROCE_ADDR=$VM_B $prog $gidopt 0 $args"
     ccmd="$env SOFTROCE_ADDR=$VM_A $prog $gidopt 0 $args $VM_B"
   fi
@@ -186,7 +190,7 @@ budget_one() {
   lab_guest_reset vmA vmB >/dev/null
   gexec "$guest" 30 "mountpoint -q $TRACING || mount -t tracefs nodev $TRACING
 echo 0 > $TRACING/tracing_on; echo > $TRACING/trace; echo 20000 > $TRACING/buffer_size_kb
-for e in raw_syscalls sched/sched_switch net/netif_receive_skb net/net_dev_queue; do
+for e in raw_syscalls sched/sched_switch net/netif_receive_skb net/net_dev_queue ${SOFTROCE_BUDGET_EVENTS:-}; do
   echo 1 > $TRACING/events/\$e/enable
 done" >/dev/null || { echo "$guest: cannot set up the tracer" >&2; return 1; }
   guest_bg vmB budget 120 "$scmd" || return 1
