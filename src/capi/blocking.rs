@@ -23,7 +23,9 @@ use std::os::fd::RawFd;
 use std::thread::LocalKey;
 use std::time::Duration;
 
-use libc::{c_int, sigset_t};
+use std::ptr;
+
+use libc::{c_int, c_void, sigset_t};
 
 use crate::{guard, set_errno};
 
@@ -34,8 +36,9 @@ pub(crate) enum Next {
     Done(c_int),
     /// A sleep on a descriptor, then the next slice.
     Sleep(Sleep),
-    /// The next slice, once a cancellation pending is taken.
-    Again,
+    /// The next slice, once a cancellation pending is taken; with the thread's own signal mask
+    /// if the call holds its signals off (see [`at_cancellation_point`]).
+    Again(Option<sigset_t>),
 }
 
 impl Next {
@@ -125,65 +128,121 @@ pub(crate) type Kept<K> = RefCell<Vec<Option<K>>>;
 /// drop: they capture the program's pointers. A sleep that a signal ended fails the call as
 /// [`after_sleep`] says, before the next slice.
 ///
+/// What the call keeps is out of its thread-local entry while a slice runs, and dropped out
+/// of it at the end: no borrow of the stack is held while the call's signals may be let go,
+/// and a handler that runs then may make a wait of its own.
+///
 /// Called by the exported function itself (`extern "C-unwind"`), so that only its frame, this
-/// one and the sleep's are between the program's and a cancellation.
+/// one and the cancellation point's are between the program's and a cancellation.
 pub(crate) fn wait_in_slices<K: 'static>(
     kept: &'static LocalKey<Kept<K>>,
     start: impl Fn() -> Result<K, c_int> + Copy,
     slice: impl Fn(&mut K) -> Next + Copy,
 ) -> c_int {
     let program = cancel_state(PTHREAD_CANCEL_DISABLE);
-    let entered = guard(false, || {
-        kept.with(|kept| kept.borrow_mut().push(None));
-        true
+    // This call's entry in the stack.
+    let entry = guard(None, || {
+        kept.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            kept.push(None);
+            Some(kept.len() - 1)
+        })
     });
     let mut result = -1;
-    if entered {
+    if let Some(entry) = entry {
         let mut slept = None;
         result = loop {
             let next = guard(Next::Done(-1), || {
-                kept.with(|kept| {
-                    let mut kept = kept.borrow_mut();
-                    let Some(this) = kept.last_mut() else {
-                        return Next::failed(libc::EIO);
-                    };
-                    if let Err(errno) = after_sleep(slept) {
-                        return Next::failed(errno);
-                    }
-                    match this {
-                        Some(this) => slice(this),
-                        None => match start() {
-                            Ok(first) => slice(this.insert(first)),
-                            Err(errno) => Next::failed(errno),
-                        },
-                    }
-                })
+                let taken =
+                    kept.with(|kept| kept.borrow_mut().get_mut(entry).and_then(Option::take));
+                if let Err(errno) = after_sleep(slept) {
+                    kept.with(|kept| kept.borrow_mut()[entry] = taken);
+                    return Next::failed(errno);
+                }
+                let mut this = match taken {
+                    Some(this) => this,
+                    None => match start() {
+                        Ok(first) => first,
+                        Err(errno) => return Next::failed(errno),
+                    },
+                };
+                let next = slice(&mut this);
+                kept.with(|kept| kept.borrow_mut()[entry] = Some(this));
+                next
             });
             match next {
                 Next::Done(result) => break result,
                 Next::Sleep(sleep) => {
-                    cancel_state(program);
-                    slept = Some(sleep.run());
-                    cancel_state(PTHREAD_CANCEL_DISABLE);
+                    slept = Some(at_cancellation_point(program, sleep.mask, || sleep.run()));
                 }
-                Next::Again => {
-                    cancel_state(program);
+                Next::Again(own) => {
                     // SAFETY: glibc's call; a cancellation pending unwinds from it through
                     // plain frames, as from the sleep.
-                    unsafe { pthread_testcancel() };
-                    cancel_state(PTHREAD_CANCEL_DISABLE);
+                    at_cancellation_point(program, own, || unsafe { pthread_testcancel() });
                     slept = None;
                 }
             }
         };
         // What the call kept goes, with its errno kept: letting the signals go may run a
-        // handler.
+        // handler. Entries above this one are those of waits a handler left by a jump.
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        guard((), || kept.with(|kept| drop(kept.borrow_mut().pop())));
+        guard((), || {
+            while let Some(gone) = kept.with(|kept| {
+                let mut kept = kept.borrow_mut();
+                (kept.len() > entry).then(|| kept.pop()).flatten()
+            }) {
+                drop(gone);
+            }
+        });
         set_errno(errno);
     }
     cancel_state(program);
     result
+}
+
+/// Runs `point`, the call's cancellation point, in the program's cancellation state
+/// (`program`). A call that holds its signals off gives the thread's own mask (`own`): a
+/// cancellation that unwinds from `point` then has glibc restore it as the unwinding leaves
+/// this frame (an old-style cleanup buffer of glibc's, plain data here), before the
+/// program's cleanup handlers run, as they would after rdma-core's `read()`. Its frame, like
+/// its callers', holds only plain values.
+fn at_cancellation_point<R>(program: c_int, own: Option<sigset_t>, point: impl FnOnce() -> R) -> R {
+    let mut mask = own;
+    let mut buffer = CleanupBuffer {
+        routine: None,
+        arg: std::ptr::null_mut(),
+        cancel_type: 0,
+        prev: std::ptr::null_mut(),
+    };
+    if let Some(mask) = mask.as_mut() {
+        // SAFETY: glibc links the buffer, in this frame, into the thread's cleanup list until
+        // the pop below; the mask it hands the routine is in this frame too.
+        unsafe { _pthread_cleanup_push(&mut buffer, restore_mask, ptr::from_mut(mask).cast()) };
+    }
+    cancel_state(program);
+    let result = point();
+    cancel_state(PTHREAD_CANCEL_DISABLE);
+    if mask.is_some() {
+        // SAFETY: the buffer pushed above, the last pushed; its routine not run.
+        unsafe { _pthread_cleanup_pop(&mut buffer, 0) };
+    }
+    result
+}
+
+/// Gives the thread back the mask at `mask` (a `sigset_t`): run by glibc as a cancellation
+/// unwinds through [`at_cancellation_point`].
+extern "C" fn restore_mask(mask: *mut c_void) {
+    // SAFETY: the mask `at_cancellation_point` registered, alive in its frame.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask.cast::<sigset_t>(), ptr::null_mut()) };
+}
+
+/// glibc's `struct _pthread_cleanup_buffer` (pthread.h).
+#[repr(C)]
+struct CleanupBuffer {
+    routine: Option<extern "C" fn(*mut c_void)>,
+    arg: *mut c_void,
+    cancel_type: c_int,
+    prev: *mut CleanupBuffer,
 }
 
 /// Sets the calling thread's cancellation state (`PTHREAD_CANCEL_ENABLE` or `_DISABLE`), and
@@ -223,8 +282,8 @@ fn every_handler_restarts() -> bool {
 }
 
 /// glibc's calls that a cancellation may unwind from (`C-unwind`: the `libc` crate declares
-/// `ppoll` as `C`, which may not unwind), and the cancellation state, which it does not
-/// declare (pthread.h).
+/// `ppoll` as `C`, which may not unwind), the cancellation state, and the old-style cleanup
+/// buffers, which it does not declare (pthread.h).
 pub(crate) const PTHREAD_CANCEL_DISABLE: c_int = 1;
 extern "C-unwind" {
     fn ppoll(
@@ -235,4 +294,12 @@ extern "C-unwind" {
     ) -> c_int;
     fn pthread_testcancel();
     fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
+}
+extern "C" {
+    fn _pthread_cleanup_push(
+        buffer: *mut CleanupBuffer,
+        routine: extern "C" fn(*mut c_void),
+        arg: *mut c_void,
+    );
+    fn _pthread_cleanup_pop(buffer: *mut CleanupBuffer, execute: c_int);
 }

@@ -162,15 +162,16 @@ impl ChannelCore {
         };
         self.driven.store(true, Relaxed);
         // The thread's cancellation is disabled here (`crate::blocking`): a cancellation
-        // pending is taken once the wait has let go of the engine (`Next::Again`).
+        // pending is taken once the wait has let go of the engine (`Next::Again`), with the
+        // thread's own mask should it unwind.
         let arrived = || self.fired.load(SeqCst) != seen;
         let driving = device.drive_wait(DRIVE_SLICE, &arrived, Some(&signals.watch));
         drop(device);
         let own = signals.own;
         match driving {
-            Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again),
+            Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again(Some(own))),
             // A turn that busy polled never slept, and never saw the signalfd: look.
-            Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again),
+            Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again(Some(own))),
             // A signal the thread takes is pending: it is handled as the signals are let go,
             // with the engine let go already.
             Ok(Driving::Ran | Driving::Woken) => {
@@ -179,7 +180,7 @@ impl ChannelCore {
                 if interrupts {
                     Err(libc::EINTR)
                 } else {
-                    Ok(Next::Again)
+                    Ok(Next::Again(None))
                 }
             }
             Ok(Driving::Elsewhere) => sleep(Some(ELSEWHERE_SLICE), Some(own)),

@@ -221,20 +221,21 @@ pub extern "C" fn riowrite(
     not_an_rsocket::<isize>() as size_t
 }
 
-/// `rpoll`: poll(2).
+/// `rpoll`: poll(2), a cancellation point as librdmacm's is: declared `C-unwind` (the
+/// `libc` crate's `C` may not unwind), with nothing of the library's in the frame.
 #[no_mangle]
-pub unsafe extern "C" fn rpoll(
+pub unsafe extern "C-unwind" fn rpoll(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
     timeout: c_int,
 ) -> c_int {
     // SAFETY: the program's array of `nfds` pollfds, as poll(2) takes it.
-    unsafe { libc::poll(fds, nfds, timeout) }
+    unsafe { poll(fds, nfds, timeout) }
 }
 
-/// `rselect`: select(2).
+/// `rselect`: select(2), a cancellation point as `rpoll` is.
 #[no_mangle]
-pub unsafe extern "C" fn rselect(
+pub unsafe extern "C-unwind" fn rselect(
     nfds: c_int,
     readfds: *mut libc::fd_set,
     writefds: *mut libc::fd_set,
@@ -242,5 +243,16 @@ pub unsafe extern "C" fn rselect(
     timeout: *mut libc::timeval,
 ) -> c_int {
     // SAFETY: the program's descriptor sets and timeout, or nulls, as select(2) takes them.
-    unsafe { libc::select(nfds, readfds, writefds, exceptfds, timeout) }
+    unsafe { select(nfds, readfds, writefds, exceptfds, timeout) }
+}
+
+extern "C-unwind" {
+    fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int;
+    fn select(
+        nfds: c_int,
+        readfds: *mut libc::fd_set,
+        writefds: *mut libc::fd_set,
+        exceptfds: *mut libc::fd_set,
+        timeout: *mut libc::timeval,
+    ) -> c_int;
 }

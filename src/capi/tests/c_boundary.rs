@@ -352,10 +352,13 @@ fn a_handler_that_exits_during_a_wait_ends_the_process() {
 /// A thread waiting for an event is cancelled as rdma-core's `read()` of the event's
 /// descriptor lets it be: rping cancels its CQ thread this way when a connection fails. The
 /// cancellation's forced unwind used to meet the library's panic guard and abort the process.
-/// With the engine on its own thread the waits sleep on the descriptor; with hybrid progress
-/// the CQ's wait runs the engine, and the cancellation is taken once it has let go of it. A
+/// With the engine on its own thread the waits sleep on the descriptor; with hybrid or inline
+/// progress the CQ's wait runs the engine, and the cancellation is taken once it has let go
+/// of it. A
 /// cancellation pending as a thread polls (its turns' `recvmsg`), or opens a device (files),
-/// aborted the process likewise: it now waits for the program's next cancellation point.
+/// aborted the process likewise: it now waits for the program's next cancellation point. The
+/// cancelled thread's cleanup runs with its own signal mask, though the wait held its signals
+/// off; and a handler that runs during a wait may wait too.
 #[test]
 fn a_thread_waiting_for_an_event_is_cancelled() {
     let path = compile(
@@ -370,10 +373,11 @@ fn a_thread_waiting_for_an_event_is_cancelled() {
         let out = succeeded("cancelled", &output);
         for line in [
             "calls with a cancellation pending: 100 polls, closed 1, cancelled after",
-            "ibv_get_cq_event: cancelled, cleanup 1",
-            "ibv_get_async_event: cancelled, cleanup 1",
-            "rdma_get_cm_event: cancelled, cleanup 1",
+            "ibv_get_cq_event: cancelled, cleanup 1, alarm blocked 0",
+            "ibv_get_async_event: cancelled, cleanup 1, alarm blocked 0",
+            "rdma_get_cm_event: cancelled, cleanup 1, alarm blocked 0",
             "the next cq event: 0, Work Request Flushed Error, wr_id 7",
+            "a wait in a handler: -1 Resource temporarily unavailable; the wait: -1 Interrupted system call",
             "the next cm event: 0 RDMA_CM_EVENT_ADDR_RESOLVED",
             "done",
         ] {

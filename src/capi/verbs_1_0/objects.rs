@@ -227,27 +227,28 @@ pub unsafe extern "C" fn ibv_destroy_cq_1_0(cq: *mut ibv_cq_1_0) -> c_int {
 
 /// `ibv_get_cq_event` of 1.0: the 1.0 CQ whose event fired, and its context. An event of a
 /// CQ that no 1.0 verb made (a program mixing the two ABIs) is acknowledged here and passed
-/// over: it has no 1.0 structure to name it by, nor to acknowledge it through.
+/// over: it has no 1.0 structure to name it by, nor to acknowledge it through. The wait,
+/// today's, is a cancellation point (`crate::blocking`): it runs under no guard of this call's.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event_1_0(
+pub unsafe extern "C-unwind" fn ibv_get_cq_event_1_0(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq_1_0,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    guard(-1, || {
-        if cq.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+    if cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let channel = guard(ptr::null_mut(), || crate::verbs_1_0::today_channel(channel));
+    loop {
+        let (mut fired, mut context) = (ptr::null_mut(), ptr::null_mut());
+        // SAFETY: the program passes a channel it created; the out-pointers are ours.
+        let result =
+            unsafe { crate::comp_channel::ibv_get_cq_event(channel, &mut fired, &mut context) };
+        if result != 0 {
+            return result;
         }
-        let channel = crate::verbs_1_0::today_channel(channel);
-        loop {
-            let (mut fired, mut context) = (ptr::null_mut(), ptr::null_mut());
-            // SAFETY: the program passes a channel it created; the out-pointers are ours.
-            let result =
-                unsafe { crate::comp_channel::ibv_get_cq_event(channel, &mut fired, &mut context) };
-            if result != 0 {
-                return result;
-            }
+        let named = guard(Some(-1), || {
             // SAFETY: the CQ of the event, held allocated until it is acknowledged.
             let legacy = unsafe { (*fired.cast::<Cq>()).legacy.get() };
             // SAFETY: as above; a CQ with a 1.0 structure is one a 1.0 verb made, whose
@@ -255,13 +256,16 @@ pub unsafe extern "C" fn ibv_get_cq_event_1_0(
             let Some(made) = (unsafe { legacy.as_ref() }) else {
                 // SAFETY: the event just taken, acknowledged once.
                 unsafe { cq::ibv_ack_cq_events(fired, 1) };
-                continue;
+                return None;
             };
             // SAFETY: the program's out-pointers, checked above.
             unsafe { (*cq, *cq_context) = (legacy, made.cq_context) };
-            return 0;
+            Some(0)
+        });
+        if let Some(result) = named {
+            return result;
         }
-    })
+    }
 }
 
 /// `ibv_ack_cq_events` of 1.0.

@@ -7,8 +7,11 @@
  * And a cancellation pending as a thread calls the library's other calls, none of which is a
  * cancellation point in rdma-core, waits for the thread's next cancellation point: a poll (which
  * runs the engine's turn, and its system calls, with inline or hybrid progress) and a device's
- * opening and closing (which read files). Prints what each step saw. */
+ * opening and closing (which read files). The cleanup handlers of a cancelled wait run with the
+ * thread's own signal mask, though the wait held its signals off (hybrid progress). And a
+ * signal's handler may wait too while a wait is under way. Prints what each step saw. */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <time.h>
@@ -20,9 +23,16 @@ struct wait {
     struct ibv_context *ctx;
     struct rdma_event_channel *cm;
     int cleaned; /* set by the waiting thread's cleanup handler */
+    int alarm_blocked; /* whether SIGALRM was blocked as it ran */
 };
 
-static void cleanup(void *arg) { ((struct wait *)arg)->cleaned = 1; }
+static void cleanup(void *arg) {
+    struct wait *w = arg;
+    sigset_t now;
+    pthread_sigmask(SIG_SETMASK, NULL, &now);
+    w->alarm_blocked = sigismember(&now, SIGALRM);
+    w->cleaned = 1;
+}
 
 static void *waiter(void *arg) {
     struct wait *w = arg;
@@ -53,8 +63,20 @@ static void cancel_in_wait(struct wait *w) {
     nanosleep(&pause, NULL);
     CHECK(pthread_cancel(thread) == 0, "pthread_cancel");
     CHECK(pthread_join(thread, &result) == 0, "pthread_join");
-    printf("%s: %s, cleanup %d\n", w->what,
-           result == PTHREAD_CANCELED ? "cancelled" : "not cancelled", w->cleaned);
+    printf("%s: %s, cleanup %d, alarm blocked %d\n", w->what,
+           result == PTHREAD_CANCELED ? "cancelled" : "not cancelled", w->cleaned,
+           w->alarm_blocked);
+}
+
+/* A handler's wait, on a channel made non-blocking, and what it returned. */
+static struct ibv_comp_channel *handlers_channel;
+static volatile int handlers_wait = 1, handlers_errno;
+static void wait_in_handler(int signal) {
+    (void)signal;
+    struct ibv_cq *cq;
+    void *context;
+    handlers_wait = ibv_get_cq_event(handlers_channel, &cq, &context);
+    handlers_errno = errno;
 }
 
 /* The calls made with a cancellation pending, and what they returned. */
@@ -138,6 +160,19 @@ int main(void) {
     struct ibv_wc wc = next_wc(cq);
     printf("the next cq event: %d, %s, wr_id %lu\n", ret, ibv_wc_status_str(wc.status),
            (unsigned long)wc.wr_id);
+    CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+
+    /* A handler that waits, on another channel, while this thread waits: the wait ends with
+     * EINTR once the handler ran, whose own wait found nothing (EAGAIN). */
+    struct ibv_cq *handlers_cq = armed_cq(ctx, &handlers_channel);
+    CHECK(fcntl(handlers_channel->fd, F_SETFL, O_NONBLOCK) == 0, "fcntl");
+    catch_alarm(wait_in_handler, 0);
+    alarm_in(100000);
+    ret = ibv_get_cq_event(channel, &evented, &context);
+    printf("a wait in a handler: %d %s; the wait: %d %s\n", handlers_wait,
+           strerror(handlers_errno), ret, ret ? strerror(errno) : "");
+    CHECK(ibv_destroy_cq(handlers_cq) == 0 && ibv_destroy_comp_channel(handlers_channel) == 0,
+          "destroys");
 
     /* The CM channel too. */
     struct rdma_cm_id *id;
