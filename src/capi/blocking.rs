@@ -12,17 +12,18 @@
 //! with the thread's cancellation disabled, and says what comes next ([`Next`]): the call's
 //! result, a sleep until the channel's descriptor is readable, or the next slice (after one
 //! that ran the engine for a while, and so did not sleep where a cancellation is taken). Between
-//! two slices, the call's own frames hold only plain values: the sleep, in them, is the call's
-//! cancellation point, as the `read()` is rdma-core's, and a cancellation pending is taken
-//! there or before the next slice. What a call keeps from one slice to the next (the channel's
-//! queue, the thread's signals held off) lives in a thread-local stack, one entry a call under
-//! way, which the thread's exit drops, cancelled or not.
+//! two slices, the call's own frames hold nothing with a destructor: the sleep, in them, is the
+//! call's cancellation point, as the `read()` is rdma-core's, and a cancellation pending is
+//! taken there or before the next slice. What a call keeps from one slice to the next (the
+//! channel's queue, the thread's signals held off) lives in its frame behind `ManuallyDrop`,
+//! and a glibc cleanup buffer there drops it should a cancellation unwind through: the held
+//! signals are let go (the thread's own mask back) before the program's cleanup handlers run,
+//! as they would after rdma-core's `read()`.
 
-use std::cell::RefCell;
 use std::os::fd::RawFd;
-use std::thread::LocalKey;
 use std::time::Duration;
 
+use std::mem::ManuallyDrop;
 use std::ptr;
 
 use libc::{c_int, c_void, sigset_t};
@@ -36,9 +37,8 @@ pub(crate) enum Next {
     Done(c_int),
     /// A sleep on a descriptor, then the next slice.
     Sleep(Sleep),
-    /// The next slice, once a cancellation pending is taken; with the thread's own signal mask
-    /// if the call holds its signals off (see [`at_cancellation_point`]).
-    Again(Option<sigset_t>),
+    /// The next slice, once a cancellation pending is taken.
+    Again,
 }
 
 impl Next {
@@ -118,122 +118,82 @@ fn after_sleep(slept: Option<Result<(), c_int>>) -> Result<(), c_int> {
     }
 }
 
-/// What each call of a kind under way on a thread keeps between its slices, the latest last
-/// (a signal's handler may make a call while another waits).
-pub(crate) type Kept<K> = RefCell<Vec<Option<K>>>;
-
 /// Runs a waiting call: `start` checks the program's arguments and makes what the call keeps
 /// between its slices (`Err`: the call fails with that `errno`), then `slice` runs until it
 /// says the call is done. Returns the call's result. Both are `Copy`, so they hold nothing to
 /// drop: they capture the program's pointers. A sleep that a signal ended fails the call as
 /// [`after_sleep`] says, before the next slice.
 ///
-/// What the call keeps is out of its thread-local entry while a slice runs, and dropped out
-/// of it at the end: no borrow of the stack is held while the call's signals may be let go,
-/// and a handler that runs then may make a wait of its own.
-///
 /// Called by the exported function itself (`extern "C-unwind"`), so that only its frame, this
 /// one and the cancellation point's are between the program's and a cancellation.
-pub(crate) fn wait_in_slices<K: 'static>(
-    kept: &'static LocalKey<Kept<K>>,
+pub(crate) fn wait_in_slices<K>(
     start: impl Fn() -> Result<K, c_int> + Copy,
     slice: impl Fn(&mut K) -> Next + Copy,
 ) -> c_int {
     let program = cancel_state(PTHREAD_CANCEL_DISABLE);
-    // This call's entry in the stack.
-    let entry = guard(None, || {
-        kept.with(|kept| {
-            let mut kept = kept.borrow_mut();
-            kept.push(None);
-            Some(kept.len() - 1)
-        })
-    });
-    let mut result = -1;
-    if let Some(entry) = entry {
-        let mut slept = None;
-        result = loop {
-            let next = guard(Next::Done(-1), || {
-                let taken =
-                    kept.with(|kept| kept.borrow_mut().get_mut(entry).and_then(Option::take));
-                if let Err(errno) = after_sleep(slept) {
-                    kept.with(|kept| kept.borrow_mut()[entry] = taken);
-                    return Next::failed(errno);
-                }
-                let mut this = match taken {
-                    Some(this) => this,
-                    None => match start() {
-                        Ok(first) => first,
-                        Err(errno) => return Next::failed(errno),
-                    },
-                };
-                let next = slice(&mut this);
-                kept.with(|kept| kept.borrow_mut()[entry] = Some(this));
-                next
-            });
-            match next {
-                Next::Done(result) => break result,
-                Next::Sleep(sleep) => {
-                    slept = Some(at_cancellation_point(program, sleep.mask, || sleep.run()));
-                }
-                Next::Again(own) => {
-                    // SAFETY: glibc's call; a cancellation pending unwinds from it through
-                    // plain frames, as from the sleep.
-                    at_cancellation_point(program, own, || unsafe { pthread_testcancel() });
-                    slept = None;
-                }
-            }
-        };
-        // What the call kept goes, with its errno kept: letting the signals go may run a
-        // handler. Entries above this one are those of waits a handler left by a jump.
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        guard((), || {
-            while let Some(gone) = kept.with(|kept| {
-                let mut kept = kept.borrow_mut();
-                (kept.len() > entry).then(|| kept.pop()).flatten()
-            }) {
-                drop(gone);
-            }
-        });
-        set_errno(errno);
+    // What the call keeps, never dropped by an unwinding: by `drop_kept`, run by glibc should
+    // a cancellation unwind through this frame, or below, once the call is done.
+    let mut kept: ManuallyDrop<Option<K>> = ManuallyDrop::new(None);
+    let mut buffer = CleanupBuffer::default();
+    // SAFETY: glibc links the buffer, in this frame, into the thread's cleanup list until the
+    // pop below; what it hands the routine is in this frame too, of the routine's type.
+    unsafe {
+        _pthread_cleanup_push(&mut buffer, drop_kept::<K>, ptr::from_mut(&mut kept).cast());
     }
+    let mut slept = None;
+    let result = loop {
+        let next = guard(Next::Done(-1), || {
+            if let Err(errno) = after_sleep(slept) {
+                return Next::failed(errno);
+            }
+            let this = match &mut *kept {
+                Some(this) => this,
+                None => match start() {
+                    Ok(first) => kept.insert(first),
+                    Err(errno) => return Next::failed(errno),
+                },
+            };
+            slice(this)
+        });
+        match next {
+            Next::Done(result) => break result,
+            Next::Sleep(sleep) => slept = Some(at_cancellation_point(program, || sleep.run())),
+            Next::Again => {
+                // SAFETY: glibc's call; a cancellation pending unwinds from it through plain
+                // frames, as from the sleep.
+                at_cancellation_point(program, || unsafe { pthread_testcancel() });
+                slept = None;
+            }
+        }
+    };
+    // SAFETY: the buffer pushed above, the last pushed (the slices' own are popped); its
+    // routine not run.
+    unsafe { _pthread_cleanup_pop(&mut buffer, 0) };
+    // What the call kept goes, with its errno kept: letting the signals go may run a handler.
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: `kept` is not used again.
+    guard((), || drop(unsafe { ManuallyDrop::take(&mut kept) }));
+    set_errno(errno);
     cancel_state(program);
     result
 }
 
 /// Runs `point`, the call's cancellation point, in the program's cancellation state
-/// (`program`). A call that holds its signals off gives the thread's own mask (`own`): a
-/// cancellation that unwinds from `point` then has glibc restore it as the unwinding leaves
-/// this frame (an old-style cleanup buffer of glibc's, plain data here), before the
-/// program's cleanup handlers run, as they would after rdma-core's `read()`. Its frame, like
-/// its callers', holds only plain values.
-fn at_cancellation_point<R>(program: c_int, own: Option<sigset_t>, point: impl FnOnce() -> R) -> R {
-    let mut mask = own;
-    let mut buffer = CleanupBuffer {
-        routine: None,
-        arg: std::ptr::null_mut(),
-        cancel_type: 0,
-        prev: std::ptr::null_mut(),
-    };
-    if let Some(mask) = mask.as_mut() {
-        // SAFETY: glibc links the buffer, in this frame, into the thread's cleanup list until
-        // the pop below; the mask it hands the routine is in this frame too.
-        unsafe { _pthread_cleanup_push(&mut buffer, restore_mask, ptr::from_mut(mask).cast()) };
-    }
+/// (`program`). Its frame, like its callers', holds nothing with a destructor.
+fn at_cancellation_point<R>(program: c_int, point: impl FnOnce() -> R) -> R {
     cancel_state(program);
     let result = point();
     cancel_state(PTHREAD_CANCEL_DISABLE);
-    if mask.is_some() {
-        // SAFETY: the buffer pushed above, the last pushed; its routine not run.
-        unsafe { _pthread_cleanup_pop(&mut buffer, 0) };
-    }
     result
 }
 
-/// Gives the thread back the mask at `mask` (a `sigset_t`): run by glibc as a cancellation
-/// unwinds through [`at_cancellation_point`].
-extern "C" fn restore_mask(mask: *mut c_void) {
-    // SAFETY: the mask `at_cancellation_point` registered, alive in its frame.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask.cast::<sigset_t>(), ptr::null_mut()) };
+/// Drops what a waiting call kept (`kept`, a `ManuallyDrop<Option<K>>`): run by glibc as a
+/// cancellation unwinds through [`wait_in_slices`]. Letting the held signals go gives the thread
+/// its own mask back before the program's cleanup handlers run.
+extern "C" fn drop_kept<K>(kept: *mut c_void) {
+    // SAFETY: the `ManuallyDrop<Option<K>>` of the call's frame, which the unwinding leaves
+    // and which nothing uses again.
+    unsafe { ManuallyDrop::drop(&mut *kept.cast::<ManuallyDrop<Option<K>>>()) };
 }
 
 /// glibc's `struct _pthread_cleanup_buffer` (pthread.h).
@@ -243,6 +203,17 @@ struct CleanupBuffer {
     arg: *mut c_void,
     cancel_type: c_int,
     prev: *mut CleanupBuffer,
+}
+
+impl Default for CleanupBuffer {
+    fn default() -> Self {
+        CleanupBuffer {
+            routine: None,
+            arg: ptr::null_mut(),
+            cancel_type: 0,
+            prev: ptr::null_mut(),
+        }
+    }
 }
 
 /// Sets the calling thread's cancellation state (`PTHREAD_CANCEL_ENABLE` or `_DISABLE`), and

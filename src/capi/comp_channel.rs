@@ -27,7 +27,6 @@
 //! the descriptor, or only waits where an event is already there (UCX, after its own
 //! `epoll_wait`), keeps the hand-over at each arming.
 
-use std::cell::RefCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -38,7 +37,7 @@ use libc::{c_int, c_void};
 use softroce::verbs::{Device, Driving, WeakDevice};
 
 use crate::abi::*;
-use crate::blocking::{non_blocking, wait_in_slices, Kept, Next, Sleep};
+use crate::blocking::{non_blocking, wait_in_slices, Next, Sleep};
 use crate::cq::Cq;
 use crate::devices::Context;
 use crate::fork::Born;
@@ -162,16 +161,15 @@ impl ChannelCore {
         };
         self.driven.store(true, Relaxed);
         // The thread's cancellation is disabled here (`crate::blocking`): a cancellation
-        // pending is taken once the wait has let go of the engine (`Next::Again`), with the
-        // thread's own mask should it unwind.
+        // pending is taken once the wait has let go of the engine (`Next::Again`).
         let arrived = || self.fired.load(SeqCst) != seen;
         let driving = device.drive_wait(DRIVE_SLICE, &arrived, Some(&signals.watch));
         drop(device);
         let own = signals.own;
         match driving {
-            Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again(Some(own))),
+            Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again),
             // A turn that busy polled never slept, and never saw the signalfd: look.
-            Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again(Some(own))),
+            Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again),
             // A signal the thread takes is pending: it is handled as the signals are let go,
             // with the engine let go already.
             Ok(Driving::Ran | Driving::Woken) => {
@@ -180,7 +178,7 @@ impl ChannelCore {
                 if interrupts {
                     Err(libc::EINTR)
                 } else {
-                    Ok(Next::Again(None))
+                    Ok(Next::Again)
                 }
             }
             Ok(Driving::Elsewhere) => sleep(Some(ELSEWHERE_SLICE), Some(own)),
@@ -377,7 +375,7 @@ pub unsafe extern "C-unwind" fn ibv_get_cq_event(
             held: None,
         })
     };
-    wait_in_slices(&CQ_WAITS, start, move |wait| {
+    wait_in_slices(start, move |wait| {
         // SAFETY: the program's out-pointers, checked by `start`.
         unsafe { cq_event_slice(wait, cq, cq_context) }
     })
@@ -390,11 +388,6 @@ struct CqWait {
     /// The thread's signals, held from the first slice that runs the engine until the call
     /// returns.
     held: Option<SignalsHeld>,
-}
-
-thread_local! {
-    /// What each `ibv_get_cq_event` under way on the thread keeps between its slices.
-    static CQ_WAITS: Kept<CqWait> = const { RefCell::new(Vec::new()) };
 }
 
 /// A slice of `ibv_get_cq_event`'s wait (`crate::blocking`): the event, if one fired, or the

@@ -12,7 +12,6 @@
 //! address it does not listen on; rxe's habitual `-g 1` or `-g 3` gets `EINVAL`, with a line
 //! saying which index to use.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::mem::offset_of;
@@ -28,7 +27,7 @@ use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
 use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
-use crate::blocking::{wait_in_slices, Kept, Next};
+use crate::blocking::{wait_in_slices, Next};
 use crate::config::{self, Addresses};
 use crate::fork::{self, Born};
 use crate::held::HeldEvents;
@@ -1251,7 +1250,7 @@ pub unsafe extern "C-unwind" fn ibv_get_async_event(
             context: ptr::from_ref(context),
         })
     };
-    wait_in_slices(&ASYNC_WAITS, start, move |wait| loop {
+    wait_in_slices(start, move |wait| loop {
         // SAFETY: the context is open while the queue is not closed, and this runs under the
         // queue's lock, which `ibv_close_device` takes to close it before freeing the context.
         let taken = wait
@@ -1280,11 +1279,6 @@ pub unsafe extern "C-unwind" fn ibv_get_async_event(
 struct AsyncWait {
     events: Arc<PendingEvents>,
     context: *const Context,
-}
-
-thread_local! {
-    /// What each `ibv_get_async_event` under way on the thread keeps between its slices.
-    static ASYNC_WAITS: Kept<AsyncWait> = const { RefCell::new(Vec::new()) };
 }
 
 /// The kind of object an asynchronous event names.

@@ -6,7 +6,6 @@
 //! threads that carry out the CM's work for each ID (`id.rs`), and each is a structure of its
 //! own until `rdma_ack_cm_event` frees it, its private data inside it.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
@@ -18,7 +17,7 @@ use libc::{c_char, c_int, c_uint};
 
 use super::id;
 use crate::abi::*;
-use crate::blocking::{wait_in_slices, Kept, Next};
+use crate::blocking::{wait_in_slices, Next};
 use crate::fork::Born;
 use crate::{guard, set_errno};
 
@@ -310,7 +309,7 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(
         // must not read the freed channel. Real librdmacm's waiter stays in its read().
         Ok(Arc::clone(&channel.events))
     };
-    wait_in_slices(&CM_WAITS, start, move |events| {
+    wait_in_slices(start, move |events| {
         // Counted under the queue's lock, which a destroy of one of the event's IDs takes to
         // forget its events before it decides whether to free the ID.
         let Some(next) = events.take(|_| true, id::hand_out) else {
@@ -321,12 +320,6 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(
         unsafe { *event = ptr::addr_of_mut!(Box::leak(next).ibv) };
         Next::Done(0)
     })
-}
-
-thread_local! {
-    /// What each `rdma_get_cm_event` under way on the thread keeps between its slices
-    /// (`crate::blocking`): the channel's queue.
-    static CM_WAITS: Kept<Arc<Events>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `rdma_ack_cm_event`: frees the event. 0.
