@@ -16,7 +16,8 @@
 //! call's cancellation point, as the `read()` is rdma-core's, and a cancellation pending is
 //! taken there or before the next slice. What a call keeps from one slice to the next (the
 //! channel's queue, the thread's signals held off) lives in its frame behind `ManuallyDrop`,
-//! and a glibc cleanup buffer there drops it should a cancellation unwind through: the held
+//! and a glibc cleanup buffer there drops it should a cancellation unwind through (or a
+//! handler's `siglongjmp` leave it): the held
 //! signals are let go (the thread's own mask back) before the program's cleanup handlers run,
 //! as they would after rdma-core's `read()`.
 
@@ -124,29 +125,33 @@ fn after_sleep(slept: Option<Result<(), c_int>>) -> Result<(), c_int> {
 /// drop: they capture the program's pointers. A sleep that a signal ended fails the call as
 /// [`after_sleep`] says, before the next slice.
 ///
-/// Called by the exported function itself (`extern "C-unwind"`), so that only its frame, this
-/// one and the cancellation point's are between the program's and a cancellation.
+/// Called by the exported function itself (`extern "C-unwind"`), so that only its frame (and a
+/// 1.0 wrapper's), this one and the cancellation point's (`at_cancellation_point`, the
+/// closure, `Sleep::run`) are between the program's and a cancellation, none with a
+/// destructor.
 pub(crate) fn wait_in_slices<K>(
     start: impl Fn() -> Result<K, c_int> + Copy,
     slice: impl Fn(&mut K) -> Next + Copy,
 ) -> c_int {
     let program = cancel_state(PTHREAD_CANCEL_DISABLE);
     // What the call keeps, never dropped by an unwinding: by `drop_kept`, run by glibc should
-    // a cancellation unwind through this frame, or below, once the call is done.
-    let mut kept: ManuallyDrop<Option<K>> = ManuallyDrop::new(None);
+    // a cancellation unwind through this frame (or a handler's jump leave it), or below, once
+    // the call is done. Reached only through `kept`, the pointer glibc holds too.
+    let mut slot: ManuallyDrop<Option<K>> = ManuallyDrop::new(None);
+    let kept = ptr::addr_of_mut!(slot);
     let mut buffer = CleanupBuffer::default();
     // SAFETY: glibc links the buffer, in this frame, into the thread's cleanup list until the
     // pop below; what it hands the routine is in this frame too, of the routine's type.
-    unsafe {
-        _pthread_cleanup_push(&mut buffer, drop_kept::<K>, ptr::from_mut(&mut kept).cast());
-    }
+    unsafe { _pthread_cleanup_push(&mut buffer, drop_kept::<K>, kept.cast()) };
     let mut slept = None;
     let result = loop {
         let next = guard(Next::Done(-1), || {
             if let Err(errno) = after_sleep(slept) {
                 return Next::failed(errno);
             }
-            let this = match &mut *kept {
+            // SAFETY: the slot of this frame, used by nothing else meanwhile.
+            let kept = unsafe { &mut **kept };
+            let this = match kept {
                 Some(this) => this,
                 None => match start() {
                     Ok(first) => kept.insert(first),
@@ -166,13 +171,13 @@ pub(crate) fn wait_in_slices<K>(
             }
         }
     };
-    // SAFETY: the buffer pushed above, the last pushed (the slices' own are popped); its
-    // routine not run.
+    // SAFETY: the buffer pushed above, the last pushed (a wait a handler made meanwhile popped
+    // its own); its routine not run.
     unsafe { _pthread_cleanup_pop(&mut buffer, 0) };
     // What the call kept goes, with its errno kept: letting the signals go may run a handler.
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    // SAFETY: `kept` is not used again.
-    guard((), || drop(unsafe { ManuallyDrop::take(&mut kept) }));
+    // SAFETY: the slot of this frame, no longer glibc's; taken once.
+    guard((), || drop(unsafe { (**kept).take() }));
     set_errno(errno);
     cancel_state(program);
     result
@@ -188,12 +193,14 @@ fn at_cancellation_point<R>(program: c_int, point: impl FnOnce() -> R) -> R {
 }
 
 /// Drops what a waiting call kept (`kept`, a `ManuallyDrop<Option<K>>`): run by glibc as a
-/// cancellation unwinds through [`wait_in_slices`]. Letting the held signals go gives the thread
-/// its own mask back before the program's cleanup handlers run.
+/// cancellation unwinds through [`wait_in_slices`], or as a signal handler's `siglongjmp`
+/// leaves it. Letting the held signals go gives the thread its own mask back before the
+/// program's cleanup handlers run. Taken out before it is dropped: a handler that runs as the
+/// signals are let go, and jumps out too, has glibc run this again, on nothing.
 extern "C" fn drop_kept<K>(kept: *mut c_void) {
-    // SAFETY: the `ManuallyDrop<Option<K>>` of the call's frame, which the unwinding leaves
-    // and which nothing uses again.
-    unsafe { ManuallyDrop::drop(&mut *kept.cast::<ManuallyDrop<Option<K>>>()) };
+    // SAFETY: the `ManuallyDrop<Option<K>>` of the call's frame, which the unwinding or the
+    // jump leaves and which nothing else uses again.
+    drop(unsafe { (*kept.cast::<ManuallyDrop<Option<K>>>()).take() });
 }
 
 /// glibc's `struct _pthread_cleanup_buffer` (pthread.h).

@@ -174,7 +174,9 @@ impl ChannelCore {
             // with the engine let go already.
             Ok(Driving::Ran | Driving::Woken) => {
                 let interrupts = signals.pending() == Some(true);
-                *held = None;
+                // Out of the call's state before it is dropped: a handler that runs as the
+                // signals are let go, and jumps out, has glibc drop the state (`blocking`).
+                drop(held.take());
                 if interrupts {
                     Err(libc::EINTR)
                 } else {
