@@ -18,6 +18,25 @@ fn compile(name: &str, source: &str, libs: &[&str]) -> String {
     built.to_str().unwrap().to_string()
 }
 
+/// Runs the program at `path` on `addrs` with `args` and `SOFTROCE_PROGRESS=progress`, and
+/// checks that it succeeded and printed each of `lines`.
+fn run_in_progress(
+    name: &str,
+    path: &str,
+    addrs: &str,
+    args: &[&str],
+    progress: &str,
+    lines: &[&str],
+) {
+    let mut run = program(addrs, path, args);
+    run.env("SOFTROCE_PROGRESS", progress);
+    let output = finish(name, run.spawn().unwrap(), LIMIT);
+    let out = succeeded(name, &output);
+    for line in lines {
+        assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
+    }
+}
+
 /// Runs `c/stress.c` built with `sanitizer` (`-fsanitize=...`) on two addresses of
 /// 127.0.49.`first`, with `options` in its environment, for `SOFTROCE_STRESS_ROUNDS` rounds
 /// (30, a few seconds, unless set); asserts it succeeded with its threads having done their
@@ -133,20 +152,22 @@ fn memory_taken_away_after_registration_costs_the_access_not_the_process() {
     // Then with every signal blocked before the devices open: the engine threads inherit the
     // mask, and unblock the faults they recover from.
     for (progress, args) in [("hybrid", &[][..]), ("thread", &["block"][..])] {
-        let mut run = program("127.0.49.22,127.0.49.23", &path, args);
-        run.env("SOFTROCE_PROGRESS", progress);
-        let output = finish("taken_away", run.spawn().unwrap(), LIMIT);
-        let out = succeeded("taken_away", &output);
-        for line in [
+        let lines = [
             "peer's write into unmapped memory: remote access error",
             "peer's read into unmapped memory: remote access error",
             "peer's atomic into unmapped memory: remote access error",
             "peer's write into memory made read-only: remote access error, memory as it was: 1",
             "send out of unmapped memory: sent, received: zeros",
             "alive",
-        ] {
-            assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
-        }
+        ];
+        run_in_progress(
+            "taken_away",
+            &path,
+            "127.0.49.22,127.0.49.23",
+            args,
+            progress,
+            &lines,
+        );
     }
 }
 
@@ -196,17 +217,13 @@ fn a_destroyed_qp_takes_nothing_more_from_its_peer() {
 /// for a CQ's event, an asynchronous event or a CM event waited for ever.
 #[test]
 fn a_failed_device_ends_every_wait_with_an_error() {
+    let path = compile(
+        "device_fatal",
+        include_str!("c/device_fatal.c"),
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+    );
     for progress in ["hybrid", "thread"] {
-        let path = compile(
-            "device_fatal",
-            include_str!("c/device_fatal.c"),
-            &["-lrdmacm", "-libverbs", "-lpthread"],
-        );
-        let mut run = program("127.0.49.13,127.0.49.14", &path, &["127.0.49.13"]);
-        run.env("SOFTROCE_PROGRESS", progress);
-        let output = finish("device_fatal", run.spawn().unwrap(), LIMIT);
-        let out = succeeded("device_fatal", &output);
-        for line in [
+        let lines = [
             "sockets replaced: 1",
             "async wait: 0, device fatal: 1",
             "cq wait: -1, EIO: 1",
@@ -217,9 +234,9 @@ fn a_failed_device_ends_every_wait_with_an_error() {
             "dereg after the failure: 0",
             "the other device works: 1",
             "done",
-        ] {
-            assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
-        }
+        ];
+        let (addrs, args) = ("127.0.49.13,127.0.49.14", &["127.0.49.13"][..]);
+        run_in_progress("device_fatal", &path, addrs, args, progress, &lines);
     }
 }
 
@@ -354,11 +371,10 @@ fn a_handler_that_exits_during_a_wait_ends_the_process() {
 /// cancellation's forced unwind used to meet the library's panic guard and abort the process.
 /// With the engine on its own thread the waits sleep on the descriptor; with hybrid or inline
 /// progress the CQ's wait runs the engine, and the cancellation is taken once it has let go
-/// of it. A
-/// cancellation pending as a thread polls (its turns' `recvmsg`), or opens a device (files),
-/// aborted the process likewise: it now waits for the program's next cancellation point. The
-/// cancelled thread's cleanup runs with its own signal mask, though the wait held its signals
-/// off; and a handler that runs during a wait may wait too.
+/// of it. A cancellation pending as a thread polls (its turns' `recvmsg`), or opens a device
+/// (files), aborted the process likewise: it now waits for the program's next cancellation
+/// point. The cancelled thread's cleanup runs with its own signal mask, though the wait held
+/// its signals off; and a handler that runs during a wait may wait too.
 #[test]
 fn a_thread_waiting_for_an_event_is_cancelled() {
     let path = compile(
@@ -367,11 +383,7 @@ fn a_thread_waiting_for_an_event_is_cancelled() {
         &["-lrdmacm", "-libverbs", "-lpthread"],
     );
     for progress in ["hybrid", "thread", "inline"] {
-        let mut run = program("127.0.49.27", &path, &[]);
-        run.env("SOFTROCE_PROGRESS", progress);
-        let output = finish("cancelled", run.spawn().unwrap(), LIMIT);
-        let out = succeeded("cancelled", &output);
-        for line in [
+        let lines = [
             "calls with a cancellation pending: 100 polls, closed 1, cancelled after",
             "ibv_get_cq_event: cancelled, cleanup 1, alarm blocked 0",
             "ibv_get_async_event: cancelled, cleanup 1, alarm blocked 0",
@@ -380,9 +392,8 @@ fn a_thread_waiting_for_an_event_is_cancelled() {
             "a wait in a handler: -1 Resource temporarily unavailable; the wait: -1 Interrupted system call",
             "the next cm event: 0 RDMA_CM_EVENT_ADDR_RESOLVED",
             "done",
-        ] {
-            assert!(out.contains(line), "{progress}: no {line:?} in:\n{out}");
-        }
+        ];
+        run_in_progress("cancelled", &path, "127.0.49.27", &[], progress, &lines);
     }
 }
 
