@@ -21,11 +21,13 @@ pub struct SgeList(SmallVec<[Sge; INLINE_SGES]>);
 
 impl SgeList {
     /// An empty list: a zero-length message.
+    #[inline]
     pub fn new() -> Self {
         SgeList(SmallVec::new())
     }
 
     /// Appends `sge`.
+    #[inline]
     pub fn push(&mut self, sge: Sge) {
         self.0.push(sge);
     }

@@ -229,7 +229,7 @@ fn a_failed_device_ends_every_wait_with_an_error() {
             "cq wait: -1, EIO: 1",
             "cm wait: 0, device removal: 1",
             "poll after the failure: -1",
-            "post after the failure refused: 1",
+            "post after the failure refused: 1, bad_wr 1",
             "a later cq wait: -1, EIO: 1",
             "dereg after the failure: 0",
             "the other device works: 1",

@@ -33,6 +33,7 @@ fn a_program_of_libibverbs_1_0_runs_on_its_own_abi() {
             "event names the 1.0 CQ: 1",
             "send: 1 1",
             "bad request: 1 1",
+            "a lone bad request: 1 1",
             "bad receive: 1 1",
             "the one before it completed: 1",
             "srq: 1",

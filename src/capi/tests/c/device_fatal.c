@@ -134,7 +134,10 @@ int main(int argc, char **argv) {
     while ((n = ibv_poll_cq(a.cq, 1, &wc)) == 1)
         ;
     printf("poll after the failure: %d\n", n);
-    printf("post after the failure refused: %d\n", ibv_post_send(a.qp, &wr, &bad) != 0);
+    bad = NULL;
+    int refused = ibv_post_send(a.qp, &wr, &bad);
+    printf("post after the failure refused: %d, bad_wr %d\n", refused != 0,
+           bad == &wr);
     struct ibv_cq *cq;
     void *context;
     int ret = ibv_get_cq_event(channel, &cq, &context);

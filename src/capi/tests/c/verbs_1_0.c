@@ -234,6 +234,9 @@ int main(void) {
     first.next = &second;
     int posted = post_send(a.qp, &first, &bad);
     printf("bad request: %d %d\n", posted == EINVAL, bad == &second);
+    bad = NULL;
+    posted = post_send(a.qp, &second, &bad);
+    printf("a lone bad request: %d %d\n", posted == EINVAL, bad == &second);
     struct ibv_recv_wr_1_0 bad_recv = { .wr_id = 10, .sg_list = &rsge, .num_sge = 1000 };
     struct ibv_recv_wr_1_0 good_recv = { .wr_id = 10, .sg_list = &rsge, .num_sge = 1,
                                          .next = &bad_recv };
