@@ -20,6 +20,11 @@
 //! handler's `siglongjmp` leave it): the held
 //! signals are let go (the thread's own mask back) before the program's cleanup handlers run,
 //! as they would after rdma-core's `read()`.
+//!
+//! Held signals are let in only in the call's own frames too: by the sleep ([`Sleep`]'s mask),
+//! by a look that does not wait ([`Next::LetIn`]), and last, once the call is done. A handler
+//! that jumps out (an alarm's timeout around a wait, with `siglongjmp`) so leaves no slice
+//! half run, and the thread's cancellation as the program had it.
 
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -40,6 +45,12 @@ pub(crate) enum Next {
     Sleep(Sleep),
     /// The next slice, once a cancellation pending is taken.
     Again,
+    /// The thread's signals are let in for an instant (`own`, its mask, in force), in the
+    /// call's own frame: a wait that holds them off found one pending that the thread takes.
+    /// Its handler runs there, where one that jumps out leaves the call as it would leave
+    /// rdma-core's `read()`. Then the call fails with `EINTR` if `interrupts` (the handler
+    /// lacks `SA_RESTART`) and a handler ran, or goes on.
+    LetIn { own: sigset_t, interrupts: bool },
 }
 
 impl Next {
@@ -104,6 +115,26 @@ impl Sleep {
     }
 }
 
+/// What a waiting call keeps between its slices.
+pub(crate) trait Kept {
+    /// The thread's own signal mask, if what is kept holds the thread's signals off: taken
+    /// out, so that dropping the rest lets no signal in. The call puts the mask back last, in
+    /// its own frame, where a handler that runs then, and jumps out, leaves nothing undone.
+    fn own_signals(&mut self) -> Option<sigset_t>;
+}
+
+/// Lets the signals that `own`, the thread's mask, lets in run their handlers, if any is
+/// pending (a `ppoll` of no descriptor that does not wait): whether a handler ran.
+fn let_in(own: &sigset_t) -> bool {
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: no descriptors; the timeout and the mask on the stack. A handler runs inside,
+    // under this plain frame and the call's.
+    unsafe { ppoll(ptr::null_mut(), 0, &now, own) < 0 }
+}
+
 /// What the end of the last slice's sleep, if any, means for the call: `Err` with the `errno`
 /// it fails with. A signal ends the wait with `EINTR` as it ends rdma-core's `read()`: when
 /// its handler lacks `SA_RESTART` (programs that time a test with an alarm, qperf and
@@ -129,7 +160,7 @@ fn after_sleep(slept: Option<Result<(), c_int>>) -> Result<(), c_int> {
 /// 1.0 wrapper's), this one and the cancellation point's (`at_cancellation_point`, the
 /// closure, `Sleep::run`) are between the program's and a cancellation, none with a
 /// destructor.
-pub(crate) fn wait_in_slices<K>(
+pub(crate) fn wait_in_slices<K: Kept>(
     start: impl Fn() -> Result<K, c_int> + Copy,
     slice: impl Fn(&mut K) -> Next + Copy,
 ) -> c_int {
@@ -169,17 +200,29 @@ pub(crate) fn wait_in_slices<K>(
                 at_cancellation_point(program, || unsafe { pthread_testcancel() });
                 slept = None;
             }
+            Next::LetIn { own, interrupts } => {
+                let handled = at_cancellation_point(program, || let_in(&own));
+                slept = (handled && interrupts).then_some(Err(libc::EINTR));
+            }
         }
     };
     // SAFETY: the buffer pushed above, the last pushed (a wait a handler made meanwhile popped
     // its own); its routine not run.
     unsafe { _pthread_cleanup_pop(&mut buffer, 0) };
-    // What the call kept goes, with its errno kept: letting the signals go may run a handler.
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    // SAFETY: the slot of this frame, no longer glibc's; taken once.
-    guard((), || drop(unsafe { (**kept).take() }));
-    set_errno(errno);
+    let own = guard(None, || {
+        // SAFETY: the slot of this frame, no longer glibc's; taken once.
+        let mut kept = unsafe { (**kept).take() }?;
+        kept.own_signals()
+    });
     cancel_state(program);
+    // The call is done: a handler that runs as the signals are let go, and jumps out, leaves
+    // it finished.
+    if let Some(own) = own {
+        // SAFETY: the thread's own mask, given back.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &own, ptr::null_mut()) };
+    }
+    set_errno(errno);
     result
 }
 

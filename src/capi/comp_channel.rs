@@ -37,7 +37,7 @@ use libc::{c_int, c_void};
 use softroce::verbs::{Device, Driving, WeakDevice};
 
 use crate::abi::*;
-use crate::blocking::{non_blocking, wait_in_slices, Next, Sleep};
+use crate::blocking::{non_blocking, wait_in_slices, Kept, Next, Sleep};
 use crate::cq::Cq;
 use crate::devices::Context;
 use crate::fork::Born;
@@ -170,19 +170,12 @@ impl ChannelCore {
             Ok(Driving::Ran) if !signals.time_to_look() => Ok(Next::Again),
             // A turn that busy polled never slept, and never saw the signalfd: look.
             Ok(Driving::Ran) if signals.pending().is_none() => Ok(Next::Again),
-            // A signal the thread takes is pending: it is handled as the signals are let go,
-            // with the engine let go already.
-            Ok(Driving::Ran | Driving::Woken) => {
-                let interrupts = signals.pending() == Some(true);
-                // Out of the call's state before it is dropped: a handler that runs as the
-                // signals are let go, and jumps out, has glibc drop the state (`blocking`).
-                drop(held.take());
-                if interrupts {
-                    Err(libc::EINTR)
-                } else {
-                    Ok(Next::Again)
-                }
-            }
+            // A signal the thread takes is pending: it is handled as the call lets the signals
+            // in, with the engine let go already.
+            Ok(Driving::Ran | Driving::Woken) => Ok(Next::LetIn {
+                own,
+                interrupts: signals.pending() == Some(true),
+            }),
             Ok(Driving::Elsewhere) => sleep(Some(ELSEWHERE_SLICE), Some(own)),
             // The device has stopped: its CQs' events say so.
             Err(_) => sleep(None, Some(own)),
@@ -390,6 +383,12 @@ struct CqWait {
     /// The thread's signals, held from the first slice that runs the engine until the call
     /// returns.
     held: Option<SignalsHeld>,
+}
+
+impl Kept for CqWait {
+    fn own_signals(&mut self) -> Option<libc::sigset_t> {
+        self.held.take().map(SignalsHeld::into_own)
+    }
 }
 
 /// A slice of `ibv_get_cq_event`'s wait (`crate::blocking`): the event, if one fired, or the

@@ -27,7 +27,7 @@ use softroce::transport::{AsyncEvent, MAX_RD_ATOMIC};
 use softroce::verbs::{BackendKind, Device, DeviceConfig};
 
 use crate::abi::*;
-use crate::blocking::{wait_in_slices, Next};
+use crate::blocking::{wait_in_slices, Kept, Next};
 use crate::config::{self, Addresses};
 use crate::fork::{self, Born};
 use crate::held::HeldEvents;
@@ -1279,6 +1279,12 @@ pub unsafe extern "C-unwind" fn ibv_get_async_event(
 struct AsyncWait {
     events: Arc<PendingEvents>,
     context: *const Context,
+}
+
+impl Kept for AsyncWait {
+    fn own_signals(&mut self) -> Option<libc::sigset_t> {
+        None
+    }
 }
 
 /// The kind of object an asynchronous event names.

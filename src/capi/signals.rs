@@ -7,8 +7,9 @@
 //! the engine the thread holds, one that calls a verb would wait for it, one that jumps out
 //! would leave it held. So the wait holds the thread's signals off ([`SignalsHeld`]) and lends
 //! the engine's sleeps a signalfd of those the thread takes; a signal that comes ends the
-//! sleep, or is found between turns, and the wait lets go of the engine and then of the
-//! signals: the handler runs there, holding nothing, and the wait ends as `read()` would.
+//! sleep, or is found between turns, and the wait lets go of the engine and then lets the
+//! signals in, in its own frame (`crate::blocking`): the handler runs there, holding nothing,
+//! and the wait ends as `read()` would.
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
@@ -54,9 +55,9 @@ fn has(set: &sigset_t, signal: c_int) -> bool {
     unsafe { libc::sigismember(set, signal) == 1 }
 }
 
-/// The calling thread's asynchronous signals, held off until this is dropped, and a signalfd
-/// that is readable while one of those the thread takes (its mask before lets it in) is
-/// pending.
+/// The calling thread's asynchronous signals, held off until this is dropped (or until the
+/// caller sets the mask [`into_own`](Self::into_own) returns), and a signalfd that is readable
+/// while one of those the thread takes (its mask before lets it in) is pending.
 pub(crate) struct SignalsHeld {
     /// The thread's mask before.
     pub own: sigset_t,
@@ -64,6 +65,10 @@ pub(crate) struct SignalsHeld {
     pub watch: Arc<OwnedFd>,
     /// Turns since the pending signals were last looked at.
     turns: u32,
+    /// Whether dropping this gives the thread its mask back (not after [`into_own`]).
+    ///
+    /// [`into_own`]: Self::into_own
+    give_back: bool,
 }
 
 impl SignalsHeld {
@@ -120,7 +125,15 @@ impl SignalsHeld {
             own,
             watch,
             turns: 0,
+            give_back: true,
         })
+    }
+
+    /// Lets go of this without giving the thread its mask back: returns the mask, which the
+    /// caller sets (`crate::blocking`: in a frame where a handler may jump out).
+    pub fn into_own(mut self) -> sigset_t {
+        self.give_back = false;
+        self.own
     }
 
     /// After a turn that did not end for the signalfd: whether to look at the pending
@@ -162,8 +175,10 @@ impl SignalsHeld {
 
 impl Drop for SignalsHeld {
     fn drop(&mut self) {
-        // SAFETY: the mask before, given back: the signals that came meanwhile are handled
-        // now, before this returns.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.own, std::ptr::null_mut()) };
+        if self.give_back {
+            // SAFETY: the mask before, given back: the signals that came meanwhile are
+            // handled now, before this returns.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.own, std::ptr::null_mut()) };
+        }
     }
 }

@@ -17,7 +17,7 @@ use libc::{c_char, c_int, c_uint};
 
 use super::id;
 use crate::abi::*;
-use crate::blocking::{wait_in_slices, Next};
+use crate::blocking::{wait_in_slices, Kept, Next};
 use crate::fork::Born;
 use crate::{guard, set_errno};
 
@@ -287,6 +287,13 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_cha
             drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
         }
     })
+}
+
+/// What `rdma_get_cm_event` keeps between its slices: the channel's queue.
+impl Kept for Arc<Events> {
+    fn own_signals(&mut self) -> Option<libc::sigset_t> {
+        None
+    }
 }
 
 /// `rdma_get_cm_event`: the next event, waiting for one unless the channel's descriptor is

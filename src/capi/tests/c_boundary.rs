@@ -397,6 +397,32 @@ fn a_thread_waiting_for_an_event_is_cancelled() {
     }
 }
 
+/// A signal handler that jumps out of a wait for a CQ event (an alarm's timeout around
+/// `ibv_get_cq_event`, `siglongjmp`) leaves the thread as it leaves rdma-core's `read()`: its
+/// cancellation enabled, its mask as saved, the next wait working. With hybrid or inline
+/// progress the wait holds the thread's signals off while it runs the engine, and let them in
+/// from inside a slice of its work: a jump from there left the thread's cancellation disabled
+/// (`round 1: ... cancellation disabled`). A handler with `SA_RESTART` lets the wait go on.
+#[test]
+fn a_handler_that_jumps_out_of_a_wait_leaves_the_thread_as_it_was() {
+    let path = compile(
+        "jumped",
+        include_str!("c/jumped.c"),
+        &["-libverbs", "-lpthread"],
+    );
+    for progress in ["hybrid", "thread", "inline"] {
+        let lines = [
+            "round 1: jumped out, alarms 1, cancellation enabled, alarm blocked 0",
+            "round 2: jumped out, alarms 2, cancellation enabled, alarm blocked 0",
+            "round 3: jumped out, alarms 3, cancellation enabled, alarm blocked 0",
+            "the next wait: -1 Interrupted system call, alarms 4",
+            "restarted: 0, alarms 5, Work Request Flushed Error, wr_id 9",
+            "done",
+        ];
+        run_in_progress("jumped", &path, "127.0.49.28", &[], progress, &lines);
+    }
+}
+
 /// Defect 6: a type 1 window could not be unbound (`ibv_bind_mw` with no region answered
 /// `EINVAL`), so its region could be deregistered only by deallocating the window.
 #[test]

@@ -135,24 +135,9 @@ int main(void) {
      * flushed, and the armed CQ's event comes to this thread's wait. */
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd, "ibv_alloc_pd");
-    struct ibv_qp_init_attr init = {
-        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-        .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
-    };
-    struct ibv_qp *qp = ibv_create_qp(pd, &init);
-    CHECK(qp, "ibv_create_qp");
-    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
-    CHECK(ibv_modify_qp(qp, &attr,
-                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-          "ibv_modify_qp INIT");
-    static char buffer[8];
-    struct ibv_mr *mr = ibv_reg_mr(pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
-    CHECK(mr, "ibv_reg_mr");
-    struct ibv_sge sge = { .addr = (uintptr_t)buffer, .length = sizeof buffer, .lkey = mr->lkey };
-    struct ibv_recv_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad;
-    CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "ibv_post_recv");
-    attr.qp_state = IBV_QPS_ERR;
-    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "ibv_modify_qp ERR");
+    struct ibv_mr *mr;
+    struct ibv_qp *qp = qp_with_a_receive(pd, cq, 7, &mr);
+    fail_qp(qp);
     struct ibv_cq *evented;
     void *context;
     int ret = ibv_get_cq_event(channel, &evented, &context);

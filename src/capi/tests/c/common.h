@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 
 #define CHECK(cond, what)                                                                   \
@@ -164,4 +166,45 @@ static struct ibv_cq *armed_cq(struct ibv_context *ctx, struct ibv_comp_channel 
     struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, *channel, 0);
     CHECK(cq && ibv_req_notify_cq(cq, 0) == 0, "ibv_create_cq");
     return cq;
+}
+
+/* For a helper thread of a test of the waiting thread's alarms: the alarm kept off this
+ * thread, then a pause of 200 ms, while the waiting thread waits. */
+static void alarm_elsewhere_after_a_pause(void) {
+    sigset_t alarm_only;
+    sigemptyset(&alarm_only);
+    sigaddset(&alarm_only, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alarm_only, NULL);
+    struct timespec pause = { 0, 200 * 1000 * 1000 };
+    nanosleep(&pause, NULL);
+}
+
+/* An RC QP of `pd` in INIT, both queues on `cq`, with a receive posted (`wr_id`, into a
+ * buffer registered on `pd` for it, put in `mr`): once the QP fails, the receive is flushed,
+ * a completion of `cq`. */
+static struct ibv_qp *qp_with_a_receive(struct ibv_pd *pd, struct ibv_cq *cq, uint64_t wr_id,
+                                        struct ibv_mr **mr) {
+    struct ibv_qp_init_attr init = {
+        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+    };
+    struct ibv_qp *qp = ibv_create_qp(pd, &init);
+    CHECK(qp, "ibv_create_qp");
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+    CHECK(ibv_modify_qp(qp, &attr,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+          "ibv_modify_qp INIT");
+    static char buffer[8];
+    *mr = ibv_reg_mr(pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(*mr, "ibv_reg_mr");
+    struct ibv_sge sge = { .addr = (uintptr_t)buffer, .length = sizeof buffer, .lkey = (*mr)->lkey };
+    struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
+    CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "ibv_post_recv");
+    return qp;
+}
+
+/* Moves `qp` to ERROR. */
+static void fail_qp(struct ibv_qp *qp) {
+    struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
+    CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0, "ibv_modify_qp ERR");
 }

@@ -13,12 +13,7 @@ static void on_alarm(int signal) { (void)signal; alarms++; }
 
 /* After 200 ms, an address resolution on the channel `arg`, whose event ends the wait. */
 static void *resolve_later(void *arg) {
-    sigset_t alarm_only;
-    sigemptyset(&alarm_only);
-    sigaddset(&alarm_only, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &alarm_only, NULL); /* the alarm is the waiting thread's */
-    struct timespec pause = { 0, 200 * 1000 * 1000 };
-    nanosleep(&pause, NULL);
+    alarm_elsewhere_after_a_pause();
     struct rdma_cm_id *id;
     struct sockaddr_in dst = { .sin_family = AF_INET };
     CHECK(inet_pton(AF_INET, getenv("SOFTROCE_ADDR"), &dst.sin_addr) == 1, "address");
