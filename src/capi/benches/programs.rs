@@ -8,11 +8,19 @@
 //! Needs perftest installed and softroce's command line built beside the library:
 //! `cargo build --release && cargo bench -p softroce-rdma --bench programs`.
 //! `SOFTROCE_BENCH_ONLY=write` (or `send`) keeps the rows whose test contains it.
+//!
+//! Timings here vary by 15% from run to run, more than the library's cost at small sizes. With
+//! `SOFTROCE_BENCH_INSTRUCTIONS=1` (valgrind installed) the table is of instructions instead:
+//! each side of each row counted by callgrind (all its threads), a message's share taken as the
+//! difference between a run of a tenth of the row's iterations and one of a fiftieth, so that
+//! the set-up falls out; the ratio, both sides' sum, in the same sense as the timings' (a rate
+//! for bandwidth: the tool's cost over perftest's). What the CPUs do, not what the scheduler
+//! makes of it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::{finish, program, softroce, succeeded, wait_listening};
@@ -87,31 +95,129 @@ fn figure(out: &str, size: usize, column: usize) -> Option<f64> {
     })
 }
 
-/// Runs a server and then its client, the server listening on TCP `port`; returns the client's
-/// figure.
-fn measure(name: &str, server: Command, client: Command, port: u16, row: &Row) -> f64 {
-    let mut server = server;
-    let mut client = client;
+/// Runs a server and then its client, the server listening on TCP `port`; returns what each
+/// printed (the server's output, the client's), once both succeeded.
+fn run(name: &str, mut server: Command, mut client: Command, port: u16) -> (Output, Output) {
     let server = server.spawn().unwrap();
     wait_listening(port, LIMIT);
     let client = finish(&format!("{name} (client)"), client.spawn().unwrap(), LIMIT);
     let server = finish(&format!("{name} (server)"), server, LIMIT);
     succeeded(&format!("{name} (server)"), &server);
-    let out = succeeded(&format!("{name} (client)"), &client);
+    succeeded(&format!("{name} (client)"), &client);
+    (server, client)
+}
+
+/// Runs a server and then its client; returns the client's figure.
+fn measure(name: &str, server: Command, client: Command, port: u16, row: &Row) -> f64 {
+    let (_, client) = run(name, server, client, port);
+    let out = String::from_utf8_lossy(&client.stdout);
     figure(&out, row.size, row.column)
         .unwrap_or_else(|| panic!("{name}: no result line for {} bytes:\n{out}", row.size))
 }
 
-/// The options both programs take, perftest's syntax.
-fn args(row: &Row, port: u16) -> Vec<String> {
-    let (size, iters, port) = (
-        row.size.to_string(),
-        row.iters.to_string(),
-        port.to_string(),
-    );
+/// The options both programs take, perftest's syntax, for `iters` iterations.
+fn args(row: &Row, iters: usize, port: u16) -> Vec<String> {
+    let (size, iters, port) = (row.size.to_string(), iters.to_string(), port.to_string());
     ["-F", "-s", &size, "-n", &iters, "-p", &port]
         .map(String::from)
         .to_vec()
+}
+
+/// The server and the client of `row` for `iters` iterations on TCP `port`: softroce's tool,
+/// or perftest's program on the library (`theirs`).
+fn pair(row: &Row, theirs: bool, iters: usize, port: u16) -> (Command, Command) {
+    let a = args(row, iters, port);
+    let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+    if theirs {
+        a.extend(["-x", "0"]);
+    }
+    let client_args: Vec<&str> = a.iter().copied().chain([SERVER]).collect();
+    if theirs {
+        (
+            program(SERVER, row.program, &a),
+            program(CLIENT, row.program, &client_args),
+        )
+    } else {
+        (
+            softroce(SERVER, &[&[row.tool], a.as_slice()].concat()),
+            softroce(CLIENT, &[&[row.tool], client_args.as_slice()].concat()),
+        )
+    }
+}
+
+/// `command`, run under callgrind, which counts every instruction its threads execute.
+fn under_callgrind(command: &Command) -> Command {
+    let mut counted = Command::new("valgrind");
+    counted
+        .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+        .arg(command.get_program())
+        .args(command.get_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => counted.env(key, value),
+            None => counted.env_remove(key),
+        };
+    }
+    counted
+}
+
+/// The instructions valgrind's report on standard error counted ("I   refs:   1,234,567").
+fn counted(stderr: &[u8]) -> Option<u64> {
+    String::from_utf8_lossy(stderr).lines().find_map(|line| {
+        let (_, refs) = line.split_once("I   refs:")?;
+        refs.trim().replace(',', "").parse().ok()
+    })
+}
+
+/// The instructions a message (an iteration) of `row` costs each side, the client's and the
+/// server's: softroce's tool, or perftest's program on the library (`theirs`).
+fn instructions(row: &Row, theirs: bool, port: &mut u16) -> [f64; 2] {
+    let (short, long) = (row.iters / 50, row.iters / 10);
+    let name = if theirs { row.program } else { row.tool };
+    [false, true].map(|server_side| {
+        let [fewer, more] = [short, long].map(|iters| {
+            *port += 1;
+            let (server, client) = pair(row, theirs, iters, *port);
+            let (server, client) = if server_side {
+                (under_callgrind(&server), client)
+            } else {
+                (server, under_callgrind(&client))
+            };
+            let (server, client) = run(name, server, client, *port);
+            let report = if server_side { server } else { client };
+            counted(&report.stderr).unwrap_or_else(|| {
+                panic!(
+                    "{name}: no count from valgrind (apt-get install valgrind):\n{}",
+                    String::from_utf8_lossy(&report.stderr)
+                )
+            })
+        });
+        more.saturating_sub(fewer) as f64 / (long - short) as f64
+    })
+}
+
+/// The instructions table: each row's cost a message, each side, and the ratio of the sums.
+fn instructions_table(rows: &[&Row]) {
+    println!("| test | bytes | softroce's tool: client + server | perftest on libibverbs.so.1: client + server | ratio | target |");
+    println!("|---|---|---|---|---|---|");
+    let mut port = 19_700u16;
+    for row in rows {
+        let ours = instructions(row, false, &mut port);
+        let theirs = instructions(row, true, &mut port);
+        let (sum_ours, sum_theirs) = (ours[0] + ours[1], theirs[0] + theirs[1]);
+        let (ratio, target) = if row.higher_is_better {
+            (sum_ours / sum_theirs, "≥ 0.9")
+        } else {
+            (sum_theirs / sum_ours, "≤ 1.1")
+        };
+        println!(
+            "| {} | {} | {:.0} + {:.0} | {:.0} + {:.0} | {ratio:.2} | {target} |",
+            row.program, row.size, ours[0], ours[1], theirs[0], theirs[1]
+        );
+    }
 }
 
 /// The median of `v`, with its range as text.
@@ -128,35 +234,25 @@ fn main() {
         return;
     }
     let only = std::env::var("SOFTROCE_BENCH_ONLY").unwrap_or_default();
+    let rows: Vec<&Row> = ROWS
+        .iter()
+        .filter(|r| r.program.contains(only.as_str()))
+        .collect();
+    if std::env::var_os("SOFTROCE_BENCH_INSTRUCTIONS").is_some_and(|v| v != "0") {
+        return instructions_table(&rows);
+    }
     let mut port = 19_500u16;
     println!("| test | bytes | softroce's tool | perftest on libibverbs.so.1 | ratio | target |");
     println!("|---|---|---|---|---|---|");
-    for row in ROWS.iter().filter(|r| r.program.contains(only.as_str())) {
+    for row in rows {
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for _ in 0..runs() {
             port += 1;
-            let a = args(row, port);
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            let client_args: Vec<&str> = a.iter().copied().chain([SERVER]).collect();
-            ours.push(measure(
-                row.tool,
-                softroce(SERVER, &[&[row.tool], a.as_slice()].concat()),
-                softroce(CLIENT, &[&[row.tool], client_args.as_slice()].concat()),
-                port,
-                row,
-            ));
+            let (server, client) = pair(row, false, row.iters, port);
+            ours.push(measure(row.tool, server, client, port, row));
             port += 1;
-            let a = args(row, port);
-            let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
-            a.extend(["-x", "0"]);
-            let client_args: Vec<&str> = a.iter().copied().chain([SERVER]).collect();
-            theirs.push(measure(
-                row.program,
-                program(SERVER, row.program, &a),
-                program(CLIENT, row.program, &client_args),
-                port,
-                row,
-            ));
+            let (server, client) = pair(row, true, row.iters, port);
+            theirs.push(measure(row.program, server, client, port, row));
         }
         let ((ours, our_range), (theirs, their_range)) = (median(ours), median(theirs));
         let (unit, target) = if row.higher_is_better {
