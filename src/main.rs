@@ -667,6 +667,10 @@ struct PerftestArgs {
     /// Report bandwidth in Gb/sec instead of MB/sec.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
+    /// Skip the peak bandwidth's calculation (bw tests; it prints 0.00), as after 20000
+    /// iterations or with -D.
+    #[arg(short = 'N', long = "noPeak")]
+    no_peak: bool,
     #[command(flatten)]
     device: DeviceArgs,
     /// softroce: print one JSON document instead of perftest's text.
@@ -936,6 +940,7 @@ fn perftest_options(
         qps: args.qp,
         all_sizes: args.all,
         report_gbits: args.report_gbits,
+        no_peak: args.no_peak,
         gid_index: args.gid_index,
         atomic,
         device: args.device.options(false)?,

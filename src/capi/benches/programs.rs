@@ -10,12 +10,12 @@
 //! `SOFTROCE_BENCH_ONLY=write` (or `send`) keeps the rows whose test contains it.
 //!
 //! Timings here vary by 15% from run to run, more than the library's cost at small sizes. With
-//! `SOFTROCE_BENCH_INSTRUCTIONS=1` (valgrind installed) the table is of instructions instead:
-//! each side of each row counted by callgrind (all its threads), a message's share taken as the
-//! difference between a run of a tenth of the row's iterations and one of a fiftieth, so that
-//! the set-up falls out; the ratio, both sides' sum, in the same sense as the timings' (a rate
-//! for bandwidth: the tool's cost over perftest's). What the CPUs do, not what the scheduler
-//! makes of it.
+//! `SOFTROCE_BENCH_INSTRUCTIONS=1` (valgrind installed) the bandwidth rows are counted instead:
+//! each side counted by callgrind in turn (all its threads), without the peak bandwidth's
+//! calculation (`-N`), a message's share taken as the difference between a run of a tenth of
+//! the row's iterations and one of a fiftieth, so that the set-up falls out; the ratio, both
+//! sides' sum, in the timings' sense (the tool's cost over perftest's: a rate). What the CPUs
+//! do, not what the scheduler makes of it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -180,7 +180,12 @@ fn instructions(row: &Row, theirs: bool, port: &mut u16) -> [f64; 2] {
     [false, true].map(|server_side| {
         let [fewer, more] = [short, long].map(|iters| {
             *port += 1;
-            let (server, client) = pair(row, theirs, iters, *port);
+            let (mut server, mut client) = pair(row, theirs, iters, *port);
+            // No peak bandwidth: both programs compute it from every message's timestamps, in
+            // time that grows as the iterations' square (within 20000 of them), which a
+            // difference of two runs would not take out.
+            server.arg("-N");
+            client.arg("-N");
             let (server, client) = if server_side {
                 (under_callgrind(&server), client)
             } else {
@@ -199,7 +204,8 @@ fn instructions(row: &Row, theirs: bool, port: &mut u16) -> [f64; 2] {
     })
 }
 
-/// The instructions table: each row's cost a message, each side, and the ratio of the sums.
+/// The instructions table: each bandwidth row's cost a message, each side, and the ratio of
+/// the sums.
 fn instructions_table(rows: &[&Row]) {
     println!("| test | bytes | softroce's tool: client + server | perftest on libibverbs.so.1: client + server | ratio | target |");
     println!("|---|---|---|---|---|---|");
@@ -239,7 +245,10 @@ fn main() {
         .filter(|r| r.program.contains(only.as_str()))
         .collect();
     if std::env::var_os("SOFTROCE_BENCH_INSTRUCTIONS").is_some_and(|v| v != "0") {
-        return instructions_table(&rows);
+        // The bandwidth rows only: a latency test's sides spin on their CQs between messages,
+        // as many instructions as the peer is slow (and under callgrind one side is slow).
+        let bandwidth: Vec<&Row> = rows.into_iter().filter(|r| r.higher_is_better).collect();
+        return instructions_table(&bandwidth);
     }
     let mut port = 19_500u16;
     println!("| test | bytes | softroce's tool | perftest on libibverbs.so.1 | ratio | target |");

@@ -226,6 +226,9 @@ pub struct Options {
     pub all_sizes: bool,
     /// `--report_gbits`: Gb/sec instead of MB/sec.
     pub report_gbits: bool,
+    /// `-N`: no peak bandwidth computed (it prints as 0), as after [`PEAK_ITERS_MAX`]
+    /// iterations or with `-D`.
+    pub no_peak: bool,
     /// `-x`, printed as the GID index; every index means the device's one address.
     pub gid_index: u32,
     /// `-A`, for `atomic-bw`.
@@ -256,6 +259,7 @@ impl Options {
             qps: 1,
             all_sizes: false,
             report_gbits: false,
+            no_peak: false,
             gid_index: 0,
             atomic: AtomicOp::FetchAdd,
             device: DeviceOptions::default(),
@@ -344,6 +348,9 @@ impl Plan {
         if o.duration.is_some() && o.all_sizes {
             return usage("Duration mode currently doesn't support running on all sizes.");
         }
+        if o.no_peak && !test.is_bw() {
+            return usage("-N (no peak bandwidth) is for the bw tests only");
+        }
         if o.check_data && !matches!(test, Test::WriteBw | Test::ReadBw | Test::SendBw) {
             return usage("--check-data is for write-bw, read-bw and send-bw");
         }
@@ -385,7 +392,8 @@ impl Plan {
             cq_mod = 1;
         }
         let cq_mod = cq_mod.min(tx_depth);
-        let no_peak = !counted
+        let no_peak = o.no_peak
+            || !counted
             || (test == Test::SendBw && !client)
             || (test.is_bw() && iters > PEAK_ITERS_MAX);
         let out_reads = match test.verb() {
@@ -789,6 +797,17 @@ mod tests {
         );
         let send = server(Test::SendBw);
         assert_eq!((send.rx_depth, send.no_peak), (512, true));
+        let client = |o: &Options| Plan::new(o, true).unwrap();
+        let mut o = Options::new(Test::WriteBw);
+        assert!(!client(&o).no_peak, "a peak within 20000 iterations");
+        o.no_peak = true;
+        assert!(client(&o).no_peak, "-N");
+        let mut o = Options::new(Test::SendLat);
+        o.no_peak = true;
+        assert!(
+            Plan::new(&o, true).is_err(),
+            "-N is refused where perftest refuses it"
+        );
         let lat = server(Test::SendLat);
         assert_eq!((lat.sizes[0], lat.tx_depth, lat.cq_mod), (2, 1, 1));
 
