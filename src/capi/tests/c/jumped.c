@@ -69,10 +69,10 @@ int main(void) {
     CHECK(pd, "ibv_alloc_pd");
     struct ibv_mr *mr;
     struct ibv_qp *qp = qp_with_a_receive(pd, cq, 9, &mr);
+    catch_alarm(count, SA_RESTART);
+    alarm_in(50000); /* before the QP fails, however slowly the thread below starts */
     pthread_t later;
     CHECK(pthread_create(&later, NULL, fail_later, qp) == 0, "pthread_create");
-    catch_alarm(count, SA_RESTART);
-    alarm_in(50000);
     ret = ibv_get_cq_event(channel, &evented, &context);
     pthread_join(later, NULL);
     CHECK(ret == 0, "ibv_get_cq_event after the alarm");
